@@ -1,0 +1,68 @@
+"""Durable, resumable workflows for Python on Celery and Redis."""
+
+from celery_durable.client import Client
+from celery_durable.config import Settings
+from celery_durable.engine import Engine
+from celery_durable.errors import (
+    DurableError,
+    NonDeterminismError,
+    RunNotFoundError,
+    StaleAttemptError,
+    StepFailed,
+    StorageCorruptError,
+    StorageUnavailableError,
+    WorkflowCancelled,
+    WorkflowDefinitionError,
+    WorkflowResumeError,
+    WorkflowWaitCancelled,
+)
+from celery_durable.workflows.context import WorkflowContext
+from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
+from celery_durable.workflows.envelope import (
+    PhaseRow,
+    ProgressEntry,
+    ProgressPage,
+    RunDetail,
+    RunEnvelope,
+    RunPage,
+    StepRow,
+    is_terminal_status,
+)
+from celery_durable.workflows.jsonvalue import JSON_NULL
+from celery_durable.workflows.retry import RetryPolicy
+
+__all__ = [
+    # defining workflows
+    "JSON_NULL",
+    "Phase",
+    "RetryPolicy",
+    "Workflow",
+    "WorkflowContext",
+    "define_workflow",
+    "workflow",
+    # running them
+    "Client",
+    "Engine",
+    "Settings",
+    # what clients see
+    "PhaseRow",
+    "ProgressEntry",
+    "ProgressPage",
+    "RunDetail",
+    "RunEnvelope",
+    "RunPage",
+    "StepRow",
+    "is_terminal_status",
+    # errors
+    "DurableError",
+    "NonDeterminismError",
+    "RunNotFoundError",
+    "StaleAttemptError",
+    "StepFailed",
+    "StorageCorruptError",
+    "StorageUnavailableError",
+    "WorkflowCancelled",
+    "WorkflowDefinitionError",
+    "WorkflowResumeError",
+    "WorkflowWaitCancelled",
+]

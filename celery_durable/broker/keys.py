@@ -1,0 +1,88 @@
+"""Every Redis key and channel celery-durable uses, built in this one place.
+
+Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
+
+    P:{R}:run        hash    the run record: status, epoch (the fencing token),
+                             args, limits, result, snapshot counters, the
+                             activation lock (lock, lock_until, wake) and the
+                             attempt's lease (lease_until)
+    P:{R}:journal    hash    the journal of the run:
+                               n:<seq>            ops recorded in sequence <seq>
+                               o:<seq>:<i>        identity of op i ("s|<key>",
+                                                  "p|<n>", "l|<n>", "t|", "u|")
+                               v:<key>            step outcome ("o<json>" or
+                                                  "e<epoch>|<json>")
+                               x:<seq>:<i>        value of now()/uuid4() op i
+                               r:<seq>:<i>:<j>    outcome of branch j of op i
+                               c:<seq>:<i>        branches still outstanding
+                               d:<seq>:<i>        epoch that dispatched them
+                               h:<seq>            progress high-water mark
+    P:{R}:progress   stream  progress records, entry id "<seq>-0"
+    P:{R}:steps      hash    step rows that are running or failed
+                             ("<status>|<attempt>|<started_ms>|<error>");
+                             completed rows are read from the journal
+
+    P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
+    P:{ns:N}:counter string  the start-order counter
+    P:{ns:N}:idem:K  string  run id started with idempotency key K
+    P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>")
+
+A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
+body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
+
+Every key of one run carries the hash tag ``{R}`` so all of them live in one
+Redis Cluster slot and a Lua script may touch several. Namespace keys carry
+``{ns:N}``; no script mixes the two tags.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    run: str
+    journal: str
+    progress: str
+    steps: str
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceKeys:
+    runs: str
+    counter: str
+    events: str
+    idempotency_prefix: str
+
+    def idempotency(self, key: str) -> str:
+        return self.idempotency_prefix + key
+
+
+class KeySpace:
+    """Builds keys under one prefix; nothing else in the package formats keys."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def run(self, run_id: str) -> RunKeys:
+        base = f"{self.prefix}:{{{run_id}}}"
+        return RunKeys(
+            run=f"{base}:run",
+            journal=f"{base}:journal",
+            progress=f"{base}:progress",
+            steps=f"{base}:steps",
+        )
+
+    def namespace(self, namespace: str) -> NamespaceKeys:
+        base = f"{self.prefix}:{{ns:{namespace}}}"
+        return NamespaceKeys(
+            runs=f"{base}:runs",
+            counter=f"{base}:counter",
+            events=f"{base}:events",
+            idempotency_prefix=f"{base}:idem:",
+        )

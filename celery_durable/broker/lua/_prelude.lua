@@ -1,0 +1,86 @@
+-- Prepended to every script (scripts.py does it at load time), so the fence
+-- and the progress append exist once. Nothing here builds a key name.
+
+-- The fencing check. Returns nil when the caller's epoch owns the run and the
+-- run still accepts work, else the refusal: 'missing', 'stale' or 'settled'.
+local function fence(run_key, epoch)
+  local fields = redis.call('HMGET', run_key, 'epoch', 'status')
+  if not fields[1] then return 'missing' end
+  if fields[1] ~= epoch then return 'stale' end
+  local status = fields[2]
+  if status ~= 'running' and status ~= 'pending' and status ~= 'paused' then
+    return 'settled'
+  end
+  return nil
+end
+
+-- The run's control flags, returned by every fenced write so an attempt
+-- learns of a cancellation without a read of its own.
+local function flags(run_key)
+  local f = redis.call('HMGET', run_key, 'cancel', 'pause')
+  return {f[1] or '0', f[2] or '0'}
+end
+
+-- Appends one progress record with the next per-run seq; returns the seq.
+local function append_progress(run_key, stream_key, kind, phase_id, message, attempt, at)
+  local seq = redis.call('HINCRBY', run_key, 'next_seq', 1)
+  redis.call('XADD', stream_key, seq .. '-0',
+    'kind', kind, 'phase_id', phase_id, 'message', message, 'attempt', attempt, 'at', at)
+  return seq
+end
+
+-- A journaled outcome is stale when it is a failure of another attempt:
+-- failures are deterministic within an attempt and retried after it.
+local function is_stale_failure(outcome, epoch)
+  if not outcome then return true end
+  local tag = string.sub(outcome, 1, 1)
+  if tag ~= 'e' and tag ~= 'f' then return false end
+  local bar = string.find(outcome, '|', 2, true)
+  return string.sub(outcome, 2, bar - 1) ~= epoch
+end
+
+-- Op entries read "<epoch>:<identity>". A sequence's cut "k:<seq>" =
+-- "<N>:<i>" says attempt N re-ran a failed op at index i, so entries after i
+-- written by attempts before N are an abandoned future: dead, not history.
+local function entry_alive(journal_key, seq, index, raw)
+  local cut = redis.call('HGET', journal_key, 'k:' .. seq)
+  if not cut then return true end
+  local c = string.find(cut, ':', 1, true)
+  local e = string.find(raw, ':', 1, true)
+  return not (tonumber(index) > tonumber(string.sub(cut, c + 1))
+    and tonumber(string.sub(raw, 1, e - 1)) < tonumber(string.sub(cut, 1, c - 1)))
+end
+
+-- Records op <index> of sequence <seq> with identity <ident>. Returns
+-- (conflict, replaced): the live identity already there when it differs
+-- (non-determinism), and the dead identity this write replaced, if any.
+local function record_op(journal_key, seq, index, ident, epoch)
+  local field = 'o:' .. seq .. ':' .. index
+  local existing = redis.call('HGET', journal_key, field)
+  if existing then
+    local old = string.sub(existing, string.find(existing, ':', 1, true) + 1)
+    if entry_alive(journal_key, seq, index, existing) then
+      if old ~= ident then return old, nil end
+      return nil, nil
+    end
+    redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
+    return nil, old
+  end
+  redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
+  local count_field = 'n:' .. seq
+  local count = tonumber(redis.call('HGET', journal_key, count_field) or '0')
+  if tonumber(index) + 1 > count then
+    redis.call('HSET', journal_key, count_field, tonumber(index) + 1)
+  end
+  return nil, nil
+end
+
+-- Cuts sequence <seq> at <index> for attempt <epoch> and lowers its progress
+-- high-water mark to the records logged before that op (positions are
+-- ops_before * 2^20 + n).
+local function cut_sequence(journal_key, seq, index, epoch)
+  redis.call('HSET', journal_key, 'k:' .. seq, epoch .. ':' .. index)
+  local limit = (tonumber(index) + 1) * 1048576 - 1
+  local hwm = tonumber(redis.call('HGET', journal_key, 'h:' .. seq) or '-1')
+  if hwm > limit then redis.call('HSET', journal_key, 'h:' .. seq, limit) end
+end

@@ -1,0 +1,21 @@
+-- Settles a run: completed, error, cancelled or halted, by the attempt that
+-- owns it.
+-- KEYS[1] run hash, KEYS[2] progress stream
+-- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
+-- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
+-- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message
+-- Returns {'ok'} or {refusal}.
+local refusal = fence(KEYS[1], ARGV[1])
+if refusal then return {refusal} end
+redis.call('HSET', KEYS[1], 'status', ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
+  'can_resume', ARGV[7], 'has_result', ARGV[8], 'result', ARGV[9],
+  'finished_at', ARGV[2], 'updated_at', ARGV[2], 'lock', '', 'lock_until', '0', 'wake', '0')
+if ARGV[4] == 'completed' then
+  local phase_id = redis.call('HGET', KEYS[1], 'phase_id')
+  if phase_id and phase_id ~= '' then redis.call('HSET', KEYS[1], 'pe:' .. phase_id, ARGV[2]) end
+end
+if ARGV[10] ~= '' then
+  append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2])
+end
+redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id') .. ' status')
+return {'ok'}

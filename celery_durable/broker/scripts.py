@@ -1,0 +1,51 @@
+"""Loads the Lua scripts from ``lua/`` once per Redis client.
+
+Each script file opens with a header naming its KEYS and ARGV; ``_prelude.lua``
+is prepended to every script so the fencing check exists in one place and
+runs in the same script as the write it guards.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import redis
+from redis.commands.core import Script
+
+SCRIPT_NAMES = (
+    "activate",
+    "begin_op",
+    "cancel",
+    "complete_branch",
+    "create_run",
+    "discard_run",
+    "dispatch",
+    "finish",
+    "heartbeat",
+    "index_run",
+    "read_sequence",
+    "record_op",
+    "release",
+    "resume",
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    folder = resources.files("celery_durable.broker") / "lua"
+    prelude = (folder / "_prelude.lua").read_text(encoding="utf-8")
+    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    return f"{prelude}\n{body}"
+
+
+class Scripts:
+    """The registered scripts of one client; redis-py caches them by SHA."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
+        }
+
+    def __getitem__(self, name: str) -> Script:
+        return self._scripts[name]

@@ -1,0 +1,393 @@
+"""The one object that talks to Redis for runs, journals and progress.
+
+Every write made on behalf of an attempt goes through a Lua script that
+checks the attempt's epoch in the same script. Redis errors are translated
+here, at the edge, into ``StorageUnavailableError``/``StorageCorruptError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.records import RunRecord
+from celery_durable.broker.scripts import Scripts
+from celery_durable.config import Settings
+from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@contextlib.contextmanager
+def storage_errors() -> Iterator[None]:
+    """Translate redis-py errors into the two storage errors users see."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise StorageUnavailableError(f"Redis is unavailable: {exc}") from None
+    except redis.exceptions.ResponseError as exc:
+        raise StorageCorruptError(f"Redis refused an operation on stored data: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """Control flags returned by every fenced write."""
+
+    cancel: bool
+    pause: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceHistory:
+    """One sequence as journaled: entries are (epoch, identity, value)."""
+
+    cut: tuple[int, int] | None
+    high_water: int
+    entries: list[tuple[int, str, str | None]]
+
+    def live_entries(self) -> list[tuple[str, str | None]]:
+        """The history replay must follow: entries up to the first dead one."""
+        live: list[tuple[str, str | None]] = []
+        for index, (epoch, identity, value) in enumerate(self.entries):
+            if self.cut is not None and index > self.cut[1] and epoch < self.cut[0]:
+                break
+            live.append((identity, value))
+        return live
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    seq: int
+    kind: str
+    phase_id: str | None
+    message: str
+    attempt: int
+    at: int
+
+
+def _refuse(run_id: str, reply: Sequence[Any]) -> None:
+    """Raise for a fence refusal; return for any other reply."""
+    verdict = reply[0] if reply else "missing"
+    if verdict == "missing":
+        raise StorageCorruptError(f"Run record {run_id} is missing")
+    if verdict in ("stale", "settled"):
+        raise StaleAttemptError(f"Run {run_id}: this attempt no longer owns the run ({verdict})")
+
+
+def _flags(reply: Sequence[Any], offset: int = 1) -> Flags:
+    return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1")
+
+
+class RunStore:
+    """Runs, journals, progress and fencing on one Redis."""
+
+    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self.keys = KeySpace(settings.key_prefix)
+        self.client: redis.Redis = client or redis.Redis.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=5,
+            socket_timeout=30,
+            health_check_interval=30,
+        )
+        self._scripts = Scripts(self.client)
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        with storage_errors():
+            return self._scripts[name](keys=list(keys), args=list(args))
+
+    def run_keys(self, run_id: str) -> RunKeys:
+        return self.keys.run(run_id)
+
+    def channel(self, namespace: str) -> str:
+        return self.keys.namespace(namespace).events
+
+    def ping(self) -> None:
+        with storage_errors():
+            self.client.ping()
+
+    # -- run records ---------------------------------------------------------
+
+    def create_run(self, run_id: str, fields: dict[str, str]) -> bool:
+        flat: list[str] = []
+        for name, value in fields.items():
+            flat.extend((name, value))
+        return bool(self._run("create_run", [self.run_keys(run_id).run], flat))
+
+    def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
+        ns = self.keys.namespace(namespace)
+        keys = [ns.runs, ns.counter]
+        if idempotency_key is not None:
+            keys.append(ns.idempotency(idempotency_key))
+        return str(self._run("index_run", keys, [run_id]))
+
+    def discard_run(self, run_id: str, epoch: int) -> None:
+        self._run("discard_run", [self.run_keys(run_id).run], [epoch])
+
+    def load_run(self, run_id: str) -> RunRecord | None:
+        with storage_errors():
+            raw = self.client.hgetall(self.run_keys(run_id).run)
+        return RunRecord.parse(run_id, raw) if raw else None
+
+    def load_runs(self, run_ids: Sequence[str]) -> list[RunRecord]:
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for run_id in run_ids:
+                pipe.hgetall(self.run_keys(run_id).run)
+            raws = pipe.execute()
+        return [RunRecord.parse(run_id, raw) for run_id, raw in zip(run_ids, raws, strict=True) if raw]
+
+    def list_run_ids(self, namespace: str, before_score: float | None, count: int) -> list[tuple[str, float]]:
+        """Run ids of a namespace, newest first, strictly before ``before_score``."""
+        top = f"({before_score}" if before_score is not None else "+inf"
+        with storage_errors():
+            rows = self.client.zrevrangebyscore(
+                self.keys.namespace(namespace).runs, top, "-inf", start=0, num=count, withscores=True
+            )
+        return [(str(member), float(score)) for member, score in rows]
+
+    # -- activation and liveness ---------------------------------------------
+
+    def activate(self, run_id: str, epoch: int, token: str, namespace: str) -> Flags | None:
+        """Take the activation lock; None when another pass holds it (it was told to rerun)."""
+        k = self.run_keys(run_id)
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        reply = self._run(
+            "activate",
+            [k.run, k.progress],
+            [epoch, token, now_ms(), lease_ms, lease_ms, self.channel(namespace)],
+        )
+        if reply[0] == "busy":
+            return None
+        _refuse(run_id, reply)
+        return _flags(reply)
+
+    def release(self, run_id: str, token: str, epoch: int) -> bool:
+        """Release the lock; True when another activation arrived and the caller must run again."""
+        return bool(self._run("release", [self.run_keys(run_id).run], [token, epoch]))
+
+    def heartbeat(self, run_id: str, epoch: int, token: str = "") -> Flags:
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        reply = self._run("heartbeat", [self.run_keys(run_id).run], [epoch, token, now_ms(), lease_ms, lease_ms])
+        _refuse(run_id, reply)
+        return _flags(reply)
+
+    # -- the journal -----------------------------------------------------------
+
+    def read_sequence(self, run_id: str, seq: str) -> SequenceHistory:
+        reply = self._run("read_sequence", [self.run_keys(run_id).journal], [seq])
+        try:
+            cut: tuple[int, int] | None = None
+            if reply[0]:
+                cut_epoch, cut_index = reply[0].split(":", 1)
+                cut = (int(cut_epoch), int(cut_index))
+            entries: list[tuple[int, str, str | None]] = []
+            for i in range(2, len(reply), 2):
+                epoch, identity = reply[i].split(":", 1)
+                entries.append((int(epoch), identity, reply[i + 1] or None))
+            return SequenceHistory(cut=cut, high_water=int(reply[1]) if reply[1] else -1, entries=entries)
+        except (ValueError, IndexError) as exc:
+            raise StorageCorruptError(f"Journal of run {run_id} is corrupt in sequence {seq}: {exc!r}") from None
+
+    def begin_op(
+        self,
+        run_id: str,
+        epoch: int,
+        namespace: str,
+        seq: str,
+        cut_index: int | None,
+        step_key: str,
+        step_row: str,
+        records: Sequence[tuple[int, str, str, str]],
+    ) -> tuple[Flags, str | None]:
+        """Flush progress and show a step running; returns the flags and the
+        step's live outcome when it is already journaled."""
+        k = self.run_keys(run_id)
+        args: list[Any] = [
+            epoch,
+            now_ms(),
+            self.channel(namespace),
+            seq,
+            "" if cut_index is None else cut_index,
+            step_key,
+            step_row,
+            len(records),
+        ]
+        for record in records:
+            args.extend(record)
+        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.steps], args)
+        _refuse(run_id, reply)
+        return _flags(reply), (reply[3] or None)
+
+    def record_op(
+        self,
+        run_id: str,
+        epoch: int,
+        seq: str,
+        index: int,
+        identity: str,
+        value_field: str = "",
+        value: str = "",
+        step_key: str = "",
+        step_row: str = "",
+    ) -> tuple[Flags, str | None, str | None]:
+        """Journal one op. Returns (flags, winning value or None, conflicting identity or None)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "record_op",
+            [k.run, k.journal, k.steps],
+            [epoch, now_ms(), seq, index, identity, value_field, value, step_key, step_row],
+        )
+        if reply[0] == "conflict":
+            return Flags(False, False), None, str(reply[1])
+        _refuse(run_id, reply)
+        return _flags(reply), (reply[3] or None), None
+
+    def dispatch(self, run_id: str, epoch: int, seq: str, index: int, identity: str, count: int) -> Any:
+        """Returns ('dispatch', [indices]), ('pending', []) or ('conflict', identity)."""
+        k = self.run_keys(run_id)
+        reply = self._run("dispatch", [k.run, k.journal], [epoch, seq, index, identity, count])
+        if reply[0] == "conflict":
+            return "conflict", str(reply[1])
+        _refuse(run_id, reply)
+        return str(reply[0]), [int(j) for j in reply[1:]]
+
+    def branch_outcomes(self, run_id: str, call: str, count: int) -> list[str | None]:
+        fields = [f"r:{call}:{j}" for j in range(count)]
+        if not fields:
+            return []
+        with storage_errors():
+            return list(self.client.hmget(self.run_keys(run_id).journal, fields))
+
+    def complete_branch(self, run_id: str, epoch: int, call: str, index: int, outcome: str) -> bool:
+        """Journal a branch outcome; True when the coordinator must be woken."""
+        k = self.run_keys(run_id)
+        reply = self._run("complete_branch", [k.run, k.journal], [epoch, call, index, outcome])
+        _refuse(run_id, reply)
+        return reply[1] == 1
+
+    def step_rows(self, run_id: str) -> dict[str, str]:
+        with storage_errors():
+            return dict(self.client.hgetall(self.run_keys(run_id).steps))
+
+    # -- settling, resuming, cancelling ---------------------------------------
+
+    def finish(
+        self,
+        run_id: str,
+        epoch: int,
+        namespace: str,
+        status: str,
+        *,
+        reason: str = "",
+        error: str = "",
+        can_resume: bool = False,
+        result_json: str | None = None,
+        message: str = "",
+    ) -> None:
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "finish",
+            [k.run, k.progress],
+            [
+                epoch,
+                now_ms(),
+                self.channel(namespace),
+                status,
+                reason,
+                error,
+                int(can_resume),
+                int(result_json is not None),
+                result_json or "",
+                message,
+            ],
+        )
+        _refuse(run_id, reply)
+
+    def resume(
+        self,
+        record: RunRecord,
+        *,
+        limits_json: str,
+        message: str,
+        code_hash: str,
+    ) -> int | None:
+        """Bump the epoch if the run is still as ``record`` saw it; the new epoch, or None."""
+        k = self.run_keys(record.run_id)
+        reply = self._run(
+            "resume",
+            [k.run, k.progress, k.steps],
+            [
+                record.epoch,
+                record.status,
+                now_ms(),
+                self.channel(record.namespace),
+                limits_json,
+                message,
+                int(self.settings.lease_seconds * 1000),
+                code_hash,
+            ],
+        )
+        return int(reply[1]) if reply[0] == "ok" else None
+
+    def cancel(self, run_id: str, namespace: str) -> tuple[str, int | None]:
+        k = self.run_keys(run_id)
+        reply = self._run("cancel", [k.run, k.progress], [now_ms(), self.channel(namespace)])
+        epoch = int(reply[1]) if reply[0] == "requested" else None
+        return str(reply[0]), epoch
+
+    # -- progress --------------------------------------------------------------
+
+    def progress_range(
+        self, run_id: str, *, after_seq: int | None = None, before_seq: int | None = None, count: int = 200
+    ) -> list[ProgressRecord]:
+        """Records in ascending seq: the first ``count`` after ``after_seq``, the
+        last ``count`` before ``before_seq``, or the newest ``count``."""
+        stream = self.run_keys(run_id).progress
+        with storage_errors():
+            if after_seq is not None:
+                rows = self.client.xrange(stream, min=f"({max(after_seq, 0)}-0", max="+", count=count)
+            elif before_seq is not None:
+                if before_seq <= 1:
+                    return []
+                rows = self.client.xrevrange(stream, max=f"({before_seq}-0", min="-", count=count)[::-1]
+            else:
+                rows = self.client.xrevrange(stream, max="+", min="-", count=count)[::-1]
+        return [_progress(entry_id, fields) for entry_id, fields in rows]
+
+    def progress_bounds(self, run_id: str) -> tuple[int | None, int | None, int]:
+        """(oldest seq, newest seq, revision) of a run's progress."""
+        k = self.run_keys(run_id)
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xrange(k.progress, count=1)
+            pipe.xrevrange(k.progress, count=1)
+            pipe.hget(k.run, "next_seq")
+            first, last, revision = pipe.execute()
+        oldest = _progress(*first[0]).seq if first else None
+        newest = _progress(*last[0]).seq if last else None
+        return oldest, newest, int(revision or 0)
+
+
+def _progress(entry_id: str, fields: dict[str, str]) -> ProgressRecord:
+    try:
+        return ProgressRecord(
+            seq=int(entry_id.split("-", 1)[0]),
+            kind=fields["kind"],
+            phase_id=fields.get("phase_id") or None,
+            message=fields["message"],
+            attempt=int(fields["attempt"]),
+            at=int(fields["at"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise StorageCorruptError(f"Progress record {entry_id} is corrupt: {exc!r}") from None

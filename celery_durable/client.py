@@ -1,0 +1,445 @@
+"""The client: start, wait for, list, inspect, cancel and resume runs (SPEC §3)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from celery_durable.broker import STATUSES, RunRecord, now_ms
+from celery_durable.broker.keys import NAMESPACE_PATTERN
+from celery_durable.errors import (
+    RunNotFoundError,
+    StorageCorruptError,
+    StorageUnavailableError,
+    WorkflowDefinitionError,
+    WorkflowResumeError,
+    WorkflowWaitCancelled,
+)
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.definition import Workflow
+from celery_durable.workflows.envelope import (
+    PhaseRow,
+    ProgressEntry,
+    ProgressPage,
+    RunDetail,
+    RunEnvelope,
+    RunPage,
+    StepRow,
+    from_ms,
+    is_terminal_status,
+)
+from celery_durable.workflows.limits import merge_limits, validate_limits
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+T = TypeVar("T")
+MAX_IDEMPOTENCY_KEY = 256
+DEFAULT_POLL_MS = 1000
+PAGE_LIMIT_MAX = 500
+
+
+class Client:
+    """One namespace's view of the runs; every call validates before it writes."""
+
+    def __init__(self, engine: Engine, namespace: str) -> None:
+        if not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace):
+            raise ValueError(f"namespace must be 1-64 characters of [A-Za-z0-9._-]: {namespace!r}")
+        self.engine = engine
+        self.namespace = namespace
+
+    # -- starting ------------------------------------------------------------
+
+    def start_workflow(
+        self,
+        name_or_handle: str | Workflow,
+        args: Any = None,
+        limits: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Start a run and return its id at once; an idempotency key returns the first run's id."""
+        definition = self._workflow(name_or_handle)
+        args = {} if args is None else args
+        problem = jsonvalue.json_problem(args)
+        if problem is not None:
+            raise ValueError(f"Workflow args must be a JSON value: {problem}")
+        args_json = jsonvalue.dumps(args)
+        self._check_size("args", args_json)
+        definition.validate_args(args)
+        if limits is not None:
+            validate_limits(limits, allow_none=True)
+        effective = merge_limits(dict(definition.limits), limits)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY
+        ):
+            raise ValueError(f"idempotency_key must be a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters")
+        store = self.engine.store
+        run_id = uuid.uuid4().hex
+        fields = {
+            "id": run_id,
+            "workflow": definition.name,
+            "namespace": self.namespace,
+            "status": "pending",
+            "epoch": "1",
+            "args": args_json,
+            "limits": jsonvalue.dumps(effective),
+            "code_hash": definition.code_hash,
+            "created_at": str(now_ms()),
+            "started_at": "",
+            "finished_at": "",
+            "can_resume": "0",
+            "has_result": "0",
+            "next_seq": "0",
+            "idempotency_key": idempotency_key or "",
+        }
+        store.create_run(run_id, fields)
+        owner = store.index_run(self.namespace, run_id, idempotency_key)
+        if owner != run_id:
+            store.discard_run(run_id, 1)
+            return owner
+        self.engine.send_coordinator(run_id, 1, definition.name)
+        return run_id
+
+    def run_workflow(
+        self,
+        name_or_handle: str | Workflow,
+        args: Any = None,
+        limits: dict[str, Any] | None = None,
+        resume_from_run_id: str | None = None,
+        timeout: float | None = None,
+    ) -> RunEnvelope:
+        """Start a run (or resume one) and block until it settles."""
+        if resume_from_run_id is not None:
+            return self.resume_workflow(resume_from_run_id, limits=limits, timeout=timeout)
+        run_id = self.start_workflow(name_or_handle, args=args, limits=limits)
+        return self.wait_for_workflow_run(run_id, timeout=timeout)
+
+    # -- reading -------------------------------------------------------------
+
+    def get_workflow_run(self, run_id: str) -> RunEnvelope:
+        return RunEnvelope.from_record(self._record(run_id))
+
+    def wait_for_workflow_run(
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        poll_interval_ms: int | None = None,
+        cancel_event: threading.Event | None = None,
+    ) -> RunEnvelope:
+        """Block until the run settles; ``cancel_event`` ends the wait, not the run.
+
+        Status changes are announced on the namespace's pub/sub channel, so a
+        wait wakes at once; ``poll_interval_ms`` bounds how long it trusts
+        silence before it reads the run again.
+        """
+        _check_timeout(timeout)
+        if poll_interval_ms is not None and (
+            isinstance(poll_interval_ms, bool) or not isinstance(poll_interval_ms, int) or poll_interval_ms <= 0
+        ):
+            raise ValueError(f"poll_interval_ms must be a positive integer, got {poll_interval_ms!r}")
+        if cancel_event is not None and not isinstance(cancel_event, threading.Event):
+            raise ValueError("cancel_event must be a threading.Event")
+        poll = (poll_interval_ms or DEFAULT_POLL_MS) / 1000
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._events() as next_event:
+            while True:
+                envelope = self.get_workflow_run(run_id)
+                if envelope.is_terminal:
+                    return envelope
+                quiet_until = time.monotonic() + poll
+                if deadline is not None:
+                    quiet_until = min(quiet_until, deadline)
+                while True:
+                    if cancel_event is not None and cancel_event.is_set():
+                        raise WorkflowWaitCancelled(f"Wait for run {run_id} was cancelled; the run goes on")
+                    remaining = quiet_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    event = next_event(min(remaining, 0.05))
+                    if event is not None and event.startswith(run_id):
+                        break
+                if deadline is not None and time.monotonic() >= deadline:
+                    envelope = self.get_workflow_run(run_id)
+                    if envelope.is_terminal:
+                        return envelope
+                    raise TimeoutError(f"Run {run_id} is still {envelope.status} after {timeout}s")
+
+    @contextmanager
+    def _events(self) -> Iterator[Callable[[float], str | None]]:
+        store = self.engine.store
+        with _storage():
+            pubsub = store.client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(store.channel(self.namespace))
+
+        def next_event(timeout: float) -> str | None:
+            with _storage():
+                message = pubsub.get_message(timeout=timeout)
+            return str(message["data"]) if message else None
+
+        try:
+            yield next_event
+        finally:
+            pubsub.close()
+
+    def list_workflow_runs(
+        self,
+        status: str | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """This namespace's runs, newest first, in pages."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        if workflow is not None and not isinstance(workflow, str):
+            raise ValueError(f"workflow must be a name, got {type(workflow).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
+            raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {limit!r}")
+        before = _parse_cursor(cursor)
+        store = self.engine.store
+        runs: list[RunEnvelope] = []
+        while True:
+            batch = store.list_run_ids(self.namespace, before, max(limit * 2, 64))
+            if not batch:
+                return RunPage(runs, None)
+            records = {record.run_id: record for record in store.load_runs([run_id for run_id, _ in batch])}
+            for run_id, score in batch:
+                before = score
+                record = records.get(run_id)
+                if record is None or record.namespace != self.namespace:
+                    continue
+                if (status is None or record.status == status) and (workflow is None or record.workflow == workflow):
+                    runs.append(RunEnvelope.from_record(record))
+                    if len(runs) == limit:
+                        more = store.list_run_ids(self.namespace, score, 1)
+                        return RunPage(runs, f"s{score:.0f}" if more else None)
+
+    def get_workflow_run_detail(self, run_id: str) -> RunDetail:
+        record = self._record(run_id)
+        definition = self.engine.workflows.get(record.workflow)
+        phases: list[PhaseRow] = []
+        if definition is not None:
+            current = record.phase_id
+            for phase in definition.phases:
+                started, finished = record.phase_times.get(phase.phase_id, (None, None))
+                if finished is not None and phase.phase_id != current or (
+                    phase.phase_id == current and record.status == "completed"
+                ):
+                    state = "done"
+                elif phase.phase_id == current:
+                    state = "active"
+                elif started is not None:
+                    state = "done"
+                else:
+                    state = "pending"
+                phases.append(PhaseRow(phase.phase_id, phase.title, phase.detail, state, from_ms(started), from_ms(finished)))
+        steps = [
+            StepRow(key=key, status=row.split("|", 3)[0], attempt=int(row.split("|", 3)[1]), error=row.split("|", 3)[3] or None)
+            for key, row in self.engine.store.step_rows(record.run_id).items()
+        ]
+        progress = self.get_workflow_run_progress(run_id, limit=20).records
+        return RunDetail(run=RunEnvelope.from_record(record), phases=phases, steps=steps, progress=progress)
+
+    def get_workflow_run_progress(
+        self,
+        run_id: str,
+        phase_id: str | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        limit: int | None = None,
+    ) -> ProgressPage:
+        """A page of progress records in ascending seq (SPEC §7)."""
+        for name, value in (("after_seq", after_seq), ("before_seq", before_seq)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+                raise ValueError(f"{name} must be an integer >= -1, got {value!r}")
+        if after_seq is not None and before_seq is not None:
+            raise ValueError("after_seq and before_seq cannot be given together")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX):
+            raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {limit!r}")
+        if phase_id is not None and not isinstance(phase_id, str):
+            raise ValueError(f"phase_id must be a string, got {type(phase_id).__name__}")
+        count = limit or 200
+        record = self._record(run_id)
+        store = self.engine.store
+        if phase_id is None:
+            rows = store.progress_range(record.run_id, after_seq=after_seq, before_seq=before_seq, count=count)
+            oldest, newest, revision = store.progress_bounds(record.run_id)
+        else:
+            every = store.progress_range(record.run_id, after_seq=0, count=1_000_000)
+            scoped = [row for row in every if row.phase_id == phase_id]
+            revision = store.progress_bounds(record.run_id)[2]
+            oldest = scoped[0].seq if scoped else None
+            newest = scoped[-1].seq if scoped else None
+            if after_seq is not None:
+                rows = [row for row in scoped if row.seq > after_seq][:count]
+            elif before_seq is not None:
+                rows = [row for row in scoped if row.seq < before_seq][-count:]
+            else:
+                rows = scoped[-count:]
+        records = [ProgressEntry.from_record(row) for row in rows]
+        return ProgressPage(
+            records=records,
+            oldest_seq=oldest,
+            newest_seq=newest,
+            has_more_older=bool(records) and oldest is not None and records[0].seq > oldest,
+            has_more_newer=bool(records) and newest is not None and records[-1].seq < newest,
+            revision=revision,
+        )
+
+    # -- changing ----------------------------------------------------------------
+
+    def cancel_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
+        """Request cancellation and wait until the run has settled."""
+        _check_timeout(timeout)
+        record = self._record(run_id)
+        verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace)
+        if verdict == "requested" and epoch is not None:
+            # Wake the coordinator: a run waiting on branches has no pass running.
+            self.engine.send_coordinator(record.run_id, epoch, record.workflow)
+        return self.wait_for_workflow_run(run_id, timeout=timeout)
+
+    def resume_workflow(
+        self,
+        run_id: str,
+        limits: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        force: bool = False,
+        allow_code_change: bool = False,
+    ) -> RunEnvelope:
+        """Take execution authority of a run with a new attempt and block until it settles."""
+        _check_timeout(timeout)
+        if limits is not None:
+            try:
+                validate_limits(limits, allow_none=True)
+            except WorkflowDefinitionError as exc:
+                raise WorkflowResumeError(str(exc), code="workflow_limits_invalid") from None
+        with _resume_errors():
+            record = self._record(run_id)
+            epoch = self._take_authority(record, limits, force=force, allow_code_change=allow_code_change)
+            self.engine.send_coordinator(record.run_id, epoch, record.workflow)
+        return self.wait_for_workflow_run(run_id, timeout=timeout)
+
+    def _take_authority(
+        self, record: RunRecord, limits: dict[str, Any] | None, *, force: bool, allow_code_change: bool
+    ) -> int:
+        store = self.engine.store
+        for _ in range(5):
+            definition = self.engine.workflows.get(record.workflow)
+            if definition is None:
+                raise WorkflowResumeError(
+                    f"Workflow {record.workflow!r} is not registered with this engine", code="non_resumable"
+                )
+            code_changed = definition.code_hash != record.code_hash
+            if code_changed and not allow_code_change:
+                raise WorkflowResumeError(
+                    f"Workflow {record.workflow!r} code changed since run {record.run_id} started "
+                    "(pass allow_code_change=True to resume it with the new code)",
+                    code="workflow_code_changed",
+                )
+            message = _resume_verdict(record, force=force, code_changed=code_changed)
+            merged = merge_limits(record.limits, limits)
+            epoch = store.resume(
+                record,
+                limits_json=jsonvalue.dumps(merged),
+                message=message,
+                code_hash=definition.code_hash if code_changed else "",
+            )
+            if epoch is not None:
+                return epoch
+            record = self._record(record.run_id)
+        raise WorkflowResumeError(f"Run {record.run_id} kept changing while resuming it", code="already_active")
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _workflow(self, name_or_handle: str | Workflow) -> Workflow:
+        if isinstance(name_or_handle, Workflow):
+            registered = self.engine.workflows.get(name_or_handle.name)
+            if registered is not name_or_handle and (
+                registered is None or registered.code_hash != name_or_handle.code_hash
+            ):
+                raise ValueError(f"Workflow {name_or_handle.name!r} is not registered with this engine")
+            return name_or_handle
+        if not isinstance(name_or_handle, str):
+            raise ValueError(f"Expected a workflow name or handle, got {type(name_or_handle).__name__}")
+        definition = self.engine.workflows.get(name_or_handle)
+        if definition is None:
+            raise ValueError(f"Unknown workflow: {name_or_handle!r}")
+        return definition
+
+    def _record(self, run_id: str) -> RunRecord:
+        if not isinstance(run_id, str) or not run_id:
+            raise RunNotFoundError(f"Run not found: {run_id!r}")
+        record = self.engine.store.load_run(run_id) if _plausible_run_id(run_id) else None
+        if record is None or record.namespace != self.namespace:
+            raise RunNotFoundError(f"Run not found: {run_id}")
+        return record
+
+    def _check_size(self, what: str, encoded: str) -> None:
+        size = len(encoded.encode("utf-8"))
+        limit = self.engine.settings.max_payload_bytes
+        if size > limit:
+            raise ValueError(f"Workflow {what} are {size} bytes, above max_payload_bytes ({limit})")
+
+
+def _resume_verdict(record: RunRecord, *, force: bool, code_changed: bool) -> str:
+    """The system message of an allowed resume; raises for a refused one (SPEC §8 table)."""
+    status = record.status
+    if status in ("completed", "cancelled"):
+        raise WorkflowResumeError(f"Run {record.run_id} is {status} and cannot be resumed", code="non_resumable")
+    if status in ("running", "pending"):
+        if record.lease_until > now_ms() and not force:
+            raise WorkflowResumeError(
+                f"Run {record.run_id} is {status} and its attempt is alive (pass force=True to take over)",
+                code="already_active",
+            )
+        return "Run taken over by force" if record.lease_until > now_ms() else "Run recovered after its attempt died"
+    if status == "error" and record.reason == "nondeterminism" and not code_changed:
+        raise WorkflowResumeError(
+            f"Run {record.run_id} stopped on nondeterminism; resuming the same code would fail the same way",
+            code="non_resumable",
+        )
+    return f"Run resumed from {status}"
+
+
+def _plausible_run_id(run_id: str) -> bool:
+    from celery_durable.broker.keys import RUN_ID_PATTERN
+
+    return bool(RUN_ID_PATTERN.match(run_id))
+
+
+def _parse_cursor(cursor: str | None) -> float | None:
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str) or not cursor.startswith("s") or not cursor[1:].isdigit():
+        raise ValueError(f"cursor is not one list_workflow_runs returned: {cursor!r}")
+    return float(cursor[1:])
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+
+@contextmanager
+def _storage() -> Iterator[None]:
+    from celery_durable.broker import storage_errors
+
+    with storage_errors():
+        yield
+
+
+@contextmanager
+def _resume_errors() -> Iterator[None]:
+    """Resume reports every failure as a ``WorkflowResumeError`` with its code."""
+    try:
+        yield
+    except RunNotFoundError as exc:
+        raise WorkflowResumeError(str(exc), code="not_found") from None
+    except StorageUnavailableError as exc:
+        raise WorkflowResumeError(str(exc), code="workflow_storage_unavailable") from None
+    except StorageCorruptError as exc:
+        raise WorkflowResumeError(str(exc), code="workflow_storage_corrupt") from None

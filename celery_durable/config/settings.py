@@ -1,0 +1,57 @@
+"""One settings object for every component (env prefix ``CELERY_DURABLE_``)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class Settings(BaseSettings):
+    """Where the journal lives, how Celery is routed, and the engine's ceilings.
+
+    Workers and clients read the same environment, so they agree on queues,
+    key prefix and agent runner without code changes.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CELERY_DURABLE_", extra="forbid", validate_default=True)
+
+    redis_url: str = Field(default="redis://localhost:6379/0", description="The journal store.")
+    broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url.")
+    namespace: str = Field(default="default", description="The namespace a client uses when none is given.")
+    key_prefix: str = Field(default="cd", description="Prefix of every Redis key celery-durable writes.")
+    coordinator_queue: str = "durable.coordinator"
+    steps_queue: str = "durable.steps"
+    agents_queue: str = "durable.agents"
+    lease_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    auto_recover: bool = True
+    max_fanout: int = Field(default=4096, ge=1, le=1_000_000)
+    max_payload_bytes: int = Field(default=1024 * 1024, ge=1024)
+    visibility_timeout_seconds: int = Field(
+        default=6 * 3600,
+        ge=60,
+        description="Redis-broker redelivery delay; keep it above the longest step (SPEC §10).",
+    )
+    agent_runner: str | None = Field(default=None, description="Import path 'package.module:attribute'.")
+    workflows: list[str] = Field(default_factory=list, description="Modules to import on start.")
+
+    @field_validator("namespace", "key_prefix")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be 1-64 characters of [A-Za-z0-9._-]")
+        return value
+
+    @model_validator(mode="after")
+    def _queues_distinct(self) -> Settings:
+        queues = {self.coordinator_queue, self.steps_queue, self.agents_queue}
+        if len(queues) != 3:
+            raise ValueError("coordinator_queue, steps_queue and agents_queue must differ")
+        return self
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url

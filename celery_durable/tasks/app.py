@@ -1,0 +1,104 @@
+"""The Celery app the engine builds, configured for durability, and its tasks.
+
+Task names say what a task is, and arguments are keyword arguments naming
+the run, so a person can follow a run in Flower.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from kombu import Queue
+
+from celery_durable.config import Settings
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+COORDINATOR_TASK = "celery_durable.coordinator"
+BRANCH_TASK = "celery_durable.branch"
+
+
+def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery:
+    """A Celery app that accepts JSON only and never loses a task to a dying worker."""
+    app = Celery(main, broker=settings.effective_broker_url, set_as_current=False)
+    app.conf.update(
+        # JSON only: a worker never unpickles what a message says.
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        # The journal is the result store; Celery's results are not used.
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        # A task is acknowledged after it ran, and re-queued if its worker died.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=settings.coordinator_queue,
+        task_queues=[
+            Queue(settings.coordinator_queue),
+            Queue(settings.steps_queue),
+            Queue(settings.agents_queue),
+        ],
+        task_routes={
+            COORDINATOR_TASK: {"queue": settings.coordinator_queue},
+            BRANCH_TASK: {"queue": settings.steps_queue},
+        },
+        # Redelivery of an unacknowledged message after this long; keep it
+        # above the longest step. Leases, not this, decide crash recovery.
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        task_send_sent_event=True,
+    )
+    return app
+
+
+def register_tasks(app: Celery, engine: Engine) -> None:
+    """Bind the coordinator and branch tasks to ``engine``'s workflows and store."""
+    from celery_durable.tasks.branch import run_branch_task
+    from celery_durable.tasks.coordinator import run_coordinator_task
+
+    @app.task(name=COORDINATOR_TASK, ignore_result=True)
+    def coordinator(run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any) -> None:
+        run_coordinator_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
+
+    @app.task(name=BRANCH_TASK, ignore_result=True)
+    def branch(
+        run_id: Any = None,
+        epoch: Any = None,
+        workflow: Any = None,
+        call: Any = None,
+        branch: Any = None,
+        **extra: Any,
+    ) -> None:
+        run_branch_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branch=branch, extra=extra)
+
+
+def send_coordinator(app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str) -> None:
+    app.send_task(
+        COORDINATOR_TASK,
+        kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow},
+        queue=settings.coordinator_queue,
+    )
+
+
+def send_branches(
+    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]
+) -> None:
+    """Publish one branch task per index on one producer connection."""
+    with app.producer_or_acquire() as producer:
+        for index in indices:
+            app.send_task(
+                BRANCH_TASK,
+                kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "call": call, "branch": index},
+                queue=settings.steps_queue,
+                producer=producer,
+            )

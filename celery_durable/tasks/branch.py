@@ -1,0 +1,94 @@
+"""The branch task: one thunk of a fan-out, on any worker of the fleet.
+
+It replays the main body from the journal (every call a hit) until it reaches
+its fan-out, runs its own thunk in the branch's sequence, journals the
+outcome and, when it was the last one out, wakes the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemptError, StorageUnavailableError
+from celery_durable.tasks.heartbeat import Heartbeat
+from celery_durable.tasks.messages import BadMessage, parse_branch, parse_run_message
+from celery_durable.workflows import outcomes
+from celery_durable.workflows.context import WorkflowContext
+from celery_durable.workflows.outcomes import Outcome
+from celery_durable.workflows.replay import MAIN, BranchFinished, BranchTarget, Replay, Suspend
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def run_branch_task(
+    engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, call: Any, branch: Any, extra: dict[str, Any]
+) -> None:
+    try:
+        message = parse_run_message(run_id, epoch, workflow, extra)
+        call_id, index = parse_branch(call, branch)
+    except BadMessage as exc:
+        logger.error("rejected branch message: %s", exc)
+        return
+    store = engine.store
+    record = store.load_run(message.run_id)
+    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+        engine.count_refused()
+        logger.warning("refused stale or forged branch message for run %s", message.run_id)
+        return
+    if record.status not in ("running", "paused"):
+        return
+    definition = engine.workflows.get(record.workflow)
+    if definition is None:
+        logger.error("run %s: workflow %r is not registered here", record.run_id, record.workflow)
+        return
+    replay = Replay(
+        store=store,
+        run=record,
+        workflow=definition,
+        epoch=record.epoch,
+        max_fanout=engine.settings.max_fanout,
+        max_payload_bytes=engine.settings.max_payload_bytes,
+        target=BranchTarget(call_id, index),
+    )
+    try:
+        with Heartbeat(store, replay, interval=engine.heartbeat_interval):
+            outcome = _run_to_branch(replay)
+        wake = store.complete_branch(record.run_id, record.epoch, call_id, index, outcome.encode())
+    except StaleAttemptError:
+        engine.count_refused()
+        logger.info("run %s: branch %s/%s belongs to an older attempt", record.run_id, call_id, index)
+        return
+    except StorageUnavailableError as exc:
+        logger.error("run %s: storage unavailable in branch %s/%s: %s", record.run_id, call_id, index, exc)
+        return
+    if wake:
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+
+
+def _run_to_branch(replay: Replay) -> Outcome:
+    cursor = replay.open_cursor(MAIN, writes=False)
+    try:
+        replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+    except BranchFinished as done:
+        return done.outcome
+    except StaleAttemptError:
+        raise
+    except Suspend:
+        raise StaleAttemptError("branch replay reached an unfinished fan-out") from None
+    except FATAL_ERRORS as exc:
+        return outcomes.failure(replay.epoch, exc, fatal=True)
+    except Exception as exc:
+        error = NonDeterminismError(
+            f"Replaying the main body for branch {replay.target} raised {type(exc).__name__}: {exc} "
+            "before reaching the fan-out; check that your workflow is deterministic"
+        )
+        return outcomes.failure(replay.epoch, error, fatal=True)
+    error = NonDeterminismError(
+        f"Replaying the main body for branch {replay.target} returned before reaching the fan-out; "
+        "check that your workflow is deterministic"
+    )
+    return outcomes.failure(replay.epoch, error, fatal=True)

@@ -1,0 +1,197 @@
+"""The coordinator task: one pass of deterministic replay over a run.
+
+A pass holds the run's activation lock; an activation that arrives while a
+pass runs sets the lock's wake flag instead of running beside it, and the
+holder runs one more pass before it lets go (see ``release.lua``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.broker import RunRecord
+from celery_durable.errors import (
+    NonDeterminismError,
+    StaleAttemptError,
+    StepFailed,
+    StorageCorruptError,
+    StorageUnavailableError,
+    WorkflowCancelled,
+)
+from celery_durable.tasks.heartbeat import Heartbeat
+from celery_durable.tasks.messages import BadMessage, parse_run_message
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.context import WorkflowContext
+from celery_durable.workflows.replay import MAIN, Replay, Suspend
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+    from celery_durable.workflows.definition import Workflow
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How a pass that did not suspend ends the run."""
+
+    status: str
+    reason: str = ""
+    error: str = ""
+    can_resume: bool = False
+    result_json: str | None = None
+    message: str = ""
+
+
+def run_coordinator_task(engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]) -> None:
+    try:
+        message = parse_run_message(run_id, epoch, workflow, extra)
+    except BadMessage as exc:
+        logger.error("rejected coordinator message: %s", exc)
+        return
+    store = engine.store
+    record = store.load_run(message.run_id)
+    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+        logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
+        return
+    definition = engine.workflows.get(record.workflow)
+    if definition is None:
+        _settle_unknown_workflow(engine, record)
+        return
+    token = uuid.uuid4().hex
+    try:
+        flags = store.activate(record.run_id, record.epoch, token, record.namespace)
+    except StaleAttemptError:
+        return
+    if flags is None:
+        return  # another pass holds the lock and was told to run once more
+    replay = _new_replay(engine, record, definition)
+    replay.apply_flags(flags)
+    with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval):
+        while True:
+            try:
+                _one_pass(engine, replay)
+            except StaleAttemptError:
+                logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
+                return
+            except StorageUnavailableError as exc:
+                # Nothing can be written now; the lock and lease expire, and
+                # the run is picked up again once Redis is back.
+                logger.error("run %s: storage unavailable during a pass: %s", record.run_id, exc)
+                return
+            if not store.release(record.run_id, token, record.epoch):
+                return
+            fresh = store.load_run(record.run_id)
+            if fresh is None or fresh.epoch != record.epoch:
+                return
+            flags_replay = _new_replay(engine, fresh, definition)
+            flags_replay.cancel_event = replay.cancel_event
+            replay = flags_replay
+
+
+def _new_replay(engine: Engine, record: RunRecord, definition: Workflow) -> Replay:
+    settings = engine.settings
+
+    def send(call: str, indices: Any) -> None:
+        engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices)
+
+    return Replay(
+        store=engine.store,
+        run=record,
+        workflow=definition,
+        epoch=record.epoch,
+        max_fanout=settings.max_fanout,
+        max_payload_bytes=settings.max_payload_bytes,
+        send_branches=send,
+    )
+
+
+def _one_pass(engine: Engine, replay: Replay) -> None:
+    record = replay.run
+    store = engine.store
+    if replay.cancelled():
+        settlement = _cancelled()
+    else:
+        cursor = replay.open_cursor(MAIN, writes=True)
+        try:
+            result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+        except Suspend:
+            return
+        except (StaleAttemptError, StorageUnavailableError):
+            raise
+        except Exception as exc:
+            settlement = _failed(replay, exc)
+        else:
+            settlement = _returned(replay, result)
+        replay.flush(cursor)
+    store.finish(
+        record.run_id,
+        record.epoch,
+        record.namespace,
+        settlement.status,
+        reason=settlement.reason,
+        error=settlement.error,
+        can_resume=settlement.can_resume,
+        result_json=settlement.result_json,
+        message=settlement.message,
+    )
+
+
+def _cancelled() -> Settlement:
+    return Settlement("cancelled", reason="cancelled", error="Cancelled by request", message="Run cancelled")
+
+
+def _failed(replay: Replay, exc: Exception) -> Settlement:
+    fatal = replay.fatal
+    if isinstance(fatal, NonDeterminismError) or isinstance(exc, NonDeterminismError):
+        error = str(fatal or exc)
+        return Settlement("error", "nondeterminism", error, False, message="Run stopped: nondeterminism")
+    if isinstance(fatal, WorkflowCancelled) or isinstance(exc, WorkflowCancelled) or replay.cancelled():
+        return _cancelled()
+    if isinstance(exc, StorageCorruptError):
+        return Settlement("error", "workflow_storage_corrupt", str(exc), True, message="Run stopped: storage corrupt")
+    if isinstance(exc, StepFailed):
+        error = f"StepFailed: step {exc.key!r} raised {exc.error_type}: {exc.error_message}"
+    else:
+        error = f"{type(exc).__name__}: {exc}"
+    return Settlement("error", "exception", error, True, message=f"Run failed: {error}")
+
+
+def _returned(replay: Replay, result: Any) -> Settlement:
+    if isinstance(replay.fatal, NonDeterminismError):
+        return Settlement("error", "nondeterminism", str(replay.fatal), False, message="Run stopped: nondeterminism")
+    if replay.fatal is not None or replay.cancelled():
+        return _cancelled()
+    if result is None:
+        return Settlement("completed", message="Run completed")
+    problem = jsonvalue.json_problem(result)
+    if problem is not None:
+        error = f"Workflow result must be a JSON value ({problem})"
+        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
+    encoded = jsonvalue.dumps(result)
+    size = len(encoded.encode("utf-8"))
+    if size > replay.max_payload_bytes:
+        error = f"Workflow result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes})"
+        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
+    return Settlement("completed", result_json=encoded, message="Run completed")
+
+
+def _settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:
+    error = f"Workflow {record.workflow!r} is not registered with this worker's engine"
+    logger.error("run %s: %s", record.run_id, error)
+    try:
+        engine.store.finish(
+            record.run_id,
+            record.epoch,
+            record.namespace,
+            "error",
+            reason="unknown_workflow",
+            error=error,
+            can_resume=True,
+            message=f"Run stopped: {error}",
+        )
+    except StaleAttemptError:
+        pass

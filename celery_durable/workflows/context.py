@@ -1,0 +1,91 @@
+"""The object a workflow's ``run(ctx)`` receives (SPEC §4).
+
+Every method is one line into the replay engine, as in Temporal's
+``workflow/_context.py``: the engine does the work, the context forwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, NoReturn
+
+from celery_durable.workflows.replay import Replay
+from celery_durable.workflows.retry import RetryPolicy
+
+
+class WorkflowContext:
+    """Journaled work, fan-out, progress and cancellation for one run."""
+
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
+        self._args = copy.deepcopy(replay.run.args)
+
+    @property
+    def run_id(self) -> str:
+        return self._replay.run.run_id
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt's epoch: 1 on the first, +1 on every resume or recovery."""
+        return self._replay.epoch
+
+    @property
+    def args(self) -> Any:
+        """The run's JSON arguments, the same on every replay and resume."""
+        return self._args
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        return self._replay.cancel_event
+
+    def cancelled(self) -> bool:
+        return self._replay.cancelled()
+
+    def phase(self, title: str) -> None:
+        self._replay.phase(title)
+
+    def log(self, message: str) -> None:
+        self._replay.log(message)
+
+    def step(
+        self,
+        key: str,
+        producer: Callable[[], Any],
+        *,
+        volatile: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> Any:
+        """Run ``producer`` once per run under ``key`` and journal its JSON result."""
+        return self._replay.step(key, producer, volatile=volatile, retry=retry)
+
+    def parallel(self, thunks: Iterable[Callable[[], Any]]) -> list[Any]:
+        """Run zero-argument callables concurrently across the fleet; results in order."""
+        return self._replay.parallel(thunks)
+
+    def pipeline(self, items: Iterable[Any], *stages: Callable[[Any, Any, int], Any]) -> list[Any]:
+        """Each item through ``stage(previous, item, index)``; no barrier between items."""
+        return self._replay.pipeline(items, stages)
+
+    def now(self) -> datetime:
+        """Replay-safe clock: an aware UTC datetime, journaled."""
+        return self._replay.now()
+
+    def uuid4(self) -> uuid.UUID:
+        """Replay-safe random UUID, journaled."""
+        return self._replay.uuid4()
+
+    def idempotency_key(self, key: str) -> str:
+        """``"<run_id>:<key>"``: stable across attempts, for external services."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"idempotency_key takes a non-empty string, got {key!r}")
+        return f"{self.run_id}:{key}"
+
+    def workflow(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError("Nested workflows are not supported")
+
+    def agent(self, prompt: str, *, label: str | None = None, schema: Any = None, model: str | None = None) -> Any:
+        raise NotImplementedError("ctx.agent needs an agent runner; it is not available in this version yet")

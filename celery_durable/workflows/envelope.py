@@ -1,0 +1,172 @@
+"""What clients see of a run: the envelope, pages of runs and of progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from celery_durable.broker import TERMINAL_STATUSES, ProgressRecord, RunRecord
+
+
+def is_terminal_status(status: str) -> bool:
+    """True for every status but ``pending`` and ``running``: a paused run has settled."""
+    return status in TERMINAL_STATUSES
+
+
+def from_ms(value: int | None) -> datetime | None:
+    return datetime.fromtimestamp(value / 1000, tz=UTC) if value is not None else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnvelope:
+    """The durable state of one run, as the seed API's envelope."""
+
+    run_id: str
+    workflow: str
+    namespace: str
+    status: str
+    reason: str | None
+    error: str | None
+    can_resume: bool
+    attempt: int
+    args: Any
+    limits: dict[str, Any]
+    has_result: bool
+    result: Any
+    snapshot: dict[str, Any]
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_record(cls, record: RunRecord, snapshot_extra: dict[str, Any] | None = None) -> RunEnvelope:
+        snapshot: dict[str, Any] = {
+            "phase": record.phase,
+            "steps_done": record.steps_done,
+            "steps_running": record.steps_running,
+            "agents_done": 0,
+            "agents_running": 0,
+            "subagents_used": 0,
+            "ai_credits": 0.0,
+            "waiting_for": None,
+        }
+        snapshot.update(snapshot_extra or {})
+        return cls(
+            run_id=record.run_id,
+            workflow=record.workflow,
+            namespace=record.namespace,
+            status=record.status,
+            reason=None if record.status == "completed" else record.reason,
+            error=record.error,
+            can_resume=record.can_resume and record.status != "running",
+            attempt=record.epoch,
+            args=record.args,
+            limits=record.limits,
+            has_result=record.has_result,
+            result=record.result,
+            snapshot=snapshot,
+            created_at=from_ms(record.created_at),
+            started_at=from_ms(record.started_at),
+            finished_at=from_ms(record.finished_at),
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        return is_terminal_status(self.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form; ``result`` is present only when the run has one (JSON null included)."""
+        data: dict[str, Any] = {
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "namespace": self.namespace,
+            "status": self.status,
+            "reason": self.reason,
+            "error": self.error,
+            "can_resume": self.can_resume,
+            "attempt": self.attempt,
+            "args": self.args,
+            "limits": self.limits,
+            "has_result": self.has_result,
+            "snapshot": self.snapshot,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+        if self.has_result:
+            data["result"] = self.result
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: list[RunEnvelope]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEntry:
+    seq: int
+    kind: str
+    phase_id: str | None
+    message: str
+    attempt: int
+    at: datetime
+
+    @classmethod
+    def from_record(cls, record: ProgressRecord) -> ProgressEntry:
+        at = from_ms(record.at)
+        assert at is not None
+        return cls(record.seq, record.kind, record.phase_id, record.message, record.attempt, at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "kind": self.kind,
+            "phase_id": self.phase_id,
+            "message": self.message,
+            "attempt": self.attempt,
+            "at": self.at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressPage:
+    records: list[ProgressEntry]
+    oldest_seq: int | None
+    newest_seq: int | None
+    has_more_older: bool
+    has_more_newer: bool
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRow:
+    phase_id: str
+    title: str
+    detail: str | None
+    state: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    key: str
+    status: str
+    attempt: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    run: RunEnvelope
+    phases: list[PhaseRow]
+    steps: list[StepRow]
+    progress: list[ProgressEntry]
+    agents: list[dict[str, Any]] = field(default_factory=list)

@@ -1,0 +1,96 @@
+"""What counts as a JSON value, and how payloads are encoded for Redis.
+
+The check is strict on purpose: a tuple would come back from the journal as a
+list and a replay would see a different value than the first run did, so only
+the types that survive a round trip unchanged are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+
+class _JsonNull:
+    """The explicit JSON ``null`` result, as opposed to "no result"."""
+
+    _instance: _JsonNull | None = None
+
+    def __new__(cls) -> _JsonNull:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "JSON_NULL"
+
+    def __reduce__(self) -> str:
+        return "JSON_NULL"
+
+
+JSON_NULL: Final = _JsonNull()
+
+MAX_DEPTH: Final = 256
+"""Deeper values are refused: they would blow the stack of every JSON parser."""
+
+
+def json_problem(value: Any) -> str | None:
+    """Return why ``value`` is not a JSON value, or None when it is one."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if item is None or item is JSON_NULL or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{item!r} is not a finite number"
+            continue
+        if isinstance(item, str):
+            if not _is_utf8(item):
+                return "a string holds a lone surrogate"
+            continue
+        if isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+            continue
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"dict key {key!r} is not a string"
+                if not _is_utf8(key):
+                    return "a dict key holds a lone surrogate"
+                stack.append((child, depth + 1))
+            continue
+        return f"{type(item).__name__} is not a JSON type"
+    return None
+
+
+def is_json_value(value: Any) -> bool:
+    return json_problem(value) is None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _default(value: Any) -> Any:
+    if value is JSON_NULL:
+        return None
+    raise TypeError(f"{type(value).__name__} is not a JSON type")
+
+
+def dumps(value: Any) -> str:
+    """Compact, exact JSON; call only on values that passed ``json_problem``."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default)
+
+
+def loads(text: str | bytes) -> Any:
+    return json.loads(text)

@@ -1,0 +1,69 @@
+"""Validation and merging of run limits (SPEC §6)."""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+from celery_durable.errors import WorkflowDefinitionError
+
+LIMIT_KEYS = ("max_concurrent_subagents", "max_total_subagents", "max_ai_credits", "timeout_seconds")
+MAX_TIMEOUT_SECONDS = 2147483.647
+NANO = Decimal("1e-9")
+
+
+def nano_credits(value: float | int) -> int:
+    """Credits as whole nano-credits, rounded half-to-even on the exact decimal."""
+    return int((Decimal(repr(value)) / NANO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def validate_limits(limits: Any, *, allow_none: bool, where: str = "limits") -> dict[str, Any]:
+    """Check a limits mapping; ``allow_none`` is for run/resume overrides, which clear with None."""
+    if not isinstance(limits, dict):
+        raise WorkflowDefinitionError(f"{where} must be a dict, got {type(limits).__name__}")
+    for key in limits:
+        if key not in LIMIT_KEYS:
+            raise WorkflowDefinitionError(f"Unknown key in {where}: {key}")
+    for key, value in limits.items():
+        if value is None:
+            if not allow_none:
+                raise WorkflowDefinitionError(f"{where}.{key} must be a number, not None")
+            continue
+        _check_limit(key, value, where)
+    return dict(limits)
+
+
+def _check_limit(key: str, value: Any, where: str) -> None:
+    name = f"{where}.{key}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WorkflowDefinitionError(f"{name} must be a number, got {type(value).__name__}")
+    if key in ("max_concurrent_subagents", "max_total_subagents"):
+        if not isinstance(value, int) or value <= 0:
+            raise WorkflowDefinitionError(f"{name} must be a positive integer, got {value!r}")
+        return
+    if not math.isfinite(value) or value <= 0:
+        raise WorkflowDefinitionError(f"{name} must be a finite number above 0, got {value!r}")
+    if key == "max_ai_credits" and nano_credits(value) < 1:
+        raise WorkflowDefinitionError(f"{name} rounds to zero nano-credits: {value!r}")
+    if key == "timeout_seconds" and value > MAX_TIMEOUT_SECONDS:
+        raise WorkflowDefinitionError(f"{name} must be at most {MAX_TIMEOUT_SECONDS}, got {value!r}")
+
+
+def merge_limits(base: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
+    """Apply an override: an omitted key keeps, a number replaces, None clears."""
+    merged = dict(base)
+    for key, value in (override or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def effective_limits(limits: dict[str, Any]) -> dict[str, Any]:
+    """The ceilings in force: an omitted concurrency ceiling falls back to the total one."""
+    result = dict(limits)
+    if "max_concurrent_subagents" not in result and "max_total_subagents" in result:
+        result["max_concurrent_subagents"] = result["max_total_subagents"]
+    return result

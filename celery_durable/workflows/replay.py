@@ -1,0 +1,511 @@
+"""Deterministic replay: the engine behind every ``WorkflowContext`` call.
+
+A run's workflow function is re-executed from the top on every coordinator
+pass. Each call it makes (step, fan-out, now, uuid4) is an *op* in a
+*sequence*: the main body is sequence ``m``; branch ``j`` of the fan-out that
+was op ``i`` of sequence ``s`` is sequence ``s.i.j``. An op found in the
+journal returns its journaled value; the first op past the journaled history
+is new work. Order is checked per sequence, so the order in which branches
+finish never matters (the DBOS check/record pair, per sequence).
+
+Straight-line steps run inline in the coordinator: one fenced Lua write each,
+no broker hop and no replay of their own. A fan-out journals its op, sends
+its unfinished branches to the steps queue as Celery tasks and *suspends*
+the pass; the last branch to finish wakes the coordinator, whose next pass
+replays up to the fan-out and finds every outcome journaled. A branch task
+replays the main body (all journal hits) up to its fan-out and runs only its
+own thunk; fan-outs nested inside a branch run on that worker, in threads.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.broker import Flags, RunRecord, RunStore, now_ms
+from celery_durable.errors import (
+    FATAL_ERRORS,
+    NonDeterminismError,
+    StaleAttemptError,
+    StepFailed,
+    WorkflowCancelled,
+    WorkflowDefinitionError,
+)
+from celery_durable.workflows import jsonvalue, outcomes
+from celery_durable.workflows.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.definition import Workflow
+    from celery_durable.workflows.retry import RetryPolicy
+
+MAIN = "m"
+POSITION_STRIDE = 1 << 20
+"""Progress positions are ``ops_before * STRIDE + n``: the n-th record logged
+after the sequence's ops_before-th op. Replays log the same records at the
+same positions, which is how they are recognised and not written twice."""
+MAX_KEY_LENGTH = 1024
+NESTED_FANOUT_THREADS = 32
+
+BranchSender = Callable[[str, Sequence[int]], None]
+"""Sends branch tasks: (call id "<seq>:<op index>", branch indices)."""
+
+
+class Suspend(BaseException):
+    """Unwinds the workflow when the coordinator must wait for branches.
+
+    A ``BaseException`` so that user code's ``except Exception`` cannot
+    swallow it: the pass must end here, and the next one replays.
+    """
+
+
+class BranchFinished(BaseException):
+    """Unwinds a branch task's replay once its own thunk has an outcome."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__("branch finished")
+        self.outcome = outcome
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where one sequence stands in this execution."""
+
+    seq: str
+    history: list[tuple[str, str | None]]
+    high_water: int
+    writes: bool
+    phase_id: str = ""
+    index: int = 0
+    logs_since_op: int = 0
+    buffer: list[tuple[int, str, str, str]] = field(default_factory=list)
+
+    def position(self) -> int:
+        return self.index * POSITION_STRIDE + self.logs_since_op
+
+    def advance(self) -> None:
+        self.index += 1
+        self.logs_since_op = 0
+
+    def has_new_records(self) -> bool:
+        return bool(self.buffer)
+
+
+def describe(identity: str) -> str:
+    """An op identity as users read it in errors."""
+    kind, _, rest = identity.partition("|")
+    return {
+        "s": rest,
+        "p": f"parallel({rest})",
+        "l": f"pipeline({rest})",
+        "t": "now()",
+        "u": "uuid4()",
+    }.get(kind, identity)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchTarget:
+    """The one thunk a branch task runs: branch ``index`` of op ``call``."""
+
+    call: str
+    index: int
+
+
+class Replay:
+    """One execution of a run's workflow function: a coordinator pass or a branch task."""
+
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        run: RunRecord,
+        workflow: Workflow,
+        epoch: int,
+        max_fanout: int,
+        max_payload_bytes: int,
+        send_branches: BranchSender | None = None,
+        target: BranchTarget | None = None,
+    ) -> None:
+        self.store = store
+        self.run = run
+        self.workflow = workflow
+        self.epoch = epoch
+        self.max_fanout = max_fanout
+        self.max_payload_bytes = max_payload_bytes
+        self.send_branches = send_branches
+        self.target = target
+        self.cancel_event = threading.Event()
+        self.lost_authority = False
+        self.fatal: BaseException | None = None
+        self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
+
+    # -- sequences -------------------------------------------------------------
+
+    def open_cursor(self, seq: str, *, writes: bool, phase_id: str = "") -> Cursor:
+        history = self.store.read_sequence(self.run.run_id, seq)
+        return Cursor(
+            seq=seq,
+            history=history.live_entries(),
+            high_water=history.high_water,
+            writes=writes,
+            phase_id=phase_id,
+        )
+
+    def current(self) -> Cursor:
+        try:
+            return self._cursor.get()
+        except LookupError:
+            raise RuntimeError(
+                "WorkflowContext was used outside the workflow's own thread; use ctx.parallel to run work concurrently"
+            ) from None
+
+    def run_in(self, cursor: Cursor, fn: Callable[[], Any]) -> Any:
+        token = self._cursor.set(cursor)
+        try:
+            return fn()
+        finally:
+            self._cursor.reset(token)
+
+    def _expect(self, cursor: Cursor, identity: str) -> tuple[bool, str | None]:
+        """Check op ``identity`` against the journal: (journaled?, journaled value)."""
+        if cursor.index < len(cursor.history):
+            journaled, value = cursor.history[cursor.index]
+            if journaled != identity:
+                raise self._nondeterminism(cursor, f"expected {describe(journaled)}, got {describe(identity)}")
+            return True, value
+        if not cursor.writes:
+            raise StaleAttemptError(
+                f"Run {self.run.run_id}: {describe(identity)} at call {cursor.index} of sequence {cursor.seq} "
+                "is not journaled yet; this branch task is older than the run's history"
+            )
+        return False, None
+
+    def _nondeterminism(self, cursor: Cursor, detail: str) -> NonDeterminismError:
+        where = "the main body" if cursor.seq == MAIN else f"branch {cursor.seq}"
+        error = NonDeterminismError(
+            f"Workflow {self.workflow.name!r} replayed differently in {where} at call {cursor.index}: {detail}. "
+            "Check that your workflow is deterministic: move clocks, randomness and I/O into steps, "
+            "or use ctx.now() and ctx.uuid4()"
+        )
+        self.fatal = self.fatal or error
+        return error
+
+    # -- control flags -------------------------------------------------------------
+
+    def apply_flags(self, flags: Flags) -> None:
+        if flags.cancel:
+            self.cancel_event.set()
+
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def check_cancelled(self) -> None:
+        if self.lost_authority:
+            raise StaleAttemptError(f"Run {self.run.run_id}: this attempt lost execution authority")
+        if self.cancel_event.is_set():
+            error = WorkflowCancelled(f"Run {self.run.run_id} was cancelled")
+            self.fatal = self.fatal or error
+            raise error
+
+    # -- progress ----------------------------------------------------------------
+
+    def phase(self, title: str) -> None:
+        phase = self.workflow.phase_named(title) if isinstance(title, str) else None
+        if phase is None:
+            raise WorkflowDefinitionError(f"Workflow {self.workflow.name!r} declares no phase titled {title!r}")
+        cursor = self.current()
+        cursor.phase_id = phase.phase_id
+        self._record(cursor, "phase", title)
+
+    def log(self, message: str) -> None:
+        if not isinstance(message, str):
+            raise ValueError(f"ctx.log takes a string, got {type(message).__name__}")
+        if not jsonvalue.is_json_value(message):
+            raise ValueError("ctx.log message holds a lone surrogate")
+        size = len(message.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise ValueError(f"ctx.log message is {size} bytes, above max_payload_bytes ({self.max_payload_bytes})")
+        self._record(self.current(), "log", message)
+
+    def _record(self, cursor: Cursor, kind: str, message: str) -> None:
+        position = cursor.position()
+        if cursor.logs_since_op + 1 >= POSITION_STRIDE:
+            raise ValueError(f"More than {POSITION_STRIDE - 1} progress records between two calls")
+        cursor.logs_since_op += 1
+        if cursor.writes and position > cursor.high_water:
+            cursor.buffer.append((position, kind, cursor.phase_id, message))
+
+    def flush(self, cursor: Cursor, *, step_key: str = "", cut_index: int | None = None) -> str | None:
+        """Write buffered progress (and a running row for ``step_key``) before an op.
+
+        Returns the step's live journaled outcome when the key was journaled
+        meanwhile by another sequence.
+        """
+        if not cursor.writes or not (cursor.buffer or step_key or cut_index is not None):
+            return None
+        row = f"running|{self.epoch}|{now_ms()}|" if step_key else ""
+        flags, existing = self.store.begin_op(
+            self.run.run_id,
+            self.epoch,
+            self.run.namespace,
+            cursor.seq,
+            cut_index,
+            step_key,
+            row,
+            cursor.buffer,
+        )
+        if cursor.buffer:
+            cursor.high_water = max(cursor.high_water, cursor.buffer[-1][0])
+            cursor.buffer.clear()
+        self.apply_flags(flags)
+        return existing
+
+    def flush_current(self) -> None:
+        self.flush(self.current())
+
+    # -- steps ---------------------------------------------------------------------
+
+    def step(self, key: str, producer: Callable[[], Any], *, volatile: bool, retry: RetryPolicy | None) -> Any:
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise ValueError(f"Step key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
+        if not callable(producer):
+            raise ValueError(f"Step {key!r} producer must be callable, got {type(producer).__name__}")
+        cursor = self.current()
+        self.check_cancelled()
+        if volatile:
+            self.flush(cursor)
+            self.check_cancelled()
+            return self._produce(key, producer, retry).step_result(key)
+        identity = f"s|{key}"
+        journaled, raw = self._expect(cursor, identity)
+        cut_index: int | None = None
+        if journaled and raw is not None:
+            outcome = outcomes.decode(raw)
+            if outcome.is_live(self.epoch):
+                self.flush(cursor)
+                cursor.advance()
+                return outcome.step_result(key)
+            if not cursor.writes:
+                raise StaleAttemptError(f"Run {self.run.run_id}: step {key!r} holds an older attempt's failure")
+            cut_index = cursor.index
+            cursor.history = cursor.history[: cursor.index + 1]
+            cursor.high_water = min(cursor.high_water, (cursor.index + 1) * POSITION_STRIDE - 1)
+        existing = self.flush(cursor, step_key=key, cut_index=cut_index)
+        self.check_cancelled()
+        if existing is not None:
+            outcome = outcomes.decode(existing)
+            self._commit(cursor, identity)
+        else:
+            outcome = self._produce(key, producer, retry)
+            winner = self._commit(cursor, identity, value_field=f"v:{key}", outcome=outcome, step_key=key)
+            if winner is not None:
+                outcome = outcomes.decode(winner)
+        return outcome.step_result(key)
+
+    def _produce(self, key: str, producer: Callable[[], Any], retry: RetryPolicy | None) -> Outcome:
+        attempt = 1
+        while True:
+            try:
+                result = producer()
+            except FATAL_ERRORS:
+                raise
+            except Exception as exc:
+                delay = retry.delay_after(attempt, exc) if retry is not None else None
+                if delay is None:
+                    return outcomes.failure(self.epoch, exc)
+                attempt += 1
+                if self.cancel_event.wait(delay):
+                    self.check_cancelled()
+                continue
+            problem = jsonvalue.json_problem(result)
+            if problem is not None:
+                return outcomes.failure(self.epoch, StepFailed(key, "TypeError", f"Step result must be a JSON value: {key}"))
+            outcome = outcomes.value(result)
+            size = len(outcome.encode().encode("utf-8")) - 1
+            if size > self.max_payload_bytes:
+                message = f"Step result is {size} bytes, above max_payload_bytes ({self.max_payload_bytes}): {key}"
+                return outcomes.failure(self.epoch, StepFailed(key, "PayloadTooLarge", message))
+            return outcome
+
+    def _commit(
+        self,
+        cursor: Cursor,
+        identity: str,
+        *,
+        value_field: str = "",
+        outcome: Outcome | None = None,
+        step_key: str = "",
+        raw_value: str = "",
+    ) -> str | None:
+        """Journal op ``identity`` at the cursor and advance; returns a winning earlier value."""
+        encoded = outcome.encode() if outcome is not None else raw_value
+        row = ""
+        if outcome is not None and outcome.kind != "o":
+            row = f"failed|{self.epoch}|{now_ms()}|{outcome.error_type}: {outcome.message}"
+        flags, winner, conflict = self.store.record_op(
+            self.run.run_id,
+            self.epoch,
+            cursor.seq,
+            cursor.index,
+            identity,
+            value_field=value_field,
+            value=encoded,
+            step_key=step_key,
+            step_row=row,
+        )
+        if conflict is not None:
+            raise self._nondeterminism(cursor, f"expected {describe(conflict)}, got {describe(identity)}")
+        self.apply_flags(flags)
+        cursor.advance()
+        return winner
+
+    # -- replay-safe values ----------------------------------------------------------
+
+    def now(self) -> datetime:
+        raw = self._value_op("t|", lambda: datetime.now(UTC).isoformat())
+        return datetime.fromisoformat(raw)
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(self._value_op("u|", lambda: str(uuid.uuid4())))
+
+    def _value_op(self, identity: str, make: Callable[[], str]) -> str:
+        cursor = self.current()
+        self.check_cancelled()
+        journaled, raw = self._expect(cursor, identity)
+        if journaled and raw is not None:
+            cursor.advance()
+            return raw
+        fresh = make()
+        winner = self._commit(cursor, identity, value_field=f"x:{cursor.seq}:{cursor.index}", raw_value=fresh)
+        return winner if winner is not None else fresh
+
+    # -- fan-out -----------------------------------------------------------------------
+
+    def parallel(self, thunks: Iterable[Callable[[], Any]]) -> list[Any]:
+        items = self._fanout_items(thunks, "parallel", "thunks")
+        for index, thunk in enumerate(items):
+            if not callable(thunk):
+                raise ValueError(f"parallel thunk {index} is not callable: {type(thunk).__name__}")
+        return self._fanout("p", [(lambda thunk=thunk: thunk()) for thunk in items])
+
+    def pipeline(self, items: Iterable[Any], stages: Sequence[Callable[[Any, Any, int], Any]]) -> list[Any]:
+        values = self._fanout_items(items, "pipeline", "items")
+        for index, stage in enumerate(stages):
+            if not callable(stage):
+                raise ValueError(f"pipeline stage {index} is not callable: {type(stage).__name__}")
+
+        def through_stages(item: Any, index: int) -> Any:
+            previous = item
+            for stage in stages:
+                previous = stage(previous, item, index)
+            return previous
+
+        return self._fanout("l", [(lambda item=item, i=i: through_stages(item, i)) for i, item in enumerate(values)])
+
+    def _fanout_items(self, items: Iterable[Any], name: str, noun: str) -> list[Any]:
+        if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
+            raise ValueError(f"{name} takes a list of {noun}, got {type(items).__name__}")
+        values = list(items)
+        if len(values) > self.max_fanout:
+            raise ValueError(
+                f"{name} accepts at most {self.max_fanout} {noun} (settings.max_fanout), got {len(values)}"
+            )
+        return values
+
+    def _fanout(self, kind: str, branches: list[Callable[[], Any]]) -> list[Any]:
+        cursor = self.current()
+        self.check_cancelled()
+        identity = f"{kind}|{len(branches)}"
+        journaled, _ = self._expect(cursor, identity)
+        call = f"{cursor.seq}:{cursor.index}"
+        if self.target is not None and self.target.call == call:
+            if self.target.index >= len(branches):
+                raise self._nondeterminism(cursor, f"branch {self.target.index} of {describe(identity)} does not exist")
+            raise BranchFinished(self.run_branch(cursor, branches[self.target.index], self.target.index))
+        if not cursor.writes:
+            results = self._collect(call, len(branches))
+            if results is None:
+                raise StaleAttemptError(f"Run {self.run.run_id}: {describe(identity)} {call} is not finished yet")
+            cursor.advance()
+            return results
+        self.flush(cursor)
+        if journaled:
+            results = self._collect(call, len(branches))
+            if results is not None:
+                cursor.advance()
+                return results
+        verdict, detail = self.store.dispatch(self.run.run_id, self.epoch, cursor.seq, cursor.index, identity, len(branches))
+        if verdict == "conflict":
+            raise self._nondeterminism(cursor, f"expected {describe(detail)}, got {describe(identity)}")
+        if cursor.seq == MAIN and self.send_branches is not None:
+            if verdict == "pending" or detail:
+                if detail:
+                    self.send_branches(call, detail)
+                raise Suspend()
+        else:
+            self._run_locally(call, cursor, branches)
+        results = self._collect(call, len(branches))
+        if results is None:
+            raise StaleAttemptError(f"Run {self.run.run_id}: branches of {call} did not all finish")
+        cursor.advance()
+        return results
+
+    def _collect(self, call: str, count: int) -> list[Any] | None:
+        """All branch results when every outcome is journaled and live, else None.
+
+        A live fatal outcome is raised at once: fatal errors abort the whole call.
+        """
+        raws = self.store.branch_outcomes(self.run.run_id, call, count)
+        decoded = [outcomes.decode(raw) if raw is not None else None for raw in raws]
+        for outcome in decoded:
+            if outcome is not None and outcome.kind == "f" and outcome.is_live(self.epoch):
+                error = outcome.fatal_error()
+                if isinstance(error, WorkflowCancelled | NonDeterminismError):
+                    self.fatal = self.fatal or error
+                raise error
+        if any(outcome is None or not outcome.is_live(self.epoch) for outcome in decoded):
+            return None
+        return [outcome.value if outcome.kind == "o" else None for outcome in decoded if outcome is not None]
+
+    def _run_locally(self, call: str, cursor: Cursor, branches: list[Callable[[], Any]]) -> None:
+        """Run a nested fan-out's unfinished branches on this worker, in threads."""
+        raws = self.store.branch_outcomes(self.run.run_id, call, len(branches))
+        todo = [
+            j for j, raw in enumerate(raws) if raw is None or not outcomes.decode(raw).is_live(self.epoch)
+        ]
+
+        def run_one(j: int) -> None:
+            outcome = self.run_branch(cursor, branches[j], j)
+            self.store.complete_branch(self.run.run_id, self.epoch, call, j, outcome.encode())
+
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=min(len(todo), NESTED_FANOUT_THREADS)) as pool:
+            for future in [pool.submit(run_one, j) for j in todo]:
+                future.result()
+
+    def run_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> Outcome:
+        """Run one branch in its own sequence; its outcome, never an ordinary exception."""
+        cursor = self.open_cursor(f"{parent.seq}.{parent.index}.{index}", writes=True, phase_id=parent.phase_id)
+        try:
+            result = self.run_in(cursor, fn)
+        except FATAL_ERRORS as exc:
+            return outcomes.failure(self.epoch, exc, fatal=True)
+        except Exception as exc:
+            self.flush(cursor)
+            return outcomes.failure(self.epoch, exc)
+        self.flush(cursor)
+        problem = jsonvalue.json_problem(result)
+        if problem is not None:
+            return outcomes.failure(self.epoch, TypeError(f"Branch result must be a JSON value: {problem}"))
+        return outcomes.value(result)
+
+
+def elapsed_ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
