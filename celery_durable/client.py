@@ -30,7 +30,6 @@ from celery_durable.workflows.envelope import (
     RunPage,
     StepRow,
     from_ms,
-    is_terminal_status,
 )
 from celery_durable.workflows.limits import merge_limits, validate_limits
 
@@ -172,7 +171,7 @@ class Client:
     def _events(self) -> Iterator[Callable[[float], str | None]]:
         store = self.engine.store
         with _storage():
-            pubsub = store.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             pubsub.subscribe(store.channel(self.namespace))
 
         def next_event(timeout: float) -> str | None:
@@ -197,8 +196,7 @@ class Client:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
         if workflow is not None and not isinstance(workflow, str):
             raise ValueError(f"workflow must be a name, got {type(workflow).__name__}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
-            raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {limit!r}")
+        _check_page_limit(limit)
         before = _parse_cursor(cursor)
         store = self.engine.store
         runs: list[RunEnvelope] = []
@@ -221,26 +219,8 @@ class Client:
     def get_workflow_run_detail(self, run_id: str) -> RunDetail:
         record = self._record(run_id)
         definition = self.engine.workflows.get(record.workflow)
-        phases: list[PhaseRow] = []
-        if definition is not None:
-            current = record.phase_id
-            for phase in definition.phases:
-                started, finished = record.phase_times.get(phase.phase_id, (None, None))
-                if finished is not None and phase.phase_id != current or (
-                    phase.phase_id == current and record.status == "completed"
-                ):
-                    state = "done"
-                elif phase.phase_id == current:
-                    state = "active"
-                elif started is not None:
-                    state = "done"
-                else:
-                    state = "pending"
-                phases.append(PhaseRow(phase.phase_id, phase.title, phase.detail, state, from_ms(started), from_ms(finished)))
-        steps = [
-            StepRow(key=key, status=row.split("|", 3)[0], attempt=int(row.split("|", 3)[1]), error=row.split("|", 3)[3] or None)
-            for key, row in self.engine.store.step_rows(record.run_id).items()
-        ]
+        phases = _phase_rows(definition, record) if definition is not None else []
+        steps = [_step_row(key, row) for key, row in self.engine.store.step_rows(record.run_id).items()]
         progress = self.get_workflow_run_progress(run_id, limit=20).records
         return RunDetail(run=RunEnvelope.from_record(record), phases=phases, steps=steps, progress=progress)
 
@@ -258,8 +238,8 @@ class Client:
                 raise ValueError(f"{name} must be an integer >= -1, got {value!r}")
         if after_seq is not None and before_seq is not None:
             raise ValueError("after_seq and before_seq cannot be given together")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX):
-            raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {limit!r}")
+        if limit is not None:
+            _check_page_limit(limit)
         if phase_id is not None and not isinstance(phase_id, str):
             raise ValueError(f"phase_id must be a string, got {type(phase_id).__name__}")
         count = limit or 200
@@ -383,6 +363,30 @@ class Client:
         limit = self.engine.settings.max_payload_bytes
         if size > limit:
             raise ValueError(f"Workflow {what} are {size} bytes, above max_payload_bytes ({limit})")
+
+
+def _phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
+    """Declared phases with their state: the current one active (done once the
+    run completed), earlier ones done, the rest pending."""
+    rows: list[PhaseRow] = []
+    for phase in definition.phases:
+        started, finished = record.phase_times.get(phase.phase_id, (None, None))
+        if phase.phase_id == record.phase_id:
+            state = "done" if record.status == "completed" else "active"
+        else:
+            state = "done" if started is not None else "pending"
+        rows.append(PhaseRow(phase.phase_id, phase.title, phase.detail, state, from_ms(started), from_ms(finished)))
+    return rows
+
+
+def _step_row(key: str, row: str) -> StepRow:
+    status, attempt, _started, error = [*row.split("|", 3), "", "", ""][:4]
+    return StepRow(key=key, status=status, attempt=int(attempt or 0), error=error or None)
+
+
+def _check_page_limit(limit: object) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
+        raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {limit!r}")
 
 
 def _resume_verdict(record: RunRecord, *, force: bool, code_changed: bool) -> str:

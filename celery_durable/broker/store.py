@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.exceptions
@@ -136,7 +136,7 @@ class RunStore:
 
     def load_run(self, run_id: str) -> RunRecord | None:
         with storage_errors():
-            raw = self.client.hgetall(self.run_keys(run_id).run)
+            raw = cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).run))
         return RunRecord.parse(run_id, raw) if raw else None
 
     def load_runs(self, run_ids: Sequence[str]) -> list[RunRecord]:
@@ -267,18 +267,18 @@ class RunStore:
         if not fields:
             return []
         with storage_errors():
-            return list(self.client.hmget(self.run_keys(run_id).journal, fields))
+            return cast(list[str | None], self.client.hmget(self.run_keys(run_id).journal, fields))
 
     def complete_branch(self, run_id: str, epoch: int, call: str, index: int, outcome: str) -> bool:
         """Journal a branch outcome; True when the coordinator must be woken."""
         k = self.run_keys(run_id)
         reply = self._run("complete_branch", [k.run, k.journal], [epoch, call, index, outcome])
         _refuse(run_id, reply)
-        return reply[1] == 1
+        return bool(reply[1] == 1)
 
     def step_rows(self, run_id: str) -> dict[str, str]:
         with storage_errors():
-            return dict(self.client.hgetall(self.run_keys(run_id).steps))
+            return cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).steps))
 
     # -- settling, resuming, cancelling ---------------------------------------
 
@@ -356,13 +356,14 @@ class RunStore:
         stream = self.run_keys(run_id).progress
         with storage_errors():
             if after_seq is not None:
-                rows = self.client.xrange(stream, min=f"({max(after_seq, 0)}-0", max="+", count=count)
+                rows = cast(list[Any], self.client.xrange(stream, min=f"({max(after_seq, 0)}-0", max="+", count=count))
             elif before_seq is not None:
                 if before_seq <= 1:
                     return []
-                rows = self.client.xrevrange(stream, max=f"({before_seq}-0", min="-", count=count)[::-1]
+                newest_first = self.client.xrevrange(stream, max=f"({before_seq}-0", min="-", count=count)
+                rows = cast(list[Any], newest_first)[::-1]
             else:
-                rows = self.client.xrevrange(stream, max="+", min="-", count=count)[::-1]
+                rows = cast(list[Any], self.client.xrevrange(stream, max="+", min="-", count=count))[::-1]
         return [_progress(entry_id, fields) for entry_id, fields in rows]
 
     def progress_bounds(self, run_id: str) -> tuple[int | None, int | None, int]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from celery_durable.config import Settings
 
@@ -42,11 +42,12 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=settings.coordinator_queue,
-        task_queues=[
-            Queue(settings.coordinator_queue),
-            Queue(settings.steps_queue),
-            Queue(settings.agents_queue),
-        ],
+        # Each queue its own direct exchange and routing key: left to Celery's
+        # defaults, all three would bind the default key and every message
+        # would be delivered to every queue.
+        task_queues=[_queue(settings.coordinator_queue), _queue(settings.steps_queue), _queue(settings.agents_queue)],
+        task_default_exchange=settings.coordinator_queue,
+        task_default_routing_key=settings.coordinator_queue,
         task_routes={
             COORDINATOR_TASK: {"queue": settings.coordinator_queue},
             BRANCH_TASK: {"queue": settings.steps_queue},
@@ -59,6 +60,10 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         task_send_sent_event=True,
     )
     return app
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
 def register_tasks(app: Celery, engine: Engine) -> None:

@@ -7,6 +7,7 @@ holder runs one more pass before it lets go (see ``release.lua``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
@@ -182,7 +183,7 @@ def _returned(replay: Replay, result: Any) -> Settlement:
 def _settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:
     error = f"Workflow {record.workflow!r} is not registered with this worker's engine"
     logger.error("run %s: %s", record.run_id, error)
-    try:
+    with contextlib.suppress(StaleAttemptError):
         engine.store.finish(
             record.run_id,
             record.epoch,
@@ -193,5 +194,3 @@ def _settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:
             can_resume=True,
             message=f"Run stopped: {error}",
         )
-    except StaleAttemptError:
-        pass

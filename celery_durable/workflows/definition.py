@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 RunFunction = Callable[["WorkflowContext"], Any]
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 META_KEYS = ("name", "description", "phases", "limits", "args_schema")
 PHASE_KEYS = ("title", "detail")
 
@@ -77,7 +77,7 @@ def define_workflow(meta: Mapping[str, Any], run: RunFunction) -> Workflow:
         if key not in META_KEYS:
             raise WorkflowDefinitionError(f"Unknown key in workflow meta: {key}")
     name = _required_text(meta, "name")
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise WorkflowDefinitionError(f"Workflow name must be at most 128 characters of [A-Za-z0-9._-]: {name!r}")
     description = _required_text(meta, "description")
     if "phases" not in meta:

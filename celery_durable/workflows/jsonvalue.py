@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Final
 
 
@@ -44,15 +45,10 @@ def json_problem(value: Any) -> str | None:
             return f"nested deeper than {MAX_DEPTH} levels"
         if item is None or item is JSON_NULL or isinstance(item, bool):
             continue
-        if isinstance(item, int):
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return f"{item!r} is not a finite number"
-            continue
-        if isinstance(item, str):
-            if not _is_utf8(item):
-                return "a string holds a lone surrogate"
+        if isinstance(item, int | float | str):
+            problem = _scalar_problem(item)
+            if problem is not None:
+                return problem
             continue
         if isinstance(item, list):
             stack.extend((child, depth + 1) for child in item)
@@ -69,8 +65,28 @@ def json_problem(value: Any) -> str | None:
     return None
 
 
+def _scalar_problem(item: int | float | str) -> str | None:
+    if isinstance(item, int):
+        return None if _int_encodable(item) else "an integer has too many digits to encode"
+    if isinstance(item, float):
+        return None if math.isfinite(item) else f"{item!r} is not a finite number"
+    return None if _is_utf8(item) else "a string holds a lone surrogate"
+
+
 def is_json_value(value: Any) -> bool:
     return json_problem(value) is None
+
+
+def _int_encodable(number: int) -> bool:
+    """False for ints too long for ``str()`` under Python's int-to-string digit limit."""
+    limit = sys.get_int_max_str_digits()
+    if not limit or number.bit_length() * 0.30103 < limit - 1:
+        return True
+    try:
+        int.__repr__(number)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_utf8(text: str) -> bool:

@@ -15,7 +15,10 @@ NANO = Decimal("1e-9")
 
 def nano_credits(value: float | int) -> int:
     """Credits as whole nano-credits, rounded half-to-even on the exact decimal."""
-    return int((Decimal(repr(value)) / NANO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+    # repr gives the shortest decimal of a float (5e-10 is 0.5 nano, not a hair above it);
+    # to_integral_value, unlike quantize, never overflows the context precision on large values.
+    exact = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    return int((exact / NANO).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def validate_limits(limits: Any, *, allow_none: bool, where: str = "limits") -> dict[str, Any]:
@@ -42,7 +45,7 @@ def _check_limit(key: str, value: Any, where: str) -> None:
         if not isinstance(value, int) or value <= 0:
             raise WorkflowDefinitionError(f"{name} must be a positive integer, got {value!r}")
         return
-    if not math.isfinite(value) or value <= 0:
+    if (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
         raise WorkflowDefinitionError(f"{name} must be a finite number above 0, got {value!r}")
     if key == "max_ai_credits" and nano_credits(value) < 1:
         raise WorkflowDefinitionError(f"{name} rounds to zero nano-credits: {value!r}")

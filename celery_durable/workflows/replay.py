@@ -20,6 +20,7 @@ own thunk; fan-outs nested inside a branch run on that worker, in threads.
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
 import uuid
@@ -325,7 +326,8 @@ class Replay:
                 continue
             problem = jsonvalue.json_problem(result)
             if problem is not None:
-                return outcomes.failure(self.epoch, StepFailed(key, "TypeError", f"Step result must be a JSON value: {key}"))
+                not_json = StepFailed(key, "TypeError", f"Step result must be a JSON value: {key}")
+                return outcomes.failure(self.epoch, not_json)
             outcome = outcomes.value(result)
             size = len(outcome.encode().encode("utf-8")) - 1
             if size > self.max_payload_bytes:
@@ -392,7 +394,7 @@ class Replay:
         for index, thunk in enumerate(items):
             if not callable(thunk):
                 raise ValueError(f"parallel thunk {index} is not callable: {type(thunk).__name__}")
-        return self._fanout("p", [(lambda thunk=thunk: thunk()) for thunk in items])
+        return self._fanout("p", list(items))
 
     def pipeline(self, items: Iterable[Any], stages: Sequence[Callable[[Any, Any, int], Any]]) -> list[Any]:
         values = self._fanout_items(items, "pipeline", "items")
@@ -406,7 +408,7 @@ class Replay:
                 previous = stage(previous, item, index)
             return previous
 
-        return self._fanout("l", [(lambda item=item, i=i: through_stages(item, i)) for i, item in enumerate(values)])
+        return self._fanout("l", [functools.partial(through_stages, item, i) for i, item in enumerate(values)])
 
     def _fanout_items(self, items: Iterable[Any], name: str, noun: str) -> list[Any]:
         if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
@@ -440,7 +442,8 @@ class Replay:
             if results is not None:
                 cursor.advance()
                 return results
-        verdict, detail = self.store.dispatch(self.run.run_id, self.epoch, cursor.seq, cursor.index, identity, len(branches))
+        run_id, count = self.run.run_id, len(branches)
+        verdict, detail = self.store.dispatch(run_id, self.epoch, cursor.seq, cursor.index, identity, count)
         if verdict == "conflict":
             raise self._nondeterminism(cursor, f"expected {describe(detail)}, got {describe(identity)}")
         if cursor.seq == MAIN and self.send_branches is not None:

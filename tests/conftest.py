@@ -1,0 +1,89 @@
+"""Shared fixtures: a real redis-server per session, real Celery workers per test.
+
+Every test gets its own key prefix and queue names on the session's Redis, so
+tests never see each other's runs or messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from celery_durable import Client, Engine, Settings, Workflow
+from celery_durable.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer(appendfsync="everysec") as server:
+        yield server
+
+
+@pytest.fixture
+def settings(redis_server: RedisServer) -> Settings:
+    tag = uuid.uuid4().hex[:8]
+    return Settings(
+        redis_url=redis_server.url,
+        key_prefix=f"t{tag}",
+        coordinator_queue=f"t{tag}.coordinator",
+        steps_queue=f"t{tag}.steps",
+        agents_queue=f"t{tag}.agents",
+        lease_seconds=5,
+    )
+
+
+@pytest.fixture
+def raw_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@dataclass
+class Durable:
+    engine: Engine
+    client: Client
+
+    @property
+    def settings(self) -> Settings:
+        return self.engine.settings
+
+
+DurableFactory = Callable[..., Durable]
+
+
+@pytest.fixture
+def durable(settings: Settings) -> Iterator[DurableFactory]:
+    """``durable(workflows, concurrency=8, worker=True, **settings)``: an engine, a client, a worker."""
+    with contextlib.ExitStack() as stack:
+
+        def make(
+            workflows: Iterable[Workflow],
+            *,
+            concurrency: int = 8,
+            worker: bool = True,
+            namespace: str = "default",
+            **overrides: Any,
+        ) -> Durable:
+            engine = Engine(list(workflows), settings.model_copy(update=overrides))
+            if worker:
+                stack.enter_context(
+                    start_worker(
+                        engine.celery,
+                        pool="threads",
+                        concurrency=concurrency,
+                        perform_ping_check=False,
+                        loglevel="WARNING",
+                        shutdown_timeout=30,
+                    )
+                )
+            return Durable(engine, engine.client(namespace))
+
+        yield make
