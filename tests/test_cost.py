@@ -1,0 +1,66 @@
+"""Costs that must not explode: straight lines of steps replay nothing."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from celery.contrib.testing.worker import start_worker
+
+from celery_durable import WorkflowContext, define_workflow
+
+CALLS: Counter[str] = Counter()
+LOCK = threading.Lock()
+
+
+def count(name: str) -> None:
+    with LOCK:
+        CALLS[name] += 1
+
+
+def straight_line(ctx: WorkflowContext) -> Any:
+    count(f"{ctx.run_id}:body")
+    total = 0
+    for i in range(300):
+        total = ctx.step(f"s{i}", lambda total=total, i=i: total + i)
+    return total
+
+
+def with_fanout(ctx: WorkflowContext) -> Any:
+    count(f"{ctx.run_id}:body")
+    before = [ctx.step(f"a{i}", lambda i=i: i) for i in range(50)]
+    fanned = ctx.parallel([lambda i=i: ctx.step(f"p{i}", lambda i=i: i * 2) for i in range(4)])
+    after = [ctx.step(f"b{i}", lambda i=i: i) for i in range(50)]
+    return sum(before) + sum(fanned) + sum(after)
+
+
+LINE = define_workflow({"name": "line", "description": "300 steps", "phases": []}, straight_line)
+FAN = define_workflow({"name": "fan-cost", "description": "steps around a fan-out", "phases": []}, with_fanout)
+
+
+def test_sequential_steps_run_in_one_pass_of_the_workflow_body(durable) -> None:
+    d = durable([LINE])
+    envelope = d.client.run_workflow("line", timeout=60)
+    assert envelope.status == "completed"
+    assert envelope.result == sum(range(300))
+    assert envelope.snapshot["steps_done"] == 300
+    assert CALLS[f"{envelope.run_id}:body"] == 1, "n sequential steps must not cost n replays"
+
+
+def test_a_fanout_costs_one_more_coordinator_pass_and_one_replay_per_branch(durable) -> None:
+    d = durable([FAN])
+    envelope = d.client.run_workflow("fan-cost", timeout=60)
+    assert envelope.status == "completed"
+    assert envelope.result == sum(range(50)) * 2 + 12
+    # Two coordinator passes (before and after the fan-out) plus one replay per branch.
+    assert CALLS[f"{envelope.run_id}:body"] == 2 + 4
+
+
+def test_a_solo_pool_worker_runs_a_fanout_without_deadlock(durable) -> None:
+    """One worker slot for coordinator and branches: the fan-out suspends instead of waiting in the slot."""
+    d = durable([FAN], worker=False)
+    with start_worker(d.engine.celery, pool="solo", perform_ping_check=False, loglevel="WARNING"):
+        envelope = d.client.run_workflow("fan-cost", timeout=60)
+    assert envelope.status == "completed"
+    assert envelope.result == sum(range(50)) * 2 + 12
