@@ -200,6 +200,7 @@ class Client:
         before = _parse_cursor(cursor)
         store = self.engine.store
         runs: list[RunEnvelope] = []
+        last_score = 0.0
         while True:
             batch = store.list_run_ids(self.namespace, before, max(limit * 2, 64))
             if not batch:
@@ -211,10 +212,12 @@ class Client:
                 if record is None or record.namespace != self.namespace:
                     continue
                 if (status is None or record.status == status) and (workflow is None or record.workflow == workflow):
-                    runs.append(RunEnvelope.from_record(record))
                     if len(runs) == limit:
-                        more = store.list_run_ids(self.namespace, score, 1)
-                        return RunPage(runs, f"s{score:.0f}" if more else None)
+                        # A cursor only when another matching run exists, so a
+                        # filtered listing never ends on an empty page.
+                        return RunPage(runs, f"s{last_score:.0f}")
+                    runs.append(RunEnvelope.from_record(record))
+                    last_score = score
 
     def get_workflow_run_detail(self, run_id: str) -> RunDetail:
         record = self._record(run_id)

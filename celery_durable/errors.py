@@ -128,7 +128,7 @@ class StaleAttemptError(DurableError):
     code = "stale_attempt"
 
 
-FATAL_ERRORS: tuple[type[BaseException], ...] = (
+FATAL_ERRORS: tuple[type[Exception], ...] = (
     WorkflowCancelled,
     NonDeterminismError,
     StorageUnavailableError,

@@ -298,7 +298,7 @@ class RunStore:
         k = self.run_keys(run_id)
         reply = self._run(
             "finish",
-            [k.run, k.progress],
+            [k.run, k.progress, k.steps],
             [
                 epoch,
                 now_ms(),

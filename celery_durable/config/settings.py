@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0, le=86_400)
     auto_recover: bool = True
     max_fanout: int = Field(default=4096, ge=1, le=1_000_000)
+    fanout_tasks: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="Most branch tasks one fan-out is split into; wider fan-outs give each task several branches.",
+    )
     max_payload_bytes: int = Field(default=1024 * 1024, ge=1024)
     visibility_timeout_seconds: int = Field(
         default=6 * 3600,

@@ -67,24 +67,32 @@ def _queue(name: str) -> Queue:
 
 
 def register_tasks(app: Celery, engine: Engine) -> None:
-    """Bind the coordinator and branch tasks to ``engine``'s workflows and store."""
+    """Bind the coordinator and branch tasks to ``engine``'s workflows and store.
+
+    ``shared=False``: Celery's default registers a decorated task on *every*
+    app in the process when it finalizes, so a second engine's tasks (bound
+    to the second engine's store and workflows) would leak into the first
+    engine's app and run its messages against the wrong key prefix.
+    """
     from celery_durable.tasks.branch import run_branch_task
     from celery_durable.tasks.coordinator import run_coordinator_task
 
-    @app.task(name=COORDINATOR_TASK, ignore_result=True)
+    @app.task(name=COORDINATOR_TASK, ignore_result=True, shared=False)
     def coordinator(run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any) -> None:
         run_coordinator_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
 
-    @app.task(name=BRANCH_TASK, ignore_result=True)
+    @app.task(name=BRANCH_TASK, ignore_result=True, shared=False)
     def branch(
         run_id: Any = None,
         epoch: Any = None,
         workflow: Any = None,
         call: Any = None,
-        branch: Any = None,
+        branches: Any = None,
         **extra: Any,
     ) -> None:
-        run_branch_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branch=branch, extra=extra)
+        run_branch_task(
+            engine, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branches=branches, extra=extra
+        )
 
 
 def send_coordinator(app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str) -> None:
@@ -98,12 +106,25 @@ def send_coordinator(app: Celery, settings: Settings, run_id: str, epoch: int, w
 def send_branches(
     app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]
 ) -> None:
-    """Publish one branch task per index on one producer connection."""
+    """Publish the branches as at most ``settings.fanout_tasks`` tasks, on one connection.
+
+    A branch task replays the main body before it runs its thunks, and that
+    replay rebuilds the whole list of thunks: one task per branch would make
+    a fan-out of n cost n replays of size n. Chunks keep the total linear,
+    and up to ``fanout_tasks`` branches still run at once across the fleet.
+    """
+    chunks = min(len(indices), settings.fanout_tasks)
     with app.producer_or_acquire() as producer:
-        for index in indices:
+        for chunk in range(chunks):
             app.send_task(
                 BRANCH_TASK,
-                kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "call": call, "branch": index},
+                kwargs={
+                    "run_id": run_id,
+                    "epoch": epoch,
+                    "workflow": workflow,
+                    "call": call,
+                    "branches": list(indices[chunk::chunks]),
+                },
                 queue=settings.steps_queue,
                 producer=producer,
             )

@@ -8,11 +8,12 @@ outcome and, when it was the last one out, wakes the coordinator.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemptError, StorageUnavailableError
 from celery_durable.tasks.heartbeat import Heartbeat
-from celery_durable.tasks.messages import BadMessage, parse_branch, parse_run_message
+from celery_durable.tasks.messages import BadMessage, parse_branches, parse_run_message
 from celery_durable.workflows import outcomes
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.outcomes import Outcome
@@ -25,11 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 def run_branch_task(
-    engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, call: Any, branch: Any, extra: dict[str, Any]
+    engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, call: Any, branches: Any, extra: dict[str, Any]
 ) -> None:
     try:
         message = parse_run_message(run_id, epoch, workflow, extra)
-        call_id, index = parse_branch(call, branch)
+        call_id, indices = parse_branches(call, branches)
     except BadMessage as exc:
         logger.error("rejected branch message: %s", exc)
         return
@@ -45,6 +46,11 @@ def run_branch_task(
     if definition is None:
         logger.error("run %s: workflow %r is not registered here", record.run_id, record.workflow)
         return
+
+    def journal(index: int, outcome: Outcome) -> None:
+        if store.complete_branch(record.run_id, record.epoch, call_id, index, outcome.encode()):
+            engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+
     replay = Replay(
         store=store,
         run=record,
@@ -52,43 +58,46 @@ def run_branch_task(
         epoch=record.epoch,
         max_fanout=engine.settings.max_fanout,
         max_payload_bytes=engine.settings.max_payload_bytes,
-        target=BranchTarget(call_id, index),
+        target=BranchTarget(call_id, indices, journal),
     )
     try:
         with Heartbeat(store, replay, interval=engine.heartbeat_interval):
-            outcome = _run_to_branch(replay)
-        wake = store.complete_branch(record.run_id, record.epoch, call_id, index, outcome.encode())
+            _run_to_branches(replay, journal)
     except StaleAttemptError:
         engine.count_refused()
-        logger.info("run %s: branch %s/%s belongs to an older attempt", record.run_id, call_id, index)
-        return
+        logger.info("run %s: branches %s of %s belong to an older attempt", record.run_id, indices, call_id)
     except StorageUnavailableError as exc:
-        logger.error("run %s: storage unavailable in branch %s/%s: %s", record.run_id, call_id, index, exc)
-        return
-    if wake:
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+        logger.error("run %s: storage unavailable in branches of %s: %s", record.run_id, call_id, exc)
 
 
-def _run_to_branch(replay: Replay) -> Outcome:
+def _run_to_branches(replay: Replay, journal: Callable[[int, Outcome], None]) -> None:
+    """Replay the main body up to the fan-out, where the target's thunks run.
+
+    A replay that fails or ends before it gets there is a divergence from the
+    coordinator's history: every target branch gets a fatal outcome, which
+    wakes the coordinator to stop the run.
+    """
+    assert replay.target is not None
     cursor = replay.open_cursor(MAIN, writes=False)
     try:
         replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
-    except BranchFinished as done:
-        return done.outcome
+    except BranchFinished:
+        return
     except StaleAttemptError:
         raise
     except Suspend:
         raise StaleAttemptError("branch replay reached an unfinished fan-out") from None
     except FATAL_ERRORS as exc:
-        return outcomes.failure(replay.epoch, exc, fatal=True)
+        error: Exception = exc
     except Exception as exc:
         error = NonDeterminismError(
-            f"Replaying the main body for branch {replay.target} raised {type(exc).__name__}: {exc} "
-            "before reaching the fan-out; check that your workflow is deterministic"
+            f"Replaying the main body for fan-out {replay.target.call} raised {type(exc).__name__}: {exc} "
+            "before reaching it; check that your workflow is deterministic"
         )
-        return outcomes.failure(replay.epoch, error, fatal=True)
-    error = NonDeterminismError(
-        f"Replaying the main body for branch {replay.target} returned before reaching the fan-out; "
-        "check that your workflow is deterministic"
-    )
-    return outcomes.failure(replay.epoch, error, fatal=True)
+    else:
+        error = NonDeterminismError(
+            f"Replaying the main body for fan-out {replay.target.call} returned before reaching it; "
+            "check that your workflow is deterministic"
+        )
+    for index in replay.target.indices:
+        journal(index, outcomes.failure(replay.epoch, error, fatal=True))

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery_durable.broker.keys import RUN_ID_PATTERN
 
-CALL_PATTERN = re.compile(r"^m(\.\d{1,9}\.\d{1,9}){0,32}:\d{1,9}$")
+CALL_PATTERN = re.compile(r"m(\.\d{1,9}\.\d{1,9}){0,32}:\d{1,9}")
 
 
 class BadMessage(ValueError):
@@ -39,9 +39,17 @@ def parse_run_message(run_id: Any, epoch: Any, workflow: Any, extra: dict[str, A
     return RunMessage(run_id, epoch, workflow)
 
 
-def parse_branch(call: Any, branch: Any) -> tuple[str, int]:
-    if not isinstance(call, str) or not CALL_PATTERN.match(call):
+MAX_BRANCHES_PER_MESSAGE = 1_000_000
+
+
+def parse_branches(call: Any, branches: Any) -> tuple[str, tuple[int, ...]]:
+    if not isinstance(call, str) or not CALL_PATTERN.fullmatch(call):
         raise BadMessage(f"call is not a fan-out call id: {call!r}")
-    if isinstance(branch, bool) or not isinstance(branch, int) or branch < 0:
-        raise BadMessage(f"branch is not a non-negative integer: {branch!r}")
-    return call, branch
+    if not isinstance(branches, list) or not branches or len(branches) > MAX_BRANCHES_PER_MESSAGE:
+        raise BadMessage(f"branches is not a non-empty list of branch indices: {branches!r:.80}")
+    for index in branches:
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise BadMessage(f"branches holds a value that is not a branch index: {index!r:.80}")
+    if len(set(branches)) != len(branches):
+        raise BadMessage("branches holds the same index twice")
+    return call, tuple(branches)

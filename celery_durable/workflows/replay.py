@@ -67,11 +67,7 @@ class Suspend(BaseException):
 
 
 class BranchFinished(BaseException):
-    """Unwinds a branch task's replay once its own thunk has an outcome."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__("branch finished")
-        self.outcome = outcome
+    """Unwinds a branch task's replay once its own thunks have outcomes."""
 
 
 @dataclass(slots=True)
@@ -112,10 +108,15 @@ def describe(identity: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BranchTarget:
-    """The one thunk a branch task runs: branch ``index`` of op ``call``."""
+    """The thunks a branch task runs: branches ``indices`` of op ``call``.
+
+    ``on_outcome`` journals each branch as soon as it finishes, so a task
+    that dies halfway loses only the branch it was running.
+    """
 
     call: str
-    index: int
+    indices: tuple[int, ...]
+    on_outcome: Callable[[int, Outcome], None]
 
 
 class Replay:
@@ -348,7 +349,10 @@ class Replay:
         """Journal op ``identity`` at the cursor and advance; returns a winning earlier value."""
         encoded = outcome.encode() if outcome is not None else raw_value
         row = ""
-        if outcome is not None and outcome.kind != "o":
+        if outcome is not None and outcome.kind == "o":
+            # The run detail lists journaled steps as well as running ones (SPEC §3).
+            row = f"completed|{self.epoch}|{now_ms()}|"
+        elif outcome is not None:
             row = f"failed|{self.epoch}|{now_ms()}|{outcome.error_type}: {outcome.message}"
         flags, winner, conflict = self.store.record_op(
             self.run.run_id,
@@ -427,9 +431,11 @@ class Replay:
         journaled, _ = self._expect(cursor, identity)
         call = f"{cursor.seq}:{cursor.index}"
         if self.target is not None and self.target.call == call:
-            if self.target.index >= len(branches):
-                raise self._nondeterminism(cursor, f"branch {self.target.index} of {describe(identity)} does not exist")
-            raise BranchFinished(self.run_branch(cursor, branches[self.target.index], self.target.index))
+            for index in self.target.indices:
+                if index >= len(branches):
+                    raise self._nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
+                self.target.on_outcome(index, self.run_branch(cursor, branches[index], index))
+            raise BranchFinished()
         if not cursor.writes:
             results = self._collect(call, len(branches))
             if results is None:

@@ -3,7 +3,7 @@
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity, ARGV[6] value field ('' for none), ARGV[7] value,
 -- ARGV[8] step key whose row to settle ('' for none), ARGV[9] row to leave
--- ('' deletes it: the journal shows completed steps)
+-- ('' deletes it)
 -- Returns {'ok', cancel, pause, ''}; {'ok', cancel, pause, value} when the
 -- value field already held a live outcome (first write wins, and the caller
 -- must use that one); {'conflict', identity} for non-determinism; {refusal}.

@@ -1,0 +1,438 @@
+"""``define_workflow`` and ``@workflow``: the meta rules of SPEC §2, the handle, the code hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+
+from celery_durable import Engine, Phase, Settings, Workflow, WorkflowDefinitionError, define_workflow, workflow
+from celery_durable.workflows.definition import check_unique_names
+
+
+def run_fn(ctx: Any) -> None:
+    return None
+
+
+def other_run_fn(ctx: Any) -> int:
+    return 1
+
+
+def make_meta(**overrides: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": "code-review",
+        "description": "Reviews changed files",
+        "phases": [{"title": "Analyze", "detail": "Inspect changed files"}, {"title": "Summarize"}],
+    }
+    meta.update(overrides)
+    return meta
+
+
+def define(**overrides: Any) -> Workflow:
+    return define_workflow(make_meta(**overrides), run_fn)
+
+
+def without(key: str) -> dict[str, Any]:
+    meta = make_meta()
+    del meta[key]
+    return meta
+
+
+# --- the happy path --------------------------------------------------------------------------
+
+
+def test_define_workflow_returns_a_validated_handle() -> None:
+    handle = define(limits={"max_total_subagents": 3}, args_schema={"type": "object"})
+
+    assert isinstance(handle, Workflow)
+    assert handle.name == "code-review"
+    assert handle.description == "Reviews changed files"
+    assert handle.phases == (
+        Phase(phase_id="phase-1", title="Analyze", detail="Inspect changed files"),
+        Phase(phase_id="phase-2", title="Summarize", detail=None),
+    )
+    assert dict(handle.limits) == {"max_total_subagents": 3}
+    assert handle.args_schema is not None
+    assert dict(handle.args_schema) == {"type": "object"}
+    assert handle.run is run_fn
+    assert re.fullmatch(r"[0-9a-f]+", handle.code_hash)
+
+
+def test_optional_keys_default_to_empty_limits_and_no_schema() -> None:
+    handle = define()
+    assert dict(handle.limits) == {}
+    assert handle.args_schema is None
+
+
+def test_phase_named_finds_declared_phases_only() -> None:
+    handle = define()
+    phase = handle.phase_named("Summarize")
+    assert phase is not None
+    assert phase.phase_id == "phase-2"
+    assert handle.phase_named("Deploy") is None
+
+
+def test_workflow_decorator_is_define_workflow() -> None:
+    @workflow(
+        name="backfill",
+        description="Backfills historical data",
+        phases=[{"title": "Fetch"}, {"title": "Write", "detail": "Persist rows"}],
+        limits={"timeout_seconds": 60},
+        args_schema={"type": "object"},
+    )
+    def backfill(ctx: Any) -> None:
+        return None
+
+    assert isinstance(backfill, Workflow)
+    assert backfill.name == "backfill"
+    assert backfill.description == "Backfills historical data"
+    assert [(p.title, p.detail) for p in backfill.phases] == [("Fetch", None), ("Write", "Persist rows")]
+    assert dict(backfill.limits) == {"timeout_seconds": 60}
+    assert backfill.args_schema is not None
+    assert callable(backfill.run)
+    assert backfill.run.__name__ == "backfill"
+
+    same = define_workflow(
+        {
+            "name": "backfill",
+            "description": "Backfills historical data",
+            "phases": [{"title": "Fetch"}, {"title": "Write", "detail": "Persist rows"}],
+            "limits": {"timeout_seconds": 60},
+            "args_schema": {"type": "object"},
+        },
+        backfill.run,
+    )
+    assert same.code_hash == backfill.code_hash
+
+
+def test_workflow_decorator_validates_meta() -> None:
+    decorate = workflow(name="bad name", description="d", phases=[])
+    with pytest.raises(WorkflowDefinitionError, match="name"):
+        decorate(run_fn)
+
+
+def test_definition_error_is_a_value_error() -> None:
+    assert issubclass(WorkflowDefinitionError, ValueError)
+    with pytest.raises(ValueError):
+        define(name="")
+
+
+def test_run_must_be_callable() -> None:
+    with pytest.raises(WorkflowDefinitionError, match="callable"):
+        define_workflow(make_meta(), "not a function")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("meta", [None, [("name", "x")], "code-review"])
+def test_meta_must_be_a_mapping(meta: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="meta must be a dict"):
+        define_workflow(meta, run_fn)
+
+
+# --- required keys ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["name", "description", "phases"])
+def test_required_keys(key: str) -> None:
+    with pytest.raises(WorkflowDefinitionError, match=key):
+        define_workflow(without(key), run_fn)
+
+
+# --- name ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a", "code-review", "Code.Review_2-x", "0", "x" * 128])
+def test_valid_names(name: str) -> None:
+    assert define(name=name).name == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "   ",
+        "code review",
+        "x" * 129,
+        "naïve",
+        "a/b",
+        "a:b",
+        "abc\n",
+        "\nabc",
+        "tab\there",
+    ],
+    ids=repr,
+)
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="name"):
+        define(name=name)
+
+
+@pytest.mark.parametrize("name", [None, 7, b"bytes", ["a"]])
+def test_name_must_be_a_string(name: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="name must be a string"):
+        define(name=name)
+
+
+# --- description -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("description", ["", " ", "\n\t "], ids=repr)
+def test_blank_description_is_rejected(description: str) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="description must not be blank"):
+        define(description=description)
+
+
+@pytest.mark.parametrize("description", [None, 3, ["text"]])
+def test_description_must_be_a_string(description: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="description must be a string"):
+        define(description=description)
+
+
+# --- phases ----------------------------------------------------------------------------------
+
+
+def test_phases_may_be_empty() -> None:
+    assert define(phases=[]).phases == ()
+
+
+@pytest.mark.parametrize("phases", ["Analyze", b"Analyze", {"title": "Analyze"}, None, 3], ids=repr)
+def test_phases_must_be_a_list(phases: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="phases must be a list"):
+        define(phases=phases)
+
+
+@pytest.mark.parametrize("phase", ["Analyze", ["Analyze"], None])
+def test_each_phase_must_be_a_dict(phase: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="phase 0 must be a dict"):
+        define(phases=[phase])
+
+
+@pytest.mark.parametrize(
+    "phase",
+    [{}, {"title": ""}, {"title": "   "}, {"title": None}, {"title": 3}, {"detail": "no title"}],
+    ids=repr,
+)
+def test_phase_title_is_required_and_non_blank(phase: dict[str, Any]) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="title"):
+        define(phases=[{"title": "First"}, phase])
+
+
+def test_duplicate_phase_title_has_the_spec_message() -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+        define(phases=[{"title": "Analyze"}, {"title": "Summarize"}, {"title": "Analyze", "detail": "again"}])
+    assert str(info.value) == "Workflow phase title is declared more than once: Analyze"
+
+
+def test_phase_titles_are_compared_exactly() -> None:
+    handle = define(phases=[{"title": "Analyze"}, {"title": "analyze"}, {"title": "Analyze "}])
+    assert [p.title for p in handle.phases] == ["Analyze", "analyze", "Analyze "]
+
+
+def test_phase_detail_is_optional_but_must_be_text() -> None:
+    assert define(phases=[{"title": "A", "detail": None}]).phases[0].detail is None
+    with pytest.raises(WorkflowDefinitionError, match="detail"):
+        define(phases=[{"title": "A", "detail": 5}])
+
+
+# --- unknown keys ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"retries": 3},
+        {"phases": [{"title": "Analyze", "retries": 3}]},
+        {"limits": {"retries": 3}},
+    ],
+    ids=["meta", "phase", "limits"],
+)
+def test_unknown_keys_are_rejected_by_name(overrides: dict[str, Any]) -> None:
+    with pytest.raises(WorkflowDefinitionError, match=r"Unknown key .*: retries$"):
+        define(**overrides)
+
+
+# --- limits and args_schema ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_total_subagents": 0},
+        {"max_concurrent_subagents": 1.5},
+        {"max_ai_credits": 4e-10},
+        {"timeout_seconds": 2147483.648},
+        {"timeout_seconds": None},
+        None,
+        [("timeout_seconds", 5)],
+    ],
+    ids=repr,
+)
+def test_invalid_meta_limits_are_rejected_at_definition(limits: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="limits"):
+        define(limits=limits)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "nope"},
+        {"type": "object", "properties": 3},
+        {"required": "path"},
+        {"minLength": -1},
+        "object",
+        ["type", "object"],
+    ],
+    ids=repr,
+)
+def test_invalid_args_schema_is_rejected_at_definition(schema: Any) -> None:
+    with pytest.raises(WorkflowDefinitionError, match="args_schema"):
+        define(args_schema=schema)
+
+
+# --- the handle is immutable -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "other"),
+        ("description", "x"),
+        ("phases", ()),
+        ("limits", {"x": 1}),
+        ("run", other_run_fn),
+        ("code_hash", "0"),
+    ],
+)
+def test_handle_fields_cannot_be_assigned(field: str, value: Any) -> None:
+    handle = define()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(handle, field, value)
+    assert getattr(handle, field) != value
+
+
+def test_handle_mappings_and_phases_are_read_only() -> None:
+    handle = define(limits={"max_total_subagents": 3}, args_schema={"type": "object"})
+    with pytest.raises(TypeError):
+        handle.limits["max_total_subagents"] = 99  # type: ignore[index]
+    assert handle.args_schema is not None
+    with pytest.raises(TypeError):
+        handle.args_schema["type"] = "array"  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        handle.phases[0].title = "Other"  # type: ignore[misc]
+
+
+def test_handle_does_not_share_state_with_the_meta_it_was_built_from() -> None:
+    meta = make_meta(limits={"max_total_subagents": 3}, args_schema={"type": "object"})
+    handle = define_workflow(meta, run_fn)
+    before = handle.code_hash
+    meta["limits"]["max_total_subagents"] = 99
+    meta["args_schema"]["type"] = "array"
+    meta["phases"].append({"title": "Late"})
+    assert dict(handle.limits) == {"max_total_subagents": 3}
+    assert handle.args_schema == {"type": "object"}
+    assert [p.title for p in handle.phases] == ["Analyze", "Summarize"]
+    assert handle.code_hash == before
+
+
+# --- code hash -------------------------------------------------------------------------------
+
+
+def test_code_hash_is_stable_for_the_same_function_and_meta() -> None:
+    first = define_workflow(make_meta(limits={"timeout_seconds": 5}), run_fn)
+    second = define_workflow(make_meta(limits={"timeout_seconds": 5}), run_fn)
+    assert first.code_hash == second.code_hash
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"name": "code-review-2"},
+        {"description": "Reviews changed files carefully"},
+        {"phases": [{"title": "Analyze"}, {"title": "Summarize"}]},
+        {"phases": [{"title": "Summarize"}, {"title": "Analyze", "detail": "Inspect changed files"}]},
+        {"limits": {"timeout_seconds": 5}},
+        {"args_schema": {"type": "object"}},
+    ],
+    ids=["name", "description", "phase-detail", "phase-order", "limits", "args_schema"],
+)
+def test_code_hash_changes_when_meta_changes(overrides: dict[str, Any]) -> None:
+    assert define(**overrides).code_hash != define().code_hash
+
+
+def test_code_hash_changes_when_the_function_changes() -> None:
+    assert define_workflow(make_meta(), other_run_fn).code_hash != define_workflow(make_meta(), run_fn).code_hash
+
+
+# --- args validation -------------------------------------------------------------------------
+
+ARGS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string"},
+        "items": {"type": "array", "items": {"type": "integer"}},
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+
+def test_validate_args_accepts_matching_args() -> None:
+    define(args_schema=ARGS_SCHEMA).validate_args({"path": "src", "items": [1, 2]})
+
+
+def test_validate_args_without_schema_accepts_anything() -> None:
+    define().validate_args({"anything": [1, "two"]})
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ({"path": 3}, "$['path']"),
+        ({"path": "src", "items": [1, "two"]}, "$['items'][1]"),
+        ({"items": []}, "'path' is a required property"),
+        ({"path": "src", "extra": 1}, "'extra'"),
+        ([], "is not of type 'object'"),
+    ],
+    ids=["wrong-type", "nested-item", "missing", "extra", "not-object"],
+)
+def test_validate_args_names_the_failing_path(args: Any, fragment: str) -> None:
+    with pytest.raises(ValueError) as info:
+        define(args_schema=ARGS_SCHEMA).validate_args(args)
+    assert fragment in str(info.value)
+    assert "code-review" in str(info.value)
+
+
+# --- unique names ----------------------------------------------------------------------------
+
+
+def test_check_unique_names_maps_names_to_handles() -> None:
+    review, backfill = define(), define(name="backfill")
+    assert check_unique_names([review, backfill]) == {"code-review": review, "backfill": backfill}
+
+
+def test_check_unique_names_rejects_a_duplicate() -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+        check_unique_names([define(), define(name="backfill"), define(description="Another")])
+    assert str(info.value) == "Duplicate workflow name code-review"
+
+
+def test_check_unique_names_rejects_non_handles() -> None:
+    with pytest.raises(WorkflowDefinitionError, match="Expected a Workflow handle"):
+        check_unique_names([define(), make_meta()])  # type: ignore[list-item]
+
+
+def offline_settings() -> Settings:
+    return Settings(redis_url="redis://127.0.0.1:1/0")
+
+
+def test_engine_registers_its_workflows() -> None:
+    review, backfill = define(), define(name="backfill")
+    engine = Engine(workflows=[review, backfill], settings=offline_settings())
+    assert dict(engine.workflows) == {"code-review": review, "backfill": backfill}
+
+
+def test_engine_rejects_two_workflows_with_one_name() -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+        Engine(workflows=[define(), define(description="Another")], settings=offline_settings())
+    assert str(info.value) == "Duplicate workflow name code-review"

@@ -1,0 +1,181 @@
+"""What counts as a JSON value (SPEC §4): exactly the values that survive a round trip unchanged."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+import pickle
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from celery_durable import JSON_NULL
+from celery_durable.workflows.jsonvalue import MAX_DEPTH, dumps, is_json_value, json_problem, loads
+
+ACCEPTED = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    2**70,
+    pytest.param(-(10**4000), id="-10**4000"),
+    1.5,
+    -0.0,
+    1e308,
+    5e-324,
+    "",
+    "héllo ✓ 😀 \u0000 \U0010ffff",
+    [],
+    {},
+    [1, "two", 3.0, None, True, [], {}],
+    {"a": {"b": [{"c": None}]}, "": 0, "ключ": "значение"},
+    OrderedDict(a=1),
+    JSON_NULL,
+    [JSON_NULL],
+    {"result": JSON_NULL},
+]
+
+
+@pytest.mark.parametrize("value", ACCEPTED, ids=repr)
+def test_json_values_are_accepted(value: Any) -> None:
+    assert json_problem(value) is None
+    assert is_json_value(value) is True
+
+
+REJECTED = [
+    ((1, 2), "tuple"),
+    ([1, (2,)], "tuple"),
+    ({1, 2}, "set"),
+    (frozenset({1}), "frozenset"),
+    (b"bytes", "bytes"),
+    (bytearray(b"x"), "bytearray"),
+    (math.nan, "nan"),
+    (math.inf, "inf"),
+    (-math.inf, "inf"),
+    ({"a": [1, math.nan]}, "nan"),
+    ({1: "one"}, "1"),
+    ({None: 1}, "None"),
+    ({True: 1}, "True"),
+    ({("a",): 1}, "('a',)"),
+    ({"ok": {2.5: "x"}}, "2.5"),
+    ("\ud800", "surrogate"),
+    (["fine", "lone \udc00 surrogate"], "surrogate"),
+    ({"\udfff": 1}, "surrogate"),
+    ({"nested": {"\ud83d": 1}}, "surrogate"),
+    (object(), "object"),
+    (decimal.Decimal("1.5"), "Decimal"),
+    (1 + 2j, "complex"),
+    (datetime.datetime(2024, 1, 1), "datetime"),
+    ({"at": datetime.date(2024, 1, 1)}, "date"),
+    (range(3), "range"),
+    (10**5000, "digits"),
+]
+
+
+@pytest.mark.parametrize(("value", "fragment"), REJECTED, ids=[f"{type(v).__name__}-{frag}" for v, frag in REJECTED])
+def test_non_json_values_are_rejected_with_a_reason(value: Any, fragment: str) -> None:
+    problem = json_problem(value)
+    assert problem is not None
+    assert fragment in problem
+    assert is_json_value(value) is False
+
+
+def nest(depth: int, leaf: Any = 0, *, as_dict: bool = False) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"k": value} if as_dict else [value]
+    return value
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["lists", "dicts"])
+def test_nesting_up_to_max_depth_is_accepted(as_dict: bool) -> None:
+    value = nest(MAX_DEPTH, as_dict=as_dict)
+    assert json_problem(value) is None
+    assert loads(dumps(value)) == value
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["lists", "dicts"])
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, MAX_DEPTH + 2, 100_000])
+def test_nesting_deeper_than_max_depth_is_rejected(depth: int, as_dict: bool) -> None:
+    problem = json_problem(nest(depth, as_dict=as_dict))
+    assert problem is not None
+    assert "deeper" in problem
+
+
+def test_a_cycle_is_rejected_instead_of_looping() -> None:
+    cycle: list[Any] = [1]
+    cycle.append(cycle)
+    assert json_problem(cycle) is not None
+
+
+# --- encoding --------------------------------------------------------------------------------
+
+
+def test_dumps_is_compact_and_keeps_text_verbatim() -> None:
+    assert dumps({"a": [1, 2.5, None, True], "é": "😀"}) == '{"a":[1,2.5,null,true],"é":"😀"}'
+
+
+def test_json_null_encodes_as_null() -> None:
+    assert dumps(JSON_NULL) == "null"
+    assert dumps({"r": [JSON_NULL]}) == '{"r":[null]}'
+    assert loads(dumps(JSON_NULL)) is None
+
+
+def test_dumps_refuses_what_json_problem_refuses() -> None:
+    with pytest.raises(ValueError):
+        dumps(math.nan)
+    with pytest.raises(TypeError):
+        dumps({1, 2})
+
+
+def test_loads_accepts_bytes() -> None:
+    assert loads(b'{"a":[1]}') == {"a": [1]}
+
+
+def test_json_null_is_a_singleton_that_survives_pickle() -> None:
+    assert type(JSON_NULL)() is JSON_NULL
+    assert pickle.loads(pickle.dumps(JSON_NULL)) is JSON_NULL
+    assert repr(JSON_NULL) == "JSON_NULL"
+
+
+# --- properties ------------------------------------------------------------------------------
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5),
+    max_leaves=30,
+)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down (so 1, 1.0 and True are told apart)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return bool(a == b)
+
+
+@given(json_values)
+def test_every_json_value_passes_and_round_trips(value: Any) -> None:
+    assert json_problem(value) is None
+    assert same(loads(dumps(value)), value)
+
+
+non_json_leaves = st.sampled_from([(1,), {1}, b"x", math.nan, math.inf, object(), "\ud800", {2: "x"}])
+
+
+@given(json_values, non_json_leaves, st.booleans())
+def test_one_bad_leaf_anywhere_fails_the_whole_value(value: Any, bad: Any, in_dict: bool) -> None:
+    wrapped = {"ok": value, "bad": [bad]} if in_dict else [value, {"bad": bad}]
+    assert json_problem(wrapped) is not None

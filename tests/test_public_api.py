@@ -1,0 +1,68 @@
+"""SPEC §1: everything public is importable from ``celery_durable`` itself."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import celery_durable
+
+PUBLIC_NAMES = {
+    # defining workflows
+    "JSON_NULL",
+    "Phase",
+    "RetryPolicy",
+    "Workflow",
+    "WorkflowContext",
+    "define_workflow",
+    "workflow",
+    # running them
+    "Client",
+    "Engine",
+    "Settings",
+    # what clients see
+    "PhaseRow",
+    "ProgressEntry",
+    "ProgressPage",
+    "RunDetail",
+    "RunEnvelope",
+    "RunPage",
+    "StepRow",
+    "is_terminal_status",
+    # errors
+    "DurableError",
+    "NonDeterminismError",
+    "RunNotFoundError",
+    "StaleAttemptError",
+    "StepFailed",
+    "StorageCorruptError",
+    "StorageUnavailableError",
+    "WorkflowCancelled",
+    "WorkflowDefinitionError",
+    "WorkflowResumeError",
+    "WorkflowWaitCancelled",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(celery_durable.__all__) == PUBLIC_NAMES
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(celery_durable.__all__) == len(set(celery_durable.__all__))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_NAMES))
+def test_each_public_name_is_importable(name: str) -> None:
+    module = importlib.import_module("celery_durable")
+    assert getattr(module, name) is not None
+    namespace: dict[str, object] = {}
+    exec(f"from celery_durable import {name}", namespace)
+    assert namespace[name] is getattr(celery_durable, name)
+
+
+def test_star_import_gives_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from celery_durable import *", namespace)
+    assert set(namespace) - {"__builtins__"} == PUBLIC_NAMES
