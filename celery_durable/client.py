@@ -99,6 +99,11 @@ class Client:
         owner = store.index_run(self.namespace, run_id, idempotency_key)
         if owner != run_id:
             store.discard_run(run_id, 1)
+            first = store.load_run(owner)
+            if first is not None and first.status == "pending" and first.epoch == 1:
+                # The first start may have died before sending its coordinator
+                # message; a duplicate is harmless (activation lock and fence).
+                self.engine.send_coordinator(owner, 1, first.workflow)
             return owner
         self.engine.send_coordinator(run_id, 1, definition.name)
         return run_id

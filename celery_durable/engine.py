@@ -50,8 +50,8 @@ class Engine:
     def client(self, namespace: str | None = None) -> Client:
         return Client(self, namespace or self.settings.namespace)
 
-    def send_coordinator(self, run_id: str, epoch: int, workflow: str) -> None:
-        send_coordinator(self.celery, self.settings, run_id, epoch, workflow)
+    def send_coordinator(self, run_id: str, epoch: int, workflow: str, countdown: float | None = None) -> None:
+        send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown)
 
     def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> None:
         send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)

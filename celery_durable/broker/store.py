@@ -158,8 +158,9 @@ class RunStore:
 
     # -- activation and liveness ---------------------------------------------
 
-    def activate(self, run_id: str, epoch: int, token: str, namespace: str) -> Flags | None:
-        """Take the activation lock; None when another pass holds it (it was told to rerun)."""
+    def activate(self, run_id: str, epoch: int, token: str, namespace: str) -> Flags | int:
+        """Take the activation lock and return the run's flags; when another
+        pass holds it (and was told to run once more), the ms its lock has left."""
         k = self.run_keys(run_id)
         lease_ms = int(self.settings.lease_seconds * 1000)
         reply = self._run(
@@ -168,7 +169,7 @@ class RunStore:
             [epoch, token, now_ms(), lease_ms, lease_ms, self.channel(namespace)],
         )
         if reply[0] == "busy":
-            return None
+            return int(reply[1])
         _refuse(run_id, reply)
         return _flags(reply)
 
@@ -205,7 +206,7 @@ class RunStore:
         epoch: int,
         namespace: str,
         seq: str,
-        cut_index: int | None,
+        cut: str | None,
         step_key: str,
         step_row: str,
         records: Sequence[tuple[int, str, str, str]],
@@ -218,7 +219,7 @@ class RunStore:
             now_ms(),
             self.channel(namespace),
             seq,
-            "" if cut_index is None else cut_index,
+            cut or "",
             step_key,
             step_row,
             len(records),
@@ -253,14 +254,19 @@ class RunStore:
         _refuse(run_id, reply)
         return _flags(reply), (reply[3] or None), None
 
-    def dispatch(self, run_id: str, epoch: int, seq: str, index: int, identity: str, count: int) -> Any:
-        """Returns ('dispatch', [indices]), ('pending', []) or ('conflict', identity)."""
+    def dispatch(
+        self, run_id: str, epoch: int, seq: str, index: int, identity: str, count: int, token: str, position: int
+    ) -> tuple[str, bool, Any]:
+        """Journal a fan-out op; returns (verdict, cut, detail): ('dispatch', cut, [indices]),
+        ('pending', False, []) or ('conflict', False, journaled identity)."""
         k = self.run_keys(run_id)
-        reply = self._run("dispatch", [k.run, k.journal], [epoch, seq, index, identity, count])
+        reply = self._run("dispatch", [k.run, k.journal], [epoch, seq, index, identity, count, token, position])
         if reply[0] == "conflict":
-            return "conflict", str(reply[1])
+            return "conflict", False, str(reply[1])
         _refuse(run_id, reply)
-        return str(reply[0]), [int(j) for j in reply[1:]]
+        if reply[0] == "pending":
+            return "pending", False, []
+        return "dispatch", reply[1] == 1, [int(j) for j in reply[2:]]
 
     def branch_outcomes(self, run_id: str, call: str, count: int) -> list[str | None]:
         fields = [f"r:{call}:{j}" for j in range(count)]

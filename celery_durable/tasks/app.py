@@ -10,10 +10,11 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+from celery import Celery, Task
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from celery_durable.config import Settings
+from celery_durable.errors import StorageUnavailableError
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -77,11 +78,22 @@ def register_tasks(app: Celery, engine: Engine) -> None:
     from celery_durable.tasks.branch import run_branch_task
     from celery_durable.tasks.coordinator import run_coordinator_task
 
-    @app.task(name=COORDINATOR_TASK, ignore_result=True, shared=False)
-    def coordinator(run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any) -> None:
-        run_coordinator_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
+    retry_storage = {
+        "autoretry_for": (StorageUnavailableError,),
+        "retry_backoff": 1,
+        "retry_backoff_max": 30,
+        "retry_jitter": True,
+        "max_retries": None,
+    }
 
-    @app.task(name=BRANCH_TASK, ignore_result=True, shared=False)
+    @app.task(name=COORDINATOR_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
+    def coordinator(
+        task: Task, run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any
+    ) -> None:
+        task_id = str(task.request.id or "")
+        run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
+
+    @app.task(name=BRANCH_TASK, ignore_result=True, shared=False, **retry_storage)
     def branch(
         run_id: Any = None,
         epoch: Any = None,
@@ -95,11 +107,14 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         )
 
 
-def send_coordinator(app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str) -> None:
+def send_coordinator(
+    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, countdown: float | None = None
+) -> None:
     app.send_task(
         COORDINATOR_TASK,
         kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow},
         queue=settings.coordinator_queue,
+        countdown=countdown,
     )
 
 

@@ -67,7 +67,8 @@ def run_branch_task(
         engine.count_refused()
         logger.info("run %s: branches %s of %s belong to an older attempt", record.run_id, indices, call_id)
     except StorageUnavailableError as exc:
-        logger.error("run %s: storage unavailable in branches of %s: %s", record.run_id, call_id, exc)
+        logger.warning("run %s: storage unavailable in branches of %s, retrying: %s", record.run_id, call_id, exc)
+        raise  # the task retries with backoff (tasks/app.py)
 
 
 def _run_to_branches(replay: Replay, journal: Callable[[int, Outcome], None]) -> None:
@@ -83,17 +84,21 @@ def _run_to_branches(replay: Replay, journal: Callable[[int, Outcome], None]) ->
         replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
     except BranchFinished:
         return
-    except StaleAttemptError:
+    except (StaleAttemptError, StorageUnavailableError):
         raise
     except Suspend:
         raise StaleAttemptError("branch replay reached an unfinished fan-out") from None
     except FATAL_ERRORS as exc:
         error: Exception = exc
     except Exception as exc:
-        error = NonDeterminismError(
-            f"Replaying the main body for fan-out {replay.target.call} raised {type(exc).__name__}: {exc} "
-            "before reaching it; check that your workflow is deterministic"
+        # Not necessarily a divergence: a volatile step before the fan-out
+        # may have failed this time. An ordinary failure, retried on resume.
+        failure = RuntimeError(
+            f"Replaying the main body for fan-out {replay.target.call} raised {type(exc).__name__}: {exc}"
         )
+        for index in replay.target.indices:
+            journal(index, outcomes.failure(replay.epoch, failure))
+        return
     else:
         error = NonDeterminismError(
             f"Replaying the main body for fan-out {replay.target.call} returned before reaching it; "

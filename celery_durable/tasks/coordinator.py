@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.broker import RunRecord
+from celery_durable.broker import Flags, RunRecord
 from celery_durable.errors import (
     NonDeterminismError,
     StaleAttemptError,
@@ -47,7 +47,9 @@ class Settlement:
     message: str = ""
 
 
-def run_coordinator_task(engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]) -> None:
+def run_coordinator_task(
+    engine: Engine, *, task_id: str, run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]
+) -> None:
     try:
         message = parse_run_message(run_id, epoch, workflow, extra)
     except BadMessage as exc:
@@ -62,15 +64,23 @@ def run_coordinator_task(engine: Engine, *, run_id: Any, epoch: Any, workflow: A
     if definition is None:
         _settle_unknown_workflow(engine, record)
         return
-    token = uuid.uuid4().hex
+    # The lock token is the task id, so a message redelivered after its worker
+    # died re-enters its own lock instead of waiting for it to expire.
+    token = task_id or uuid.uuid4().hex
     try:
-        flags = store.activate(record.run_id, record.epoch, token, record.namespace)
+        activation = store.activate(record.run_id, record.epoch, token, record.namespace)
     except StaleAttemptError:
         return
-    if flags is None:
-        return  # another pass holds the lock and was told to run once more
-    replay = _new_replay(engine, record, definition)
-    replay.apply_flags(flags)
+    if isinstance(activation, int):
+        # Another pass holds the lock and was told to run once more. Should
+        # that pass be dead, its lock expires: look again then.
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow, countdown=activation / 1000 + 0.1)
+        return
+    # One dispatch token per execution: a fan-out dispatched by an execution
+    # that died halfway through sending is sent again by the next one.
+    execution = uuid.uuid4().hex
+    replay = _new_replay(engine, record, definition, execution)
+    replay.apply_flags(activation)
     with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval):
         while True:
             try:
@@ -79,21 +89,20 @@ def run_coordinator_task(engine: Engine, *, run_id: Any, epoch: Any, workflow: A
                 logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
                 return
             except StorageUnavailableError as exc:
-                # Nothing can be written now; the lock and lease expire, and
-                # the run is picked up again once Redis is back.
-                logger.error("run %s: storage unavailable during a pass: %s", record.run_id, exc)
-                return
+                # Nothing can be written now. The task retries with backoff
+                # under the same id, so it re-enters its own lock.
+                logger.warning("run %s: storage unavailable during a pass, retrying: %s", record.run_id, exc)
+                raise
             if not store.release(record.run_id, token, record.epoch):
                 return
             fresh = store.load_run(record.run_id)
             if fresh is None or fresh.epoch != record.epoch:
                 return
-            flags_replay = _new_replay(engine, fresh, definition)
-            flags_replay.cancel_event = replay.cancel_event
-            replay = flags_replay
+            replay = _new_replay(engine, fresh, definition, execution)
+            replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
 
 
-def _new_replay(engine: Engine, record: RunRecord, definition: Workflow) -> Replay:
+def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
     settings = engine.settings
 
     def send(call: str, indices: Any) -> None:
@@ -107,6 +116,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow) -> Repl
         max_fanout=settings.max_fanout,
         max_payload_bytes=settings.max_payload_bytes,
         send_branches=send,
+        token=execution,
     )
 
 
@@ -127,6 +137,10 @@ def _one_pass(engine: Engine, replay: Replay) -> None:
             settlement = _failed(replay, exc)
         else:
             settlement = _returned(replay, result)
+        if replay.unwinding is not None:
+            return  # user code swallowed the Suspend; the pass ends here all the same
+        if replay.broken is not None:
+            raise replay.broken
         replay.flush(cursor)
     store.finish(
         record.run_id,

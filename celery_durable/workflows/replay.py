@@ -36,6 +36,8 @@ from celery_durable.errors import (
     NonDeterminismError,
     StaleAttemptError,
     StepFailed,
+    StorageCorruptError,
+    StorageUnavailableError,
     WorkflowCancelled,
     WorkflowDefinitionError,
 )
@@ -56,6 +58,31 @@ NESTED_FANOUT_THREADS = 32
 
 BranchSender = Callable[[str, Sequence[int]], None]
 """Sends branch tasks: (call id "<seq>:<op index>", branch indices)."""
+
+INFRASTRUCTURE_ERRORS = (StorageUnavailableError, StorageCorruptError, StaleAttemptError)
+"""Errors that mean this execution cannot go on. They are sticky: once one
+is raised, every later call raises it again, so workflow code that catches
+it with ``except Exception`` cannot journal past it."""
+
+
+class _GuardedStore:
+    """The store as a replay sees it: infrastructure errors become sticky."""
+
+    def __init__(self, store: RunStore, replay: Replay) -> None:
+        self._store = store
+        self._replay = replay
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except INFRASTRUCTURE_ERRORS as exc:
+                self._replay.broken = self._replay.broken or exc
+                raise
+
+        return call
 
 
 class Suspend(BaseException):
@@ -133,8 +160,10 @@ class Replay:
         max_payload_bytes: int,
         send_branches: BranchSender | None = None,
         target: BranchTarget | None = None,
+        token: str = "",
     ) -> None:
-        self.store = store
+        self.store: RunStore = _GuardedStore(store, self)  # type: ignore[assignment]
+        self.token = token
         self.run = run
         self.workflow = workflow
         self.epoch = epoch
@@ -145,6 +174,8 @@ class Replay:
         self.cancel_event = threading.Event()
         self.lost_authority = False
         self.fatal: BaseException | None = None
+        self.broken: Exception | None = None
+        self.unwinding: BaseException | None = None
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
 
     # -- sequences -------------------------------------------------------------
@@ -208,6 +239,12 @@ class Replay:
         return self.cancel_event.is_set()
 
     def check_cancelled(self) -> None:
+        """Run before every op: an unwinding pass or a broken execution makes
+        no more calls, even from user ``finally`` blocks."""
+        if self.unwinding is not None:
+            raise self.unwinding
+        if self.broken is not None:
+            raise self.broken
         if self.lost_authority:
             raise StaleAttemptError(f"Run {self.run.run_id}: this attempt lost execution authority")
         if self.cancel_event.is_set():
@@ -243,13 +280,13 @@ class Replay:
         if cursor.writes and position > cursor.high_water:
             cursor.buffer.append((position, kind, cursor.phase_id, message))
 
-    def flush(self, cursor: Cursor, *, step_key: str = "", cut_index: int | None = None) -> str | None:
+    def flush(self, cursor: Cursor, *, step_key: str = "", cut: str | None = None) -> str | None:
         """Write buffered progress (and a running row for ``step_key``) before an op.
 
         Returns the step's live journaled outcome when the key was journaled
         meanwhile by another sequence.
         """
-        if not cursor.writes or not (cursor.buffer or step_key or cut_index is not None):
+        if not cursor.writes or not (cursor.buffer or step_key or cut is not None):
             return None
         row = f"running|{self.epoch}|{now_ms()}|" if step_key else ""
         flags, existing = self.store.begin_op(
@@ -257,7 +294,7 @@ class Replay:
             self.epoch,
             self.run.namespace,
             cursor.seq,
-            cut_index,
+            cut,
             step_key,
             row,
             cursor.buffer,
@@ -286,7 +323,7 @@ class Replay:
             return self._produce(key, producer, retry).step_result(key)
         identity = f"s|{key}"
         journaled, raw = self._expect(cursor, identity)
-        cut_index: int | None = None
+        cut: str | None = None
         if journaled and raw is not None:
             outcome = outcomes.decode(raw)
             if outcome.is_live(self.epoch):
@@ -295,10 +332,9 @@ class Replay:
                 return outcome.step_result(key)
             if not cursor.writes:
                 raise StaleAttemptError(f"Run {self.run.run_id}: step {key!r} holds an older attempt's failure")
-            cut_index = cursor.index
-            cursor.history = cursor.history[: cursor.index + 1]
-            cursor.high_water = min(cursor.high_water, (cursor.index + 1) * POSITION_STRIDE - 1)
-        existing = self.flush(cursor, step_key=key, cut_index=cut_index)
+            cut = f"{cursor.index}:{cursor.position()}"
+            self._cut(cursor)
+        existing = self.flush(cursor, step_key=key, cut=cut)
         self.check_cancelled()
         if existing is not None:
             outcome = outcomes.decode(existing)
@@ -309,6 +345,13 @@ class Replay:
             if winner is not None:
                 outcome = outcomes.decode(winner)
         return outcome.step_result(key)
+
+    @staticmethod
+    def _cut(cursor: Cursor) -> None:
+        """The op at the cursor re-runs an older attempt's failure: what that
+        attempt did after it is no longer history, and records from here are new."""
+        cursor.history = cursor.history[: cursor.index + 1]
+        cursor.high_water = min(cursor.high_water, cursor.position() - 1)
 
     def _produce(self, key: str, producer: Callable[[], Any], retry: RetryPolicy | None) -> Outcome:
         attempt = 1
@@ -329,12 +372,15 @@ class Replay:
             if problem is not None:
                 not_json = StepFailed(key, "TypeError", f"Step result must be a JSON value: {key}")
                 return outcomes.failure(self.epoch, not_json)
-            outcome = outcomes.value(result)
-            size = len(outcome.encode().encode("utf-8")) - 1
+            encoded = jsonvalue.dumps(result)
+            size = len(encoded.encode("utf-8"))
             if size > self.max_payload_bytes:
                 message = f"Step result is {size} bytes, above max_payload_bytes ({self.max_payload_bytes}): {key}"
                 return outcomes.failure(self.epoch, StepFailed(key, "PayloadTooLarge", message))
-            return outcome
+            # The decoded value, not the producer's object: a replay returns
+            # the journaled JSON, and the first run must see the same thing
+            # (a str-based Enum would otherwise format differently).
+            return outcomes.value(jsonvalue.loads(encoded))
 
     def _commit(
         self,
@@ -431,11 +477,7 @@ class Replay:
         journaled, _ = self._expect(cursor, identity)
         call = f"{cursor.seq}:{cursor.index}"
         if self.target is not None and self.target.call == call:
-            for index in self.target.indices:
-                if index >= len(branches):
-                    raise self._nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
-                self.target.on_outcome(index, self.run_branch(cursor, branches[index], index))
-            raise BranchFinished()
+            self._run_target(cursor, call, identity, branches)
         if not cursor.writes:
             results = self._collect(call, len(branches))
             if results is None:
@@ -448,15 +490,20 @@ class Replay:
             if results is not None:
                 cursor.advance()
                 return results
-        run_id, count = self.run.run_id, len(branches)
-        verdict, detail = self.store.dispatch(run_id, self.epoch, cursor.seq, cursor.index, identity, count)
+        verdict, cut, detail = self.store.dispatch(
+            self.run.run_id, self.epoch, cursor.seq, cursor.index, identity, len(branches), self.token,
+            cursor.position(),
+        )
         if verdict == "conflict":
             raise self._nondeterminism(cursor, f"expected {describe(detail)}, got {describe(identity)}")
+        if cut:
+            self._cut(cursor)
         if cursor.seq == MAIN and self.send_branches is not None:
             if verdict == "pending" or detail:
                 if detail:
-                    self.send_branches(call, detail)
-                raise Suspend()
+                    self._send(call, detail)
+                self.unwinding = Suspend()
+                raise self.unwinding
         else:
             self._run_locally(call, cursor, branches)
         results = self._collect(call, len(branches))
@@ -464,6 +511,30 @@ class Replay:
             raise StaleAttemptError(f"Run {self.run.run_id}: branches of {call} did not all finish")
         cursor.advance()
         return results
+
+    def _run_target(self, cursor: Cursor, call: str, identity: str, branches: list[Callable[[], Any]]) -> None:
+        """In a branch task: run the target's branches that have no live outcome yet."""
+        assert self.target is not None
+        for index in self.target.indices:
+            if index >= len(branches):
+                raise self._nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
+        raws = self.store.branch_outcomes(self.run.run_id, call, len(branches))
+        for index in self.target.indices:
+            raw = raws[index]
+            if raw is not None and outcomes.decode(raw).is_live(self.epoch):
+                continue  # a redelivered task: this branch is journaled already
+            self.target.on_outcome(index, self.run_branch(cursor, branches[index], index))
+        self.unwinding = BranchFinished()
+        raise self.unwinding
+
+    def _send(self, call: str, indices: Sequence[int]) -> None:
+        assert self.send_branches is not None
+        try:
+            self.send_branches(call, indices)
+        except Exception as exc:  # kombu/amqp connection errors have no common base
+            error = StorageUnavailableError(f"Broker unavailable while sending branches of {call}: {exc}")
+            self.broken = self.broken or error
+            raise error from None
 
     def _collect(self, call: str, count: int) -> list[Any] | None:
         """All branch results when every outcome is journaled and live, else None.
@@ -504,6 +575,8 @@ class Replay:
         cursor = self.open_cursor(f"{parent.seq}.{parent.index}.{index}", writes=True, phase_id=parent.phase_id)
         try:
             result = self.run_in(cursor, fn)
+        except (StorageUnavailableError, StaleAttemptError):
+            raise  # this execution cannot journal anything: nothing to record
         except FATAL_ERRORS as exc:
             return outcomes.failure(self.epoch, exc, fatal=True)
         except Exception as exc:

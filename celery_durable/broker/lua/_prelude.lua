@@ -36,6 +36,7 @@ local function is_stale_failure(outcome, epoch)
   local tag = string.sub(outcome, 1, 1)
   if tag ~= 'e' and tag ~= 'f' then return false end
   local bar = string.find(outcome, '|', 2, true)
+  if not bar then return false end
   return string.sub(outcome, 2, bar - 1) ~= epoch
 end
 
@@ -51,6 +52,19 @@ local function entry_alive(journal_key, seq, index, raw)
     and tonumber(string.sub(raw, 1, e - 1)) < tonumber(string.sub(cut, 1, c - 1)))
 end
 
+-- Forgets what belonged to an abandoned fan-out at <seq>:<index>: its
+-- branches' outcomes, counters and histories must not be mistaken for those
+-- of whatever op now stands at that index.
+local function forget_fanout(journal_key, seq, index, width, epoch)
+  local call = seq .. ':' .. index
+  for j = 0, width - 1 do
+    local branch = seq .. '.' .. index .. '.' .. j
+    redis.call('HDEL', journal_key, 'r:' .. call .. ':' .. j, 'h:' .. branch)
+    redis.call('HSET', journal_key, 'k:' .. branch, epoch .. ':-1')
+  end
+  redis.call('HDEL', journal_key, 'c:' .. call, 'd:' .. call)
+end
+
 -- Records op <index> of sequence <seq> with identity <ident>. Returns
 -- (conflict, replaced): the live identity already there when it differs
 -- (non-determinism), and the dead identity this write replaced, if any.
@@ -64,6 +78,10 @@ local function record_op(journal_key, seq, index, ident, epoch)
       return nil, nil
     end
     redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
+    local kind = string.sub(old, 1, 1)
+    if kind == 'p' or kind == 'l' then
+      forget_fanout(journal_key, seq, index, tonumber(string.sub(old, 3)), epoch)
+    end
     return nil, old
   end
   redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
@@ -75,12 +93,12 @@ local function record_op(journal_key, seq, index, ident, epoch)
   return nil, nil
 end
 
--- Cuts sequence <seq> at <index> for attempt <epoch> and lowers its progress
--- high-water mark to the records logged before that op (positions are
--- ops_before * 2^20 + n).
-local function cut_sequence(journal_key, seq, index, epoch)
+-- Cuts sequence <seq> at op <index> for attempt <epoch>: entries after it
+-- written by older attempts are abandoned. Progress records at or after
+-- <position> (the position the op began at) are new from here on.
+local function cut_sequence(journal_key, seq, index, epoch, position)
   redis.call('HSET', journal_key, 'k:' .. seq, epoch .. ':' .. index)
-  local limit = (tonumber(index) + 1) * 1048576 - 1
+  local limit = tonumber(position) - 1
   local hwm = tonumber(redis.call('HGET', journal_key, 'h:' .. seq) or '-1')
   if hwm > limit then redis.call('HSET', journal_key, 'h:' .. seq, limit) end
 end

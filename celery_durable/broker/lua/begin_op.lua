@@ -3,8 +3,9 @@
 -- shows the step as running.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] steps
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] sequence,
--- ARGV[5] cut index or '' (this op re-runs a failure of an older attempt:
--- what that attempt journaled after it is abandoned, see cut_sequence),
+-- ARGV[5] '' or "<op index>:<position>": this op re-runs a failure of an
+-- older attempt, so what that attempt journaled after it is abandoned and
+-- progress from <position> on is new (see cut_sequence),
 -- ARGV[6] step key or '', ARGV[7] step row or '', ARGV[8] record count,
 -- then per record: position, kind, phase id, message
 -- Returns {'ok', cancel, pause, outcome}: outcome is the step's live
@@ -12,7 +13,10 @@
 -- recording this op) already journaled the key, else ''. Or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-if ARGV[5] ~= '' then cut_sequence(KEYS[3], ARGV[4], ARGV[5], ARGV[1]) end
+if ARGV[5] ~= '' then
+  local colon = string.find(ARGV[5], ':', 1, true)
+  cut_sequence(KEYS[3], ARGV[4], string.sub(ARGV[5], 1, colon - 1), ARGV[1], string.sub(ARGV[5], colon + 1))
+end
 local hwm_field = 'h:' .. ARGV[4]
 local hwm = tonumber(redis.call('HGET', KEYS[3], hwm_field) or '-1')
 local start = hwm

@@ -6,7 +6,8 @@
 -- Returns {'ok', wake} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-if redis.call('HGET', KEYS[2], 'd:' .. ARGV[2]) ~= ARGV[1] then return {'stale'} end
+local stamp = redis.call('HGET', KEYS[2], 'd:' .. ARGV[2]) or ''
+if string.sub(stamp, 1, #ARGV[1] + 1) ~= ARGV[1] .. ':' then return {'stale'} end
 local field = 'r:' .. ARGV[2] .. ':' .. ARGV[3]
 local counter = 'c:' .. ARGV[2]
 local current = redis.call('HGET', KEYS[2], field)

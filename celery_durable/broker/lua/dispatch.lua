@@ -1,39 +1,38 @@
 -- Journals a fan-out call and decides which of its branches to dispatch:
--- those without a live outcome, unless this epoch dispatched them already.
+-- those without a live outcome, unless this very execution of the
+-- coordinator dispatched them already (a redelivered coordinator, whose
+-- first execution may have died halfway through sending, sends again).
 -- KEYS[1] run hash, KEYS[2] journal
 -- ARGV[1] epoch, ARGV[2] sequence, ARGV[3] op index, ARGV[4] op identity,
--- ARGV[5] branch count
--- Returns {'dispatch', j1, j2, ...} (possibly none: all are done),
--- {'pending'} (already dispatched by this epoch), {'conflict', identity},
--- or {refusal}.
+-- ARGV[5] branch count, ARGV[6] dispatcher token, ARGV[7] position the op
+-- began at (for a cut)
+-- Returns {'dispatch', cut, j1, j2, ...} (possibly no j: all are done; cut
+-- is 1 when branches that failed in an older attempt run again, which cuts
+-- the sequence here), {'pending'}, {'conflict', identity}, or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local conflict, replaced = record_op(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
 if conflict then return {'conflict', conflict} end
 local call = ARGV[2] .. ':' .. ARGV[3]
+local width = tonumber(ARGV[5])
 if replaced then
-  -- The op replaces an abandoned one: its branches' outcomes and histories
-  -- belong to the old op and must not be mistaken for this one's.
-  local kind = string.sub(replaced, 1, 1)
-  if kind == 'p' or kind == 'l' then
-    for j = 0, tonumber(string.sub(replaced, 3)) - 1 do
-      redis.call('HDEL', KEYS[2], 'r:' .. call .. ':' .. j)
-      local branch = ARGV[2] .. '.' .. ARGV[3] .. '.' .. j
-      redis.call('HSET', KEYS[2], 'k:' .. branch, ARGV[1] .. ':-1')
-      redis.call('HDEL', KEYS[2], 'h:' .. branch)
-    end
+  -- Whatever stood here before, outcomes under this call id are not ours.
+  for j = 0, width - 1 do
+    redis.call('HDEL', KEYS[2], 'r:' .. call .. ':' .. j)
   end
-  redis.call('HDEL', KEYS[2], 'c:' .. call, 'd:' .. call)
 end
-if redis.call('HGET', KEYS[2], 'd:' .. call) == ARGV[1] then
+local stamp = ARGV[1] .. ':' .. ARGV[6]
+if redis.call('HGET', KEYS[2], 'd:' .. call) == stamp then
   return {'pending'}
 end
-local missing = {'dispatch'}
-for j = 0, tonumber(ARGV[5]) - 1 do
+local missing = {'dispatch', 0}
+for j = 0, width - 1 do
   local outcome = redis.call('HGET', KEYS[2], 'r:' .. call .. ':' .. j)
   if is_stale_failure(outcome, ARGV[1]) then
     table.insert(missing, j)
+    if outcome then missing[2] = 1 end
   end
 end
-redis.call('HSET', KEYS[2], 'c:' .. call, #missing - 1, 'd:' .. call, ARGV[1])
+if missing[2] == 1 then cut_sequence(KEYS[2], ARGV[2], ARGV[3], ARGV[1], ARGV[7]) end
+redis.call('HSET', KEYS[2], 'c:' .. call, #missing - 2, 'd:' .. call, stamp)
 return missing

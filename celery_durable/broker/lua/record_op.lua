@@ -1,7 +1,8 @@
 -- Journals one call of a sequence and, for a step, its outcome.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] steps
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
--- ARGV[5] op identity, ARGV[6] value field ('' for none), ARGV[7] value,
+-- ARGV[5] op identity, ARGV[6] value field ('' for none; "v:<key>" for a
+-- step outcome, "x:<seq>:<i>" for a now()/uuid4() value), ARGV[7] value,
 -- ARGV[8] step key whose row to settle ('' for none), ARGV[9] row to leave
 -- ('' deletes it)
 -- Returns {'ok', cancel, pause, ''}; {'ok', cancel, pause, value} when the
@@ -9,12 +10,15 @@
 -- must use that one); {'conflict', identity} for non-determinism; {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-local conflict = record_op(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[1])
+local conflict, replaced = record_op(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[1])
 if conflict then return {'conflict', conflict} end
 local winner = ''
 if ARGV[6] ~= '' then
   local current = redis.call('HGET', KEYS[2], ARGV[6])
-  if current and not is_stale_failure(current, ARGV[1]) then
+  local is_step = string.sub(ARGV[6], 1, 2) == 'v:'
+  -- A now()/uuid4() value of an abandoned op is not this op's value.
+  if current and not is_step and replaced then current = nil end
+  if current and not (is_step and is_stale_failure(current, ARGV[1])) then
     winner = current
   else
     redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
