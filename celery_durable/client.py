@@ -78,6 +78,8 @@ class Client:
             raise ValueError(f"idempotency_key must be a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters")
         store = self.engine.store
         run_id = uuid.uuid4().hex
+        created = now_ms()
+        lease_ms = int(self.engine.settings.lease_seconds * 1000)
         fields = {
             "id": run_id,
             "workflow": definition.name,
@@ -87,7 +89,10 @@ class Client:
             "args": args_json,
             "limits": jsonvalue.dumps(effective),
             "code_hash": definition.code_hash,
-            "created_at": str(now_ms()),
+            "created_at": str(created),
+            # A pending run is given one lease to be picked up before the
+            # recovery sweep considers its coordinator message lost.
+            "lease_until": str(created + lease_ms),
             "started_at": "",
             "finished_at": "",
             "can_resume": "0",
@@ -97,7 +102,9 @@ class Client:
         }
         store.create_run(run_id, fields)
         owner = store.index_run(self.namespace, run_id, idempotency_key)
-        if owner != run_id:
+        if owner == run_id:
+            store.schedule_check(run_id, created + lease_ms)
+        else:
             store.discard_run(run_id, 1)
             first = store.load_run(owner)
             if first is not None and first.status == "pending" and first.epoch == 1:

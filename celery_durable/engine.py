@@ -12,6 +12,7 @@ from celery_durable.broker import RunStore
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, register_tasks, send_branches, send_coordinator
+from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
 
@@ -31,6 +32,7 @@ class Engine:
         self._store_pid = 0
         self._lock = threading.Lock()
         self.refused_messages = 0
+        install_recovery(self)
 
     @property
     def store(self) -> RunStore:

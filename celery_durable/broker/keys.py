@@ -18,21 +18,29 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                                d:<seq>:<i>        epoch that dispatched them
                                h:<seq>            progress high-water mark
     P:{R}:progress   stream  progress records, entry id "<seq>-0"
-    P:{R}:steps      hash    step rows that are running or failed
-                             ("<status>|<attempt>|<started_ms>|<error>");
-                             completed rows are read from the journal
+    P:{R}:steps      hash    rows of settled steps
+                             ("<status>|<epoch>|<ms>|<error>": completed,
+                             failed or interrupted)
+    P:{R}:running    hash    rows of steps running now, same format; kept
+                             apart so ending an attempt touches only these
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
     P:{ns:N}:idem:K  string  run id started with idempotency key K
     P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>")
 
+    P:{sweep}:due    zset    runs that may need recovery, scored by when to
+                             look at them next (their lease's end); every
+                             worker's recovery sweep reads it
+
 A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
 body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
 
 Every key of one run carries the hash tag ``{R}`` so all of them live in one
 Redis Cluster slot and a Lua script may touch several. Namespace keys carry
-``{ns:N}``; no script mixes the two tags.
+``{ns:N}``, the sweep's ``{sweep}``. No script mixes two tags: writes that
+span them (start a run, then index and schedule it) are ordered so that a
+crash between them is harmless.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ class RunKeys:
     journal: str
     progress: str
     steps: str
+    running: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +85,12 @@ class KeySpace:
             journal=f"{base}:journal",
             progress=f"{base}:progress",
             steps=f"{base}:steps",
+            running=f"{base}:running",
         )
+
+    @property
+    def sweep_due(self) -> str:
+        return f"{self.prefix}:{{sweep}}:due"
 
     def namespace(self, namespace: str) -> NamespaceKeys:
         base = f"{self.prefix}:{{ns:{namespace}}}"

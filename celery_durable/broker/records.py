@@ -19,6 +19,7 @@ class RunRecord:
     namespace: str
     status: str
     epoch: int
+    attempt: int
     reason: str | None
     error: str | None
     can_resume: bool
@@ -65,6 +66,7 @@ class RunRecord:
                 namespace=raw["namespace"],
                 status=status,
                 epoch=int(raw["epoch"]),
+                attempt=int(raw.get("attempt") or raw["epoch"]),
                 reason=raw.get("reason") or None,
                 error=raw.get("error") or None,
                 can_resume=raw.get("can_resume") == "1",

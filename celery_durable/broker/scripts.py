@@ -22,6 +22,7 @@ SCRIPT_NAMES = (
     "discard_run",
     "dispatch",
     "finish",
+    "halt",
     "heartbeat",
     "index_run",
     "read_sequence",

@@ -226,7 +226,7 @@ class RunStore:
         ]
         for record in records:
             args.extend(record)
-        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.steps], args)
+        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running], args)
         _refuse(run_id, reply)
         return _flags(reply), (reply[3] or None)
 
@@ -246,7 +246,7 @@ class RunStore:
         k = self.run_keys(run_id)
         reply = self._run(
             "record_op",
-            [k.run, k.journal, k.steps],
+            [k.run, k.journal, k.steps, k.running],
             [epoch, now_ms(), seq, index, identity, value_field, value, step_key, step_row],
         )
         if reply[0] == "conflict":
@@ -283,8 +283,14 @@ class RunStore:
         return bool(reply[1] == 1)
 
     def step_rows(self, run_id: str) -> dict[str, str]:
+        """Every step row: settled ones, then the ones running now."""
+        k = self.run_keys(run_id)
         with storage_errors():
-            return cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).steps))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(k.steps)
+            pipe.hgetall(k.running)
+            settled, running = pipe.execute()
+        return {**settled, **running}
 
     # -- settling, resuming, cancelling ---------------------------------------
 
@@ -304,7 +310,7 @@ class RunStore:
         k = self.run_keys(run_id)
         reply = self._run(
             "finish",
-            [k.run, k.progress, k.steps],
+            [k.run, k.progress, k.steps, k.running],
             [
                 epoch,
                 now_ms(),
@@ -319,6 +325,7 @@ class RunStore:
             ],
         )
         _refuse(run_id, reply)
+        self.unschedule(run_id)
 
     def resume(
         self,
@@ -327,12 +334,14 @@ class RunStore:
         limits_json: str,
         message: str,
         code_hash: str,
+        require_expired: bool = False,
     ) -> int | None:
-        """Bump the epoch if the run is still as ``record`` saw it; the new epoch, or None."""
+        """Bump the epoch if the run is still as ``record`` saw it (and, for a
+        recovery, its lease has expired); the new epoch, or None."""
         k = self.run_keys(record.run_id)
         reply = self._run(
             "resume",
-            [k.run, k.progress, k.steps],
+            [k.run, k.progress, k.steps, k.running],
             [
                 record.epoch,
                 record.status,
@@ -342,14 +351,53 @@ class RunStore:
                 message,
                 int(self.settings.lease_seconds * 1000),
                 code_hash,
+                int(require_expired),
             ],
         )
-        return int(reply[1]) if reply[0] == "ok" else None
+        if reply[0] != "ok":
+            return None
+        self.schedule_check(record.run_id, now_ms() + int(self.settings.lease_seconds * 1000))
+        return int(reply[1])
+
+    def halt(self, record: RunRecord) -> bool:
+        """Halt a run whose attempt died (auto_recover off); False if it changed meanwhile."""
+        k = self.run_keys(record.run_id)
+        reply = self._run(
+            "halt",
+            [k.run, k.progress, k.steps, k.running],
+            [record.epoch, record.status, now_ms(), self.channel(record.namespace)],
+        )
+        if reply[0] == "ok":
+            self.unschedule(record.run_id)
+        return bool(reply[0] == "ok")
+
+    # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
+    # and the sweep re-reads the run hash before it acts) ---------------------
+
+    def schedule_check(self, run_id: str, at_ms: int) -> None:
+        with storage_errors():
+            self.client.zadd(self.keys.sweep_due, {run_id: at_ms})
+
+    def unschedule(self, run_id: str) -> None:
+        with storage_errors():
+            self.client.zrem(self.keys.sweep_due, run_id)
+
+    def due_runs(self, now: int, count: int) -> list[str]:
+        with storage_errors():
+            due = self.client.zrangebyscore(self.keys.sweep_due, "-inf", now, start=0, num=count)
+        return [str(member) for member in cast(list[Any], due)]
+
+    def refused_writes(self, run_id: str) -> int:
+        """How many writes the fence refused for this run (stale epochs)."""
+        with storage_errors():
+            return int(cast(str | None, self.client.hget(self.run_keys(run_id).run, "refused")) or 0)
 
     def cancel(self, run_id: str, namespace: str) -> tuple[str, int | None]:
         k = self.run_keys(run_id)
         reply = self._run("cancel", [k.run, k.progress], [now_ms(), self.channel(namespace)])
         epoch = int(reply[1]) if reply[0] == "requested" else None
+        if reply[0] == "cancelled":
+            self.unschedule(run_id)
         return str(reply[0]), epoch
 
     # -- progress --------------------------------------------------------------

@@ -30,8 +30,8 @@ class WorkflowContext:
 
     @property
     def attempt(self) -> int:
-        """The current attempt's epoch: 1 on the first, +1 on every resume or recovery."""
-        return self._replay.epoch
+        """The current attempt: 1 on the first, +1 on every resume or recovery."""
+        return self._replay.run.attempt
 
     @property
     def args(self) -> Any:

@@ -64,7 +64,7 @@ class RunEnvelope:
             reason=None if record.status == "completed" else record.reason,
             error=record.error,
             can_resume=record.can_resume and record.status != "running",
-            attempt=record.epoch,
+            attempt=record.attempt,
             args=record.args,
             limits=record.limits,
             has_result=record.has_result,

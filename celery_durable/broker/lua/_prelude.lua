@@ -6,7 +6,11 @@
 local function fence(run_key, epoch)
   local fields = redis.call('HMGET', run_key, 'epoch', 'status')
   if not fields[1] then return 'missing' end
-  if fields[1] ~= epoch then return 'stale' end
+  if fields[1] ~= epoch then
+    -- Counted, so tests and operators can see the fence at work.
+    redis.call('HINCRBY', run_key, 'refused', 1)
+    return 'stale'
+  end
   local status = fields[2]
   if status ~= 'running' and status ~= 'pending' and status ~= 'paused' then
     return 'settled'
@@ -101,4 +105,34 @@ local function cut_sequence(journal_key, seq, index, epoch, position)
   local limit = tonumber(position) - 1
   local hwm = tonumber(redis.call('HGET', journal_key, 'h:' .. seq) or '-1')
   if hwm > limit then redis.call('HSET', journal_key, 'h:' .. seq, limit) end
+end
+
+-- Redis's run_id changes when the server restarts. An epoch bump that was
+-- acknowledged but not yet fsynced can be lost in a restart, and handing the
+-- same number out again would let two attempts pass the fence. So the first
+-- bump of a run after a restart jumps past every number that can have been
+-- issued before it. Returns the new epoch; 'attempt' counts attempts for users.
+local EPOCH_GAP = 1000
+local function server_incarnation()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+end
+local function next_epoch(run_key)
+  local server = server_incarnation()
+  local seen = redis.call('HGET', run_key, 'incarnation')
+  local step = 1
+  if seen and seen ~= server then step = EPOCH_GAP end
+  redis.call('HSET', run_key, 'incarnation', server)
+  redis.call('HINCRBY', run_key, 'attempt', 1)
+  return redis.call('HINCRBY', run_key, 'epoch', step)
+end
+
+-- Rows of steps still running when their attempt ends can no longer finish
+-- under its epoch: they become interrupted, not phantom running rows.
+local function interrupt_steps(run_key, running_key, steps_key)
+  local rows = redis.call('HGETALL', running_key)
+  for i = 1, #rows, 2 do
+    redis.call('HSET', steps_key, rows[i], 'interrupted' .. string.sub(rows[i + 1], 8))
+  end
+  redis.call('DEL', running_key)
+  redis.call('HSET', run_key, 'steps_running', '0')
 end

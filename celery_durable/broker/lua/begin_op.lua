@@ -1,7 +1,7 @@
 -- Runs before every call a workflow makes: flushes its buffered progress
 -- records (dropping those an earlier replay already wrote) and, for a step,
 -- shows the step as running.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] steps
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] running steps
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] sequence,
 -- ARGV[5] '' or "<op index>:<position>": this op re-runs a failure of an
 -- older attempt, so what that attempt journaled after it is abandoned and
@@ -47,9 +47,7 @@ if ARGV[6] ~= '' then
   if current and not is_stale_failure(current, ARGV[1]) then outcome = current end
 end
 if ARGV[6] ~= '' and outcome == '' then
-  local previous = redis.call('HGET', KEYS[4], ARGV[6])
-  redis.call('HSET', KEYS[4], ARGV[6], ARGV[7])
-  if not previous or string.sub(previous, 1, 8) ~= 'running|' then
+  if redis.call('HSET', KEYS[4], ARGV[6], ARGV[7]) == 1 then
     redis.call('HINCRBY', KEYS[1], 'steps_running', 1)
   end
 end

@@ -12,7 +12,8 @@ if status == 'pending' or status == 'running' then
   redis.call('PUBLISH', ARGV[2], f[3] .. ' cancel')
   return {'requested', f[2]}
 end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local epoch = next_epoch(KEYS[1])
+redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- fencing only: no new attempt runs
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'reason', 'cancelled',
   'error', 'Cancelled while ' .. status, 'can_resume', '0', 'finished_at', ARGV[1],
   'updated_at', ARGV[1], 'cancel', '1')

@@ -1,6 +1,6 @@
 -- Settles a run: completed, error, cancelled or halted, by the attempt that
 -- owns it.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running steps
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message
@@ -18,15 +18,7 @@ end
 -- running (a fan-out branch left behind by a cancel or a fatal sibling) can
 -- never finish: show it interrupted, not running forever. A paused run still
 -- lets in-flight steps finish and be journaled.
-if ARGV[4] ~= 'paused' then
-  local rows = redis.call('HGETALL', KEYS[3])
-  for i = 1, #rows, 2 do
-    if string.sub(rows[i + 1], 1, 8) == 'running|' then
-      redis.call('HSET', KEYS[3], rows[i], 'interrupted' .. string.sub(rows[i + 1], 8))
-    end
-  end
-  redis.call('HSET', KEYS[1], 'steps_running', '0')
-end
+if ARGV[4] ~= 'paused' then interrupt_steps(KEYS[1], KEYS[4], KEYS[3]) end
 if ARGV[10] ~= '' then
   append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2])
 end

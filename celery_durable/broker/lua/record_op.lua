@@ -1,5 +1,5 @@
 -- Journals one call of a sequence and, for a step, its outcome.
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] steps
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] steps, KEYS[4] running steps
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity, ARGV[6] value field ('' for none; "v:<key>" for a
 -- step outcome, "x:<seq>:<i>" for a now()/uuid4() value), ARGV[7] value,
@@ -28,8 +28,7 @@ if ARGV[6] ~= '' then
   end
 end
 if ARGV[8] ~= '' then
-  local previous = redis.call('HGET', KEYS[3], ARGV[8])
-  if previous and string.sub(previous, 1, 8) == 'running|' then
+  if redis.call('HDEL', KEYS[4], ARGV[8]) == 1 then
     redis.call('HINCRBY', KEYS[1], 'steps_running', -1)
   end
   if ARGV[9] == '' then

@@ -1,31 +1,27 @@
 -- Gives a run a new attempt: bumps the epoch (fencing out every older
 -- attempt) and sets it running again. Compare-and-set on epoch and status,
--- so two concurrent resumes cannot both win.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps
+-- so two concurrent resumes (or sweeping workers) cannot both win.
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running steps
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] limits json or '' to keep,
--- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or ''
--- Returns {'ok', new epoch} or {'changed', epoch, status}.
-local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')
+-- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or '',
+-- ARGV[9] '1' to require that the attempt's lease has expired (recovery)
+-- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
+local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'lease_until')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed', f[1] or '', f[2] or ''} end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local now = tonumber(ARGV[3])
+if ARGV[9] == '1' and tonumber(f[3] or '0') > now then return {'changed', f[1], f[2]} end
+local epoch = next_epoch(KEYS[1])
 redis.call('HSET', KEYS[1], 'status', 'running', 'reason', '', 'error', '', 'can_resume', '0',
   'cancel', '0', 'pause', '0', 'lock', '', 'lock_until', '0', 'wake', '0',
-  'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
-  'steps_running', '0')
+  'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3])
 if redis.call('HGET', KEYS[1], 'started_at') == '' then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[3])
 end
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'limits', ARGV[5]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'code_hash', ARGV[8]) end
--- Rows the old attempt left running can no longer finish under its epoch.
-local rows = redis.call('HGETALL', KEYS[3])
-for i = 1, #rows, 2 do
-  if string.sub(rows[i + 1], 1, 8) == 'running|' then
-    redis.call('HSET', KEYS[3], rows[i], 'interrupted' .. string.sub(rows[i + 1], 8))
-  end
-end
-append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[6] .. ' (attempt ' .. epoch .. ')', epoch, ARGV[3])
+interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
+local attempt = redis.call('HGET', KEYS[1], 'attempt')
+append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[6] .. ' (attempt ' .. attempt .. ')', epoch, ARGV[3])
 redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
-return {'ok', epoch}
+return {'ok', epoch, tonumber(attempt)}
