@@ -19,6 +19,8 @@ from celery.contrib.testing.worker import start_worker
 from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
 
+pytest_plugins = ["tests.fleet"]
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

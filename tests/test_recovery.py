@@ -1,0 +1,103 @@
+"""Crash recovery: the run that Copilot could not resume, resumed.
+
+Workers are real processes, killed with SIGKILL by process group at the exact
+moment of the seed: flight and hotel booked, the car booked but its step not
+yet journaled.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from celery_durable import Client, Engine, Settings
+from tests.apps.trip import SERVICES, provider_key, trip
+from tests.fleet import Fleet
+
+TRIP = "tests.apps.trip:engine"
+
+
+def client_for(settings: Settings) -> Client:
+    return Engine([trip], settings).client()
+
+
+def poll(predicate: Any, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def step_status(client: Client, run_id: str) -> dict[str, str]:
+    return {row.key: row.status for row in client.get_workflow_run_detail(run_id).steps}
+
+
+def receipts(raw: redis.Redis, prefix: str, service: str) -> tuple[int, int]:
+    """(raw provider calls, reservations) for one service."""
+    calls = sum(int(v) for v in raw.hvals(provider_key(prefix, service, "calls")))
+    return calls, int(raw.hlen(provider_key(prefix, service, "reservations")))
+
+
+def hold_car_and_kill_everything(settings: Settings, fleet: Fleet, raw: redis.Redis, client: Client) -> str:
+    worker = fleet.start(TRIP, concurrency=4)
+    run_id = client.start_workflow("trip", args={"hold": ["car"]})
+    prefix = settings.key_prefix
+    poll(
+        lambda: raw.sismember(f"{prefix}:gate:{run_id}:reached", "car")
+        and {"book-flight", "book-hotel"} <= {k for k, v in step_status(client, run_id).items() if v == "completed"},
+        what="flight and hotel journaled, car at its gate",
+    )
+    worker.kill()
+    raw.sadd(f"{prefix}:gate:{run_id}:open", "car")
+    return run_id
+
+
+def test_the_seed_crash_finishes_by_itself_once_a_worker_is_back(settings, fleet, raw_redis) -> None:
+    client = client_for(settings)
+    run_id = hold_car_and_kill_everything(settings, fleet, raw_redis, client)
+    killed = time.monotonic()
+    assert client.get_workflow_run(run_id).status == "running"
+    fleet.start(TRIP, concurrency=4, name="w2")
+
+    envelope = client.wait_for_workflow_run(run_id, timeout=60)
+    recovered_in = time.monotonic() - killed
+
+    assert envelope.status == "completed", envelope.error
+    assert envelope.attempt == 2
+    assert envelope.result["confirmed"] is True
+    # At least once, exactly one reservation: the car's provider was called by
+    # both attempts, and its idempotency key made the second call a no-op.
+    assert receipts(raw_redis, settings.key_prefix, "flight") == (1, 1)
+    assert receipts(raw_redis, settings.key_prefix, "hotel") == (1, 1)
+    assert receipts(raw_redis, settings.key_prefix, "car") == (2, 1)
+    bookings = {b["service"]: b["confirmation"] for b in envelope.result["bookings"]}
+    assert set(bookings) == set(SERVICES)
+    # No phantom running rows; the take-over is told in the progress.
+    assert envelope.snapshot["steps_running"] == 0
+    assert "running" not in step_status(client, run_id).values()
+    messages = [r.message for r in client.get_workflow_run_progress(run_id).records if r.kind == "system"]
+    assert any("recovered" in m for m in messages), messages
+    # Within the lease plus the sweep interval plus a little.
+    print(f"recovered in {recovered_in:.2f}s (lease {settings.lease_seconds}s)")
+    assert recovered_in < settings.lease_seconds + 10, recovered_in
+
+
+def test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand(settings, fleet, raw_redis) -> None:
+    settings = settings.model_copy(update={"auto_recover": False})
+    fleet.settings = settings
+    client = client_for(settings)
+    run_id = hold_car_and_kill_everything(settings, fleet, raw_redis, client)
+    fleet.start(TRIP, concurrency=4, name="w2")
+
+    halted = client.wait_for_workflow_run(run_id, timeout=30)
+    assert (halted.status, halted.reason, halted.can_resume) == ("halted", "interrupted", True)
+    assert step_status(client, run_id)["book-car"] == "interrupted"
+
+    resumed = client.resume_workflow(run_id, timeout=60)
+    assert resumed.status == "completed", resumed.error
+    assert receipts(raw_redis, settings.key_prefix, "car") == (2, 1)
+    assert receipts(raw_redis, settings.key_prefix, "flight") == (1, 1)
