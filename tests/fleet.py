@@ -7,6 +7,7 @@ signalled by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -80,10 +81,8 @@ class WorkerProcess:
 
     def signal(self, signum: int) -> None:
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         """SIGKILL the whole process group: what a crash looks like."""
