@@ -101,3 +101,37 @@ def test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand(sett
     assert resumed.status == "completed", resumed.error
     assert receipts(raw_redis, settings.key_prefix, "car") == (2, 1)
     assert receipts(raw_redis, settings.key_prefix, "flight") == (1, 1)
+
+
+def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> None:
+    """Every worker sweeps; the take-over is a compare-and-set, so one wins."""
+    import threading
+
+    from celery_durable.tasks.recovery import RecoverySweep
+
+    d = durable([trip], worker=False)
+    run_id = d.client.start_workflow("trip")
+    keys = d.engine.store.run_keys(run_id)
+    # The attempt's lease ran out and its check is due.
+    raw_redis.hset(keys.run, mapping={"status": "running", "lease_until": "1"})
+    d.engine.store.schedule_check(run_id, 0)
+
+    sweeps = [RecoverySweep(d.engine) for _ in range(8)]
+    barrier = threading.Barrier(len(sweeps))
+    taken: list[int] = []
+
+    def sweep(one: RecoverySweep) -> None:
+        barrier.wait()
+        taken.append(one.sweep_once())
+
+    threads = [threading.Thread(target=sweep, args=(one,)) for one in sweeps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(taken) == 1
+    envelope = d.client.get_workflow_run(run_id)
+    assert (envelope.status, envelope.attempt) == ("running", 2)
+    system = [r.message for r in d.client.get_workflow_run_progress(run_id).records if r.kind == "system"]
+    assert system == ["Run recovered after its attempt died (attempt 2)"]

@@ -61,6 +61,9 @@ def run_branch_task(
         target=BranchTarget(call_id, indices, journal),
     )
     try:
+        # Beat at once: a branch that waited in a busy queue renews the lease
+        # of its run as soon as it starts, not one interval later.
+        replay.apply_flags(store.heartbeat(record.run_id, record.epoch))
         with Heartbeat(store, replay, interval=engine.heartbeat_interval):
             _run_to_branches(replay, journal)
     except StaleAttemptError:
