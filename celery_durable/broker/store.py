@@ -35,6 +35,10 @@ def storage_errors() -> Iterator[None]:
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise StorageUnavailableError(f"Redis is unavailable: {exc}") from None
     except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith(("OOM", "LOADING", "MASTERDOWN", "READONLY", "BUSY")):
+            # Redis is there but cannot take writes now: out of memory, still
+            # loading its append-only file, or a replica. Not corruption.
+            raise StorageUnavailableError(f"Redis cannot serve the journal now: {exc}") from None
         raise StorageCorruptError(f"Redis refused an operation on stored data: {exc}") from None
 
 

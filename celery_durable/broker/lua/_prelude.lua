@@ -26,8 +26,10 @@ local function flags(run_key)
 end
 
 -- Appends one progress record with the next per-run seq; returns the seq.
-local function append_progress(run_key, stream_key, kind, phase_id, message, attempt, at)
+-- Records carry the attempt count users see, not the fencing epoch.
+local function append_progress(run_key, stream_key, kind, phase_id, message, _epoch, at)
   local seq = redis.call('HINCRBY', run_key, 'next_seq', 1)
+  local attempt = redis.call('HGET', run_key, 'attempt') or '1'
   redis.call('XADD', stream_key, seq .. '-0',
     'kind', kind, 'phase_id', phase_id, 'message', message, 'attempt', attempt, 'at', at)
   return seq
@@ -111,7 +113,11 @@ end
 -- acknowledged but not yet fsynced can be lost in a restart, and handing the
 -- same number out again would let two attempts pass the fence. So the first
 -- bump of a run after a restart jumps past every number that can have been
--- issued before it. Returns the new epoch; 'attempt' counts attempts for users.
+-- issued before it. The jump must not be computed from stored state alone:
+-- the jump itself can be lost to a second restart, and the same stored state
+-- would then give the same number twice. So it lands on at least the server's
+-- clock in ms, which a later restart has moved past. Returns the new epoch;
+-- 'attempt' counts attempts for users.
 local EPOCH_GAP = 1000
 local function server_incarnation()
   return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
@@ -120,7 +126,12 @@ local function next_epoch(run_key)
   local server = server_incarnation()
   local seen = redis.call('HGET', run_key, 'incarnation')
   local step = 1
-  if seen and seen ~= server then step = EPOCH_GAP end
+  if seen and seen ~= server then
+    local epoch = tonumber(redis.call('HGET', run_key, 'epoch'))
+    local t = redis.call('TIME')
+    local clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    step = math.max(EPOCH_GAP, clock_ms - epoch)
+  end
   redis.call('HSET', run_key, 'incarnation', server)
   redis.call('HINCRBY', run_key, 'attempt', 1)
   return redis.call('HINCRBY', run_key, 'epoch', step)

@@ -16,7 +16,8 @@ redis.call('HSET', KEYS[1], 'lock', ARGV[2], 'lock_until', now + tonumber(ARGV[4
   'lease_until', now + tonumber(ARGV[5]), 'wake', '0')
 if redis.call('HGET', KEYS[1], 'status') == 'pending' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[3], 'updated_at', ARGV[3])
-  append_progress(KEYS[1], KEYS[2], 'system', '', 'Attempt ' .. ARGV[1] .. ' started', ARGV[1], ARGV[3])
+  local attempt = redis.call('HGET', KEYS[1], 'attempt') or '1'
+  append_progress(KEYS[1], KEYS[2], 'system', '', 'Attempt ' .. attempt .. ' started', ARGV[1], ARGV[3])
   local run_id = redis.call('HGET', KEYS[1], 'id')
   redis.call('PUBLISH', ARGV[6], run_id .. ' status')
 end
