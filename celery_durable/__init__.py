@@ -1,5 +1,6 @@
 """Durable, resumable workflows for Python on Celery and Redis."""
 
+from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.engine import Engine
@@ -51,6 +52,8 @@ __all__ = [
     "RunDetail",
     "RunEnvelope",
     "RunPage",
+    "RunUpdate",
+    "RunWatch",
     "StepRow",
     "is_terminal_status",
     # errors

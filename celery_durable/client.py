@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from celery_durable import progress as paging
 from celery_durable.broker import STATUSES, RunRecord, now_ms
+from celery_durable.broker.events import RunWatch
 from celery_durable.broker.keys import NAMESPACE_PATTERN
 from celery_durable.errors import (
     RunNotFoundError,
@@ -31,7 +34,7 @@ from celery_durable.workflows.envelope import (
     StepRow,
     from_ms,
 )
-from celery_durable.workflows.limits import merge_limits, validate_limits
+from celery_durable.workflows.limits import ceiling_fields, ceilings_argument, merge_limits, validate_limits
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -99,6 +102,7 @@ class Client:
             "has_result": "0",
             "next_seq": "0",
             "idempotency_key": idempotency_key or "",
+            **ceiling_fields(effective),
         }
         store.create_run(run_id, fields)
         owner = store.index_run(self.namespace, run_id, idempotency_key)
@@ -148,10 +152,7 @@ class Client:
         silence before it reads the run again.
         """
         _check_timeout(timeout)
-        if poll_interval_ms is not None and (
-            isinstance(poll_interval_ms, bool) or not isinstance(poll_interval_ms, int) or poll_interval_ms <= 0
-        ):
-            raise ValueError(f"poll_interval_ms must be a positive integer, got {poll_interval_ms!r}")
+        _check_poll_interval(poll_interval_ms)
         if cancel_event is not None and not isinstance(cancel_event, threading.Event):
             raise ValueError("cancel_event must be a threading.Event")
         poll = (poll_interval_ms or DEFAULT_POLL_MS) / 1000
@@ -181,20 +182,13 @@ class Client:
 
     @contextmanager
     def _events(self) -> Iterator[Callable[[float], str | None]]:
-        store = self.engine.store
-        with _storage():
-            pubsub = store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            pubsub.subscribe(store.channel(self.namespace))
+        with self.watch_runs() as watch:
 
-        def next_event(timeout: float) -> str | None:
-            with _storage():
-                message = pubsub.get_message(timeout=timeout)
-            return str(message["data"]) if message else None
+            def next_event(timeout: float) -> str | None:
+                update = watch.get(timeout)
+                return f"{update.run_id} {update.change}" if update is not None else None
 
-        try:
             yield next_event
-        finally:
-            pubsub.close()
 
     def list_workflow_runs(
         self,
@@ -237,7 +231,11 @@ class Client:
         phases = _phase_rows(definition, record) if definition is not None else []
         steps = [_step_row(key, row) for key, row in self.engine.store.step_rows(record.run_id).items()]
         progress = self.get_workflow_run_progress(run_id, limit=20).records
-        return RunDetail(run=RunEnvelope.from_record(record), phases=phases, steps=steps, progress=progress)
+        agents = [_agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
+        agents.sort(key=lambda row: (row.get("started_at") or 0, row["agent_id"]))
+        return RunDetail(
+            run=RunEnvelope.from_record(record), phases=phases, steps=steps, progress=progress, agents=agents
+        )
 
     def get_workflow_run_progress(
         self,
@@ -247,42 +245,82 @@ class Client:
         before_seq: int | None = None,
         limit: int | None = None,
     ) -> ProgressPage:
-        """A page of progress records in ascending seq (SPEC §7)."""
-        for name, value in (("after_seq", after_seq), ("before_seq", before_seq)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
-                raise ValueError(f"{name} must be an integer >= -1, got {value!r}")
-        if after_seq is not None and before_seq is not None:
-            raise ValueError("after_seq and before_seq cannot be given together")
-        if limit is not None:
-            _check_page_limit(limit)
-        if phase_id is not None and not isinstance(phase_id, str):
-            raise ValueError(f"phase_id must be a string, got {type(phase_id).__name__}")
-        count = limit or 200
+        """A page of progress records in ascending seq (SPEC §7).
+
+        Without a cursor, the newest ``limit`` records (default 200, at most
+        500); ``after_seq=N`` the first ``limit`` with seq > N (-1 and 0: from
+        the start); ``before_seq=N`` the last ``limit`` with seq < N. A
+        ``phase_id`` (as in the detail's phases) scopes records, cursors and
+        ``oldest_seq``/``newest_seq`` to that phase. A bad option is a
+        ``ValueError`` naming it.
+        """
+        query = paging.check_query(after_seq, before_seq, limit)
+        if phase_id is not None and (not isinstance(phase_id, str) or not phase_id):
+            paging.check_phase_id(phase_id, None, "")
         record = self._record(run_id)
+        definition = self.engine.workflows.get(record.workflow)
+        declared = [phase.phase_id for phase in definition.phases] if definition is not None else None
+        scope = paging.check_phase_id(phase_id, declared, record.workflow)
+        data = self.engine.store.progress_page(record.run_id, scope, query.mode, query.cursor, query.limit)
+        return paging.to_page(data, query)
+
+    # -- following ---------------------------------------------------------------
+
+    def watch_runs(self, run_ids: Iterable[str] | None = None) -> RunWatch:
+        """Subscribe to this namespace's ``run_updated`` events: no polling of every run.
+
+        Each change to a run is announced the moment it is written, as a
+        ``RunUpdate(run_id, change)``; ``change`` is ``created``, ``status``,
+        ``progress`` or ``cancel``. It says *that* the run changed: read it
+        for what. ``run_ids`` keeps only those runs' updates. Delivery is
+        Redis pub/sub: at most once, nothing kept while no one listens, so
+        read again after a quiet while rather than trust silence forever::
+
+            with client.watch_runs() as watch:
+                for update in watch:                 # or watch.get(timeout=1.0)
+                    print(client.get_workflow_run(update.run_id).status)
+        """
+        if isinstance(run_ids, str):
+            raise ValueError("run_ids must be a collection of run ids, not one string")
+        wanted = None if run_ids is None else list(run_ids)
+        if wanted is not None and not all(isinstance(run_id, str) for run_id in wanted):
+            raise ValueError("run_ids must hold strings")
         store = self.engine.store
-        if phase_id is None:
-            rows = store.progress_range(record.run_id, after_seq=after_seq, before_seq=before_seq, count=count)
-            oldest, newest, revision = store.progress_bounds(record.run_id)
-        else:
-            every = store.progress_range(record.run_id, after_seq=0, count=1_000_000)
-            scoped = [row for row in every if row.phase_id == phase_id]
-            revision = store.progress_bounds(record.run_id)[2]
-            oldest = scoped[0].seq if scoped else None
-            newest = scoped[-1].seq if scoped else None
-            if after_seq is not None:
-                rows = [row for row in scoped if row.seq > after_seq][:count]
-            elif before_seq is not None:
-                rows = [row for row in scoped if row.seq < before_seq][-count:]
-            else:
-                rows = scoped[-count:]
-        records = [ProgressEntry.from_record(row) for row in rows]
-        return ProgressPage(
-            records=records,
-            oldest_seq=oldest,
-            newest_seq=newest,
-            has_more_older=bool(records) and oldest is not None and records[0].seq > oldest,
-            has_more_newer=bool(records) and newest is not None and records[-1].seq < newest,
-            revision=revision,
+        return RunWatch(store.client, store.channel(self.namespace), wanted)
+
+    def follow_workflow_run_progress(
+        self,
+        run_id: str,
+        *,
+        phase_id: str | None = None,
+        after_seq: int = 0,
+        timeout: float | None = None,
+        poll_interval_ms: int | None = None,
+        cancel_event: threading.Event | None = None,
+    ) -> Iterator[ProgressEntry]:
+        """The run's progress records after ``after_seq``, as they are written, until it settles.
+
+        An iterator over ``ProgressEntry`` in ascending seq: what is already
+        there first, then each record as it arrives (woken by ``watch_runs``,
+        and reading again after ``poll_interval_ms`` of silence). It ends
+        once the run is terminal and every record is out; past ``timeout``
+        it raises ``TimeoutError``, and setting ``cancel_event`` raises
+        ``WorkflowWaitCancelled`` — the run goes on either way. Options are
+        checked, and the run looked up, here, before iteration starts.
+        """
+        _check_timeout(timeout)
+        _check_poll_interval(poll_interval_ms)
+        if cancel_event is not None and not isinstance(cancel_event, threading.Event):
+            raise ValueError("cancel_event must be a threading.Event")
+        self.get_workflow_run_progress(run_id, phase_id=phase_id, after_seq=after_seq, limit=1)
+        return paging.follow(
+            self,
+            run_id,
+            phase_id=phase_id,
+            after_seq=after_seq,
+            timeout=timeout,
+            poll_interval=(poll_interval_ms or DEFAULT_POLL_MS) / 1000,
+            cancel_event=cancel_event,
         )
 
     # -- changing ----------------------------------------------------------------
@@ -294,6 +332,20 @@ class Client:
         verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace)
         if verdict == "requested" and epoch is not None:
             # Wake the coordinator: a run waiting on branches has no pass running.
+            self.engine.send_coordinator(record.run_id, epoch, record.workflow)
+        return self.wait_for_workflow_run(run_id, timeout=timeout)
+
+    def pause_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
+        """Stop dispatching new work and wait until the run has settled as paused.
+
+        Work in flight (a fan-out's branches, agent turns) finishes and is
+        journaled; the main body stops at its next new call. ``resume_workflow``
+        continues the run.
+        """
+        _check_timeout(timeout)
+        record = self._record(run_id)
+        verdict, epoch = self.engine.store.pause(record.run_id, record.namespace)
+        if verdict == "requested" and epoch is not None:
             self.engine.send_coordinator(record.run_id, epoch, record.workflow)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
@@ -342,6 +394,7 @@ class Client:
                 limits_json=jsonvalue.dumps(merged),
                 message=message,
                 code_hash=definition.code_hash if code_changed else "",
+                ceilings=ceilings_argument(merged),
             )
             if epoch is not None:
                 return epoch
@@ -394,6 +447,23 @@ def _phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
     return rows
 
 
+def _agent_row(raw: str) -> dict[str, Any]:
+    """An agent row as SPEC §3 lists it, timestamps as aware datetimes."""
+    row = json.loads(raw)
+    return {
+        "agent_id": row.get("agent_id"),
+        "label": row.get("label"),
+        "model": row.get("model"),
+        "status": row.get("status"),
+        "started_at": from_ms(row.get("started_at")),
+        "completed_at": from_ms(row.get("completed_at")),
+        "active_ms": int(row.get("active_ms") or 0),
+        "usage": row.get("usage") or {},
+        "error": row.get("error"),
+        "attempt": row.get("attempt"),
+    }
+
+
 def _step_row(key: str, row: str) -> StepRow:
     status, attempt, _started, error = [*row.split("|", 3), "", "", ""][:4]
     return StepRow(key=key, status=status, attempt=int(attempt or 0), error=error or None)
@@ -438,17 +508,16 @@ def _parse_cursor(cursor: str | None) -> float | None:
     return float(cursor[1:])
 
 
+def _check_poll_interval(poll_interval_ms: int | None) -> None:
+    if poll_interval_ms is not None and (
+        isinstance(poll_interval_ms, bool) or not isinstance(poll_interval_ms, int) or poll_interval_ms <= 0
+    ):
+        raise ValueError(f"poll_interval_ms must be a positive integer, got {poll_interval_ms!r}")
+
+
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-
-
-@contextmanager
-def _storage() -> Iterator[None]:
-    from celery_durable.broker import storage_errors
-
-    with storage_errors():
-        yield
 
 
 @contextmanager

@@ -8,10 +8,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from celery import Celery
 
+from celery_durable.agents import AgentRunner, load_runner
 from celery_durable.broker import RunStore
 from celery_durable.client import Client
 from celery_durable.config import Settings
-from celery_durable.tasks.app import build_celery_app, register_tasks, send_branches, send_coordinator
+from celery_durable.tasks.app import build_celery_app, register_tasks, send_agent, send_branches, send_coordinator
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
@@ -23,8 +24,16 @@ class Engine:
     Redis client is made per process, after a prefork worker forks.
     """
 
-    def __init__(self, workflows: Iterable[Workflow], settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        workflows: Iterable[Workflow],
+        settings: Settings | None = None,
+        agent_runner: AgentRunner | None = None,
+    ) -> None:
         self.settings = settings or Settings()
+        if agent_runner is not None and not isinstance(agent_runner, AgentRunner):
+            raise ValueError(f"agent_runner must have a run(request) method, got {type(agent_runner).__name__}")
+        self._agent_runner = agent_runner
         self.workflows: Mapping[str, Workflow] = check_unique_names(workflows)
         self.celery: Celery = build_celery_app(self.settings)
         register_tasks(self.celery, self)
@@ -45,6 +54,13 @@ class Engine:
         return self._store
 
     @property
+    def agent_runner(self) -> AgentRunner | None:
+        """The engine's runner, else the one named by ``settings.agent_runner`` (loaded once)."""
+        if self._agent_runner is None and self.settings.agent_runner:
+            self._agent_runner = load_runner(self.settings.agent_runner)
+        return self._agent_runner
+
+    @property
     def heartbeat_interval(self) -> float:
         """Beat often enough that a lease never lapses and a cancel is seen within a second."""
         return min(self.settings.lease_seconds / 3, 1.0)
@@ -54,6 +70,11 @@ class Engine:
 
     def send_coordinator(self, run_id: str, epoch: int, workflow: str, countdown: float | None = None) -> None:
         send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown)
+
+    def send_agent(
+        self, run_id: str, epoch: int, workflow: str, agent: str, owner: str, countdown: float | None = None
+    ) -> None:
+        send_agent(self.celery, self.settings, run_id, epoch, workflow, agent, owner, countdown)
 
     def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> None:
         send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)

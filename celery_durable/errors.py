@@ -88,6 +88,20 @@ class WorkflowCancelled(DurableError):
     code = "cancelled"
 
 
+class WorkflowLimitReached(DurableError):
+    """The run reached one of its ceilings (SPEC §6); ``limit`` names it.
+
+    Fatal inside a run: the run stops with status ``error``, reason
+    ``workflow_limit_reached``, and can be resumed with a higher limit.
+    """
+
+    code = "workflow_limit_reached"
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(f"Run reached its limit {limit}")
+        self.limit = limit
+
+
 class StepFailed(DurableError):
     """A step's producer raised, or returned something that is not JSON."""
 
@@ -130,6 +144,7 @@ class StaleAttemptError(DurableError):
 
 FATAL_ERRORS: tuple[type[Exception], ...] = (
     WorkflowCancelled,
+    WorkflowLimitReached,
     NonDeterminismError,
     StorageUnavailableError,
     StorageCorruptError,

@@ -63,7 +63,8 @@ DurableFactory = Callable[..., Durable]
 
 @pytest.fixture
 def durable(settings: Settings) -> Iterator[DurableFactory]:
-    """``durable(workflows, concurrency=8, worker=True, **settings)``: an engine, a client, a worker."""
+    """``durable(workflows, concurrency=8, worker=True, agent_runner=None, **settings)``:
+    an engine, a client, a worker."""
     with contextlib.ExitStack() as stack:
 
         def make(
@@ -72,9 +73,10 @@ def durable(settings: Settings) -> Iterator[DurableFactory]:
             concurrency: int = 8,
             worker: bool = True,
             namespace: str = "default",
+            agent_runner: Any = None,
             **overrides: Any,
         ) -> Durable:
-            engine = Engine(list(workflows), settings.model_copy(update=overrides))
+            engine = Engine(list(workflows), settings.model_copy(update=overrides), agent_runner=agent_runner)
             if worker:
                 stack.enter_context(
                     start_worker(

@@ -28,6 +28,8 @@ PUBLIC_NAMES = {
     "RunDetail",
     "RunEnvelope",
     "RunPage",
+    "RunUpdate",
+    "RunWatch",
     "StepRow",
     "is_terminal_status",
     # errors

@@ -9,8 +9,8 @@ broker both live on it, as in the default deployment.
 - A run on a real worker process survives redis-server being SIGKILLed in the
   middle of a fan-out: it completes, and no step journaled before the kill
   runs again (producers count their calls in a file, which survives too).
-  The worker itself reconnects (Celery 5.7 would shut it down: it is pinned
-  below 5.7 for that reason).
+  That the worker itself reconnects is an xfail: Celery 5.7 shuts down a
+  worker that loses its Redis broker while running a task.
 - While Redis is down the client raises ``StorageUnavailableError``
   (``workflow_storage_unavailable``), and works again once it is back, with
   the runs as they were.
@@ -240,16 +240,25 @@ def assert_completed_without_rerunning_journaled_steps(client: Client, run_id: s
 def test_sigkill_of_redis_mid_run_loses_no_journaled_step(settings, fleet, private_redis, tmp_path) -> None:
     started = time.monotonic()
     first, client, run_id = kill_redis_mid_fanout(settings, fleet, private_redis, tmp_path)
-    # A second worker, as a process supervisor would start one: whichever
+    # Celery 5.7 shuts a worker down when its broker connection drops while it
+    # holds an unacknowledged task (see the xfail test below); a deployment's
+    # process supervisor restarts it. So does this test, at once: whichever
     # worker is alive, the run must complete from its journal.
     fleet.start(APP, concurrency=4, name="w2")
     assert_completed_without_rerunning_journaled_steps(client, run_id, tmp_path)
     print(f"completed {time.monotonic() - started:.2f}s after start; first worker alive: {first.alive()}")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="celery 5.7.0 (with kombu 5.7.0) shuts a worker down when its Redis broker connection drops "
+    "while it holds an unacknowledged message, as every worker running a task does with task_acks_late: "
+    "Consumer.on_connection_error_after_connected calls connection.close() after connection.collect(), "
+    "which has set the transport's client to None, so restoring the unacked messages raises AttributeError "
+    "in kombu/transport/redis.py, reported as 'Unrecoverable error'. An idle worker reconnects fine; celery "
+    "5.6.3 reconnects but stalls fetching, which is worse. Run workers under a process supervisor.",
+)
 def test_a_worker_running_a_task_reconnects_after_redis_restarts(settings, fleet, private_redis, tmp_path) -> None:
-    """Celery 5.7 stops such a worker (kombu's Redis channel raises AttributeError
-    while restoring unacked messages after a drop); pyproject pins celery<5.7."""
     worker, client, run_id = kill_redis_mid_fanout(settings, fleet, private_redis, tmp_path)
     poll(
         lambda: not worker.alive() or client.get_workflow_run(run_id).is_terminal,

@@ -1,8 +1,9 @@
 """Everything that talks to Redis: run records, the journal, progress, fencing."""
 
 from celery_durable.broker.keys import KeySpace, NamespaceKeys, RunKeys
+from celery_durable.broker.progress import ProgressRecord, ProgressSlice
 from celery_durable.broker.records import STATUSES, TERMINAL_STATUSES, RunRecord
-from celery_durable.broker.store import Flags, ProgressRecord, RunStore, SequenceHistory, now_ms, storage_errors
+from celery_durable.broker.store import Flags, RunStore, SequenceHistory, now_ms, storage_errors
 
 __all__ = [
     "STATUSES",
@@ -11,6 +12,7 @@ __all__ = [
     "KeySpace",
     "NamespaceKeys",
     "ProgressRecord",
+    "ProgressSlice",
     "RunKeys",
     "RunRecord",
     "RunStore",

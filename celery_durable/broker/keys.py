@@ -17,17 +17,32 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                                c:<seq>:<i>        branches still outstanding
                                d:<seq>:<i>        epoch that dispatched them
                                h:<seq>            progress high-water mark
-    P:{R}:progress   stream  progress records, entry id "<seq>-0"
+                               k:<seq>            cut "<epoch>:<op index>"
+                               a:<id>             agent turn outcome
+                               q:<id> qe:<id>     agent turn request, its epoch
+                               w:<id>             who waits for the turn
+    P:{R}:progress   stream  progress records, entry id "<seq>-0"; seq is dense
+                             per run, and the run's next_seq is its revision
+    P:{R}:progress:phases
+                     zset    the phase index of the progress records: one
+                             member "<phase_id>|<seq, 15 digits>" per record
+                             of a phase, all scored 0, so a lexicographic
+                             range is one phase's records in seq order and a
+                             phase pages in O(log n + page)
     P:{R}:steps      hash    rows of settled steps
                              ("<status>|<epoch>|<ms>|<error>": completed,
                              failed or interrupted)
     P:{R}:running    hash    rows of steps running now, same format; kept
                              apart so ending an attempt touches only these
+    P:{R}:agents     hash    agent rows by "<agent id>@<epoch>", JSON: agent_id,
+                             label, model, status,
+                             started_at, completed_at, active_ms, usage, error
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
     P:{ns:N}:idem:K  string  run id started with idempotency key K
-    P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>")
+    P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>",
+                             what: created, status, progress or cancel)
 
     P:{sweep}:due    zset    runs that may need recovery, scored by when to
                              look at them next (their lease's end); every
@@ -57,8 +72,10 @@ class RunKeys:
     run: str
     journal: str
     progress: str
+    progress_phases: str
     steps: str
     running: str
+    agents: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +101,10 @@ class KeySpace:
             run=f"{base}:run",
             journal=f"{base}:journal",
             progress=f"{base}:progress",
+            progress_phases=f"{base}:progress:phases",
             steps=f"{base}:steps",
             running=f"{base}:running",
+            agents=f"{base}:agents",
         )
 
     @property

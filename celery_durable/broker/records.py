@@ -40,6 +40,11 @@ class RunRecord:
     lease_until: int
     lock_until: int
     idempotency_key: str | None
+    agents_running: int = 0
+    agents_done: int = 0
+    subagents_used: int = 0
+    credits_nano: int = 0
+    limit_reached: str | None = None
     phase_times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
 
     @classmethod
@@ -88,6 +93,11 @@ class RunRecord:
                 lock_until=int(raw.get("lock_until") or 0),
                 idempotency_key=raw.get("idempotency_key") or None,
                 phase_times=phase_times,
+                agents_running=max(0, int(raw.get("agents_running") or 0)),
+                agents_done=int(raw.get("agents_done") or 0),
+                subagents_used=int(raw.get("subagents_used") or 0),
+                credits_nano=int(raw.get("credits_nano") or 0),
+                limit_reached=raw.get("limit") or None,
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None

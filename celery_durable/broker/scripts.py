@@ -15,6 +15,9 @@ from redis.commands.core import Script
 
 SCRIPT_NAMES = (
     "activate",
+    "agent_call",
+    "agent_finish",
+    "agent_start",
     "begin_op",
     "cancel",
     "complete_branch",
@@ -25,6 +28,8 @@ SCRIPT_NAMES = (
     "halt",
     "heartbeat",
     "index_run",
+    "pause",
+    "read_progress",
     "read_sequence",
     "record_op",
     "release",

@@ -17,6 +17,7 @@ import redis
 import redis.exceptions
 
 from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.scripts import Scripts
 from celery_durable.config import Settings
@@ -48,6 +49,7 @@ class Flags:
 
     cancel: bool
     pause: bool
+    limit: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +70,6 @@ class SequenceHistory:
         return live
 
 
-@dataclass(frozen=True, slots=True)
-class ProgressRecord:
-    seq: int
-    kind: str
-    phase_id: str | None
-    message: str
-    attempt: int
-    at: int
-
-
 def _refuse(run_id: str, reply: Sequence[Any]) -> None:
     """Raise for a fence refusal; return for any other reply."""
     verdict = reply[0] if reply else "missing"
@@ -88,7 +80,7 @@ def _refuse(run_id: str, reply: Sequence[Any]) -> None:
 
 
 def _flags(reply: Sequence[Any], offset: int = 1) -> Flags:
-    return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1")
+    return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1", limit=str(reply[offset + 2] or ""))
 
 
 class RunStore:
@@ -133,7 +125,7 @@ class RunStore:
         keys = [ns.runs, ns.counter]
         if idempotency_key is not None:
             keys.append(ns.idempotency(idempotency_key))
-        return str(self._run("index_run", keys, [run_id]))
+        return str(self._run("index_run", keys, [run_id, ns.events]))
 
     def discard_run(self, run_id: str, epoch: int) -> None:
         self._run("discard_run", [self.run_keys(run_id).run], [epoch])
@@ -230,9 +222,9 @@ class RunStore:
         ]
         for record in records:
             args.extend(record)
-        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running], args)
+        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
         _refuse(run_id, reply)
-        return _flags(reply), (reply[3] or None)
+        return _flags(reply), (reply[4] or None)
 
     def record_op(
         self,
@@ -256,7 +248,7 @@ class RunStore:
         if reply[0] == "conflict":
             return Flags(False, False), None, str(reply[1])
         _refuse(run_id, reply)
-        return _flags(reply), (reply[3] or None), None
+        return _flags(reply), (reply[4] or None), None
 
     def dispatch(
         self, run_id: str, epoch: int, seq: str, index: int, identity: str, count: int, token: str, position: int
@@ -286,6 +278,68 @@ class RunStore:
         _refuse(run_id, reply)
         return bool(reply[1] == 1)
 
+    # -- agents ------------------------------------------------------------------
+
+    def agent_call(
+        self,
+        run_id: str,
+        epoch: int,
+        seq: str,
+        index: int,
+        agent_id: str,
+        request_json: str,
+        owner: str,
+        row_json: str,
+        cut: str | None,
+    ) -> tuple[str, Flags, str | None]:
+        """Ask for an agent turn; (verdict, flags, outcome or conflicting identity)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "agent_call",
+            [k.run, k.journal, k.agents],
+            [epoch, now_ms(), seq, index, f"a|{agent_id}", agent_id, request_json, owner, row_json, cut or ""],
+        )
+        if reply[0] == "conflict":
+            return "conflict", Flags(False, False), str(reply[1])
+        _refuse(run_id, reply)
+        return str(reply[0]), _flags(reply), (reply[4] if len(reply) > 4 else None)
+
+    def agent_start(self, run_id: str, epoch: int, agent_id: str) -> tuple[str, str | None]:
+        """('go', request json), ('wait', None), ('done', None) or ('stale', None)."""
+        k = self.run_keys(run_id)
+        reply = self._run("agent_start", [k.run, k.journal, k.agents], [epoch, now_ms(), agent_id])
+        _refuse(run_id, reply)
+        return str(reply[0]), (str(reply[1]) if len(reply) > 1 else None)
+
+    def agent_finish(
+        self,
+        run_id: str,
+        epoch: int,
+        agent_id: str,
+        outcome: str,
+        row_json: str,
+        credits_nano: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> list[str]:
+        """Journal a turn's outcome; returns the owners to wake."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "agent_finish",
+            [k.run, k.journal, k.agents],
+            [epoch, now_ms(), agent_id, outcome, row_json, credits_nano, prompt_tokens, completion_tokens],
+        )
+        _refuse(run_id, reply)
+        return [owner for owner in str(reply[1]).split() if owner]
+
+    def agent_rows(self, run_id: str) -> dict[str, str]:
+        with storage_errors():
+            return cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).agents))
+
+    def pause(self, run_id: str, namespace: str) -> tuple[str, int | None]:
+        reply = self._run("pause", [self.run_keys(run_id).run], [self.channel(namespace)])
+        return str(reply[0]), (int(reply[1]) if reply[0] == "requested" else None)
+
     def step_rows(self, run_id: str) -> dict[str, str]:
         """Every step row: settled ones, then the ones running now."""
         k = self.run_keys(run_id)
@@ -314,7 +368,7 @@ class RunStore:
         k = self.run_keys(run_id)
         reply = self._run(
             "finish",
-            [k.run, k.progress, k.steps, k.running],
+            [k.run, k.progress, k.steps, k.running, k.agents],
             [
                 epoch,
                 now_ms(),
@@ -339,13 +393,14 @@ class RunStore:
         message: str,
         code_hash: str,
         require_expired: bool = False,
+        ceilings: str = "",
     ) -> int | None:
         """Bump the epoch if the run is still as ``record`` saw it (and, for a
         recovery, its lease has expired); the new epoch, or None."""
         k = self.run_keys(record.run_id)
         reply = self._run(
             "resume",
-            [k.run, k.progress, k.steps, k.running],
+            [k.run, k.progress, k.steps, k.running, k.agents],
             [
                 record.epoch,
                 record.status,
@@ -356,6 +411,7 @@ class RunStore:
                 int(self.settings.lease_seconds * 1000),
                 code_hash,
                 int(require_expired),
+                ceilings,
             ],
         )
         if reply[0] != "ok":
@@ -368,7 +424,7 @@ class RunStore:
         k = self.run_keys(record.run_id)
         reply = self._run(
             "halt",
-            [k.run, k.progress, k.steps, k.running],
+            [k.run, k.progress, k.steps, k.running, k.agents],
             [record.epoch, record.status, now_ms(), self.channel(record.namespace)],
         )
         if reply[0] == "ok":
@@ -406,47 +462,13 @@ class RunStore:
 
     # -- progress --------------------------------------------------------------
 
-    def progress_range(
-        self, run_id: str, *, after_seq: int | None = None, before_seq: int | None = None, count: int = 200
-    ) -> list[ProgressRecord]:
-        """Records in ascending seq: the first ``count`` after ``after_seq``, the
-        last ``count`` before ``before_seq``, or the newest ``count``."""
-        stream = self.run_keys(run_id).progress
-        with storage_errors():
-            if after_seq is not None:
-                rows = cast(list[Any], self.client.xrange(stream, min=f"({max(after_seq, 0)}-0", max="+", count=count))
-            elif before_seq is not None:
-                if before_seq <= 1:
-                    return []
-                newest_first = self.client.xrevrange(stream, max=f"({before_seq}-0", min="-", count=count)
-                rows = cast(list[Any], newest_first)[::-1]
-            else:
-                rows = cast(list[Any], self.client.xrevrange(stream, max="+", min="-", count=count))[::-1]
-        return [_progress(entry_id, fields) for entry_id, fields in rows]
-
-    def progress_bounds(self, run_id: str) -> tuple[int | None, int | None, int]:
-        """(oldest seq, newest seq, revision) of a run's progress."""
+    def progress_page(self, run_id: str, phase_id: str, mode: PageMode, cursor: int, count: int) -> ProgressSlice:
+        """A page of records in ascending seq: the first ``count`` after
+        ``cursor``, the last ``count`` before it, or the newest ``count`` of
+        the run (``phase_id`` ''), or of one phase; with its bounds, read in
+        the same snapshot."""
         k = self.run_keys(run_id)
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xrange(k.progress, count=1)
-            pipe.xrevrange(k.progress, count=1)
-            pipe.hget(k.run, "next_seq")
-            first, last, revision = pipe.execute()
-        oldest = _progress(*first[0]).seq if first else None
-        newest = _progress(*last[0]).seq if last else None
-        return oldest, newest, int(revision or 0)
+        cursor = min(max(cursor, 0), MAX_SEQ)
+        reply = self._run("read_progress", [k.run, k.progress, k.progress_phases], [phase_id, mode, cursor, count])
+        return parse_slice(run_id, reply)
 
-
-def _progress(entry_id: str, fields: dict[str, str]) -> ProgressRecord:
-    try:
-        return ProgressRecord(
-            seq=int(entry_id.split("-", 1)[0]),
-            kind=fields["kind"],
-            phase_id=fields.get("phase_id") or None,
-            message=fields["message"],
-            attempt=int(fields["attempt"]),
-            at=int(fields["at"]),
-        )
-    except (KeyError, ValueError) as exc:
-        raise StorageCorruptError(f"Progress record {entry_id} is corrupt: {exc!r}") from None

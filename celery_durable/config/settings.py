@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -42,6 +43,19 @@ class Settings(BaseSettings):
         description="Redis-broker redelivery delay; keep it above the longest step (SPEC §10).",
     )
     agent_runner: str | None = Field(default=None, description="Import path 'package.module:attribute'.")
+    openai_base_url: str | None = Field(
+        default=None, description="OpenAI-compatible endpoint for OpenAIChatRunner; None means api.openai.com."
+    )
+    openai_api_key: SecretStr | None = Field(
+        default=None, description="Key for OpenAIChatRunner; None falls back to OPENAI_API_KEY."
+    )
+    openai_model: str | None = Field(default=None, description="Model used when ctx.agent names none.")
+    agent_timeout_seconds: float = Field(default=120, gt=0, le=86_400, description="Per agent request.")
+    agent_max_retries: int = Field(default=3, ge=0, le=20, description="Retries on 429, 5xx and connection errors.")
+    agent_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="Credits per 1k prompt and completion tokens, per model; from env as JSON.",
+    )
     workflows: list[str] = Field(default_factory=list, description="Modules to import on start.")
 
     @field_validator("namespace", "key_prefix")
@@ -49,6 +63,14 @@ class Settings(BaseSettings):
     def _plain_name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("must be 1-64 characters of [A-Za-z0-9._-]")
+        return value
+
+    @field_validator("agent_prices")
+    @classmethod
+    def _prices_finite(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for model, pair in value.items():
+            if not all(math.isfinite(price) and price >= 0 for price in pair):
+                raise ValueError(f"prices of {model!r} must be finite and not negative")
         return value
 
     @model_validator(mode="after")

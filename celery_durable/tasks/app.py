@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 COORDINATOR_TASK = "celery_durable.coordinator"
 BRANCH_TASK = "celery_durable.branch"
+AGENT_TASK = "celery_durable.agent"
 
 
 def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery:
@@ -52,6 +53,7 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         task_routes={
             COORDINATOR_TASK: {"queue": settings.coordinator_queue},
             BRANCH_TASK: {"queue": settings.steps_queue},
+            AGENT_TASK: {"queue": settings.agents_queue},
         },
         # Redelivery of an unacknowledged message after this long; keep it
         # above the longest step. Leases, not this, decide crash recovery.
@@ -75,6 +77,7 @@ def register_tasks(app: Celery, engine: Engine) -> None:
     to the second engine's store and workflows) would leak into the first
     engine's app and run its messages against the wrong key prefix.
     """
+    from celery_durable.tasks.agent import run_agent_task
     from celery_durable.tasks.branch import run_branch_task
     from celery_durable.tasks.coordinator import run_coordinator_task
 
@@ -93,6 +96,17 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         task_id = str(task.request.id or "")
         run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
 
+    @app.task(name=AGENT_TASK, ignore_result=True, shared=False, **retry_storage)
+    def agent(
+        run_id: Any = None,
+        epoch: Any = None,
+        workflow: Any = None,
+        agent: Any = None,
+        owner: Any = None,
+        **extra: Any,
+    ) -> None:
+        run_agent_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, agent=agent, owner=owner, extra=extra)
+
     @app.task(name=BRANCH_TASK, ignore_result=True, shared=False, **retry_storage)
     def branch(
         run_id: Any = None,
@@ -105,6 +119,24 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         run_branch_task(
             engine, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branches=branches, extra=extra
         )
+
+
+def send_agent(
+    app: Celery,
+    settings: Settings,
+    run_id: str,
+    epoch: int,
+    workflow: str,
+    agent: str,
+    owner: str,
+    countdown: float | None = None,
+) -> None:
+    app.send_task(
+        AGENT_TASK,
+        kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "agent": agent, "owner": owner},
+        queue=settings.agents_queue,
+        countdown=countdown,
+    )
 
 
 def send_coordinator(

@@ -7,6 +7,7 @@ outcome and, when it was the last one out, wakes the coordinator.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ def run_branch_task(
         max_fanout=engine.settings.max_fanout,
         max_payload_bytes=engine.settings.max_payload_bytes,
         target=BranchTarget(call_id, indices, journal),
+        send_agent=functools.partial(engine.send_agent, record.run_id, record.epoch, record.workflow),
     )
     try:
         # Beat at once: a branch that waited in a busy queue renews the lease

@@ -8,6 +8,7 @@ holder runs one more pass before it lets go (see ``release.lua``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from dataclasses import dataclass
@@ -21,12 +22,13 @@ from celery_durable.errors import (
     StorageCorruptError,
     StorageUnavailableError,
     WorkflowCancelled,
+    WorkflowLimitReached,
 )
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.context import WorkflowContext
-from celery_durable.workflows.replay import MAIN, Replay, Suspend
+from celery_durable.workflows.replay import MAIN, PauseRequested, Replay, Suspend
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -58,6 +60,7 @@ def run_coordinator_task(
     store = engine.store
     record = store.load_run(message.run_id)
     if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+        engine.count_refused()
         logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
         return
     definition = engine.workflows.get(record.workflow)
@@ -117,6 +120,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         max_payload_bytes=settings.max_payload_bytes,
         send_branches=send,
         token=execution,
+        send_agent=functools.partial(engine.send_agent, record.run_id, record.epoch, record.workflow),
     )
 
 
@@ -131,13 +135,17 @@ def _one_pass(engine: Engine, replay: Replay) -> None:
             result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
         except Suspend:
             return
+        except PauseRequested:
+            pass
         except (StaleAttemptError, StorageUnavailableError):
             raise
         except Exception as exc:
             settlement = _failed(replay, exc)
         else:
             settlement = _returned(replay, result)
-        if replay.unwinding is not None:
+        if isinstance(replay.unwinding, PauseRequested):
+            settlement = Settlement("paused", "paused", "Paused by request", True, message="Run paused")
+        elif replay.unwinding is not None:
             return  # user code swallowed the Suspend; the pass ends here all the same
         if replay.broken is not None:
             raise replay.broken
@@ -159,8 +167,17 @@ def _cancelled() -> Settlement:
     return Settlement("cancelled", reason="cancelled", error="Cancelled by request", message="Run cancelled")
 
 
+def _limit_reached(replay: Replay, limit: str) -> Settlement:
+    ceiling = replay.run.limits.get(limit, replay.run.limits.get("max_total_subagents"))
+    error = f"Limit reached: {limit} (ceiling {ceiling}); resume with a higher limit to continue"
+    return Settlement("error", "workflow_limit_reached", error, True, message=f"Run stopped: limit {limit} reached")
+
+
 def _failed(replay: Replay, exc: Exception) -> Settlement:
     fatal = replay.fatal
+    for candidate in (fatal, exc):
+        if isinstance(candidate, WorkflowLimitReached):
+            return _limit_reached(replay, candidate.limit)
     if isinstance(fatal, NonDeterminismError) or isinstance(exc, NonDeterminismError):
         error = str(fatal or exc)
         return Settlement("error", "nondeterminism", error, False, message="Run stopped: nondeterminism")
@@ -176,6 +193,8 @@ def _failed(replay: Replay, exc: Exception) -> Settlement:
 
 
 def _returned(replay: Replay, result: Any) -> Settlement:
+    if isinstance(replay.fatal, WorkflowLimitReached):
+        return _limit_reached(replay, replay.fatal.limit)
     if isinstance(replay.fatal, NonDeterminismError):
         return Settlement("error", "nondeterminism", str(replay.fatal), False, message="Run stopped: nondeterminism")
     if replay.fatal is not None or replay.cancelled():

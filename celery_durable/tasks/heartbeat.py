@@ -9,18 +9,29 @@ from __future__ import annotations
 import logging
 import threading
 from types import TracebackType
+from typing import Protocol
 
-from celery_durable.broker import RunStore
+from celery_durable.broker import Flags, RunRecord, RunStore
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
-from celery_durable.workflows.replay import Replay
 
 logger = logging.getLogger(__name__)
+
+
+class Attempt(Protocol):
+    """What a heartbeat needs of the attempt it keeps alive (a Replay, an agent turn)."""
+
+    run: RunRecord
+    epoch: int
+    cancel_event: threading.Event
+    lost_authority: bool
+
+    def apply_flags(self, flags: Flags) -> None: ...
 
 
 class Heartbeat:
     """``with Heartbeat(...):`` beats every ``interval`` seconds until the block ends."""
 
-    def __init__(self, store: RunStore, replay: Replay, *, token: str = "", interval: float) -> None:
+    def __init__(self, store: RunStore, replay: Attempt, *, token: str = "", interval: float) -> None:
         self._store = store
         self._replay = replay
         self._token = token

@@ -88,4 +88,7 @@ class WorkflowContext:
         raise NotImplementedError("Nested workflows are not supported")
 
     def agent(self, prompt: str, *, label: str | None = None, schema: Any = None, model: str | None = None) -> Any:
-        raise NotImplementedError("ctx.agent needs an agent runner; it is not available in this version yet")
+        """One agent turn on the agents queue: its final text, or its JSON value
+        when ``schema`` is given; None when the turn failed. Identical calls in a
+        run are memoized."""
+        return self._replay.agent(prompt, label=label, schema=schema, model=model)

@@ -49,10 +49,10 @@ class RunEnvelope:
             "phase": record.phase,
             "steps_done": record.steps_done,
             "steps_running": record.steps_running,
-            "agents_done": 0,
-            "agents_running": 0,
-            "subagents_used": 0,
-            "ai_credits": 0.0,
+            "agents_done": record.agents_done,
+            "agents_running": record.agents_running,
+            "subagents_used": record.subagents_used,
+            "ai_credits": record.credits_nano / 1e9,
             "waiting_for": None,
         }
         snapshot.update(snapshot_extra or {})
@@ -144,6 +144,16 @@ class ProgressPage:
     has_more_newer: bool
     revision: int
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "records": [record.to_dict() for record in self.records],
+            "oldest_seq": self.oldest_seq,
+            "newest_seq": self.newest_seq,
+            "has_more_older": self.has_more_older,
+            "has_more_newer": self.has_more_newer,
+            "revision": self.revision,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseRow:
@@ -154,6 +164,16 @@ class PhaseRow:
     started_at: datetime | None
     finished_at: datetime | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phase_id": self.phase_id,
+            "title": self.title,
+            "detail": self.detail,
+            "state": self.state,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class StepRow:
@@ -161,6 +181,9 @@ class StepRow:
     status: str
     attempt: int
     error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "status": self.status, "attempt": self.attempt, "error": self.error}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,3 +193,16 @@ class RunDetail:
     steps: list[StepRow]
     progress: list[ProgressEntry]
     agents: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the envelope's, and datetimes in agent rows as ISO 8601."""
+        return {
+            "run": self.run.to_dict(),
+            "phases": [phase.to_dict() for phase in self.phases],
+            "agents": [
+                {name: _iso(value) if isinstance(value, datetime) else value for name, value in agent.items()}
+                for agent in self.agents
+            ],
+            "steps": [step.to_dict() for step in self.steps],
+            "progress": [record.to_dict() for record in self.progress],
+        }

@@ -70,3 +70,21 @@ def effective_limits(limits: dict[str, Any]) -> dict[str, Any]:
     if "max_concurrent_subagents" not in result and "max_total_subagents" in result:
         result["max_concurrent_subagents"] = result["max_total_subagents"]
     return result
+
+
+def ceiling_fields(limits: dict[str, Any]) -> dict[str, str]:
+    """The ceilings as the run hash keeps them for the Lua checks ('' = none)."""
+    ceilings = effective_limits(limits)
+    credits = ceilings.get("max_ai_credits")
+    timeout = ceilings.get("timeout_seconds")
+    return {
+        "lim_total": str(ceilings.get("max_total_subagents", "")),
+        "lim_concurrent": str(ceilings.get("max_concurrent_subagents", "")),
+        "lim_credits_nano": str(nano_credits(credits)) if credits is not None else "",
+        "lim_timeout_ms": str(int(timeout * 1000)) if timeout is not None else "",
+    }
+
+
+def ceilings_argument(limits: dict[str, Any]) -> str:
+    """``ceiling_fields`` as the "field=value,..." argument of resume.lua."""
+    return ",".join(f"{name}={value}" for name, value in ceiling_fields(limits).items())

@@ -19,6 +19,7 @@ from celery_durable.errors import (
     StorageCorruptError,
     StorageUnavailableError,
     WorkflowCancelled,
+    WorkflowLimitReached,
 )
 from celery_durable.workflows import jsonvalue
 
@@ -26,6 +27,13 @@ _FATAL_TYPES: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (WorkflowCancelled, NonDeterminismError, StorageUnavailableError, StorageCorruptError, StaleAttemptError)
 }
+
+
+def _limit_reached(message: str) -> Exception:
+    return WorkflowLimitReached(message.rsplit(" ", 1)[-1])
+
+
+_FATAL_BUILDERS = {"WorkflowLimitReached": _limit_reached}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,9 @@ class Outcome:
         raise StepFailed(key, self.error_type, self.message)
 
     def fatal_error(self) -> Exception:
+        builder = _FATAL_BUILDERS.get(self.error_type)
+        if builder is not None:
+            return builder(self.message)
         return _FATAL_TYPES.get(self.error_type, StorageCorruptError)(self.message)
 
 

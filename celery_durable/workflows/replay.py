@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import hashlib
 import threading
 import time
 import uuid
@@ -28,7 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import jsonschema
+import jsonschema.exceptions
 
 from celery_durable.broker import Flags, RunRecord, RunStore, now_ms
 from celery_durable.errors import (
@@ -40,6 +44,7 @@ from celery_durable.errors import (
     StorageUnavailableError,
     WorkflowCancelled,
     WorkflowDefinitionError,
+    WorkflowLimitReached,
 )
 from celery_durable.workflows import jsonvalue, outcomes
 from celery_durable.workflows.outcomes import Outcome
@@ -97,6 +102,15 @@ class BranchFinished(BaseException):
     """Unwinds a branch task's replay once its own thunks have outcomes."""
 
 
+class BranchSuspended(BaseException):
+    """Unwinds one branch that waits for an agent turn; it has no outcome yet,
+    and the turn's agent task sends the branch task again when it is done."""
+
+
+class PauseRequested(BaseException):
+    """Unwinds the main body at its first new call after a pause was requested."""
+
+
 @dataclass(slots=True)
 class Cursor:
     """Where one sequence stands in this execution."""
@@ -106,6 +120,10 @@ class Cursor:
     high_water: int
     writes: bool
     phase_id: str = ""
+    owner: str = "m"
+    """Whom an agent turn of this sequence wakes: "m" (the coordinator) or
+    "<call>/<branch>" (the branch task of a top-level branch)."""
+    suspended: BaseException | None = None
     index: int = 0
     logs_since_op: int = 0
     buffer: list[tuple[int, str, str, str]] = field(default_factory=list)
@@ -161,7 +179,9 @@ class Replay:
         send_branches: BranchSender | None = None,
         target: BranchTarget | None = None,
         token: str = "",
+        send_agent: Callable[[str, str], None] | None = None,
     ) -> None:
+        self.send_agent = send_agent
         self.store: RunStore = _GuardedStore(store, self)  # type: ignore[assignment]
         self.token = token
         self.run = run
@@ -176,6 +196,8 @@ class Replay:
         self.fatal: BaseException | None = None
         self.broken: Exception | None = None
         self.unwinding: BaseException | None = None
+        self.pause_requested = False
+        self.limit_reached = ""
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
 
     # -- sequences -------------------------------------------------------------
@@ -234,6 +256,10 @@ class Replay:
     def apply_flags(self, flags: Flags) -> None:
         if flags.cancel:
             self.cancel_event.set()
+        if flags.pause:
+            self.pause_requested = True
+        if flags.limit:
+            self.limit_reached = flags.limit
 
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()
@@ -243,6 +269,9 @@ class Replay:
         no more calls, even from user ``finally`` blocks."""
         if self.unwinding is not None:
             raise self.unwinding
+        cursor = self._cursor.get(None)
+        if cursor is not None and cursor.suspended is not None:
+            raise cursor.suspended
         if self.broken is not None:
             raise self.broken
         if self.lost_authority:
@@ -251,6 +280,17 @@ class Replay:
             error = WorkflowCancelled(f"Run {self.run.run_id} was cancelled")
             self.fatal = self.fatal or error
             raise error
+        if self.limit_reached:
+            limit = WorkflowLimitReached(self.limit_reached)
+            self.fatal = self.fatal or limit
+            raise limit
+
+    def _check_pause(self, cursor: Cursor) -> None:
+        """Before the main body starts new work: settle as paused if asked to.
+        Work already in flight (a fan-out's branches) is waited for, not paused."""
+        if self.pause_requested and cursor.seq == MAIN and cursor.writes:
+            self.unwinding = PauseRequested()
+            raise self.unwinding
 
     # -- progress ----------------------------------------------------------------
 
@@ -334,6 +374,7 @@ class Replay:
                 raise StaleAttemptError(f"Run {self.run.run_id}: step {key!r} holds an older attempt's failure")
             cut = f"{cursor.index}:{cursor.position()}"
             self._cut(cursor)
+        self._check_pause(cursor)
         existing = self.flush(cursor, step_key=key, cut=cut)
         self.check_cancelled()
         if existing is not None:
@@ -417,6 +458,97 @@ class Replay:
         cursor.advance()
         return winner
 
+    # -- agents ------------------------------------------------------------------------
+
+    def agent(self, prompt: str, *, label: str | None, schema: Any, model: str | None) -> Any:
+        request = self._agent_request(prompt, label, schema, model)
+        agent_id = hashlib.sha256(jsonvalue.dumps(request).encode("utf-8")).hexdigest()[:32]
+        cursor = self.current()
+        self.check_cancelled()
+        identity = f"a|{agent_id}"
+        journaled, raw = self._expect(cursor, identity)
+        cut: str | None = None
+        if journaled and raw is not None:
+            outcome = outcomes.decode(raw)
+            if outcome.is_live(self.epoch):
+                self.flush(cursor)
+                cursor.advance()
+                return outcome.value if outcome.kind == "o" else None
+            if not cursor.writes:
+                raise StaleAttemptError(f"Run {self.run.run_id}: agent turn {agent_id} failed in an older attempt")
+            cut = f"{cursor.index}:{cursor.position()}"
+            self._cut(cursor)
+        elif journaled and not cursor.writes:
+            raise StaleAttemptError(f"Run {self.run.run_id}: agent turn {agent_id} is not finished yet")
+        self.flush(cursor)
+        self._check_pause(cursor)
+        row = {
+            "agent_id": agent_id,
+            "label": label,
+            "model": model,
+            "status": "queued",
+            "attempt": self.run.attempt,
+            "queued_at": now_ms(),
+            "started_at": None,
+            "completed_at": None,
+            "active_ms": 0,
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "ai_credits": 0.0},
+            "error": None,
+        }
+        verdict, flags, detail = self.store.agent_call(
+            self.run.run_id,
+            self.epoch,
+            cursor.seq,
+            cursor.index,
+            agent_id,
+            jsonvalue.dumps(request),
+            cursor.owner,
+            jsonvalue.dumps(row),
+            cut,
+        )
+        if verdict == "conflict":
+            raise self._nondeterminism(cursor, f"expected {describe(str(detail))}, got agent turn {agent_id}")
+        self.apply_flags(flags)
+        if verdict == "hit":
+            outcome = outcomes.decode(str(detail))
+            cursor.advance()
+            return outcome.value if outcome.kind == "o" else None
+        if verdict == "limit":
+            self.check_cancelled()
+        if verdict == "dispatch":
+            if self.send_agent is None:
+                raise RuntimeError("this execution cannot send agent turns")
+            self.send_agent(agent_id, cursor.owner)
+        return self._wait_for_agent(cursor)
+
+    def _wait_for_agent(self, cursor: Cursor) -> NoReturn:
+        """Suspend the sequence until the turn's task wakes its owner."""
+        if cursor.owner == "m":
+            self.unwinding = Suspend()
+            raise self.unwinding
+        cursor.suspended = BranchSuspended()
+        raise cursor.suspended
+
+    def _agent_request(self, prompt: str, label: str | None, schema: Any, model: str | None) -> dict[str, Any]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("ctx.agent prompt must be a non-empty string")
+        if not jsonvalue.is_json_value(prompt):
+            raise ValueError("ctx.agent prompt holds a lone surrogate")
+        size = len(prompt.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise ValueError(f"ctx.agent prompt is {size} bytes, above max_payload_bytes ({self.max_payload_bytes})")
+        for name, value in (("label", label), ("model", model)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
+                raise ValueError(f"ctx.agent {name} must be a non-empty string of at most 256 characters or None")
+        if schema is not None:
+            if not isinstance(schema, dict) or jsonvalue.json_problem(schema) is not None:
+                raise ValueError("ctx.agent schema must be a JSON Schema given as a dict")
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.exceptions.SchemaError as exc:
+                raise ValueError(f"ctx.agent schema is not a valid JSON Schema: {exc.message}") from None
+        return {"prompt": prompt, "label": label, "schema": schema, "model": model}
+
     # -- replay-safe values ----------------------------------------------------------
 
     def now(self) -> datetime:
@@ -490,6 +622,8 @@ class Replay:
             if results is not None:
                 cursor.advance()
                 return results
+        else:
+            self._check_pause(cursor)
         verdict, cut, detail = self.store.dispatch(
             self.run.run_id, self.epoch, cursor.seq, cursor.index, identity, len(branches), self.token,
             cursor.position(),
@@ -523,7 +657,11 @@ class Replay:
             raw = raws[index]
             if raw is not None and outcomes.decode(raw).is_live(self.epoch):
                 continue  # a redelivered task: this branch is journaled already
-            self.target.on_outcome(index, self.run_branch(cursor, branches[index], index))
+            try:
+                outcome = self.run_branch(cursor, branches[index], index)
+            except BranchSuspended:
+                continue  # waits for an agent turn, whose task sends this branch again
+            self.target.on_outcome(index, outcome)
         self.unwinding = BranchFinished()
         raise self.unwinding
 
@@ -560,23 +698,31 @@ class Replay:
             j for j, raw in enumerate(raws) if raw is None or not outcomes.decode(raw).is_live(self.epoch)
         ]
 
-        def run_one(j: int) -> None:
-            outcome = self.run_branch(cursor, branches[j], j)
+        def run_one(j: int) -> bool:
+            try:
+                outcome = self.run_branch(cursor, branches[j], j)
+            except BranchSuspended:
+                return False
             self.store.complete_branch(self.run.run_id, self.epoch, call, j, outcome.encode())
+            return True
 
         if not todo:
             return
         with ThreadPoolExecutor(max_workers=min(len(todo), NESTED_FANOUT_THREADS)) as pool:
-            for future in [pool.submit(run_one, j) for j in todo]:
-                future.result()
+            finished = [future.result() for future in [pool.submit(run_one, j) for j in todo]]
+        if not all(finished):
+            # A nested branch waits for an agent: so does the branch around it.
+            cursor.suspended = BranchSuspended()
+            raise cursor.suspended
 
     def run_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> Outcome:
         """Run one branch in its own sequence; its outcome, never an ordinary exception."""
         cursor = self.open_cursor(f"{parent.seq}.{parent.index}.{index}", writes=True, phase_id=parent.phase_id)
+        cursor.owner = parent.owner if parent.seq != MAIN else f"{parent.seq}:{parent.index}/{index}"
         try:
             result = self.run_in(cursor, fn)
-        except (StorageUnavailableError, StaleAttemptError):
-            raise  # this execution cannot journal anything: nothing to record
+        except (StorageUnavailableError, StaleAttemptError, BranchSuspended):
+            raise  # nothing to record: this execution cannot, or the branch is not done
         except FATAL_ERRORS as exc:
             return outcomes.failure(self.epoch, exc, fatal=True)
         except Exception as exc:

@@ -19,19 +19,55 @@ local function fence(run_key, epoch)
 end
 
 -- The run's control flags, returned by every fenced write so an attempt
--- learns of a cancellation without a read of its own.
+-- learns of a cancellation, a pause or a limit reached without a read of
+-- its own: {cancel '0'/'1', pause '0'/'1', limit reached '' or its name}.
 local function flags(run_key)
-  local f = redis.call('HMGET', run_key, 'cancel', 'pause')
-  return {f[1] or '0', f[2] or '0'}
+  local f = redis.call('HMGET', run_key, 'cancel', 'pause', 'limit')
+  return {f[1] or '0', f[2] or '0', f[3] or ''}
+end
+
+-- Active time of the run in ms: accumulated by settled attempts, plus the
+-- running one's (time in pauses and between attempts does not count).
+local function active_ms(run_key, now)
+  local f = redis.call('HMGET', run_key, 'active_ms', 'active_since', 'status')
+  local total = tonumber(f[1] or '0')
+  if f[3] == 'running' and f[2] and f[2] ~= '' then total = total + now - tonumber(f[2]) end
+  return total
+end
+
+-- Marks the first ceiling the run has reached (SPEC 6). Ceilings live in the
+-- run hash as lim_* fields, written at start and resume.
+local function check_limits(run_key, now)
+  local f = redis.call('HMGET', run_key, 'limit', 'lim_timeout_ms', 'lim_credits_nano', 'credits_nano')
+  if f[1] and f[1] ~= '' then return f[1] end
+  local reached = ''
+  if f[2] and f[2] ~= '' and active_ms(run_key, now) > tonumber(f[2]) then
+    reached = 'timeout_seconds'
+  elseif f[3] and f[3] ~= '' and tonumber(f[4] or '0') > tonumber(f[3]) then
+    reached = 'max_ai_credits'
+  end
+  if reached ~= '' then redis.call('HSET', run_key, 'limit', reached) end
+  return reached
 end
 
 -- Appends one progress record with the next per-run seq; returns the seq.
 -- Records carry the attempt count users see, not the fencing epoch.
-local function append_progress(run_key, stream_key, kind, phase_id, message, _epoch, at)
+-- A record of a phase is also entered in the run's phase index (a zset of
+-- "<phase_id>|<seq, 15 digits>", compared lexicographically), here, so that
+-- no record can miss it: a phase's records then page in O(log n + page).
+-- Only phase-less (system) records may come without the index key; that is
+-- checked before any write, as Redis does not undo a script that fails.
+local function append_progress(run_key, stream_key, kind, phase_id, message, _epoch, at, phase_index_key)
+  if phase_id ~= '' and not phase_index_key then
+    error('append_progress: a record of a phase needs the phase index key')
+  end
   local seq = redis.call('HINCRBY', run_key, 'next_seq', 1)
   local attempt = redis.call('HGET', run_key, 'attempt') or '1'
   redis.call('XADD', stream_key, seq .. '-0',
     'kind', kind, 'phase_id', phase_id, 'message', message, 'attempt', attempt, 'at', at)
+  if phase_id ~= '' then
+    redis.call('ZADD', phase_index_key, 0, phase_id .. '|' .. string.format('%015d', seq))
+  end
   return seq
 end
 
@@ -146,4 +182,17 @@ local function interrupt_steps(run_key, running_key, steps_key)
   end
   redis.call('DEL', running_key)
   redis.call('HSET', run_key, 'steps_running', '0')
+end
+
+-- Agent turns queued or running when their attempt ends can no longer
+-- finish under its epoch: no phantom live agents are left behind.
+local function interrupt_agents(agents_key)
+  local rows = redis.call('HGETALL', agents_key)
+  for i = 1, #rows, 2 do
+    local row = cjson.decode(rows[i + 1])
+    if row['status'] == 'running' or row['status'] == 'queued' then
+      row['status'] = 'interrupted'
+      redis.call('HSET', agents_key, rows[i], cjson.encode(row))
+    end
+  end
 end

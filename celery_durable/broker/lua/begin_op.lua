@@ -1,7 +1,8 @@
 -- Runs before every call a workflow makes: flushes its buffered progress
 -- records (dropping those an earlier replay already wrote) and, for a step,
 -- shows the step as running.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] running steps
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] running steps,
+-- KEYS[5] progress phase index
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] sequence,
 -- ARGV[5] '' or "<op index>:<position>": this op re-runs a failure of an
 -- older attempt, so what that attempt journaled after it is abandoned and
@@ -27,7 +28,7 @@ for i = 0, count - 1 do
   local pos = tonumber(ARGV[base])
   if pos > hwm then
     local kind, phase_id, message = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
-    append_progress(KEYS[1], KEYS[2], kind, phase_id, message, ARGV[1], ARGV[2])
+    append_progress(KEYS[1], KEYS[2], kind, phase_id, message, ARGV[1], ARGV[2], KEYS[5])
     if kind == 'phase' then
       local previous = redis.call('HGET', KEYS[1], 'phase_id')
       if previous and previous ~= '' and previous ~= phase_id then
@@ -54,5 +55,6 @@ end
 if wrote then
   redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id') .. ' progress')
 end
+check_limits(KEYS[1], tonumber(ARGV[2]))
 local f = flags(KEYS[1])
-return {'ok', f[1], f[2], outcome}
+return {'ok', f[1], f[2], f[3], outcome}

@@ -1,7 +1,8 @@
 -- Halts a run whose attempt died while automatic recovery is off: status
 -- halted, reason interrupted, resumable. The epoch is bumped so the dead
 -- attempt, should it wake, is fenced out. Compare-and-set like resume.lua.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running steps
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
+-- steps, KEYS[5] agent rows
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel
 -- Returns {'ok'} or {'changed'}.
@@ -9,12 +10,15 @@ local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'lease_until')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or tonumber(f[3] or '0') > tonumber(ARGV[3]) then
   return {'changed'}
 end
+redis.call('HSET', KEYS[1], 'active_ms', active_ms(KEYS[1], tonumber(ARGV[3])), 'active_since', '',
+  'agents_running', '0')
 local epoch = next_epoch(KEYS[1])
 redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- no new attempt runs: the count stays
 redis.call('HSET', KEYS[1], 'status', 'halted', 'reason', 'interrupted',
   'error', 'The attempt driving this run died and automatic recovery is off; resume it to continue',
   'can_resume', '1', 'finished_at', ARGV[3], 'updated_at', ARGV[3], 'lock', '', 'lock_until', '0')
 interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
+interrupt_agents(KEYS[5])
 append_progress(KEYS[1], KEYS[2], 'system', '', 'Run halted: its attempt died', epoch, ARGV[3])
 redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
 return {'ok'}

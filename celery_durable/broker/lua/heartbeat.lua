@@ -10,5 +10,6 @@ redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[5]))
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'lock') == ARGV[2] then
   redis.call('HSET', KEYS[1], 'lock_until', now + tonumber(ARGV[4]))
 end
+check_limits(KEYS[1], now)
 local f = flags(KEYS[1])
-return {'ok', f[1], f[2]}
+return {'ok', f[1], f[2], f[3]}

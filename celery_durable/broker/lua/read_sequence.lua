@@ -15,6 +15,8 @@ for i = 0, count - 1 do
   local value = false
   if kind == 's' then
     value = redis.call('HGET', KEYS[1], 'v:' .. string.sub(ident, 3))
+  elseif kind == 'a' then
+    value = redis.call('HGET', KEYS[1], 'a:' .. string.sub(ident, 3))
   elseif kind == 't' or kind == 'u' then
     value = redis.call('HGET', KEYS[1], 'x:' .. seq .. ':' .. i)
   end

@@ -38,4 +38,4 @@ if ARGV[8] ~= '' then
   end
 end
 local f = flags(KEYS[1])
-return {'ok', f[1], f[2], winner}
+return {'ok', f[1], f[2], f[3], winner}

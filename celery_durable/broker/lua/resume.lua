@@ -5,16 +5,27 @@
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] limits json or '' to keep,
 -- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or '',
--- ARGV[9] '1' to require that the attempt's lease has expired (recovery)
+-- ARGV[9] '1' to require that the attempt's lease has expired (recovery),
+-- ARGV[10] ceilings as "field=value,field=value" pairs ('' keeps them; an
+-- empty value clears one), KEYS[5] agent rows
 -- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'lease_until')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed', f[1] or '', f[2] or ''} end
 local now = tonumber(ARGV[3])
 if ARGV[9] == '1' and tonumber(f[3] or '0') > now then return {'changed', f[1], f[2]} end
+if f[2] == 'running' or f[2] == 'pending' then
+  redis.call('HSET', KEYS[1], 'active_ms', active_ms(KEYS[1], now))
+end
 local epoch = next_epoch(KEYS[1])
 redis.call('HSET', KEYS[1], 'status', 'running', 'reason', '', 'error', '', 'can_resume', '0',
   'cancel', '0', 'pause', '0', 'lock', '', 'lock_until', '0', 'wake', '0',
-  'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3])
+  'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
+  'limit', '', 'active_since', ARGV[3], 'agents_running', '0')
+for pair in string.gmatch(ARGV[10], '[^,]+') do
+  local eq = string.find(pair, '=', 1, true)
+  redis.call('HSET', KEYS[1], string.sub(pair, 1, eq - 1), string.sub(pair, eq + 1))
+end
+interrupt_agents(KEYS[5])
 if redis.call('HGET', KEYS[1], 'started_at') == '' then
   redis.call('HSET', KEYS[1], 'started_at', ARGV[3])
 end

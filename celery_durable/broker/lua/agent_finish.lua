@@ -1,0 +1,26 @@
+-- Journals an agent turn's outcome, releases its slot, adds its usage to the
+-- run, and returns who must be woken.
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows
+-- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] agent id, ARGV[4] outcome
+-- ("o<json>" or "e<epoch>|<json>"), ARGV[5] final row json, ARGV[6] credits
+-- in nano-credits, ARGV[7] prompt tokens, ARGV[8] completion tokens
+-- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated)} or
+-- {refusal}.
+local refusal = fence(KEYS[1], ARGV[1])
+if refusal then return {refusal} end
+local id = ARGV[3]
+local current = redis.call('HGET', KEYS[2], 'a:' .. id)
+if not current or is_stale_failure(current, ARGV[1]) then
+  redis.call('HSET', KEYS[2], 'a:' .. id, ARGV[4])
+end
+local running = tonumber(redis.call('HGET', KEYS[1], 'agents_running') or '0')
+if running > 0 then redis.call('HINCRBY', KEYS[1], 'agents_running', -1) end
+redis.call('HINCRBY', KEYS[1], 'agents_done', 1)
+redis.call('HINCRBY', KEYS[1], 'credits_nano', ARGV[6])
+redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[7])
+redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[8])
+redis.call('HSET', KEYS[3], id .. '@' .. ARGV[1], ARGV[5])
+check_limits(KEYS[1], tonumber(ARGV[2]))
+local waiters = redis.call('HGET', KEYS[2], 'w:' .. id) or ''
+redis.call('HDEL', KEYS[2], 'q:' .. id, 'qe:' .. id, 'w:' .. id)
+return {'ok', waiters}

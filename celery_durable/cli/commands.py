@@ -1,0 +1,128 @@
+"""Top-level commands: ``run`` a workflow, start a ``worker``, start ``flower``."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from celery_durable.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    AppOption,
+    JsonOption,
+    NamespaceOption,
+    TimeoutOption,
+    app,
+    client_for,
+    fail,
+    guarded,
+    load_engine,
+    out,
+    parse_json_option,
+    print_json,
+)
+from celery_durable.cli.follow import follow_run, view_for
+from celery_durable.cli.render import print_envelope
+from celery_durable.workflows.envelope import RunEnvelope
+
+
+@app.command()
+def run(
+    workflow_name: Annotated[str, typer.Argument(metavar="WORKFLOW", help="A registered workflow's name.")],
+    app_path: AppOption,
+    args: Annotated[str, typer.Option("--args", help="JSON arguments of the run.")] = "{}",
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show a bar per phase and the latest progress until it settles.")
+    ] = False,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Start once per key.")] = None,
+    timeout: TimeoutOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a run and wait until it settles; exit 0 only if it completed."""
+
+    def body() -> RunEnvelope:
+        parsed = parse_json_option("--args", args)
+        client = client_for(app_path, namespace)
+        run_id = client.start_workflow(workflow_name, args=parsed, idempotency_key=idempotency_key)
+        if follow:
+            return follow_run(client, run_id, view_for(out, as_json), after_seq=0, timeout=timeout)
+        return client.wait_for_workflow_run(run_id, timeout=timeout)
+
+    envelope = guarded(body)
+    if as_json and not follow:
+        print_json(envelope.to_dict())
+    elif not follow:
+        print_envelope(out, envelope)
+    if envelope.status != "completed":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def worker(
+    app_path: AppOption,
+    queues: Annotated[str | None, typer.Option("--queues", "-Q", help="Comma-separated queues; default all.")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="Worker slots.")] = None,
+    pool: Annotated[str | None, typer.Option("--pool", "-P", help="prefork, threads or solo.")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    hostname: Annotated[str | None, typer.Option("--hostname", help="Node name, e.g. 'steps1@%h'.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No start-up banner.")] = False,
+) -> None:
+    """Start a Celery worker for the engine's workflows.
+
+    It consumes the coordinator, steps and agents queues (or those of -Q)
+    with the engine's durability settings (JSON only, late acks, prefetch 1)
+    and sends task events, so Flower shows its tasks as they run.
+    """
+    engine = guarded(lambda: load_engine(app_path))
+    argv = ["--quiet"] if quiet else []
+    argv += ["worker", f"--loglevel={loglevel}", "--task-events"]
+    if queues:
+        argv.append(f"--queues={queues}")
+    if concurrency:
+        argv.append(f"--concurrency={concurrency}")
+    if pool:
+        argv.append(f"--pool={pool}")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    engine.celery.worker_main(argv)
+
+
+@app.command()
+def flower(
+    app_path: AppOption,
+    port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 5555,
+    address: Annotated[str, typer.Option("--address", help="Interface to listen on.")] = "127.0.0.1",
+    basic_auth: Annotated[
+        str | None,
+        typer.Option(
+            "--basic-auth",
+            envvar="FLOWER_BASIC_AUTH",
+            help="'user:password' (several: comma-separated). Prefer the FLOWER_BASIC_AUTH variable.",
+            show_envvar=True,
+        ),
+    ] = None,
+    url_prefix: Annotated[str | None, typer.Option("--url-prefix", help="Serve under this path.")] = None,
+) -> None:
+    """Start Flower on the engine's broker, to follow runs' tasks in a browser.
+
+    Task names say what a task is (celery_durable.coordinator, .branch,
+    .agent) and their kwargs name the run, epoch and fan-out call.
+    """
+    engine = guarded(lambda: load_engine(app_path))
+    if basic_auth is not None:
+        pairs = [pair.partition(":") for pair in basic_auth.split(",")]
+        if not all(user and sep and password for user, sep, password in pairs):
+            raise fail("--basic-auth must be 'user:password' (comma-separated for several)", exit_code=EXIT_USAGE)
+        # Handed over in Flower's own variable, so it never shows in a process list.
+        os.environ["FLOWER_BASIC_AUTH"] = basic_auth
+    if not 0 < port < 65536:
+        raise fail(f"--port must be from 1 to 65535, got {port}", exit_code=EXIT_USAGE)
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if url_prefix:
+        argv.append(f"--url_prefix={url_prefix}")
+    code = engine.celery.start(argv)
+    if code:
+        raise typer.Exit(code if isinstance(code, int) else EXIT_USAGE)

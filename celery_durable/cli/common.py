@@ -1,0 +1,123 @@
+"""What every command shares: the Typer apps, options, engine loading, and
+the one place where errors become one line and an exit code.
+
+Exit codes: 0 done (and, for commands that wait, the run completed); 1 the
+run settled otherwise, or the operation failed (the line says why, with the
+error's stable code); 2 the command line is wrong, or asks for something not
+available yet; 130 interrupted by Ctrl-C (the run goes on).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from celery_durable.client import Client
+from celery_durable.engine import Engine
+from celery_durable.errors import DurableError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Durable workflows on Celery and Redis.",
+    # A bug still shows a traceback, but never the values of locals.
+    pretty_exceptions_show_locals=False,
+)
+runs_app = typer.Typer(no_args_is_help=True, help="Inspect and steer runs.")
+app.add_typer(runs_app, name="runs")
+
+out = Console(highlight=False)
+# Soft wrap: an error is one line however long, never folded by Rich.
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+if not out.is_terminal and "COLUMNS" not in os.environ:
+    # Rich assumes 80 columns off a terminal; tables of 32-character run ids
+    # piped to a file or a log would fold into unreadable cells.
+    out.width = 160
+T = TypeVar("T")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+AppOption = Annotated[
+    str,
+    typer.Option("--app", "-A", envvar="CELERY_DURABLE_APP", help="The engine, as 'package.module:attribute'."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (JSON lines when following).")]
+NamespaceOption = Annotated[str | None, typer.Option("--namespace", "-n", help="Namespace of the runs.")]
+TimeoutOption = Annotated[float | None, typer.Option("--timeout", help="Seconds to wait at most.")]
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
+
+
+class UserError(Exception):
+    """A mistake on the command line: shown as one line, exit code 2."""
+
+
+def load_engine(path: str) -> Engine:
+    """Import ``package.module:attribute`` named on the command line (never from a message)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise UserError(f"--app must look like 'package.module:attribute', got {path!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"cannot import {module_name!r}: {exc}") from None
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise UserError(f"{module_name!r} has no attribute {attribute!r}")
+    if callable(target) and not isinstance(target, Engine):
+        target = target()
+    if not isinstance(target, Engine):
+        raise UserError(f"{path} is not a celery_durable.Engine")
+    return target
+
+
+def client_for(app_path: str, namespace: str | None) -> Client:
+    return load_engine(app_path).client(namespace)
+
+
+def fail(message: str, code: str | None = None, exit_code: int = EXIT_FAILED) -> typer.Exit:
+    """Print one error line; the caller raises the returned ``Exit``."""
+    prefix = f"error [{code}]" if code else "error"
+    err.print(f"{prefix}: {message}", markup=False)
+    return typer.Exit(exit_code)
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run a command body; user-facing errors become one line and an exit code."""
+    try:
+        return action()
+    except UserError as exc:
+        raise fail(str(exc), exit_code=EXIT_USAGE) from None
+    except (DurableError, ValueError, LookupError, TimeoutError) as exc:
+        raise fail(str(exc), getattr(exc, "code", None)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted; runs go on", exit_code=EXIT_INTERRUPTED) from None
+
+
+def parse_json_option(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{name} is not JSON: {exc}") from None
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, untouched by Rich (no wrapping, no colour)."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def print_json_line(data: Any) -> None:
+    """One compact JSON object per line: what ``--json --follow`` streams."""
+    sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+    sys.stdout.flush()

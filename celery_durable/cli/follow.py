@@ -1,0 +1,223 @@
+"""``--follow``: watch one run until it settles, through the public client.
+
+The loop wakes on the namespace's run updates (``Client.watch_runs``) and
+reads what is new: progress records after its cursor and the run's detail
+(phase states). It reads again after a second of silence anyway, since
+pub/sub may drop an update. Three views show what it reads:
+
+- ``LiveView`` on a terminal: one progress bar per declared phase (empty
+  while pending, pulsing while active, full when done) with its elapsed
+  time, the run's status line, and the latest progress lines;
+- ``PlainView`` when output is not a terminal: a transcript, one line per
+  record, phases marked as they begin and end;
+- ``JsonView`` for ``--json``: one JSON object per line per record.
+
+Each ends with the run's final envelope: a summary and the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from celery_durable.cli.common import print_json_line
+from celery_durable.cli.render import PHASE_ICONS, duration, phase_seconds, record_line, status_text, summary
+from celery_durable.client import Client
+from celery_durable.workflows.envelope import PhaseRow, ProgressEntry, RunDetail, RunEnvelope
+
+POLL_SECONDS = 1.0
+LIVE_LINES = 8
+PAGE = 500
+
+
+class View(Protocol):
+    def start(self, detail: RunDetail) -> None: ...
+    def records(self, records: list[ProgressEntry]) -> None: ...
+    def refresh(self, detail: RunDetail) -> None: ...
+    def stop(self, envelope: RunEnvelope | None) -> None: ...
+
+
+def follow_run(
+    client: Client,
+    run_id: str,
+    view: View,
+    *,
+    after_seq: int,
+    timeout: float | None,
+    history: Sequence[ProgressEntry] = (),
+) -> RunEnvelope:
+    """Show the run's progress after ``after_seq`` until it settles; its final envelope.
+
+    ``history``, records read before (up to ``after_seq``), is shown first, so
+    a transcript reads the same whether the run was followed from its start
+    or joined later. Raises ``TimeoutError`` past ``timeout`` (the run goes
+    on). The watch is subscribed before the first read, so no update after
+    it is missed.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    envelope: RunEnvelope | None = None
+    with client.watch_runs(run_ids=[run_id]) as watch:
+        detail = client.get_workflow_run_detail(run_id)
+        view.start(detail)
+        try:
+            if history:
+                view.records(list(history))
+            settled = False
+            while True:
+                page = client.get_workflow_run_progress(run_id, after_seq=after_seq, limit=PAGE)
+                if page.records:
+                    view.records(page.records)
+                    after_seq = page.records[-1].seq
+                if page.has_more_newer:
+                    continue
+                detail = client.get_workflow_run_detail(run_id)
+                view.refresh(detail)
+                if settled:
+                    envelope = detail.run
+                    return envelope
+                # Records written with the final status need one more read.
+                settled = detail.run.is_terminal
+                if settled:
+                    continue
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"Run {run_id} is still {detail.run.status} after {timeout}s")
+                wait = POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - time.monotonic()))
+                if watch.get(wait) is not None:
+                    while watch.get(0) is not None:
+                        pass  # a burst of updates is one read
+        finally:
+            view.stop(envelope)
+
+
+class PlainView:
+    """A transcript for pipes and logs: every record once, in seq order."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.phases: list[PhaseRow] = []
+        self.active: str | None = None
+        self.first = True
+
+    def start(self, detail: RunDetail) -> None:
+        self.phases = detail.phases
+        self.active = next((p.phase_id for p in detail.phases if p.state == "active"), None)
+        titles = ", ".join(phase.title for phase in detail.phases) or "none declared"
+        header = f"run {detail.run.run_id} · {detail.run.workflow} · phases: {titles}"
+        self.console.print(header, markup=False, soft_wrap=True)
+
+    def records(self, records: list[ProgressEntry]) -> None:
+        if self.first:
+            # The detail read at start may be newer than these records; when
+            # they name phases, they tell the phases' story themselves.
+            self.first = False
+            if any(record.kind == "phase" for record in records):
+                self.active = None
+        for record in records:
+            if record.kind == "phase" and record.phase_id != self.active:
+                self._done(self.active)
+                self.active = record.phase_id
+            self.console.print(record_line(record, self.phases), soft_wrap=True)
+
+    def refresh(self, detail: RunDetail) -> None:
+        self.phases = detail.phases
+
+    def stop(self, envelope: RunEnvelope | None) -> None:
+        if envelope is None:
+            return
+        if envelope.status == "completed":
+            # A completed run's last phase is done too (SPEC §3); on any
+            # other ending the phase that was active stays active.
+            self._done(self.active)
+        self.console.print(summary(envelope), soft_wrap=True)
+
+    def _done(self, phase_id: str | None) -> None:
+        phase = next((p for p in self.phases if p.phase_id == phase_id), None)
+        if phase is not None:
+            self.console.print(Text(f"✓ {phase.title} done", style="green"), soft_wrap=True)
+
+
+class LiveView:
+    """A live display on a terminal: a bar per phase and the latest lines."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.detail: RunDetail | None = None
+        self.lines: deque[ProgressEntry] = deque(maxlen=LIVE_LINES)
+        self.live = Live(console=console, get_renderable=self.render, refresh_per_second=8, transient=False)
+
+    def start(self, detail: RunDetail) -> None:
+        self.detail = detail
+        self.live.start()
+
+    def records(self, records: list[ProgressEntry]) -> None:
+        self.lines.extend(records)
+
+    def refresh(self, detail: RunDetail) -> None:
+        self.detail = detail
+        self.live.refresh()
+
+    def stop(self, envelope: RunEnvelope | None) -> None:
+        self.live.stop()
+        if envelope is not None:
+            self.console.print(summary(envelope))
+
+    def render(self) -> RenderableType:
+        detail = self.detail
+        if detail is None:
+            return Text("")
+        run = detail.run
+        head = Text(f"run {run.run_id} · {run.workflow} · ")
+        head.append(status_text(run.status))
+        head.append(f" · attempt {run.attempt} · steps {run.snapshot.get('steps_done', 0)} done")
+        if run.snapshot.get("steps_running"):
+            head.append(f", {run.snapshot['steps_running']} running")
+        bars = Table.grid(padding=(0, 1))
+        for phase in detail.phases:
+            bars.add_row(
+                Text(PHASE_ICONS.get(phase.state, "?")),
+                Text(phase.title, style="bold" if phase.state == "active" else ""),
+                phase_bar(phase),
+                Text(phase.state, style={"done": "green", "active": "cyan"}.get(phase.state, "dim")),
+                Text(duration(phase_seconds(phase, run))),
+                Text(phase.detail or "", style="dim"),
+            )
+        parts: list[RenderableType] = [head, bars] if detail.phases else [head]
+        parts.extend(record_line(record, detail.phases) for record in self.lines)
+        return Group(*parts)
+
+
+def phase_bar(phase: PhaseRow) -> ProgressBar:
+    """Phases declare no amount of work, so an active phase's bar pulses."""
+    return ProgressBar(total=1, completed=1 if phase.state == "done" else 0, width=24, pulse=phase.state == "active")
+
+
+class JsonView:
+    """``--json``: a line per record, then a line with the final envelope."""
+
+    def start(self, detail: RunDetail) -> None:
+        pass
+
+    def records(self, records: list[ProgressEntry]) -> None:
+        for record in records:
+            print_json_line({"type": "progress", "record": record.to_dict()})
+
+    def refresh(self, detail: RunDetail) -> None:
+        pass
+
+    def stop(self, envelope: RunEnvelope | None) -> None:
+        if envelope is not None:
+            print_json_line({"type": "run", "run": envelope.to_dict()})
+
+
+def view_for(console: Console, as_json: bool) -> View:
+    if as_json:
+        return JsonView()
+    return LiveView(console) if console.is_terminal else PlainView(console)

@@ -1,0 +1,207 @@
+"""``celery-durable runs ...``: list, show, follow and steer runs; each
+command is one call on the public client."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from celery_durable.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    AppOption,
+    JsonOption,
+    NamespaceOption,
+    RunArgument,
+    TimeoutOption,
+    UserError,
+    client_for,
+    fail,
+    guarded,
+    out,
+    parse_json_option,
+    print_json,
+    runs_app,
+)
+from celery_durable.cli.follow import follow_run, view_for
+from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
+from celery_durable.client import Client
+from celery_durable.workflows.envelope import PhaseRow, ProgressPage, RunEnvelope
+
+
+@runs_app.command("list")
+def runs_list(
+    app_path: AppOption,
+    status: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
+    workflow_name: Annotated[str | None, typer.Option("--workflow", help="Only runs of this workflow.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Runs per page, 1 to 500.")] = 50,
+    cursor: Annotated[str | None, typer.Option("--cursor", help="The next_cursor of the previous page.")] = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, newest first."""
+    page = guarded(
+        lambda: client_for(app_path, namespace).list_workflow_runs(
+            status=status, workflow=workflow_name, limit=limit, cursor=cursor
+        )
+    )
+    if as_json:
+        print_json({"runs": [envelope.to_dict() for envelope in page.runs], "next_cursor": page.next_cursor})
+        return
+    out.print(runs_table(page))
+    if page.next_cursor:
+        out.print(f"next page: --cursor {page.next_cursor}", markup=False)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: RunArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
+) -> None:
+    """Show a run: its envelope, phases, agents, steps and recent progress."""
+    detail = guarded(lambda: client_for(app_path, namespace).get_workflow_run_detail(run_id))
+    if as_json:
+        print_json(detail.to_dict())
+        return
+    out.print(detail_view(detail))
+
+
+@runs_app.command("progress")
+def runs_progress(
+    run_id: RunArgument,
+    app_path: AppOption,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")] = False,
+    phase: Annotated[str | None, typer.Option("--phase", help="Only this phase (its id or title).")] = None,
+    after_seq: Annotated[int | None, typer.Option("--after-seq", help="Records after this seq.")] = None,
+    before_seq: Annotated[int | None, typer.Option("--before-seq", help="Records before this seq.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Records per page, 1 to 500 (default 200).")] = None,
+    timeout: TimeoutOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print a page of a run's progress records; --follow goes on live."""
+    if follow and (phase is not None or before_seq is not None):
+        raise fail("--follow shows the whole run from its newest page (or --after-seq) on", exit_code=EXIT_USAGE)
+
+    def page_of(client: Client) -> ProgressPage:
+        phase_id = _phase_id(client, run_id, phase) if phase is not None else None
+        return client.get_workflow_run_progress(
+            run_id, phase_id=phase_id, after_seq=after_seq, before_seq=before_seq, limit=limit
+        )
+
+    client = guarded(lambda: client_for(app_path, namespace))
+    if not follow:
+        page = guarded(lambda: page_of(client))
+        if as_json:
+            print_json(page.to_dict())
+            return
+        phases = guarded(lambda: client.get_workflow_run_detail(run_id).phases)
+        for record in page.records:
+            out.print(f"{record.seq:>5} ", end="", markup=False)
+            out.print(record_line(record, phases))
+        if page.has_more_older and page.records:
+            out.print(f"older records: --before-seq {page.records[0].seq}", style="dim", markup=False)
+        return
+
+    def body() -> RunEnvelope:
+        history = page_of(client).records
+        start = history[-1].seq if history else max(after_seq or 0, 0)
+        return follow_run(client, run_id, view_for(out, as_json), after_seq=start, timeout=timeout, history=history)
+
+    envelope = guarded(body)
+    if envelope.status != "completed":
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _phase_id(client: Client, run_id: str, phase: str) -> str:
+    """A phase named by id or by title, as the run's detail lists it."""
+    phases: list[PhaseRow] = client.get_workflow_run_detail(run_id).phases
+    for row in phases:
+        if phase in (row.phase_id, row.title):
+            return row.phase_id
+    known = ", ".join(f"{row.phase_id} ({row.title})" for row in phases) or "none"
+    raise UserError(f"--phase {phase!r} is not a phase of this run's workflow; its phases: {known}")
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run_id: RunArgument,
+    app_path: AppOption,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to settle.")] = 30,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a run and wait until it has settled."""
+    _print(guarded(lambda: client_for(app_path, namespace).cancel_workflow_run(run_id, timeout=timeout)), as_json)
+
+
+@runs_app.command("resume")
+def runs_resume(
+    run_id: RunArgument,
+    app_path: AppOption,
+    force: Annotated[bool, typer.Option("--force", help="Take over even from an attempt that looks alive.")] = False,
+    allow_code_change: Annotated[bool, typer.Option("--allow-code-change")] = False,
+    timeout: TimeoutOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume a run with a new attempt and wait until it settles."""
+    envelope = guarded(
+        lambda: client_for(app_path, namespace).resume_workflow(
+            run_id, force=force, allow_code_change=allow_code_change, timeout=timeout
+        )
+    )
+    _print(envelope, as_json)
+    if envelope.status != "completed":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@runs_app.command("pause")
+def runs_pause(
+    run_id: RunArgument,
+    app_path: AppOption,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to pause.")] = 30,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop dispatching new work; wait until the run is paused."""
+    client = guarded(lambda: client_for(app_path, namespace))
+    pause = _not_yet(client, "pause_workflow_run", "runs pause")
+    _print(guarded(lambda: pause(run_id, timeout=timeout)), as_json)
+
+
+@runs_app.command("signal")
+def runs_signal(
+    run_id: RunArgument,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The signal's name.")],
+    app_path: AppOption,
+    payload: Annotated[str, typer.Argument(metavar="[JSON]", help="The signal's JSON payload.")] = "null",
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Deliver an external event to a run."""
+    client = guarded(lambda: client_for(app_path, namespace))
+    signal = _not_yet(client, "signal_workflow_run", "runs signal")
+    parsed = guarded(lambda: parse_json_option("JSON", payload))
+    result = guarded(lambda: signal(run_id, name, parsed))
+    if isinstance(result, RunEnvelope):
+        _print(result, as_json)
+    elif as_json:
+        print_json({"run_id": run_id, "signal": name, "delivered": True})
+    else:
+        out.print(f"signal {name!r} delivered to run {run_id}", markup=False)
+
+
+def _not_yet(client: Client, method: str, command: str) -> Any:
+    """The client method behind a command whose engine support may not exist yet."""
+    found = getattr(client, method, None)
+    if found is None:
+        raise fail(f"{command} is not available yet: this engine's client has no {method}()", exit_code=EXIT_USAGE)
+    return found
+
+
+def _print(envelope: RunEnvelope, as_json: bool) -> None:
+    if as_json:
+        print_json(envelope.to_dict())
+    else:
+        print_envelope(out, envelope)

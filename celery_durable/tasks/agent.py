@@ -1,0 +1,201 @@
+"""The agent task: one agent turn on the agents queue.
+
+The turn's request was journaled by the workflow's ``ctx.agent`` call
+(``agent_call.lua``), so this task replays nothing: it takes a slot under the
+run's concurrency ceiling (or comes back later without holding a worker),
+calls the configured runner, checks the output against the schema — retrying
+once with the validation error fed back — journals the outcome with the
+turn's usage, and wakes every sequence that waits for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import jsonschema.exceptions
+
+from celery_durable.agents import AgentRequest, AgentResult
+from celery_durable.agents.errors import AgentOutputError
+from celery_durable.broker import Flags, RunRecord, now_ms
+from celery_durable.errors import StaleAttemptError, StorageUnavailableError
+from celery_durable.tasks.heartbeat import Heartbeat
+from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, parse_run_message
+from celery_durable.workflows import jsonvalue, outcomes
+from celery_durable.workflows.limits import nano_credits
+from celery_durable.workflows.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+AGENT_ID = re.compile(r"[0-9a-f]{32}")
+_random = random.Random()
+
+
+@dataclasses.dataclass
+class AgentAttempt:
+    """What a heartbeat needs of the attempt an agent turn works for."""
+
+    run: RunRecord
+    epoch: int
+    cancel_event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lost_authority: bool = False
+
+    def apply_flags(self, flags: Flags) -> None:
+        if flags.cancel:
+            self.cancel_event.set()
+
+
+@dataclasses.dataclass
+class Turn:
+    outcome: Outcome
+    usage: dict[str, Any]
+    error: str | None
+
+
+def parse_owner(owner: Any) -> str:
+    if owner == "m":
+        return "m"
+    if isinstance(owner, str) and "/" in owner:
+        call, _, branch = owner.rpartition("/")
+        if CALL_PATTERN.fullmatch(call) and branch.isdigit():
+            return str(owner)
+    raise BadMessage(f"owner is not a sequence owner: {owner!r:.80}")
+
+
+def run_agent_task(
+    engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, agent: Any, owner: Any, extra: dict[str, Any]
+) -> None:
+    try:
+        message = parse_run_message(run_id, epoch, workflow, extra)
+        if not isinstance(agent, str) or not AGENT_ID.fullmatch(agent):
+            raise BadMessage(f"agent is not an agent id: {agent!r:.80}")
+        owner = parse_owner(owner)
+    except BadMessage as exc:
+        logger.error("rejected agent message: %s", exc)
+        return
+    store = engine.store
+    record = store.load_run(message.run_id)
+    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+        engine.count_refused()
+        logger.warning("refused stale or forged agent message for run %s", message.run_id)
+        return
+    try:
+        verdict, request_json = store.agent_start(record.run_id, record.epoch, agent)
+        if verdict == "wait":
+            # At the concurrency ceiling: come back soon without holding a worker slot.
+            engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, _random.uniform(0.05, 0.3))
+            return
+        if verdict != "go" or request_json is None:
+            return
+        attempt = AgentAttempt(record, record.epoch)
+        with Heartbeat(store, attempt, interval=engine.heartbeat_interval):
+            started, clock = now_ms(), time.monotonic()
+            turn = run_turn(engine, record, agent, json.loads(request_json))
+            active_ms = int((time.monotonic() - clock) * 1000)
+        row = {
+            **json.loads(store.agent_rows(record.run_id).get(f"{agent}@{record.epoch}") or "{}"),
+            "status": "completed" if turn.error is None else "failed",
+            "started_at": started,
+            "completed_at": now_ms(),
+            "active_ms": active_ms,
+            "usage": turn.usage,
+            "error": turn.error,
+        }
+        waiters = store.agent_finish(
+            record.run_id,
+            record.epoch,
+            agent,
+            turn.outcome.encode(),
+            jsonvalue.dumps(row),
+            nano_credits(turn.usage.get("ai_credits") or 0),
+            int(turn.usage.get("prompt_tokens") or 0),
+            int(turn.usage.get("completion_tokens") or 0),
+        )
+    except StaleAttemptError:
+        engine.count_refused()
+        return
+    except StorageUnavailableError as exc:
+        logger.warning("run %s: storage unavailable in agent turn %s, retrying: %s", record.run_id, agent, exc)
+        raise
+    for waiter in waiters:
+        wake(engine, record, waiter)
+
+
+def wake(engine: Engine, record: RunRecord, owner: str) -> None:
+    if owner == "m":
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+    else:
+        call, _, branch = owner.rpartition("/")
+        engine.send_branches(record.run_id, record.epoch, record.workflow, call, [int(branch)])
+
+
+def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:
+    """Call the runner; one retry with the validation error when the output breaks the schema."""
+    usage: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "ai_credits": 0.0}
+    schema = request.get("schema")
+    base = AgentRequest(
+        prompt=request["prompt"],
+        label=request.get("label"),
+        schema=schema,
+        model=request.get("model"),
+        run_id=record.run_id,
+        agent_id=agent_id,
+    )
+    try:
+        runner = engine.agent_runner
+    except (ValueError, ImportError) as exc:
+        return _failed(record.epoch, usage, f"The agent runner setting cannot be loaded: {exc}")
+    if runner is None:
+        missing = "No agent runner is configured (Engine(agent_runner=...) or CELERY_DURABLE_AGENT_RUNNER)"
+        return _failed(record.epoch, usage, missing)
+    feedback: str | None = None
+    problem: str | None = None
+    for _ in range(2):
+        try:
+            result = runner.run(dataclasses.replace(base, feedback=feedback))
+        except AgentOutputError as exc:
+            problem = str(exc)
+        except Exception as exc:
+            return _failed(record.epoch, usage, f"{type(exc).__name__}: {exc}")
+        else:
+            output = result.output if isinstance(result, AgentResult) else result
+            if isinstance(result, AgentResult):
+                for name in ("prompt_tokens", "completion_tokens", "ai_credits"):
+                    usage[name] += result.usage.get(name) or 0
+            problem = _output_problem(output, schema, engine.settings.max_payload_bytes)
+            if problem is None:
+                return Turn(outcomes.value(jsonvalue.loads(jsonvalue.dumps(output))), usage, None)
+        if schema is None:
+            return _failed(record.epoch, usage, str(problem))
+        feedback = problem
+    return _failed(record.epoch, usage, f"Output still violates the schema after one retry: {problem}")
+
+
+def _output_problem(output: Any, schema: dict[str, Any] | None, max_bytes: int) -> str | None:
+    problem = jsonvalue.json_problem(output)
+    if problem is not None:
+        return f"Agent output is not a JSON value: {problem}"
+    size = len(jsonvalue.dumps(output).encode("utf-8"))
+    if size > max_bytes:
+        return f"Agent output is {size} bytes, above max_payload_bytes ({max_bytes})"
+    if schema is not None:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(output))
+        if error is not None:
+            path = "$" + "".join(f"[{part!r}]" for part in error.absolute_path)
+            return f"at {path}: {error.message}"
+    return None
+
+
+def _failed(epoch: int, usage: dict[str, Any], error: str) -> Turn:
+    """A failed turn: None to the workflow, retried by a later attempt like a failed step."""
+    return Turn(outcomes.Outcome("e", epoch, error_type="AgentFailed", message=error), usage, error)
