@@ -1,6 +1,14 @@
 """Durable, resumable workflows for Python on Celery and Redis."""
 
 from celery_durable.broker.events import RunUpdate, RunWatch
+from celery_durable.agents import (
+    AgentRequest,
+    AgentResult,
+    AgentRunner,
+    AgentRunnerError,
+    FunctionRunner,
+    OpenAIChatRunner,
+)
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.engine import Engine
@@ -14,6 +22,7 @@ from celery_durable.errors import (
     StorageUnavailableError,
     WorkflowCancelled,
     WorkflowDefinitionError,
+    WorkflowLimitReached,
     WorkflowResumeError,
     WorkflowWaitCancelled,
 )
@@ -41,6 +50,13 @@ __all__ = [
     "WorkflowContext",
     "define_workflow",
     "workflow",
+    # agents
+    "AgentRequest",
+    "AgentResult",
+    "AgentRunner",
+    "AgentRunnerError",
+    "FunctionRunner",
+    "OpenAIChatRunner",
     # running them
     "Client",
     "Engine",
@@ -66,6 +82,7 @@ __all__ = [
     "StorageUnavailableError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",
+    "WorkflowLimitReached",
     "WorkflowResumeError",
     "WorkflowWaitCancelled",
 ]

@@ -9,6 +9,13 @@ import pytest
 import celery_durable
 
 PUBLIC_NAMES = {
+    # agents
+    "AgentRequest",
+    "AgentResult",
+    "AgentRunner",
+    "AgentRunnerError",
+    "FunctionRunner",
+    "OpenAIChatRunner",
     # defining workflows
     "JSON_NULL",
     "Phase",
@@ -42,6 +49,7 @@ PUBLIC_NAMES = {
     "StorageUnavailableError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",
+    "WorkflowLimitReached",
     "WorkflowResumeError",
     "WorkflowWaitCancelled",
 }
