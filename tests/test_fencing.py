@@ -418,17 +418,6 @@ def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, r
     assert calls() == ONCE_EACH
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "A second coordinator message of the current epoch, handled while a fan-out waits on a branch, "
-        "re-dispatches that in-flight branch: dispatch.lua re-sends every branch without an outcome "
-        "unless the stamp d:<call> carries this execution's token, and the token is a fresh uuid per "
-        "task execution (coordinator.py), so the branch's step runs a second time, concurrently. "
-        "The journal keeps the first write, so the run's state and result do not change; the "
-        "producer's side effect does."
-    ),
-)
 def test_a_duplicate_coordinator_message_while_a_branch_runs_does_not_run_it_again(durable, raw_redis) -> None:
     d = durable([fence_fan])
     store = d.engine.store

@@ -15,7 +15,10 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                                x:<seq>:<i>        value of now()/uuid4() op i
                                r:<seq>:<i>:<j>    outcome of branch j of op i
                                c:<seq>:<i>        branches still outstanding
-                               d:<seq>:<i>        epoch that dispatched them
+                               d:<seq>:<i>        "<epoch>:<execution>" that
+                                                  dispatched them
+                               s:<seq>:<i>        epoch whose dispatch finished
+                                                  sending them
                                h:<seq>            progress high-water mark
                                k:<seq>            cut "<epoch>:<op index>"
                                a:<id>             agent turn outcome

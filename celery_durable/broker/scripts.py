@@ -28,6 +28,7 @@ SCRIPT_NAMES = (
     "halt",
     "heartbeat",
     "index_run",
+    "mark_sent",
     "pause",
     "read_progress",
     "read_sequence",

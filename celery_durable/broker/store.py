@@ -264,6 +264,10 @@ class RunStore:
             return "pending", False, []
         return "dispatch", reply[1] == 1, [int(j) for j in reply[2:]]
 
+    def mark_sent(self, run_id: str, epoch: int, call: str) -> None:
+        k = self.run_keys(run_id)
+        _refuse(run_id, self._run("mark_sent", [k.run, k.journal], [epoch, call]))
+
     def branch_outcomes(self, run_id: str, call: str, count: int) -> list[str | None]:
         fields = [f"r:{call}:{j}" for j in range(count)]
         if not fields:

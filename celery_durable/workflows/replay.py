@@ -636,6 +636,7 @@ class Replay:
             if verdict == "pending" or detail:
                 if detail:
                     self._send(call, detail)
+                    self.store.mark_sent(self.run.run_id, self.epoch, call)
                 self.unwinding = Suspend()
                 raise self.unwinding
         else:

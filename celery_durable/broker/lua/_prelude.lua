@@ -104,7 +104,7 @@ local function forget_fanout(journal_key, seq, index, width, epoch)
     redis.call('HDEL', journal_key, 'r:' .. call .. ':' .. j, 'h:' .. branch)
     redis.call('HSET', journal_key, 'k:' .. branch, epoch .. ':-1')
   end
-  redis.call('HDEL', journal_key, 'c:' .. call, 'd:' .. call)
+  redis.call('HDEL', journal_key, 'c:' .. call, 'd:' .. call, 's:' .. call)
 end
 
 -- Records op <index> of sequence <seq> with identity <ident>. Returns

@@ -1,7 +1,8 @@
 -- Journals a fan-out call and decides which of its branches to dispatch:
--- those without a live outcome, unless this very execution of the
--- coordinator dispatched them already (a redelivered coordinator, whose
--- first execution may have died halfway through sending, sends again).
+-- those without a live outcome, unless they are in flight already: sent by
+-- this very execution, or by one that finished sending them (mark_sent.lua).
+-- A redelivered coordinator whose first execution died halfway through
+-- sending sends the missing ones again.
 -- KEYS[1] run hash, KEYS[2] journal
 -- ARGV[1] epoch, ARGV[2] sequence, ARGV[3] op index, ARGV[4] op identity,
 -- ARGV[5] branch count, ARGV[6] dispatcher token, ARGV[7] position the op
@@ -22,7 +23,9 @@ if replaced then
   end
 end
 local stamp = ARGV[1] .. ':' .. ARGV[6]
-if redis.call('HGET', KEYS[2], 'd:' .. call) == stamp then
+local previous = redis.call('HGET', KEYS[2], 'd:' .. call)
+if previous == stamp or (previous and string.sub(previous, 1, #ARGV[1] + 1) == ARGV[1] .. ':'
+    and redis.call('HGET', KEYS[2], 's:' .. call) == ARGV[1]) then
   return {'pending'}
 end
 local missing = {'dispatch', 0}
