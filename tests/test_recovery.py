@@ -135,3 +135,16 @@ def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> 
     assert (envelope.status, envelope.attempt) == ("running", 2)
     system = [r.message for r in d.client.get_workflow_run_progress(run_id).records if r.kind == "system"]
     assert system == ["Run recovered after its attempt died (attempt 2)"]
+
+
+def test_a_queue_backlog_longer_than_the_lease_does_not_cause_a_storm_of_take_overs(durable) -> None:
+    """Nothing dies here: messages just wait in a busy queue. Take-overs that
+    journal nothing double the lease, so the runs finish with few attempts."""
+    from tests.apps.basic import fan
+
+    d = durable([fan], concurrency=1, lease_seconds=1)
+    run_ids = [d.client.start_workflow("fan", args={"count": 4, "seconds": 0.25}) for _ in range(12)]
+    envelopes = [d.client.wait_for_workflow_run(run_id, timeout=120) for run_id in run_ids]
+    assert all(e.status == "completed" for e in envelopes), [e.error for e in envelopes]
+    attempts = sorted(e.attempt for e in envelopes)
+    assert attempts[-1] <= 6, attempts

@@ -50,6 +50,34 @@ local function check_limits(run_key, now)
   return reached
 end
 
+-- Keeps the newest 'progress_max' records of a run (a run hash field set at
+-- start from settings.progress_max_records; absent or 0 keeps all), so a
+-- chatty workflow cannot fill Redis. Seqs are dense, so the records to drop
+-- are those with seq <= newest - max: the stream's oldest entries, dropped
+-- together with their phase index members so a page and its bounds never
+-- disagree. A script that has no phase index key (a system record written by
+-- finish, resume...) stops at the first record of a phase it cannot unindex;
+-- the next append that has the key catches up (at most 100 per append).
+local function trim_progress(run_key, stream_key, newest, phase_index_key)
+  local keep = tonumber(redis.call('HGET', run_key, 'progress_max') or '0') or 0
+  if keep <= 0 or newest <= keep then return end
+  local old = redis.call('XRANGE', stream_key, '-', (newest - keep) .. '-0', 'COUNT', 100)
+  local last = nil
+  for _, entry in ipairs(old) do
+    local fields, phase_id = entry[2], ''
+    for i = 1, #fields, 2 do
+      if fields[i] == 'phase_id' then phase_id = fields[i + 1] end
+    end
+    local seq = tonumber(string.match(entry[1], '^%d+'))
+    if phase_id ~= '' then
+      if not phase_index_key then break end
+      redis.call('ZREM', phase_index_key, phase_id .. '|' .. string.format('%015d', seq))
+    end
+    last = seq
+  end
+  if last then redis.call('XTRIM', stream_key, 'MINID', (last + 1) .. '-0') end
+end
+
 -- Appends one progress record with the next per-run seq; returns the seq.
 -- Records carry the attempt count users see, not the fencing epoch.
 -- A record of a phase is also entered in the run's phase index (a zset of
@@ -68,6 +96,7 @@ local function append_progress(run_key, stream_key, kind, phase_id, message, _ep
   if phase_id ~= '' then
     redis.call('ZADD', phase_index_key, 0, phase_id .. '|' .. string.format('%015d', seq))
   end
+  trim_progress(run_key, stream_key, seq, phase_index_key)
   return seq
 end
 
@@ -189,10 +218,27 @@ end
 local function interrupt_agents(agents_key)
   local rows = redis.call('HGETALL', agents_key)
   for i = 1, #rows, 2 do
-    local row = cjson.decode(rows[i + 1])
-    if row['status'] == 'running' or row['status'] == 'queued' then
+    -- A row that is not JSON (corrupted) is left as it is: it must not keep
+    -- the run from settling or from being resumed.
+    local ok, row = pcall(cjson.decode, rows[i + 1])
+    if ok and type(row) == 'table' and (row['status'] == 'running' or row['status'] == 'queued') then
       row['status'] = 'interrupted'
       redis.call('HSET', agents_key, rows[i], cjson.encode(row))
     end
   end
+end
+
+-- The lease an attempt gets, in ms. A run taken over again and again without
+-- journaling anything in between is not dying: its messages wait in a busy
+-- queue. Each such take-over doubles its lease (up to 32x), so a backlog no
+-- longer turns into a storm of take-overs, while a first crash is still
+-- recovered within one lease. Journal progress resets the count.
+local function lease_ms(run_key, base_ms)
+  local k = tonumber(redis.call('HGET', run_key, 'recoveries') or '0')
+  if k > 5 then k = 5 end
+  return math.floor(tonumber(base_ms) * (2 ^ k))
+end
+
+local function made_progress(run_key)
+  if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end

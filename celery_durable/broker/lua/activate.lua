@@ -14,7 +14,7 @@ if lock[1] and lock[1] ~= '' and lock[1] ~= ARGV[2] and tonumber(lock[2] or '0')
   return {'busy', tonumber(lock[2]) - now}
 end
 redis.call('HSET', KEYS[1], 'lock', ARGV[2], 'lock_until', now + tonumber(ARGV[4]),
-  'lease_until', now + tonumber(ARGV[5]), 'wake', '0')
+  'lease_until', now + lease_ms(KEYS[1], ARGV[5]), 'wake', '0')
 if redis.call('HGET', KEYS[1], 'status') == 'pending' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[3], 'updated_at', ARGV[3],
     'active_since', ARGV[3])

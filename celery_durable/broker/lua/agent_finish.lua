@@ -12,6 +12,7 @@ local id = ARGV[3]
 local current = redis.call('HGET', KEYS[2], 'a:' .. id)
 if not current or is_stale_failure(current, ARGV[1]) then
   redis.call('HSET', KEYS[2], 'a:' .. id, ARGV[4])
+  made_progress(KEYS[1])
 end
 local running = tonumber(redis.call('HGET', KEYS[1], 'agents_running') or '0')
 if running > 0 then redis.call('HINCRBY', KEYS[1], 'agents_running', -1) end

@@ -18,6 +18,7 @@ if current and not is_stale_failure(current, ARGV[1]) then
   return {'ok', left <= 0 and 1 or 0}
 end
 redis.call('HSET', KEYS[2], field, ARGV[4])
+made_progress(KEYS[1])
 local left = redis.call('HINCRBY', KEYS[2], counter, -1)
 local fatal = string.sub(ARGV[4], 1, 1) == 'f'
 return {'ok', (left <= 0 or fatal) and 1 or 0}

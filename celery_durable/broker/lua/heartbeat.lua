@@ -6,7 +6,7 @@
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local now = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[5]))
+redis.call('HSET', KEYS[1], 'lease_until', now + lease_ms(KEYS[1], ARGV[5]))
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'lock') == ARGV[2] then
   redis.call('HSET', KEYS[1], 'lock_until', now + tonumber(ARGV[4]))
 end

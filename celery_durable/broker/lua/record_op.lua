@@ -22,6 +22,7 @@ if ARGV[6] ~= '' then
     winner = current
   else
     redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
+    made_progress(KEYS[1])
     if ARGV[8] ~= '' and string.sub(ARGV[7], 1, 1) == 'o' then
       redis.call('HINCRBY', KEYS[1], 'steps_done', 1)
     end

@@ -7,7 +7,8 @@
 -- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or '',
 -- ARGV[9] '1' to require that the attempt's lease has expired (recovery),
 -- ARGV[10] ceilings as "field=value,field=value" pairs ('' keeps them; an
--- empty value clears one), KEYS[5] agent rows
+-- empty value clears one), KEYS[5] agent rows, KEYS[6..] every other key of
+-- the run (a settled run's keys may carry its retention TTL: persisted here)
 -- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'lease_until')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed', f[1] or '', f[2] or ''} end
@@ -16,10 +17,23 @@ if ARGV[9] == '1' and tonumber(f[3] or '0') > now then return {'changed', f[1], 
 if f[2] == 'running' or f[2] == 'pending' then
   redis.call('HSET', KEYS[1], 'active_ms', active_ms(KEYS[1], now))
 end
+for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
+-- A recovery takes over an attempt that died, not the requests made of it:
+-- a cancel or pause asked for before the crash still holds.
+local cancel, pause = '0', '0'
+if ARGV[9] == '1' then
+  local requested = redis.call('HMGET', KEYS[1], 'cancel', 'pause')
+  cancel, pause = requested[1] or '0', requested[2] or '0'
+end
 local epoch = next_epoch(KEYS[1])
+if ARGV[9] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'recoveries', 1)
+else
+  made_progress(KEYS[1])  -- a resume by hand starts the count again
+end
 redis.call('HSET', KEYS[1], 'status', 'running', 'reason', '', 'error', '', 'can_resume', '0',
-  'cancel', '0', 'pause', '0', 'lock', '', 'lock_until', '0', 'wake', '0',
-  'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
+  'cancel', cancel, 'pause', pause, 'lock', '', 'lock_until', '0', 'wake', '0',
+  'lease_until', now + lease_ms(KEYS[1], ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
   'limit', '', 'active_since', ARGV[3], 'agents_running', '0')
 for pair in string.gmatch(ARGV[10], '[^,]+') do
   local eq = string.find(pair, '=', 1, true)
