@@ -1,6 +1,5 @@
 """Durable, resumable workflows for Python on Celery and Redis."""
 
-from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.agents import (
     AgentRequest,
     AgentResult,
@@ -9,6 +8,7 @@ from celery_durable.agents import (
     FunctionRunner,
     OpenAIChatRunner,
 )
+from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.engine import Engine

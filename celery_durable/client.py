@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import redis.exceptions
+from kombu.exceptions import KombuError
+
 from celery_durable import progress as paging
 from celery_durable.broker import STATUSES, RunRecord, now_ms
 from celery_durable.broker.events import RunWatch
@@ -34,14 +37,19 @@ from celery_durable.workflows.envelope import (
     StepRow,
     from_ms,
 )
+from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import ceiling_fields, ceilings_argument, merge_limits, validate_limits
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
 T = TypeVar("T")
+STEP_STATUSES = frozenset({"running", "completed", "failed", "interrupted"})
 MAX_IDEMPOTENCY_KEY = 256
 DEFAULT_POLL_MS = 1000
+MAX_POLL_MS = 3_600_000
+MAX_TIMEOUT = 1e9
+"""About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 PAGE_LIMIT_MAX = 500
 
 
@@ -50,7 +58,7 @@ class Client:
 
     def __init__(self, engine: Engine, namespace: str) -> None:
         if not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace):
-            raise ValueError(f"namespace must be 1-64 characters of [A-Za-z0-9._-]: {namespace!r}")
+            raise ValueError(f"namespace must be 1-64 characters of [A-Za-z0-9._-]: {short_repr(namespace)}")
         self.engine = engine
         self.namespace = namespace
 
@@ -102,21 +110,28 @@ class Client:
             "has_result": "0",
             "next_seq": "0",
             "idempotency_key": idempotency_key or "",
+            # Read by append_progress (_prelude.lua): the run keeps this many records.
+            "progress_max": str(self.engine.settings.progress_max_records),
             **ceiling_fields(effective),
         }
         store.create_run(run_id, fields)
         owner = store.index_run(self.namespace, run_id, idempotency_key)
+        first = store.load_run(owner) if owner != run_id else None
+        if owner != run_id and first is None and idempotency_key is not None:
+            # The key names a run whose retention ran out: free it, start anew.
+            store.release_idempotency(self.namespace, idempotency_key, owner)
+            owner = store.index_run(self.namespace, run_id, idempotency_key)
+            first = store.load_run(owner) if owner != run_id else None
         if owner == run_id:
             store.schedule_check(run_id, created + lease_ms)
         else:
             store.discard_run(run_id, 1)
-            first = store.load_run(owner)
             if first is not None and first.status == "pending" and first.epoch == 1:
                 # The first start may have died before sending its coordinator
                 # message; a duplicate is harmless (activation lock and fence).
-                self.engine.send_coordinator(owner, 1, first.workflow)
+                self._dispatch(owner, 1, first.workflow)
             return owner
-        self.engine.send_coordinator(run_id, 1, definition.name)
+        self._dispatch(run_id, 1, definition.name)
         return run_id
 
     def run_workflow(
@@ -199,7 +214,7 @@ class Client:
     ) -> RunPage:
         """This namespace's runs, newest first, in pages."""
         if status is not None and status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {short_repr(status)}")
         if workflow is not None and not isinstance(workflow, str):
             raise ValueError(f"workflow must be a name, got {type(workflow).__name__}")
         _check_page_limit(limit)
@@ -212,6 +227,8 @@ class Client:
             if not batch:
                 return RunPage(runs, None)
             records = {record.run_id: record for record in store.load_runs([run_id for run_id, _ in batch])}
+            # Indexed runs whose keys expired (run retention) leave the index as they are met.
+            store.forget_runs(self.namespace, [run_id for run_id, _ in batch if run_id not in records])
             for run_id, score in batch:
                 before = score
                 record = records.get(run_id)
@@ -232,7 +249,8 @@ class Client:
         steps = [_step_row(key, row) for key, row in self.engine.store.step_rows(record.run_id).items()]
         progress = self.get_workflow_run_progress(run_id, limit=20).records
         agents = [_agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
-        agents.sort(key=lambda row: (row.get("started_at") or 0, row["agent_id"]))
+        # Started rows first, by start time; rows not started yet (None) after them.
+        agents.sort(key=lambda row: (row["started_at"] is None, row["started_at"] or 0, row["agent_id"]))
         return RunDetail(
             run=RunEnvelope.from_record(record), phases=phases, steps=steps, progress=progress, agents=agents
         )
@@ -332,7 +350,7 @@ class Client:
         verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace)
         if verdict == "requested" and epoch is not None:
             # Wake the coordinator: a run waiting on branches has no pass running.
-            self.engine.send_coordinator(record.run_id, epoch, record.workflow)
+            self._dispatch(record.run_id, epoch, record.workflow)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def pause_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
@@ -346,7 +364,7 @@ class Client:
         record = self._record(run_id)
         verdict, epoch = self.engine.store.pause(record.run_id, record.namespace)
         if verdict == "requested" and epoch is not None:
-            self.engine.send_coordinator(record.run_id, epoch, record.workflow)
+            self._dispatch(record.run_id, epoch, record.workflow)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def resume_workflow(
@@ -367,7 +385,7 @@ class Client:
         with _resume_errors():
             record = self._record(run_id)
             epoch = self._take_authority(record, limits, force=force, allow_code_change=allow_code_change)
-            self.engine.send_coordinator(record.run_id, epoch, record.workflow)
+            self._dispatch(record.run_id, epoch, record.workflow)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def _take_authority(
@@ -415,16 +433,32 @@ class Client:
             raise ValueError(f"Expected a workflow name or handle, got {type(name_or_handle).__name__}")
         definition = self.engine.workflows.get(name_or_handle)
         if definition is None:
-            raise ValueError(f"Unknown workflow: {name_or_handle!r}")
+            raise ValueError(f"Unknown workflow: {short_repr(name_or_handle)}")
         return definition
 
     def _record(self, run_id: str) -> RunRecord:
         if not isinstance(run_id, str) or not run_id:
-            raise RunNotFoundError(f"Run not found: {run_id!r}")
+            raise RunNotFoundError(f"Run not found: {short_repr(run_id)}")
         record = self.engine.store.load_run(run_id) if _plausible_run_id(run_id) else None
         if record is None or record.namespace != self.namespace:
             raise RunNotFoundError(f"Run not found: {run_id}")
         return record
+
+    def _dispatch(self, run_id: str, epoch: int, workflow: str) -> None:
+        """Send a coordinator message for a run whose state is already written.
+
+        A broker that refuses it is ``StorageUnavailableError``; nothing is
+        lost: the run is in the recovery sweep's schedule and is sent again
+        once its lease has run out (a start can also be retried with its
+        idempotency key).
+        """
+        try:
+            self.engine.send_coordinator(run_id, epoch, workflow)
+        except (KombuError, OSError, redis.exceptions.RedisError) as exc:
+            raise StorageUnavailableError(
+                f"The broker refused the coordinator message of run {run_id} ({type(exc).__name__}: {exc}); "
+                "the run is kept and is sent again within lease_seconds once the broker is back"
+            ) from None
 
     def _check_size(self, what: str, encoded: str) -> None:
         size = len(encoded.encode("utf-8"))
@@ -449,6 +483,13 @@ def _phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
 
 def _agent_row(raw: str) -> dict[str, Any]:
     """An agent row as SPEC §3 lists it, timestamps as aware datetimes."""
+    try:
+        return _parse_agent_row(raw)
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        raise StorageCorruptError(f"An agent row is not one celery-durable wrote: {exc!r:.200}") from None
+
+
+def _parse_agent_row(raw: str) -> dict[str, Any]:
     row = json.loads(raw)
     return {
         "agent_id": row.get("agent_id"),
@@ -466,12 +507,14 @@ def _agent_row(raw: str) -> dict[str, Any]:
 
 def _step_row(key: str, row: str) -> StepRow:
     status, attempt, _started, error = [*row.split("|", 3), "", "", ""][:4]
+    if status not in STEP_STATUSES or not (attempt or "0").isdigit():
+        raise StorageCorruptError(f"The row of step {key[:200]!r} is not one celery-durable wrote: {row[:80]!r}")
     return StepRow(key=key, status=status, attempt=int(attempt or 0), error=error or None)
 
 
 def _check_page_limit(limit: object) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
-        raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {limit!r}")
+        raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {short_repr(limit)}")
 
 
 def _resume_verdict(record: RunRecord, *, force: bool, code_changed: bool) -> str:
@@ -504,20 +547,31 @@ def _parse_cursor(cursor: str | None) -> float | None:
     if cursor is None:
         return None
     if not isinstance(cursor, str) or not cursor.startswith("s") or not cursor[1:].isdigit():
-        raise ValueError(f"cursor is not one list_workflow_runs returned: {cursor!r}")
+        raise ValueError(f"cursor is not one list_workflow_runs returned: {short_repr(cursor)}")
     return float(cursor[1:])
 
 
 def _check_poll_interval(poll_interval_ms: int | None) -> None:
     if poll_interval_ms is not None and (
-        isinstance(poll_interval_ms, bool) or not isinstance(poll_interval_ms, int) or poll_interval_ms <= 0
+        isinstance(poll_interval_ms, bool)
+        or not isinstance(poll_interval_ms, int)
+        or not 0 < poll_interval_ms <= MAX_POLL_MS
     ):
-        raise ValueError(f"poll_interval_ms must be a positive integer, got {poll_interval_ms!r}")
+        raise ValueError(
+            f"poll_interval_ms must be an integer from 1 to {MAX_POLL_MS}, got {short_repr(poll_interval_ms)}"
+        )
 
 
 def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds up to {MAX_TIMEOUT:.0e} (None waits without limit), "
+            f"got {short_repr(timeout)}"
+        )
+
+
 
 
 @contextmanager

@@ -53,12 +53,16 @@ class RedisServer:
         port: int | None = None,
         appendfsync: str = "always",
         extra_args: tuple[str, ...] = (),
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="cd-redis-"))
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.extra_args = extra_args
+        # Descriptors the server inherits: the embedded default passes its
+        # data directory's lock, so the lock lives exactly as long as the server.
+        self.pass_fds = pass_fds
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -79,7 +83,15 @@ class RedisServer:
             "--logfile", str(self.data_dir / "redis.log"),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Its own session: a Ctrl-C meant for the command that started it must
+        # not stop Redis before that command has stopped its workers.
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=self.pass_fds,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -10,6 +10,7 @@ pseudo-terminal, and one-line errors with their exit codes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pty
@@ -221,7 +222,8 @@ def test_follow_with_json_streams_records_then_the_envelope(durable) -> None:
 def test_pause_and_signal_use_the_client_or_say_they_are_not_available(durable) -> None:
     d = durable([phased])
     run_id = d.client.run_workflow("phased", args={"pause": 0}, timeout=30).run_id
-    for command, method in ((["pause", run_id], "pause_workflow_run"), (["signal", run_id, "go"], "signal_workflow_run")):
+    commands = ((["pause", run_id], "pause_workflow_run"), (["signal", run_id, "go"], "signal_workflow_run"))
+    for command, method in commands:
         result = cli(d.settings, "runs", *command, "--app", APP, "--json")
         if hasattr(Client, method):  # the engine side came with its own issue
             assert result.exit_code in (0, 1), result.output
@@ -306,7 +308,7 @@ def test_run_follow_on_a_terminal_shows_a_bar_per_phase(settings, fleet: Fleet) 
         if len(found) == 3 and (not states or states[-1] != found):
             states.append(found)
     order = {"pending": 0, "active": 1, "done": 2}
-    for before, after in zip(states, states[1:], strict=False):
+    for before, after in itertools.pairwise(states):
         assert all(order[a] >= order[b] for a, b in zip(after, before, strict=True)), states  # phases only advance
     for index in range(3):
         assert any(state[index] == "active" for state in states), f"phase {index + 1} never shown active: {states}"

@@ -186,7 +186,7 @@ def test_an_idempotent_start_whose_first_send_failed_is_sent_again(durable) -> N
         real(run_id, *args, **kwargs)
 
     d.engine.send_coordinator = fail_once  # type: ignore[method-assign]
-    with pytest.raises(ConnectionError):
+    with pytest.raises(StorageUnavailableError, match="broker down"):
         d.client.start_workflow("idem", idempotency_key="k1")
     run_id = d.client.start_workflow("idem", idempotency_key="k1")
     assert run_id == failed[0]

@@ -54,6 +54,11 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
 A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
 body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
 
+A settled run's keys (and its ``idem`` key) carry a TTL of
+``settings.run_retention_seconds`` (``expire_run.lua``; ``resume.lua`` removes
+it); the progress stream keeps the run's newest ``progress_max`` records (a
+run hash field, ``append_progress`` in ``_prelude.lua``).
+
 Every key of one run carries the hash tag ``{R}`` so all of them live in one
 Redis Cluster slot and a Lua script may touch several. Namespace keys carry
 ``{ns:N}``, the sweep's ``{sweep}``. No script mixes two tags: writes that

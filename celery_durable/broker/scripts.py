@@ -24,6 +24,7 @@ SCRIPT_NAMES = (
     "create_run",
     "discard_run",
     "dispatch",
+    "expire_run",
     "finish",
     "halt",
     "heartbeat",
@@ -34,6 +35,7 @@ SCRIPT_NAMES = (
     "read_sequence",
     "record_op",
     "release",
+    "release_idempotency",
     "resume",
 )
 

@@ -8,9 +8,10 @@ here, at the edge, into ``StorageUnavailableError``/``StorageCorruptError``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, cast
 
 import redis
@@ -23,24 +24,55 @@ from celery_durable.broker.scripts import Scripts
 from celery_durable.config import Settings
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
 
+logger = logging.getLogger(__name__)
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_NOT_NOW = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+"""Redis is there but cannot take this write now: out of memory, a replica,
+a cluster without a master. redis-py strips the error code ("OOM ...") from
+their messages, so they are told apart by class, not by text."""
+
+
 @contextlib.contextmanager
 def storage_errors() -> Iterator[None]:
-    """Translate redis-py errors into the two storage errors users see."""
+    """Translate redis-py errors into the two storage errors users see.
+
+    Unavailable: nothing was written and the same call can succeed later.
+    Corrupt: Redis holds data celery-durable did not write (a wrong type, a
+    script that failed on a stored value). Messages never hold the URL, so a
+    password in it cannot leak into logs.
+    """
     try:
         yield
+    except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
+        raise StorageUnavailableError(
+            f"Redis refused the credentials of redis_url (user and password, or ACL): {exc}"
+        ) from None
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # BusyLoadingError (still loading its append-only file) is one of these.
         raise StorageUnavailableError(f"Redis is unavailable: {exc}") from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise StorageUnavailableError(
+            f"The Redis user of redis_url lacks a permission celery-durable needs (check its ACL): {exc}"
+        ) from None
+    except _NOT_NOW as exc:
+        raise StorageUnavailableError(f"Redis cannot serve the journal now: {exc}") from None
     except redis.exceptions.ResponseError as exc:
-        if str(exc).startswith(("OOM", "LOADING", "MASTERDOWN", "READONLY", "BUSY")):
-            # Redis is there but cannot take writes now: out of memory, still
-            # loading its append-only file, or a replica. Not corruption.
+        if str(exc).startswith(("BUSY", "LOADING", "MASTERDOWN")):
             raise StorageUnavailableError(f"Redis cannot serve the journal now: {exc}") from None
         raise StorageCorruptError(f"Redis refused an operation on stored data: {exc}") from None
+    except redis.exceptions.RedisError as exc:
+        # InvalidResponse and the like: the conversation broke, not the data.
+        raise StorageUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +161,43 @@ class RunStore:
 
     def discard_run(self, run_id: str, epoch: int) -> None:
         self._run("discard_run", [self.run_keys(run_id).run], [epoch])
+
+    def release_idempotency(self, namespace: str, idempotency_key: str, owner: str) -> bool:
+        """Free an idempotency key that still names ``owner``, a run that has expired."""
+        key = self.keys.namespace(namespace).idempotency(idempotency_key)
+        return bool(self._run("release_idempotency", [key], [owner]))
+
+    def forget_runs(self, namespace: str, run_ids: Sequence[str]) -> None:
+        """Drop runs whose keys have expired (run retention) from the namespace index."""
+        if run_ids:
+            with storage_errors():
+                self.client.zrem(self.keys.namespace(namespace).runs, *run_ids)
+
+    def expire_run(self, run_id: str) -> None:
+        """Start the retention clock of a settled run (``settings.run_retention_seconds``).
+
+        Not atomic with the write that settled the run, and need not be: it is
+        a compare-and-set on the status, and a resume persists the keys again.
+        """
+        ttl_ms = self.settings.run_retention_seconds * 1000
+        if ttl_ms <= 0:
+            return
+        reply = self._run("expire_run", astuple(self.run_keys(run_id)), [ttl_ms])
+        if reply and reply[1]:
+            with storage_errors():
+                self.client.pexpire(self.keys.namespace(str(reply[0])).idempotency(str(reply[1])), ttl_ms)
+
+    def _retain(self, run_id: str) -> None:
+        """``expire_run`` after a run settled: the settling stands even if this fails."""
+        try:
+            self.expire_run(run_id)
+        except (StorageUnavailableError, StorageCorruptError) as exc:
+            logger.warning("run %s settled, but its retention could not be set: %s", run_id, exc)
+
+    def _persist_idempotency(self, record: RunRecord) -> None:
+        if record.idempotency_key:
+            with storage_errors():
+                self.client.persist(self.keys.namespace(record.namespace).idempotency(record.idempotency_key))
 
     def load_run(self, run_id: str) -> RunRecord | None:
         with storage_errors():
@@ -388,6 +457,7 @@ class RunStore:
         )
         _refuse(run_id, reply)
         self.unschedule(run_id)
+        self._retain(run_id)
 
     def resume(
         self,
@@ -402,9 +472,10 @@ class RunStore:
         """Bump the epoch if the run is still as ``record`` saw it (and, for a
         recovery, its lease has expired); the new epoch, or None."""
         k = self.run_keys(record.run_id)
+        first = [k.run, k.progress, k.steps, k.running, k.agents]
         reply = self._run(
             "resume",
-            [k.run, k.progress, k.steps, k.running, k.agents],
+            [*first, *(key for key in astuple(k) if key not in first)],
             [
                 record.epoch,
                 record.status,
@@ -421,6 +492,7 @@ class RunStore:
         if reply[0] != "ok":
             return None
         self.schedule_check(record.run_id, now_ms() + int(self.settings.lease_seconds * 1000))
+        self._persist_idempotency(record)
         return int(reply[1])
 
     def halt(self, record: RunRecord) -> bool:
@@ -433,6 +505,7 @@ class RunStore:
         )
         if reply[0] == "ok":
             self.unschedule(record.run_id)
+            self._retain(record.run_id)
         return bool(reply[0] == "ok")
 
     # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
@@ -462,6 +535,7 @@ class RunStore:
         epoch = int(reply[1]) if reply[0] == "requested" else None
         if reply[0] == "cancelled":
             self.unschedule(run_id)
+            self._retain(run_id)
         return str(reply[0]), epoch
 
     # -- progress --------------------------------------------------------------

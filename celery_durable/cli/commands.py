@@ -24,6 +24,7 @@ from celery_durable.cli.common import (
     print_json,
 )
 from celery_durable.cli.follow import follow_run, view_for
+from celery_durable.cli.local import require_reachable_redis, standalone
 from celery_durable.cli.render import print_envelope
 from celery_durable.workflows.envelope import RunEnvelope
 
@@ -51,7 +52,8 @@ def run(
             return follow_run(client, run_id, view_for(out, as_json), after_seq=0, timeout=timeout)
         return client.wait_for_workflow_run(run_id, timeout=timeout)
 
-    envelope = guarded(body)
+    with standalone(app_path):  # nothing configured: a private Redis and a worker
+        envelope = guarded(body)
     if as_json and not follow:
         print_json(envelope.to_dict())
     elif not follow:
@@ -76,6 +78,7 @@ def worker(
     with the engine's durability settings (JSON only, late acks, prefetch 1)
     and sends task events, so Flower shows its tasks as they run.
     """
+    require_reachable_redis()
     engine = guarded(lambda: load_engine(app_path))
     argv = ["--quiet"] if quiet else []
     argv += ["worker", f"--loglevel={loglevel}", "--task-events"]

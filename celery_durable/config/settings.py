@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 class Settings(BaseSettings):
@@ -36,7 +38,24 @@ class Settings(BaseSettings):
         le=100_000,
         description="Most branch tasks one fan-out is split into; wider fan-outs give each task several branches.",
     )
-    max_payload_bytes: int = Field(default=1024 * 1024, ge=1024)
+    max_payload_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest args, step result, agent result, run result or log line, in UTF-8 bytes of JSON.",
+    )
+    progress_max_records: int = Field(
+        default=10_000,
+        ge=0,
+        le=100_000_000,
+        description="Progress records kept per run; older ones are trimmed as new ones arrive (0: keep all).",
+    )
+    run_retention_seconds: int = Field(
+        default=7 * 86_400,
+        ge=0,
+        le=10 * 365 * 86_400,
+        description="How long a run is kept once it is completed, cancelled, error or halted (0: forever).",
+    )
     visibility_timeout_seconds: int = Field(
         default=6 * 3600,
         ge=60,
@@ -63,6 +82,14 @@ class Settings(BaseSettings):
     def _plain_name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("must be 1-64 characters of [A-Za-z0-9._-]")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in REDIS_SCHEMES:
+            raise ValueError(f"must be a {', '.join(s + '://' for s in REDIS_SCHEMES)} URL, got scheme {scheme!r}")
         return value
 
     @field_validator("agent_prices")

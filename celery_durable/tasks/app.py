@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from celery import Celery, Task
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from celery_durable.config import Settings
 from celery_durable.errors import StorageUnavailableError
+from celery_durable.tasks.transport import TRANSPORT
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -62,6 +64,10 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         worker_hijack_root_logger=False,
         task_send_sent_event=True,
     )
+    if urlsplit(settings.effective_broker_url).scheme in ("redis", "rediss"):
+        # Kombu's Redis transport, except that a frame that is not a message
+        # is dropped instead of stopping the worker (tasks/transport.py).
+        app.conf.broker_transport = TRANSPORT
     return app
 
 
@@ -89,15 +95,20 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         "max_retries": None,
     }
 
+    # Every field is keyword-only: celery-durable sends keyword arguments, so
+    # a message with positional ones was not sent by it (see _positional).
     @app.task(name=COORDINATOR_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
     def coordinator(
-        task: Task, run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any
+        task: Task, *args: Any, run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any
     ) -> None:
+        if _positional("coordinator", args):
+            return
         task_id = str(task.request.id or "")
         run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
 
     @app.task(name=AGENT_TASK, ignore_result=True, shared=False, **retry_storage)
     def agent(
+        *args: Any,
         run_id: Any = None,
         epoch: Any = None,
         workflow: Any = None,
@@ -105,10 +116,13 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         owner: Any = None,
         **extra: Any,
     ) -> None:
+        if _positional("agent", args):
+            return
         run_agent_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, agent=agent, owner=owner, extra=extra)
 
     @app.task(name=BRANCH_TASK, ignore_result=True, shared=False, **retry_storage)
     def branch(
+        *args: Any,
         run_id: Any = None,
         epoch: Any = None,
         workflow: Any = None,
@@ -116,9 +130,18 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         branches: Any = None,
         **extra: Any,
     ) -> None:
+        if _positional("branch", args):
+            return
         run_branch_task(
             engine, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branches=branches, extra=extra
         )
+
+
+def _positional(kind: str, args: tuple[Any, ...]) -> bool:
+    """True (and logged) for a message with positional arguments: not one of ours."""
+    if args:
+        logger.error("rejected %s message: positional arguments %.80r", kind, args)
+    return bool(args)
 
 
 def send_agent(

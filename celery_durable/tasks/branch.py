@@ -12,7 +12,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemptError, StorageUnavailableError
+from celery_durable.errors import (
+    FATAL_ERRORS,
+    NonDeterminismError,
+    StaleAttemptError,
+    StorageCorruptError,
+    StorageUnavailableError,
+)
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, parse_branches, parse_run_message
 from celery_durable.workflows import outcomes
@@ -74,6 +80,12 @@ def run_branch_task(
     except StorageUnavailableError as exc:
         logger.warning("run %s: storage unavailable in branches of %s, retrying: %s", record.run_id, call_id, exc)
         raise  # the task retries with backoff (tasks/app.py)
+    except StorageCorruptError as exc:
+        # The branch cannot journal its outcome. Wake the coordinator rather
+        # than leave the run waiting a lease for the sweep: its pass meets the
+        # same damage and stops the run as workflow_storage_corrupt.
+        logger.error("run %s: storage corrupt in branches %s of %s: %s", record.run_id, indices, call_id, exc)
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow)
 
 
 def _run_to_branches(replay: Replay, journal: Callable[[int, Outcome], None]) -> None:

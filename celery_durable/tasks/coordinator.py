@@ -58,7 +58,11 @@ def run_coordinator_task(
         logger.error("rejected coordinator message: %s", exc)
         return
     store = engine.store
-    record = store.load_run(message.run_id)
+    try:
+        record = store.load_run(message.run_id)
+    except StorageCorruptError as exc:
+        logger.error("run %s: not executed, its record is corrupt: %s", message.run_id, exc)
+        return
     if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
         engine.count_refused()
         logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
@@ -96,6 +100,9 @@ def run_coordinator_task(
                 # under the same id, so it re-enters its own lock.
                 logger.warning("run %s: storage unavailable during a pass, retrying: %s", record.run_id, exc)
                 raise
+            except StorageCorruptError as exc:
+                _settle_corrupt(engine, record, exc)
+                return
             if not store.release(record.run_id, token, record.epoch):
                 return
             fresh = store.load_run(record.run_id)
@@ -211,6 +218,30 @@ def _returned(replay: Replay, result: Any) -> Settlement:
         error = f"Workflow result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes})"
         return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
     return Settlement("completed", result_json=encoded, message="Run completed")
+
+
+def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError) -> None:
+    """Stop a run whose journal holds what celery-durable did not write.
+
+    Resumable: once the entry is repaired (or deleted, so that its op runs
+    again), ``resume_workflow`` replays the run from its journal.
+    """
+    logger.error("run %s: storage corrupt, the run stops: %s", record.run_id, exc)
+    try:
+        engine.store.finish(
+            record.run_id,
+            record.epoch,
+            record.namespace,
+            "error",
+            reason="workflow_storage_corrupt",
+            error=str(exc),
+            can_resume=True,
+            message="Run stopped: storage corrupt",
+        )
+    except (StaleAttemptError, StorageCorruptError, StorageUnavailableError) as again:
+        # The run record itself cannot take the write: nothing more to do here;
+        # the recovery sweep looks at the run again when its lease runs out.
+        logger.error("run %s: could not record the corruption: %s", record.run_id, again)
 
 
 def _settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:

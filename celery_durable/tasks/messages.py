@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_durable.broker.keys import RUN_ID_PATTERN
+from celery_durable.workflows.definition import NAME_PATTERN
 
+WORKFLOW_NAME = NAME_PATTERN
+"""The names define_workflow accepts: a message naming anything else is forged."""
 CALL_PATTERN = re.compile(r"m(\.\d{1,9}\.\d{1,9}){0,32}:\d{1,9}")
 
 
@@ -29,13 +32,13 @@ class RunMessage:
 
 def parse_run_message(run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]) -> RunMessage:
     if extra:
-        raise BadMessage(f"unexpected fields {sorted(extra)}")
+        raise BadMessage(f"unexpected fields {sorted(extra)!r:.200}")
     if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
-        raise BadMessage(f"run_id is not a run id: {run_id!r}")
+        raise BadMessage(f"run_id is not a run id: {run_id!r:.80}")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-        raise BadMessage(f"epoch is not a positive integer: {epoch!r}")
-    if not isinstance(workflow, str) or not workflow:
-        raise BadMessage(f"workflow is not a name: {workflow!r}")
+        raise BadMessage(f"epoch is not a positive integer: {epoch!r:.80}")
+    if not isinstance(workflow, str) or not WORKFLOW_NAME.fullmatch(workflow):
+        raise BadMessage(f"workflow is not a workflow name: {workflow!r:.80}")
     return RunMessage(run_id, epoch, workflow)
 
 
@@ -44,7 +47,7 @@ MAX_BRANCHES_PER_MESSAGE = 1_000_000
 
 def parse_branches(call: Any, branches: Any) -> tuple[str, tuple[int, ...]]:
     if not isinstance(call, str) or not CALL_PATTERN.fullmatch(call):
-        raise BadMessage(f"call is not a fan-out call id: {call!r}")
+        raise BadMessage(f"call is not a fan-out call id: {call!r:.80}")
     if not isinstance(branches, list) or not branches or len(branches) > MAX_BRANCHES_PER_MESSAGE:
         raise BadMessage(f"branches is not a non-empty list of branch indices: {branches!r:.80}")
     for index in branches:

@@ -83,28 +83,38 @@ class RecoverySweep:
         acted = 0
         now = now_ms()
         for run_id in store.due_runs(now, BATCH):
-            record = store.load_run(run_id)
-            if record is None or record.status not in ACTIVE:
-                store.unschedule(run_id)
-                continue
-            if record.lease_until > now:
-                store.schedule_check(run_id, record.lease_until)
-                continue
-            if not settings.auto_recover:
-                acted += store.halt(record)
-                continue
-            epoch = store.resume(
-                record,
-                limits_json=jsonvalue.dumps(record.limits),
-                message="Run recovered after its attempt died",
-                code_hash="",
-                require_expired=True,
-            )
-            if epoch is not None:
-                logger.warning("run %s: attempt died; recovering as epoch %s", run_id, epoch)
-                self.engine.send_coordinator(run_id, epoch, record.workflow)
-                acted += 1
+            try:
+                acted += self._look_at(run_id, now)
+            except StorageCorruptError as exc:
+                # One damaged run must not stop the recovery of every other:
+                # look at it again a lease later, once someone may have repaired it.
+                logger.error("recovery of run %s skipped, its record is corrupt: %s", run_id, exc)
+                store.schedule_check(run_id, now + int(settings.lease_seconds * 1000))
         return acted
+
+    def _look_at(self, run_id: str, now: int) -> int:
+        store = self.engine.store
+        record = store.load_run(run_id)
+        if record is None or record.status not in ACTIVE:
+            store.unschedule(run_id)
+            return 0
+        if record.lease_until > now:
+            store.schedule_check(run_id, record.lease_until)
+            return 0
+        if not self.engine.settings.auto_recover:
+            return int(store.halt(record))
+        epoch = store.resume(
+            record,
+            limits_json=jsonvalue.dumps(record.limits),
+            message="Run recovered after its attempt died",
+            code_hash="",
+            require_expired=True,
+        )
+        if epoch is None:
+            return 0
+        logger.warning("run %s: attempt died; recovering as epoch %s", run_id, epoch)
+        self.engine.send_coordinator(run_id, epoch, record.workflow)
+        return 1
 
 
 def install(engine: Engine) -> None:

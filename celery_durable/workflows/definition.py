@@ -16,6 +16,7 @@ import jsonschema
 import jsonschema.exceptions
 
 from celery_durable.errors import WorkflowDefinitionError
+from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import validate_limits
 
 if TYPE_CHECKING:
@@ -75,10 +76,12 @@ def define_workflow(meta: Mapping[str, Any], run: RunFunction) -> Workflow:
         raise WorkflowDefinitionError(f"Workflow run must be callable, got {type(run).__name__}")
     for key in meta:
         if key not in META_KEYS:
-            raise WorkflowDefinitionError(f"Unknown key in workflow meta: {key}")
+            raise WorkflowDefinitionError(f"Unknown key in workflow meta: {_key(key)}")
     name = _required_text(meta, "name")
     if not NAME_PATTERN.fullmatch(name):
-        raise WorkflowDefinitionError(f"Workflow name must be at most 128 characters of [A-Za-z0-9._-]: {name!r}")
+        raise WorkflowDefinitionError(
+            f"Workflow name must be at most 128 characters of [A-Za-z0-9._-]: {short_repr(name)}"
+        )
     description = _required_text(meta, "description")
     if "phases" not in meta:
         raise WorkflowDefinitionError("Workflow meta is missing required key: phases")
@@ -147,6 +150,11 @@ def code_hash(run: RunFunction, canonical_meta: Mapping[str, Any]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _key(key: Any) -> str:
+    """An unknown key as an error names it: verbatim when it is a short string."""
+    return key[:80] if isinstance(key, str) else short_repr(key)
+
+
 def _required_text(meta: Mapping[str, Any], key: str) -> str:
     if key not in meta:
         raise WorkflowDefinitionError(f"Workflow meta is missing required key: {key}")
@@ -168,15 +176,15 @@ def _phases(raw: Any) -> tuple[Phase, ...]:
             raise WorkflowDefinitionError(f"Workflow phase {index} must be a dict, got {type(item).__name__}")
         for key in item:
             if key not in PHASE_KEYS:
-                raise WorkflowDefinitionError(f"Unknown key in workflow phase {index}: {key}")
+                raise WorkflowDefinitionError(f"Unknown key in workflow phase {index}: {_key(key)}")
         title = item.get("title")
         if not isinstance(title, str) or not title.strip():
             raise WorkflowDefinitionError(f"Workflow phase {index} needs a non-blank title")
         if title in seen:
-            raise WorkflowDefinitionError(f"Workflow phase title is declared more than once: {title}")
+            raise WorkflowDefinitionError(f"Workflow phase title is declared more than once: {title[:200]}")
         detail = item.get("detail")
         if detail is not None and not isinstance(detail, str):
-            raise WorkflowDefinitionError(f"Workflow phase {title!r} detail must be a string")
+            raise WorkflowDefinitionError(f"Workflow phase {short_repr(title)} detail must be a string")
         seen.add(title)
         phases.append(Phase(phase_id=f"phase-{index + 1}", title=title, detail=detail))
     return tuple(phases)

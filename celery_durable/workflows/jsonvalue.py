@@ -56,7 +56,7 @@ def json_problem(value: Any) -> str | None:
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    return f"dict key {key!r} is not a string"
+                    return f"dict key {short_repr(key)} is not a string"
                 if not _is_utf8(key):
                     return "a dict key holds a lone surrogate"
                 stack.append((child, depth + 1))
@@ -65,11 +65,23 @@ def json_problem(value: Any) -> str | None:
     return None
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` for an error message: at most ``limit`` characters, and safe for
+    ints too long for ``str`` (whose ``repr`` raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception as exc:  # a user object whose __repr__ raises
+        return f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _scalar_problem(item: int | float | str) -> str | None:
     if isinstance(item, int):
         return None if _int_encodable(item) else "an integer has too many digits to encode"
     if isinstance(item, float):
-        return None if math.isfinite(item) else f"{item!r} is not a finite number"
+        return None if math.isfinite(item) else f"{item!r} is not a finite number"  # nan, inf or -inf
     return None if _is_utf8(item) else "a string holds a lone surrogate"
 
 

@@ -7,6 +7,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from celery_durable.errors import WorkflowDefinitionError
+from celery_durable.workflows.jsonvalue import short_repr
 
 LIMIT_KEYS = ("max_concurrent_subagents", "max_total_subagents", "max_ai_credits", "timeout_seconds")
 MAX_TIMEOUT_SECONDS = 2147483.647
@@ -27,7 +28,8 @@ def validate_limits(limits: Any, *, allow_none: bool, where: str = "limits") -> 
         raise WorkflowDefinitionError(f"{where} must be a dict, got {type(limits).__name__}")
     for key in limits:
         if key not in LIMIT_KEYS:
-            raise WorkflowDefinitionError(f"Unknown key in {where}: {key}")
+            named = key[:80] if isinstance(key, str) else short_repr(key)
+            raise WorkflowDefinitionError(f"Unknown key in {where}: {named}")
     for key, value in limits.items():
         if value is None:
             if not allow_none:
@@ -43,14 +45,14 @@ def _check_limit(key: str, value: Any, where: str) -> None:
         raise WorkflowDefinitionError(f"{name} must be a number, got {type(value).__name__}")
     if key in ("max_concurrent_subagents", "max_total_subagents"):
         if not isinstance(value, int) or value <= 0:
-            raise WorkflowDefinitionError(f"{name} must be a positive integer, got {value!r}")
+            raise WorkflowDefinitionError(f"{name} must be a positive integer, got {short_repr(value)}")
         return
     if (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
-        raise WorkflowDefinitionError(f"{name} must be a finite number above 0, got {value!r}")
+        raise WorkflowDefinitionError(f"{name} must be a finite number above 0, got {short_repr(value)}")
     if key == "max_ai_credits" and nano_credits(value) < 1:
-        raise WorkflowDefinitionError(f"{name} rounds to zero nano-credits: {value!r}")
+        raise WorkflowDefinitionError(f"{name} rounds to zero nano-credits: {short_repr(value)}")
     if key == "timeout_seconds" and value > MAX_TIMEOUT_SECONDS:
-        raise WorkflowDefinitionError(f"{name} must be at most {MAX_TIMEOUT_SECONDS}, got {value!r}")
+        raise WorkflowDefinitionError(f"{name} must be at most {MAX_TIMEOUT_SECONDS}, got {short_repr(value)}")
 
 
 def merge_limits(base: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:

@@ -365,7 +365,7 @@ class Replay:
         journaled, raw = self._expect(cursor, identity)
         cut: str | None = None
         if journaled and raw is not None:
-            outcome = outcomes.decode(raw)
+            outcome = self._decode(raw)
             if outcome.is_live(self.epoch):
                 self.flush(cursor)
                 cursor.advance()
@@ -378,14 +378,24 @@ class Replay:
         existing = self.flush(cursor, step_key=key, cut=cut)
         self.check_cancelled()
         if existing is not None:
-            outcome = outcomes.decode(existing)
+            outcome = self._decode(existing)
             self._commit(cursor, identity)
         else:
             outcome = self._produce(key, producer, retry)
             winner = self._commit(cursor, identity, value_field=f"v:{key}", outcome=outcome, step_key=key)
             if winner is not None:
-                outcome = outcomes.decode(winner)
+                outcome = self._decode(winner)
         return outcome.step_result(key)
+
+    def _decode(self, raw: str) -> Outcome:
+        """A journaled outcome; one that does not parse breaks this execution
+        (sticky, like every storage error), so user code that catches it
+        cannot journal past it."""
+        try:
+            return outcomes.decode(raw)
+        except StorageCorruptError as exc:
+            self.broken = self.broken or exc
+            raise
 
     @staticmethod
     def _cut(cursor: Cursor) -> None:
@@ -469,7 +479,7 @@ class Replay:
         journaled, raw = self._expect(cursor, identity)
         cut: str | None = None
         if journaled and raw is not None:
-            outcome = outcomes.decode(raw)
+            outcome = self._decode(raw)
             if outcome.is_live(self.epoch):
                 self.flush(cursor)
                 cursor.advance()
@@ -510,7 +520,7 @@ class Replay:
             raise self._nondeterminism(cursor, f"expected {describe(str(detail))}, got agent turn {agent_id}")
         self.apply_flags(flags)
         if verdict == "hit":
-            outcome = outcomes.decode(str(detail))
+            outcome = self._decode(str(detail))
             cursor.advance()
             return outcome.value if outcome.kind == "o" else None
         if verdict == "limit":
@@ -656,7 +666,7 @@ class Replay:
         raws = self.store.branch_outcomes(self.run.run_id, call, len(branches))
         for index in self.target.indices:
             raw = raws[index]
-            if raw is not None and outcomes.decode(raw).is_live(self.epoch):
+            if raw is not None and self._decode(raw).is_live(self.epoch):
                 continue  # a redelivered task: this branch is journaled already
             try:
                 outcome = self.run_branch(cursor, branches[index], index)
@@ -681,7 +691,7 @@ class Replay:
         A live fatal outcome is raised at once: fatal errors abort the whole call.
         """
         raws = self.store.branch_outcomes(self.run.run_id, call, count)
-        decoded = [outcomes.decode(raw) if raw is not None else None for raw in raws]
+        decoded = [self._decode(raw) if raw is not None else None for raw in raws]
         for outcome in decoded:
             if outcome is not None and outcome.kind == "f" and outcome.is_live(self.epoch):
                 error = outcome.fatal_error()
@@ -696,7 +706,7 @@ class Replay:
         """Run a nested fan-out's unfinished branches on this worker, in threads."""
         raws = self.store.branch_outcomes(self.run.run_id, call, len(branches))
         todo = [
-            j for j, raw in enumerate(raws) if raw is None or not outcomes.decode(raw).is_live(self.epoch)
+            j for j, raw in enumerate(raws) if raw is None or not self._decode(raw).is_live(self.epoch)
         ]
 
         def run_one(j: int) -> bool:
@@ -733,6 +743,10 @@ class Replay:
         problem = jsonvalue.json_problem(result)
         if problem is not None:
             return outcomes.failure(self.epoch, TypeError(f"Branch result must be a JSON value: {problem}"))
+        size = len(jsonvalue.dumps(result).encode("utf-8"))
+        if size > self.max_payload_bytes:
+            too_large = ValueError(f"Branch result is {size} bytes, above max_payload_bytes ({self.max_payload_bytes})")
+            return outcomes.failure(self.epoch, too_large)
         return outcomes.value(result)
 
 

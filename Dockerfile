@@ -1,0 +1,21 @@
+# The celery-durable image: the package, its CLI, and the examples.
+# Your own image: start FROM this one and COPY your workflows' package in,
+# then set CELERY_DURABLE_APP to its engine.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY celery_durable ./celery_durable
+RUN pip install .
+COPY examples ./examples
+
+# Celery refuses to be comfortable as root, and a worker needs no privileges.
+RUN useradd --create-home --uid 10001 durable
+USER durable
+
+CMD ["celery-durable", "--help"]

@@ -1,0 +1,80 @@
+"""The seed's trip: book a flight, a hotel and a rental car in parallel, review
+the bookings, then confirm.
+
+Unlike the workflow in the seed, every booking passes the provider an
+idempotency key derived from the run (``ctx.idempotency_key``). A booking
+step that was in flight when its worker died runs again in the next attempt
+(steps run at least once) — and the provider, seeing the same key, returns
+the reservation it already made instead of booking a second car.
+
+Run it with a worker:  celery-durable run trip --app examples.trip:engine --args '{"destination": "Seattle"}'
+Or watch it survive ``kill -9``:  celery-durable demo
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from celery_durable import Engine, WorkflowContext, workflow
+from celery_durable.demo import providers
+
+SERVICES = ("flight", "hotel", "car")
+
+
+@workflow(
+    name="trip",
+    description="Books a flight, a hotel and a rental car, reviews the bookings, confirms the trip",
+    phases=[
+        {"title": "Book", "detail": "Flight, hotel and car in parallel"},
+        {"title": "Review", "detail": "Every booking confirmed by its provider"},
+        {"title": "Confirm"},
+    ],
+    args_schema={
+        "type": "object",
+        "properties": {"destination": {"type": "string", "minLength": 1}},
+        "required": ["destination"],
+    },
+)
+def trip(ctx: WorkflowContext) -> dict[str, Any]:
+    destination = ctx.args["destination"]
+    ctx.phase("Book")
+    ctx.log(f"Booking a flight, a hotel and a rental car for {destination}")
+
+    def booking(service: str) -> Any:
+        key = ctx.idempotency_key(f"book-{service}")
+
+        def book() -> dict[str, Any]:
+            return providers.book(service, key, {"destination": destination})
+
+        reservation = ctx.step(f"book-{service}", book)
+        ctx.log(f"{service} booked: {reservation['confirmation']}")
+        return reservation
+
+    bookings = ctx.parallel([partial(booking, service) for service in SERVICES])
+
+    ctx.phase("Review")
+    review = ctx.step("review", lambda: review_bookings(bookings))
+    ctx.log("Every booking confirmed" if review["approved"] else f"Not confirmed: {', '.join(review['issues'])}")
+
+    ctx.phase("Confirm")
+    if not review["approved"]:
+        return {"status": "not_confirmed", "destination": destination, "issues": review["issues"]}
+    confirmed: dict[str, Any] = ctx.step(
+        "confirm-trip",
+        lambda: {"status": "confirmed", "destination": destination, "bookings": bookings},
+    )
+    return confirmed
+
+
+def review_bookings(bookings: list[Any]) -> dict[str, Any]:
+    """Approve only bookings that came back with a confirmation number: never invent one."""
+    issues = [
+        f"{service} has no confirmation"
+        for service, booking in zip(SERVICES, bookings, strict=True)
+        if not (isinstance(booking, dict) and booking.get("confirmation"))
+    ]
+    return {"approved": not issues, "issues": issues}
+
+
+engine = Engine(workflows=[trip])

@@ -1,0 +1,128 @@
+"""Following a run in Flower: ``celery-durable flower`` and a ``celery-durable
+worker`` as real processes, a real run, and Flower's REST API read the way
+a dashboard would (/api/workers, /api/tasks)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_durable import Engine, Settings
+from tests.apps.phased import phased
+from tests.fleet import ROOT, Fleet, settings_env
+
+AUTH = ("watcher", "s3cret")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Flower:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, *, auth: bool = True) -> Any:
+        request = urllib.request.Request(self.base + path)
+        if auth:
+            token = base64.b64encode(":".join(AUTH).encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+
+@pytest.fixture
+def flower(settings: Settings, tmp_path: Path) -> Iterator[Flower]:
+    port = free_port()
+    env = {**settings_env(settings), "FLOWER_BASIC_AUTH": ":".join(AUTH)}
+    with open(tmp_path / "flower.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.apps.phased:engine", f"--port={port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    try:
+        yield Flower(port)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def poll(what: str, probe: Any, timeout: float = 30) -> Any:
+    """``probe()`` until it returns something truthy; Flower being up is part of the wait."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last answer: {last!r:.500}")
+
+
+@pytest.mark.slow  # two processes to start: 7 s alone, past 10 s on a loaded machine
+def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flower: Flower) -> None:
+    worker = fleet.start("tests.apps.phased:engine", name="flowerw")
+    hostname = poll(
+        "the worker in /api/workers",
+        lambda: [name for name in flower.get("/api/workers?refresh=1") if name.startswith("flowerw-")],
+    )[0]
+    assert worker.alive()
+    assert flower.status("/api/tasks") == 401, "the API is behind basic auth"
+
+    envelope = Engine([phased], settings).client().run_workflow("phased", args={"pause": 0.1}, timeout=60)
+    assert envelope.status == "completed"
+    run_id = envelope.run_id
+
+    def run_tasks() -> list[dict[str, Any]]:
+        tasks = flower.get("/api/tasks?limit=1000").values()
+        mine = [task for task in tasks if run_id in str(task.get("kwargs") or "")]
+        done = [task for task in mine if task.get("state") == "SUCCESS"]
+        names = sorted(task["name"] for task in done)
+        # Two coordinator passes (before and after the fan-out), three branches.
+        return done if names == ["celery_durable.branch"] * 3 + ["celery_durable.coordinator"] * 2 else []
+
+    tasks = poll("the run's tasks in /api/tasks", run_tasks)
+    for task in tasks:
+        assert task["worker"] == hostname
+        assert f"'run_id': '{run_id}'" in task["kwargs"]
+        assert "'epoch': 1" in task["kwargs"] and "'workflow': 'phased'" in task["kwargs"]
+        if task["name"] == "celery_durable.branch":
+            assert "'call': 'm:1'" in task["kwargs"] and "'branches': [" in task["kwargs"]
+    detail = flower.get(f"/api/task/info/{tasks[0]['uuid']}")
+    assert detail["name"] == tasks[0]["name"] and run_id in detail["kwargs"]

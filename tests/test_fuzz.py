@@ -1,0 +1,550 @@
+"""Hostile input at every entry point, fuzzed with Hypothesis against a real
+Redis and a real worker (SPEC §2, §3, §7, §12; the "bad input" issue).
+
+For every call: it succeeds, or it raises a clear error — ``ValueError``,
+``TypeError`` or a ``DurableError`` — with a non-empty message; a refused
+call leaves every key of the test in Redis as it was; a canary run, held at
+a step while the fuzzing goes on, completes afterwards, and so do the runs
+that were accepted. Task messages sent straight to the worker are never
+executed and never stop it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from celery.signals import task_postrun
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from celery_durable import RunEnvelope, Workflow, WorkflowContext, define_workflow, workflow
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
+from celery_durable.workflows.definition import META_KEYS, NAME_PATTERN
+from tests.hostile import (
+    PAYLOAD_BYTES,
+    bad_numbers,
+    json_values,
+    junk,
+    limits,
+    names,
+    payloads,
+    refusal,
+    run_ids,
+    snapshot,
+    text,
+)
+from tests.test_fencing import poll
+
+TIMEOUT = 30
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+    # No shrinking: against a live worker it can take minutes. The failing
+    # example is reported as found.
+    phases=[Phase.explicit, Phase.generate],
+)
+SEEN: set[str] = set()
+"""Every distinct kind of error message the fuzzing met (printed with ``-s``)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    print(f"\n{len(SEEN)} distinct error messages met by the fuzz tests:")
+    for line in sorted(SEEN):
+        print("  ", line)
+
+
+class Gate:
+    """Holds the canary's step until the test opens it."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def hold(self) -> str:
+        self.entered.set()
+        if not self.release.wait(TIMEOUT * 4):
+            raise RuntimeError("the test never opened the gate")
+        return "released"
+
+
+GATE = Gate()
+
+
+@pytest.fixture(autouse=True)
+def gate() -> Iterator[Gate]:
+    global GATE
+    GATE = Gate()
+    yield GATE
+    GATE.release.set()  # before the worker stops
+
+
+@workflow(name="canary", description="a healthy run held at a step", phases=[{"title": "Hold"}])
+def canary(ctx: WorkflowContext) -> Any:
+    ctx.phase("Hold")
+    ctx.log("holding")
+    return {"held": ctx.step("hold", lambda: GATE.hold())}
+
+
+@workflow(name="echo", description="returns its args from a step", phases=[{"title": "Echo", "detail": "d"}])
+def echo(ctx: WorkflowContext) -> Any:
+    ctx.phase("Echo")
+    return ctx.step("echo", lambda: ctx.args)
+
+
+@workflow(
+    name="strict",
+    description="args checked by a schema",
+    phases=[],
+    args_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+)
+def strict(ctx: WorkflowContext) -> Any:
+    return ctx.step("n", lambda: ctx.args["n"])
+
+
+@workflow(name="flaky", description="fails its first attempt", phases=[])
+def flaky(ctx: WorkflowContext) -> Any:
+    if ctx.attempt == 1:
+        ctx.step("boom", lambda: 1 / 0)
+        raise RuntimeError("first attempt fails")
+    return "second attempt"
+
+
+UNREGISTERED = define_workflow({"name": "echo", "description": "same name, other code", "phases": []}, lambda c: 1)
+
+
+def held_canary(d: Any, gate: Gate) -> str:
+    run_id: str = d.client.start_workflow("canary")
+    assert gate.entered.wait(TIMEOUT), "the canary never reached its step"
+    return run_id
+
+
+def quiet(d: Any, raw: Any, *keep: str) -> None:
+    """Wait until the recovery schedule holds only ``keep``: settled runs have left it."""
+    due = d.engine.store.keys.sweep_due
+    poll(lambda: set(raw.zrange(due, 0, -1)) <= set(keep), "settled runs to leave the sweep's schedule")
+
+
+def canary_completes(d: Any, gate: Gate, run_id: str) -> None:
+    gate.release.set()
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.result) == ("completed", {"held": "released"}), envelope.error
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+# -- definitions -------------------------------------------------------------------------
+
+phases = st.lists(
+    st.dictionaries(st.sampled_from(["title", "detail"]) | text, text | junk, max_size=3) | junk, max_size=4
+)
+meta_values: dict[str, st.SearchStrategy[Any]] = {
+    "name": names | junk,
+    "description": text | junk,
+    "phases": phases | junk,
+    "limits": limits | st.none(),
+    "args_schema": st.dictionaries(st.sampled_from(["type", "properties", "required", "minimum"]), json_values)
+    | json_values,
+}
+good_phases = st.lists(st.fixed_dictionaries({"title": text}, optional={"detail": text}), max_size=3)
+metas = (
+    st.fixed_dictionaries(
+        {},
+        optional={key: meta_values[key] for key in META_KEYS} | {"retries": junk, "\ud800": junk},
+    )
+    # Mostly valid meta with one part fuzzed, so the checks past the first one are reached.
+    | st.fixed_dictionaries(
+        {"name": names, "description": text | st.just("d"), "phases": good_phases | phases},
+        optional={"limits": meta_values["limits"], "args_schema": meta_values["args_schema"]},
+    )
+    | junk
+)
+
+
+@FUZZ
+@given(meta=metas, run=st.sampled_from([lambda ctx: None, None, 5, "run"]))
+def test_define_workflow_accepts_or_refuses_clearly(meta: Any, run: Any) -> None:
+    outcome = refusal(lambda: define_workflow(meta, run), SEEN)
+    if isinstance(outcome, Workflow):
+        assert NAME_PATTERN.fullmatch(outcome.name)
+        assert outcome.description.strip()
+        assert len({phase.title for phase in outcome.phases}) == len(outcome.phases)
+        assert outcome.run is run
+
+
+@FUZZ
+@given(kwargs=st.dictionaries(st.sampled_from(["name", "description", "phases", "limits", "args_schema", "x"]), junk))
+def test_the_workflow_decorator_accepts_or_refuses_clearly(kwargs: dict[str, Any]) -> None:
+    refusal(lambda: workflow(**kwargs)(lambda ctx: None), SEEN)
+
+
+# -- client calls --------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """An engine with a worker, a held canary, and runs of another namespace."""
+
+    d: Any
+    raw: Any
+    gate: Gate
+    canary_id: str
+    foreign: list[RunEnvelope]
+
+    @property
+    def foreign_ids(self) -> list[str]:
+        return [envelope.run_id for envelope in self.foreign]
+
+    def unchanged(self, call: Callable[[], Any], **options: Any) -> Any:
+        """``refusal(call)``, and a refused call must not have written anything."""
+        before = snapshot(self.raw, self.d.settings.key_prefix)
+        outcome = refusal(call, SEEN, **options)
+        if isinstance(outcome, BaseException):
+            assert snapshot(self.raw, self.d.settings.key_prefix) == before, f"a refused call wrote: {outcome!r}"
+        return outcome
+
+    def healthy(self) -> None:
+        """The other namespace's runs are as they were, and the canary completes."""
+        other = self.d.engine.client("other")
+        for envelope in self.foreign:
+            assert other.get_workflow_run(envelope.run_id) == envelope
+        canary_completes(self.d, self.gate, self.canary_id)
+
+    def known_ids(self) -> st.SearchStrategy[Any]:
+        """Ids that are not this namespace's: junk, near misses and the other namespace's runs."""
+        return run_ids(self.canary_id, *self.foreign_ids) | st.sampled_from(self.foreign_ids)
+
+
+@pytest.fixture
+def world(durable, raw_redis, gate) -> World:
+    d = durable([canary, echo, strict, flaky], max_payload_bytes=PAYLOAD_BYTES)
+    other = d.engine.client("other")
+    foreign_error = other.run_workflow("flaky", timeout=TIMEOUT)
+    foreign_done = other.run_workflow("echo", args={"x": 1}, timeout=TIMEOUT)
+    assert (foreign_error.status, foreign_error.can_resume, foreign_done.status) == ("error", True, "completed")
+    canary_id = held_canary(d, gate)
+    quiet(d, raw_redis, canary_id)
+    return World(d, raw_redis, gate, canary_id, [foreign_error, foreign_done])
+
+
+def test_starts_succeed_or_refuse_clearly_and_refusals_write_nothing(world: World) -> None:
+    d = world.d
+    accepted: list[str] = []
+
+    @FUZZ
+    @given(
+        name=st.sampled_from(["echo", "strict", echo]) | st.sampled_from(["echo", UNREGISTERED]) | names | junk,
+        args=payloads | st.none() | st.fixed_dictionaries({"n": payloads}),
+        run_limits=st.none() | st.none() | limits,
+        key=st.none() | st.none() | text | st.just("k" * 257) | junk,
+    )
+    def starts(name: Any, args: Any, run_limits: Any, key: Any) -> None:
+        outcome = world.unchanged(
+            lambda: d.client.start_workflow(name, args=args, limits=run_limits, idempotency_key=key)
+        )
+        if isinstance(outcome, str):
+            accepted.append(outcome)
+            envelope = d.client.wait_for_workflow_run(outcome, timeout=TIMEOUT)
+            if envelope.status != "completed":
+                assert envelope.reason == "workflow_limit_reached", envelope.error  # e.g. timeout_seconds=1e-300
+            quiet(d, world.raw, world.canary_id)
+
+    starts()
+    assert accepted, "no start was accepted: the strategies only made bad input"
+    world.healthy()
+
+
+def test_reads_succeed_or_refuse_clearly_and_write_nothing(world: World) -> None:
+    d = world.d
+    # Timeouts short enough for a wait on the held canary, or not timeouts at all.
+    waits = st.floats(min_value=1e-6, max_value=0.05) | bad_numbers.filter(lambda v: not _positive(v))
+    cancel_events = st.none() | junk | st.builds(lambda: (event := threading.Event(), event.set())[0])
+
+    @FUZZ
+    @given(
+        run_id=world.known_ids() | st.just(world.canary_id),
+        phase_id=st.none() | text | st.sampled_from(["phase-1", "phase-2"]) | junk,
+        after=st.none() | st.none() | bad_numbers,
+        before=st.none() | st.none() | bad_numbers,
+        limit=st.none() | st.none() | bad_numbers,
+        timeout=waits,
+        poll_ms=st.none() | st.none() | bad_numbers,
+        cancel_event=cancel_events,
+    )
+    def reads(
+        run_id: Any, phase_id: Any, after: Any, before: Any, limit: Any, timeout: Any, poll_ms: Any, cancel_event: Any
+    ) -> None:
+        world.unchanged(lambda: d.client.get_workflow_run(run_id))
+        world.unchanged(lambda: d.client.get_workflow_run_detail(run_id))
+        world.unchanged(
+            lambda: d.client.get_workflow_run_progress(
+                run_id, phase_id=phase_id, after_seq=after, before_seq=before, limit=limit
+            )
+        )
+        # A wait on the held canary ends by its (tiny) timeout or its cancel event.
+        world.unchanged(
+            lambda: d.client.wait_for_workflow_run(
+                run_id, timeout=timeout, poll_interval_ms=poll_ms, cancel_event=cancel_event
+            ),
+            also=(TimeoutError,),
+        )
+        follow = world.unchanged(
+            lambda: d.client.follow_workflow_run_progress(
+                run_id, phase_id=phase_id, after_seq=after, timeout=timeout, poll_interval_ms=poll_ms
+            )
+        )
+        if isinstance(follow, Iterator):
+            follow.close()  # it checked its options; iterating it would wait for the canary
+        watch = world.unchanged(lambda: d.client.watch_runs(run_ids=run_id))
+        if not isinstance(watch, BaseException):
+            watch.close()
+
+    reads()
+    world.healthy()
+
+
+def test_listings_and_clients_succeed_or_refuse_clearly(world: World) -> None:
+    d = world.d
+
+    @FUZZ
+    @given(
+        status=st.none() | st.none() | text | st.sampled_from(["running", "completed", "RUNNING"]) | junk,
+        name=st.none() | st.none() | names | junk,
+        limit=st.integers(1, 500) | bad_numbers,
+        cursor=st.none() | text | st.sampled_from(["s1", "s", "s²", "s" + "9" * 400, "s-1", "s1.5"]) | junk,
+        namespace=st.none() | names | junk,
+    )
+    def listings(status: Any, name: Any, limit: Any, cursor: Any, namespace: Any) -> None:
+        page = world.unchanged(
+            lambda: d.client.list_workflow_runs(status=status, workflow=name, limit=limit, cursor=cursor)
+        )
+        if not isinstance(page, BaseException):
+            assert not {run.run_id for run in page.runs} & set(world.foreign_ids), "another namespace's runs listed"
+        client = world.unchanged(lambda: d.engine.client(namespace))
+        if not isinstance(client, BaseException):
+            assert client.namespace in (namespace, d.settings.namespace)
+
+    listings()
+    world.healthy()
+
+
+def test_changes_to_runs_that_are_not_ours_are_refused_and_write_nothing(world: World) -> None:
+    d = world.d
+
+    @FUZZ
+    @given(
+        run_id=world.known_ids(),
+        timeout=st.none() | st.none() | bad_numbers,
+        run_limits=st.none() | st.none() | limits,
+        force=st.booleans() | junk,
+        allow=st.booleans() | junk,
+        signal=text | junk,
+        payload=payloads,
+    )
+    def changes(run_id: Any, timeout: Any, run_limits: Any, force: Any, allow: Any, signal: Any, payload: Any) -> None:
+        calls: list[Callable[[], Any]] = [
+            lambda: d.client.cancel_workflow_run(run_id, timeout=timeout),
+            lambda: d.client.pause_workflow_run(run_id, timeout=timeout),
+            lambda: d.client.resume_workflow(
+                run_id, limits=run_limits, timeout=timeout, force=force, allow_code_change=allow
+            ),
+        ]
+        if run_id is not None:  # None would start a new run, not resume one
+            calls.append(
+                lambda: d.client.run_workflow("echo", limits=run_limits, resume_from_run_id=run_id, timeout=timeout)
+            )
+        if hasattr(d.client, "signal_workflow_run"):
+            calls.append(lambda: d.client.signal_workflow_run(run_id, signal, payload))
+        for call in calls:
+            outcome = world.unchanged(call)
+            assert isinstance(outcome, BaseException), "a call on a run that is not this namespace's succeeded"
+
+    changes()
+    world.healthy()
+
+
+# -- task messages -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished() -> Iterator[list[str]]:
+    """Ids of every task that returned in this process (in-process workers)."""
+    done: list[str] = []
+
+    def on_postrun(task_id: str | None = None, **_: Any) -> None:
+        if task_id:
+            done.append(task_id)
+
+    task_postrun.connect(on_postrun, weak=False)
+    yield done
+    task_postrun.disconnect(on_postrun)
+
+
+def kombu_frame(queue: str, body: bytes, content_type: str, task: str = COORDINATOR_TASK) -> str:
+    """A frame as kombu's Redis transport stores it, with any body and content type."""
+    return json.dumps(
+        {
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": content_type,
+            "headers": {"task": task, "id": uuid.uuid4().hex, "lang": "py", "argsrepr": "", "kwargsrepr": ""},
+            "properties": {
+                "delivery_tag": uuid.uuid4().hex,
+                "body_encoding": "base64",
+                "delivery_info": {"exchange": queue, "routing_key": queue},
+                "priority": 0,
+            },
+        }
+    )
+
+
+def would_run(canary_id: str, args: list[Any], kwargs: dict[str, Any]) -> bool:
+    """True for the canary's own coordinator message: valid, so not fuzz."""
+    names = ("run_id", "epoch", "workflow")
+    bound = dict(zip(names, args, strict=False))
+    if len(args) > len(names) or set(bound) & set(kwargs):
+        return False
+    bound.update(kwargs)
+    return bound == {"run_id": canary_id, "epoch": 1, "workflow": "canary"}
+
+
+def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
+    durable, raw_redis, gate, finished, caplog
+) -> None:
+    caplog.set_level(logging.INFO)
+    d = durable([canary, echo, flaky], concurrency=4)
+    app = d.engine.celery
+    prefix = d.settings.key_prefix
+    foreign = d.engine.client("other").run_workflow("flaky", timeout=TIMEOUT)
+    canary_id = held_canary(d, gate)
+    quiet(d, raw_redis, canary_id)
+    queues = [d.settings.coordinator_queue, d.settings.steps_queue, d.settings.agents_queue]
+    before = snapshot(raw_redis, prefix)
+    refused_before = d.engine.refused_messages
+
+    def sentinel(queue: str) -> str:
+        """A rejected message behind everything sent so far to ``queue``; frames of
+        one queue are consumed in order, so once it has run they all were."""
+        return str(app.send_task(COORDINATOR_TASK, kwargs={"run_id": "sentinel"}, queue=queue).id)
+
+    values = (
+        json_values
+        | st.sampled_from([canary_id, foreign.run_id, uuid.uuid4().hex, 1, 2, "canary", "echo", "flaky", "trip"])
+        | st.sampled_from(["m:0", "m.0.1:2", "m:99", "m", "a" * 32, "0" * 32, "m:0/1"])
+        | st.lists(st.integers(-2, 5) | st.booleans() | st.none() | text, max_size=4)
+    )
+    fields = st.sampled_from(["run_id", "epoch", "workflow", "call", "branches", "agent", "owner"]) | text
+    # Near misses: the shape of a real message of each task, with fields wrong.
+    base = {
+        "run_id": st.sampled_from([canary_id, foreign.run_id, uuid.uuid4().hex]),
+        "epoch": st.sampled_from([1, 2, 1001]) | st.integers(),
+        "workflow": st.sampled_from(["canary", "echo", "flaky", "trip"]),
+    }
+    near = st.one_of(
+        st.tuples(st.just(COORDINATOR_TASK), st.fixed_dictionaries(base)),
+        st.tuples(
+            st.just(BRANCH_TASK),
+            st.fixed_dictionaries(
+                {
+                    **base,
+                    "call": st.sampled_from(["m:0", "m:1", "m.0.1:0"]),
+                    "branches": st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True),
+                }
+            ),
+        ),
+        st.tuples(
+            st.just(AGENT_TASK),
+            st.fixed_dictionaries(
+                {**base, "agent": st.sampled_from(["a" * 32, uuid.uuid4().hex]), "owner": st.just("m")}
+            ),
+        ),
+    )
+    fuzzed = st.tuples(
+        st.sampled_from([COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK]), st.dictionaries(fields, values, max_size=7)
+    )
+
+    @FUZZ
+    @given(
+        message=near | fuzzed,
+        queue=st.sampled_from(queues),
+        args=st.just([]) | st.just([]) | st.lists(values, max_size=5),
+    )
+    def messages(message: tuple[str, dict[str, Any]], queue: str, args: list[Any]) -> None:
+        task, kwargs = message
+        if task == COORDINATOR_TASK and would_run(canary_id, args, kwargs):
+            return
+        sent = str(app.send_task(task, args=args, kwargs=kwargs, queue=queue).id)
+        poll(lambda: sent in finished, "the message to be handled")
+        assert snapshot(raw_redis, prefix) == before, f"a fuzzed message wrote: {task} {args!r:.200} {kwargs!r:.200}"
+
+    messages()
+
+    def envelope(body: bytes, content_type: str, task: str = COORDINATOR_TASK) -> Callable[[str], str]:
+        return lambda queue: kombu_frame(queue, body, content_type, task)
+
+    @FUZZ
+    @given(
+        queue=st.sampled_from(queues),
+        frame=st.one_of(
+            st.binary(max_size=64).map(lambda b: lambda _q: b.decode("latin-1")),
+            json_values.map(lambda v: lambda _q: json.dumps(v)),
+            st.builds(envelope, st.binary(max_size=32), st.just("application/json")),
+            st.builds(
+                envelope,
+                st.just(b"\x80\x04K\x01."),
+                st.sampled_from(["application/x-python-serialize", "application/x-yaml", "text/plain"]),
+            ),
+            st.builds(envelope, st.just(b"[[], {}, {}]"), st.just("application/json"), names),
+        ),
+    )
+    def frames(queue: str, frame: Callable[[str], str]) -> None:
+        raw_redis.lpush(queue, frame(queue))
+        mark = sentinel(queue)
+        poll(lambda: mark in finished, "the frame to be consumed")
+        assert snapshot(raw_redis, prefix) == before, f"a fuzzed frame wrote: {frame(queue)!r:.200}"
+
+    frames()
+
+    # Nothing ran: the canary is still held at its one step, and it completes.
+    assert d.engine.refused_messages > refused_before, "no forged message reached the fence check"
+    logged = [r for r in caplog.records if r.name.startswith("celery_durable") and r.levelno >= logging.INFO]
+    assert any("rejected" in r.getMessage() for r in logged)
+    assert any("refused stale or forged" in r.getMessage() for r in logged)
+    assert not any(r.name == "celery.worker" and "Unrecoverable" in r.getMessage() for r in caplog.records)
+    canary_completes(d, gate, canary_id)
+    assert d.client.run_workflow("echo", args={"after": "fuzz"}, timeout=TIMEOUT).result == {"after": "fuzz"}
+
+
+@workflow(name="ghost", description="registered with the client's engine, not the worker's", phases=[])
+def ghost(ctx: WorkflowContext) -> Any:
+    return ctx.step("boo", lambda: "boo")
+
+
+def test_a_run_of_a_workflow_the_worker_does_not_know_ends_in_error_and_resumes_where_it_is_known(
+    durable, caplog
+) -> None:
+    caplog.set_level(logging.ERROR, logger="celery_durable")
+    client = durable([echo, ghost], worker=False).client
+    run_id = client.start_workflow("ghost")
+    partial = durable([echo], worker=False).engine  # its worker knows only echo, and must import nothing
+    with start_worker(partial.celery, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
+        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.reason, envelope.can_resume) == ("error", "unknown_workflow", True)
+    assert "ghost" in (envelope.error or "")
+    assert any("not registered" in record.getMessage() for record in caplog.records)
+    durable([echo, ghost])  # one that knows it
+    assert client.resume_workflow(run_id, timeout=TIMEOUT).result == "boo"

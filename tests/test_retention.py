@@ -1,0 +1,205 @@
+"""A workflow cannot fill Redis by accident: progress is trimmed to
+``progress_max_records`` per run, and settled runs expire after
+``run_retention_seconds`` (docs/persistence.md, "Retention").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from celery_durable import WorkflowContext, workflow
+from celery_durable.tasks.recovery import RecoverySweep
+from tests.test_fencing import poll
+
+TIMEOUT = 30
+KEEP = 10
+
+
+@workflow(name="chatty", description="logs more than it may keep", phases=[{"title": "One"}, {"title": "Two"}])
+def chatty(ctx: WorkflowContext) -> Any:
+    ctx.phase("One")
+    for i in range(int(ctx.args.get("n", 12))):
+        ctx.log(f"one {i}")
+    ctx.step("a", lambda: 1)
+    ctx.phase("Two")
+    for i in range(int(ctx.args.get("n", 12))):
+        ctx.log(f"two {i}")
+    return ctx.step("b", lambda: 2)
+
+
+@workflow(name="fails-once", description="fails on its first attempt", phases=[])
+def fails_once(ctx: WorkflowContext) -> Any:
+    ctx.step("first", lambda: "ok")
+    if ctx.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return "second"
+
+
+def all_pages(client: Any, run_id: str, **scope: Any) -> list[int]:
+    seqs: list[int] = []
+    after = 0
+    while True:
+        page = client.get_workflow_run_progress(run_id, after_seq=after, limit=3, **scope)
+        seqs += [record.seq for record in page.records]
+        if not page.has_more_newer:
+            return seqs
+        after = page.records[-1].seq
+
+
+# -- progress is trimmed ---------------------------------------------------------------------
+
+
+def test_progress_keeps_the_newest_records_and_pages_stay_consistent(durable, raw_redis) -> None:
+    d = durable([chatty], progress_max_records=KEEP)
+    client = d.client
+    envelope = client.run_workflow("chatty", args={"n": 12}, timeout=TIMEOUT)
+    assert envelope.status == "completed", envelope.error
+    keys = d.engine.store.run_keys(envelope.run_id)
+
+    newest = client.get_workflow_run_progress(envelope.run_id, limit=500)
+    revision = newest.revision
+    assert revision > 2 * KEEP, "the run wrote more records than it keeps"
+    assert newest.newest_seq == revision
+    # Records of a phase go with their index entry; only system records (the
+    # last, "Run completed", written by a script without the phase index) may
+    # stand one over the cap until the next record of a phase is written.
+    assert KEEP <= len(newest.records) <= KEEP + 1
+    assert raw_redis.xlen(keys.progress) == len(newest.records)
+    seqs = [record.seq for record in newest.records]
+    assert seqs == list(range(newest.oldest_seq, revision + 1)), "what is kept is dense and the newest"
+    assert not newest.has_more_older and not newest.has_more_newer
+
+    # Paging from the start begins at the oldest record kept; cursors before it are fine.
+    assert all_pages(client, envelope.run_id) == seqs
+    assert client.get_workflow_run_progress(envelope.run_id, after_seq=-1, limit=2).records[0].seq == seqs[0]
+    before_oldest = client.get_workflow_run_progress(envelope.run_id, before_seq=seqs[0], limit=5)
+    assert before_oldest.records == [] and not before_oldest.has_more_older
+    assert client.get_workflow_run_progress(envelope.run_id, before_seq=seqs[2], limit=5).records[0].seq == seqs[0]
+
+    # The phase index holds exactly the phase records that are kept.
+    members = raw_redis.zrange(keys.progress_phases, 0, -1)
+    kept = {(record.phase_id, record.seq) for record in newest.records if record.phase_id}
+    assert {(m.split("|")[0], int(m.split("|")[1])) for m in members} == kept
+    for phase_id in ("phase-1", "phase-2"):
+        scoped = client.get_workflow_run_progress(envelope.run_id, phase_id=phase_id, limit=500)
+        expected = [record.seq for record in newest.records if record.phase_id == phase_id]
+        assert [record.seq for record in scoped.records] == expected
+        assert all_pages(client, envelope.run_id, phase_id=phase_id) == expected
+        if expected:
+            assert (scoped.oldest_seq, scoped.newest_seq) == (expected[0], expected[-1])
+        else:
+            assert scoped.oldest_seq is None and scoped.newest_seq is None
+    assert client.get_workflow_run_detail(envelope.run_id).progress[-1].seq == revision
+
+
+def test_zero_keeps_every_record(durable) -> None:
+    d = durable([chatty], progress_max_records=0)
+    envelope = d.client.run_workflow("chatty", args={"n": 12}, timeout=TIMEOUT)
+    page = d.client.get_workflow_run_progress(envelope.run_id, limit=500)
+    assert page.oldest_seq == 1 and len(page.records) == page.revision
+
+
+# -- settled runs expire ---------------------------------------------------------------------
+
+
+def run_key_names(d: Any, run_id: str) -> list[str]:
+    return list(dataclasses.astuple(d.engine.store.run_keys(run_id)))
+
+
+def ttls(d: Any, raw: Any, run_id: str) -> dict[str, int]:
+    """PTTL of each of the run's keys that exists (-1: no expiry)."""
+    return {key: raw.pttl(key) for key in run_key_names(d, run_id) if raw.exists(key)}
+
+
+def test_a_settled_run_expires_after_the_retention_and_a_resume_keeps_it(durable, raw_redis) -> None:
+    retention = 3600
+    d = durable([chatty, fails_once], run_retention_seconds=retention)
+    done = d.client.run_workflow("chatty", timeout=TIMEOUT)
+    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, done.run_id).values()), "the retention clock to start")
+    left = ttls(d, raw_redis, done.run_id)
+    assert {"run", "journal", "progress", "progress:phases", "steps"} <= {k.rsplit("}:", 1)[1] for k in left}
+    assert all(0 < ttl <= retention * 1000 for ttl in left.values()), left
+
+    # A run in error expires too, unless it is resumed: the resume persists every key.
+    failed = d.client.run_workflow("fails-once", timeout=TIMEOUT)
+    assert (failed.status, failed.can_resume) == ("error", True)
+    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()), "the failed run's clock")
+    resumed = d.client.resume_workflow(failed.run_id, timeout=TIMEOUT)
+    assert (resumed.status, resumed.result) == ("completed", "second")
+    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()), "the clock to restart")
+
+
+def test_a_resumed_run_carries_no_expiry_while_it_runs(durable, raw_redis) -> None:
+    d = durable([fails_once], worker=False, run_retention_seconds=3600)
+    worker = durable([fails_once])
+    failed = worker.client.run_workflow("fails-once", timeout=TIMEOUT)
+    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()), "the retention clock")
+    record = d.engine.store.load_run(failed.run_id)
+    assert record is not None
+    # The resume itself (resume.lua), before any coordinator runs: no TTL survives it.
+    epoch = d.engine.store.resume(record, limits_json="{}", message="test resume", code_hash="")
+    assert epoch is not None
+    assert set(ttls(d, raw_redis, failed.run_id).values()) == {-1}
+
+
+def settled(d: Any, raw: Any, run_id: str) -> bool:
+    """The run has left the sweep's schedule: what follows its settling is done."""
+    return raw.zscore(d.engine.store.keys.sweep_due, run_id) is None
+
+
+def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> None:
+    forever = durable([chatty], run_retention_seconds=0)
+    done = forever.client.run_workflow("chatty", timeout=TIMEOUT)
+    poll(lambda: settled(forever, raw_redis, done.run_id), "the run to settle")
+    assert set(ttls(forever, raw_redis, done.run_id).values()) == {-1}
+
+    d = durable([chatty], worker=False, run_retention_seconds=3600)
+    run_id = d.client.start_workflow("chatty")
+    assert d.engine.store.pause(run_id, "default")[0] == "requested"
+    durable([chatty], run_retention_seconds=3600)
+    assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "paused"
+    poll(lambda: settled(d, raw_redis, run_id), "the run to settle")
+    assert set(ttls(d, raw_redis, run_id).values()) == {-1}
+
+
+def test_expired_runs_leave_the_index_and_free_their_idempotency_key(durable, raw_redis) -> None:
+    d = durable([chatty], run_retention_seconds=3600)
+    first = d.client.start_workflow("chatty", idempotency_key="nightly")
+    assert d.client.wait_for_workflow_run(first, timeout=TIMEOUT).status == "completed"
+    idem = d.engine.store.keys.namespace("default").idempotency("nightly")
+    poll(lambda: raw_redis.pttl(idem) > 0, "the idempotency key to expire with its run")
+    other = d.client.run_workflow("chatty", timeout=TIMEOUT)
+
+    # What expiry does, done now: the run's keys are gone.
+    raw_redis.delete(*run_key_names(d, first))
+    runs = d.client.list_workflow_runs().runs
+    assert [run.run_id for run in runs] == [other.run_id]
+    assert raw_redis.zrange(d.engine.store.keys.namespace("default").runs, 0, -1) == [other.run_id]
+    # The key named a run that is gone: a start with it is a new run.
+    again = d.client.start_workflow("chatty", idempotency_key="nightly")
+    assert again != first
+    assert d.client.wait_for_workflow_run(again, timeout=TIMEOUT).status == "completed"
+    assert d.client.start_workflow("chatty", idempotency_key="nightly") == again
+
+
+# -- a recovery keeps what was asked of the dead attempt -------------------------------------
+
+
+@pytest.mark.parametrize(("flag", "status"), [("cancel", "cancelled"), ("pause", "paused")])
+def test_a_cancel_or_pause_requested_before_a_crash_survives_the_recovery(durable, raw_redis, flag, status) -> None:
+    d = durable([chatty], worker=False)
+    run_id = d.client.start_workflow("chatty")
+    store = d.engine.store
+    assert (store.cancel if flag == "cancel" else store.pause)(run_id, "default")[0] == "requested"
+    # The attempt "died": its lease is over. The sweep takes the run over.
+    raw_redis.hset(store.run_keys(run_id).run, "lease_until", "1")
+    store.schedule_check(run_id, 0)
+    assert RecoverySweep(d.engine).sweep_once() == 1
+    record = store.load_run(run_id)
+    assert record is not None and record.attempt == 2
+    assert (record.cancel_requested, record.pause_requested) == (flag == "cancel", flag == "pause")
+    durable([chatty])  # a worker, at last
+    assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == status
