@@ -23,7 +23,6 @@ import contextvars
 import functools
 import hashlib
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -344,9 +343,6 @@ class Replay:
             cursor.buffer.clear()
         self.apply_flags(flags)
         return existing
-
-    def flush_current(self) -> None:
-        self.flush(self.current())
 
     # -- steps ---------------------------------------------------------------------
 
@@ -748,7 +744,3 @@ class Replay:
             too_large = ValueError(f"Branch result is {size} bytes, above max_payload_bytes ({self.max_payload_bytes})")
             return outcomes.failure(self.epoch, too_large)
         return outcomes.value(result)
-
-
-def elapsed_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
