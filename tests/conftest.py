@@ -15,11 +15,36 @@ from typing import Any
 import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
+from celery.worker import state as worker_state
 
 from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
 
 pytest_plugins = ["tests.fleet"]
+
+
+@contextlib.contextmanager
+def worker_thread(engine: Engine, *, concurrency: int = 8, pool: str = "threads", **options: Any) -> Iterator[Any]:
+    """A Celery worker for ``engine`` in a thread of the test process.
+
+    ``start_worker`` leaves Celery's process-wide ``should_terminate`` flag
+    set when a worker fails to stop in time, and every later in-process
+    worker then hangs at start: one failed test would fail all that follow.
+    Resetting the flag here keeps a failure where it happened.
+    """
+    try:
+        with start_worker(
+            engine.celery,
+            pool=pool,
+            concurrency=concurrency,
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=30,
+            **options,
+        ) as worker:
+            yield worker
+    finally:
+        worker_state.should_terminate = None
 
 
 @pytest.fixture(scope="session")
@@ -78,16 +103,7 @@ def durable(settings: Settings) -> Iterator[DurableFactory]:
         ) -> Durable:
             engine = Engine(list(workflows), settings.model_copy(update=overrides), agent_runner=agent_runner)
             if worker:
-                stack.enter_context(
-                    start_worker(
-                        engine.celery,
-                        pool="threads",
-                        concurrency=concurrency,
-                        perform_ping_check=False,
-                        loglevel="WARNING",
-                        shutdown_timeout=30,
-                    )
-                )
+                stack.enter_context(worker_thread(engine, concurrency=concurrency))
             return Durable(engine, engine.client(namespace))
 
         yield make

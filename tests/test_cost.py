@@ -6,9 +6,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from celery.contrib.testing.worker import start_worker
-
 from celery_durable import WorkflowContext, define_workflow
+from tests.conftest import worker_thread
 
 CALLS: Counter[str] = Counter()
 LOCK = threading.Lock()
@@ -60,7 +59,7 @@ def test_a_fanout_costs_one_more_coordinator_pass_and_one_replay_per_branch(dura
 def test_a_solo_pool_worker_runs_a_fanout_without_deadlock(durable) -> None:
     """One worker slot for coordinator and branches: the fan-out suspends instead of waiting in the slot."""
     d = durable([FAN], worker=False)
-    with start_worker(d.engine.celery, pool="solo", perform_ping_check=False, loglevel="WARNING"):
+    with worker_thread(d.engine, pool="solo", concurrency=1):
         envelope = d.client.run_workflow("fan-cost", timeout=60)
     assert envelope.status == "completed"
     assert envelope.result == sum(range(50)) * 2 + 12

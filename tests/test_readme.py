@@ -41,12 +41,12 @@ from typing import Any
 
 import pytest
 import yaml
-from celery.contrib.testing.worker import start_worker
 from typer.testing import CliRunner
 
 from celery_durable import Engine, Settings
 from celery_durable.cli import app
 from celery_durable.redis_server import free_port
+from tests.conftest import worker_thread
 from tests.fleet import ROOT, settings_env
 from tests.readme import Block, blocks, in_section
 
@@ -85,9 +85,13 @@ def readme_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 def test_the_python_blocks_run_in_order(readme_env: Settings) -> None:
+    """Each ``Engine`` a block builds gets a worker -- and the one before it
+    is stopped first: they share the queues of the environment, and a worker
+    that does not know a run's workflow would stop that run as an error
+    (``unknown_workflow``), as the README's own deployment never does."""
     namespace: dict[str, Any] = {"__name__": "readme"}
     served: set[int] = set()
-    with contextlib.ExitStack() as workers:
+    with contextlib.ExitStack() as current:
         for block in (b for b in blocks() if b.lang == "python"):
             for statement in ast.parse(block.code).body:
                 code = compile(ast.Module([statement], []), f"README.md:{block.line}", "exec")
@@ -95,12 +99,8 @@ def test_the_python_blocks_run_in_order(readme_env: Settings) -> None:
                 for value in list(namespace.values()):
                     if isinstance(value, Engine) and id(value) not in served:
                         served.add(id(value))
-                        workers.enter_context(
-                            start_worker(
-                                value.celery, pool="threads", concurrency=8, perform_ping_check=False,
-                                loglevel="WARNING", shutdown_timeout=30,
-                            )
-                        )
+                        current.close()
+                        current.enter_context(worker_thread(value))
     assert "tour_trip" in namespace and "broken" in namespace
 
 

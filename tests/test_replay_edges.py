@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 
 from celery_durable import WorkflowContext, define_workflow
 from celery_durable.broker import RunStore
 from celery_durable.errors import StorageUnavailableError
+from tests.conftest import worker_thread
 
 
 def wf(name: str, run: Callable[[WorkflowContext], Any]) -> Any:
@@ -106,7 +106,7 @@ def test_an_activation_that_finds_a_dead_pass_holding_the_lock_comes_back_when_i
     keys = d.engine.store.run_keys(run_id)
     # A pass whose process was killed: its lock is still valid for 1.5 s.
     raw_redis.hset(keys.run, mapping={"lock": "dead-pass", "lock_until": str(int(time.time() * 1000) + 1500)})
-    with start_worker(d.engine.celery, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
+    with worker_thread(d.engine, concurrency=2):
         envelope = d.client.wait_for_workflow_run(run_id, timeout=20)
     assert envelope.status == "completed"
     assert envelope.result == 1

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun
 
 from celery_durable import (
@@ -38,6 +37,7 @@ from celery_durable import (
 from celery_durable.redis_server import RedisServer, free_port
 from celery_durable.tasks.app import BRANCH_TASK
 from celery_durable.tasks.recovery import RecoverySweep
+from tests.conftest import worker_thread
 from tests.test_fencing import poll
 
 TIMEOUT = 30
@@ -232,7 +232,7 @@ def run_end_to_end(url: str, prefix: str) -> str:
     """A run started and completed through ``url`` (journal and broker both)."""
     engine = Engine([plain], Settings(redis_url=url, key_prefix=prefix, coordinator_queue=f"{prefix}.c",
                                       steps_queue=f"{prefix}.s", agents_queue=f"{prefix}.a"))
-    with start_worker(engine.celery, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
+    with worker_thread(engine, concurrency=2):
         envelope = engine.client().run_workflow("plain", timeout=TIMEOUT)
     assert (envelope.status, envelope.result) == ("completed", "done"), envelope.error
     return envelope.run_id

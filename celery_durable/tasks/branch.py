@@ -19,6 +19,7 @@ from celery_durable.errors import (
     StorageCorruptError,
     StorageUnavailableError,
 )
+from celery_durable.tasks.coordinator import settle_unknown_workflow
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, parse_branches, parse_run_message
 from celery_durable.workflows import outcomes
@@ -51,7 +52,7 @@ def run_branch_task(
         return
     definition = engine.workflows.get(record.workflow)
     if definition is None:
-        logger.error("run %s: workflow %r is not registered here", record.run_id, record.workflow)
+        settle_unknown_workflow(engine, record)
         return
 
     def journal(index: int, outcome: Outcome) -> None:

@@ -69,7 +69,7 @@ def run_coordinator_task(
         return
     definition = engine.workflows.get(record.workflow)
     if definition is None:
-        _settle_unknown_workflow(engine, record)
+        settle_unknown_workflow(engine, record)
         return
     # The lock token is the task id, so a message redelivered after its worker
     # died re-enters its own lock instead of waiting for it to expire.
@@ -244,7 +244,10 @@ def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError)
         logger.error("run %s: could not record the corruption: %s", record.run_id, again)
 
 
-def _settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:
+def settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:
+    """Stop a run this worker cannot execute, resumably, instead of dropping
+    its message: a dropped message would leave the run to the recovery sweep,
+    which could hand it straight back to a worker that does not know it."""
     error = f"Workflow {record.workflow!r} is not registered with this worker's engine"
     logger.error("run %s: %s", record.run_id, error)
     with contextlib.suppress(StaleAttemptError):
