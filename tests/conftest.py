@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
+from kombu.asynchronous import set_event_loop
 
 from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
@@ -27,11 +28,18 @@ pytest_plugins = ["tests.fleet"]
 def worker_thread(engine: Engine, *, concurrency: int = 8, pool: str = "threads", **options: Any) -> Iterator[Any]:
     """A Celery worker for ``engine`` in a thread of the test process.
 
-    ``start_worker`` leaves Celery's process-wide ``should_terminate`` flag
-    set when a worker fails to stop in time, and every later in-process
-    worker then hangs at start: one failed test would fail all that follow.
-    Resetting the flag here keeps a failure where it happened.
+    Celery's Hub bootstep reuses kombu's process-wide event loop when one is
+    set, so a second in-process worker would drive the first one's loop from
+    another thread: both poll the same sockets, one reads the reply the other
+    was woken for and then blocks in ``recv`` forever, and that worker never
+    stops. Clearing the loop gives each worker a hub of its own. (A real
+    deployment runs one worker per process and never meets this.)
+
+    ``start_worker`` also leaves Celery's process-wide ``should_terminate``
+    flag set when a worker fails to stop in time, and every later in-process
+    worker then hangs at start; resetting it keeps a failure where it happened.
     """
+    set_event_loop(None)
     try:
         with start_worker(
             engine.celery,

@@ -156,10 +156,12 @@ def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> Non
     poll(lambda: settled(forever, raw_redis, done.run_id), "the run to settle")
     assert set(ttls(forever, raw_redis, done.run_id).values()) == {-1}
 
-    d = durable([chatty], worker=False, run_retention_seconds=3600)
+    # Queues of its own: the worker above must not pick the run up before the pause.
+    own = {f"{kind}_queue": f"{forever.settings.key_prefix}.later.{kind}" for kind in ("coordinator", "steps", "agents")}
+    d = durable([chatty], worker=False, run_retention_seconds=3600, **own)
     run_id = d.client.start_workflow("chatty")
     assert d.engine.store.pause(run_id, "default")[0] == "requested"
-    durable([chatty], run_retention_seconds=3600)
+    durable([chatty], run_retention_seconds=3600, **own)
     assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "paused"
     poll(lambda: settled(d, raw_redis, run_id), "the run to settle")
     assert set(ttls(d, raw_redis, run_id).values()) == {-1}
