@@ -221,6 +221,12 @@ def test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run
         assert time.monotonic() < deadline, "the held turn never started"
         time.sleep(0.02)
     assert client.get_workflow_run(run_id).snapshot["agents_running"] >= 1
+    # The other turn may have returned without being journaled yet; killed
+    # then, it would run again (at least once), and this test is about the
+    # journaled one not running again.
+    while client.get_workflow_run(run_id).snapshot["agents_done"] < 1:
+        assert time.monotonic() < deadline, "the free turn was never journaled"
+        time.sleep(0.02)
     worker.kill()
     raw_redis.sadd(f"{prefix}:gate:{run_id}:open", "review discount, hold")
     fleet.start("tests.apps.agents:engine", concurrency=4, name="w2")
