@@ -48,7 +48,7 @@ from celery_durable.cli import app
 from celery_durable.redis_server import free_port
 from tests.conftest import worker_thread
 from tests.fleet import ROOT, settings_env
-from tests.readme import Block, blocks, in_section
+from tests.readme import README, Block, blocks, in_section
 
 QUICKSTART = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
@@ -257,3 +257,34 @@ def test_the_deployment_block_matches_the_compose_file() -> None:
             assert argv[-1] in compose["services"]
     user, _, password = env["FLOWER_BASIC_AUTH"].partition(":")
     assert user and password, "compose refuses to start Flower without FLOWER_BASIC_AUTH"
+
+
+# --- settings -----------------------------------------------------------------------------
+
+
+def _settings_rows() -> dict[str, str]:
+    """``{setting name: default column}`` from the README's Settings table."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Settings\n") : text.index("## How it works\n")]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`CELERY_DURABLE_"):
+            continue
+        names = [name.strip("` ") for name in cells[0].split(",")]
+        defaults = [value.strip("` ") for value in cells[1].split(",")]
+        for index, name in enumerate(names):
+            field = name.removeprefix("CELERY_DURABLE_").removeprefix("_").lower()
+            rows[field] = defaults[index] if len(defaults) == len(names) else cells[1]
+    return rows
+
+
+def test_the_settings_table_names_every_setting_with_its_default() -> None:
+    rows = _settings_rows()
+    assert sorted(rows) == sorted(Settings.model_fields), "README settings table and Settings differ"
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, bool):
+            assert rows[name] == str(default).lower(), name
+        elif isinstance(default, int | float | str):
+            assert rows[name] in (str(default), f"{default:g}" if isinstance(default, float) else ""), name

@@ -157,7 +157,8 @@ def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> Non
     assert set(ttls(forever, raw_redis, done.run_id).values()) == {-1}
 
     # Queues of its own: the worker above must not pick the run up before the pause.
-    own = {f"{kind}_queue": f"{forever.settings.key_prefix}.later.{kind}" for kind in ("coordinator", "steps", "agents")}
+    later = f"{forever.settings.key_prefix}.later"
+    own = {f"{kind}_queue": f"{later}.{kind}" for kind in ("coordinator", "steps", "agents")}
     d = durable([chatty], worker=False, run_retention_seconds=3600, **own)
     run_id = d.client.start_workflow("chatty")
     assert d.engine.store.pause(run_id, "default")[0] == "requested"
