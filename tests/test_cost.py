@@ -63,3 +63,21 @@ def test_a_solo_pool_worker_runs_a_fanout_without_deadlock(durable) -> None:
         envelope = d.client.run_workflow("fan-cost", timeout=60)
     assert envelope.status == "completed"
     assert envelope.result == sum(range(50)) * 2 + 12
+
+
+def test_a_straight_line_step_costs_one_journal_script(durable, raw_redis) -> None:
+    """Each step's write travels with the next call's begin: n steps, about n
+    fenced scripts (plus a handful for start, activation and finish), not 2n."""
+    d = durable([LINE])
+    d.client.run_workflow("line", timeout=60)  # scripts loaded, worker warm
+
+    def scripts() -> int:
+        stats = raw_redis.info("commandstats")
+        return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+    before = scripts()
+    envelope = d.client.run_workflow("line", timeout=60)
+    spent = scripts() - before
+    assert envelope.result == sum(range(300))
+    assert envelope.snapshot["steps_done"] == 300
+    assert 300 <= spent <= 300 + 30, spent

@@ -615,10 +615,15 @@ def test_force_resume_takes_over_and_fences_out_the_old_attempt(durable, raw_red
             return gate(entered, release, "from-attempt-1")
         return f"from-attempt-{attempt}"
 
+    after: list[int] = []
+
     def run(ctx):
         attempt = ctx.attempt
         try:
-            return ctx.step("slow", lambda: produce(attempt))
+            value = ctx.step("slow", lambda: produce(attempt))
+            # The write of "slow" travels with this call's, and is refused.
+            ctx.step("after", lambda: after.append(attempt))
+            return value
         except Exception as exc:  # the old attempt tries to carry on and finish anyway
             seen[attempt] = type(exc).__name__
             return f"attempt-{attempt}-gave-up"
@@ -643,6 +648,7 @@ def test_force_resume_takes_over_and_fences_out_the_old_attempt(durable, raw_red
         wait_until(lambda: ("celery_durable.coordinator", run_id, 1) in done, "attempt 1's coordinator task to end")
 
     assert seen == {1: "StaleAttemptError"}
+    assert after == [2], "the old attempt ran no work past its refused write"
     assert d.client.get_workflow_run(run_id) == resumed
     journal = raw_redis.hget(f"{d.settings.key_prefix}:{{{run_id}}}:journal", "v:slow")
     assert journal is not None and json.loads(journal[1:]) == "from-attempt-2"

@@ -3,7 +3,7 @@
 from celery_durable.broker.keys import KeySpace, NamespaceKeys, RunKeys
 from celery_durable.broker.progress import ProgressRecord, ProgressSlice
 from celery_durable.broker.records import STATUSES, TERMINAL_STATUSES, RunRecord
-from celery_durable.broker.store import Flags, RunStore, SequenceHistory, now_ms, storage_errors
+from celery_durable.broker.store import Flags, PendingCommit, RunStore, SequenceHistory, now_ms, storage_errors
 
 __all__ = [
     "STATUSES",
@@ -11,6 +11,7 @@ __all__ = [
     "Flags",
     "KeySpace",
     "NamespaceKeys",
+    "PendingCommit",
     "ProgressRecord",
     "ProgressSlice",
     "RunKeys",

@@ -19,6 +19,7 @@ SCRIPT_NAMES = (
     "agent_finish",
     "agent_start",
     "begin_op",
+    "commit_begin",
     "cancel",
     "complete_branch",
     "create_run",

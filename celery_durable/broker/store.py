@@ -111,6 +111,19 @@ def _refuse(run_id: str, reply: Sequence[Any]) -> None:
         raise StaleAttemptError(f"Run {run_id}: this attempt no longer owns the run ({verdict})")
 
 
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """A step's journal write, held back to travel with its sequence's next
+    call (``commit_begin``): the arguments of ``record_op``."""
+
+    index: int
+    identity: str
+    value_field: str
+    value: str
+    step_key: str
+    step_row: str
+
+
 def _flags(reply: Sequence[Any], offset: int = 1) -> Flags:
     return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1", limit=str(reply[offset + 2] or ""))
 
@@ -294,6 +307,47 @@ class RunStore:
         reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
         _refuse(run_id, reply)
         return _flags(reply), (reply[4] or None)
+
+    def commit_begin(
+        self,
+        run_id: str,
+        epoch: int,
+        namespace: str,
+        seq: str,
+        commit: PendingCommit,
+        cut: str | None,
+        step_key: str,
+        step_row: str,
+        records: Sequence[tuple[int, str, str, str]],
+    ) -> tuple[str, Flags, str | None]:
+        """Journal ``commit`` (the step the sequence ran last) and begin its
+        next call, in one script. Returns ('ok', flags, the next step's live
+        outcome or None), ('conflict', no flags, journaled identity) or
+        ('winner', no flags, the value journaled first)."""
+        k = self.run_keys(run_id)
+        args: list[Any] = [
+            epoch,
+            now_ms(),
+            self.channel(namespace),
+            seq,
+            commit.index,
+            commit.identity,
+            commit.value_field,
+            commit.value,
+            commit.step_key,
+            commit.step_row,
+            cut or "",
+            step_key,
+            step_row,
+            len(records),
+        ]
+        for record in records:
+            args.extend(record)
+        reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
+        if reply[0] in ("conflict", "winner"):
+            return str(reply[0]), Flags(False, False), str(reply[1])
+        _refuse(run_id, reply)
+        return "ok", _flags(reply), (reply[4] or None)
 
     def record_op(
         self,

@@ -92,6 +92,8 @@ def run_coordinator_task(
         while True:
             try:
                 _one_pass(engine, replay)
+                if replay.rerun:
+                    engine.send_coordinator(record.run_id, record.epoch, record.workflow)
             except StaleAttemptError:
                 logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
                 return
@@ -138,6 +140,8 @@ def _one_pass(engine: Engine, replay: Replay) -> None:
         settlement = _cancelled()
     else:
         cursor = replay.open_cursor(MAIN, writes=True)
+        result: Any = None
+        failure: Exception | None = None
         try:
             result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
         except Suspend:
@@ -147,16 +151,25 @@ def _one_pass(engine: Engine, replay: Replay) -> None:
         except (StaleAttemptError, StorageUnavailableError):
             raise
         except Exception as exc:
-            settlement = _failed(replay, exc)
-        else:
-            settlement = _returned(replay, result)
-        if isinstance(replay.unwinding, PauseRequested):
-            settlement = Settlement("paused", "paused", "Paused by request", True, message="Run paused")
-        elif replay.unwinding is not None:
+            failure = exc
+        if replay.unwinding is not None and not isinstance(replay.unwinding, PauseRequested):
             return  # user code swallowed the Suspend; the pass ends here all the same
         if replay.broken is not None:
             raise replay.broken
-        replay.flush(cursor)
+        # Its progress and the step it ran last go out before the settlement
+        # is decided: the flags that come back may say it was cancelled.
+        try:
+            replay.flush(cursor)
+        except Suspend:
+            return  # that step lost a first-write race: the pass runs again
+        except NonDeterminismError as exc:
+            failure = exc
+        if isinstance(replay.unwinding, PauseRequested):
+            settlement = Settlement("paused", "paused", "Paused by request", True, message="Run paused")
+        elif failure is not None:
+            settlement = _failed(replay, failure)
+        else:
+            settlement = _returned(replay, result)
     store.finish(
         record.run_id,
         record.epoch,

@@ -8,8 +8,9 @@ journal returns its journaled value; the first op past the journaled history
 is new work. Order is checked per sequence, so the order in which branches
 finish never matters (the DBOS check/record pair, per sequence).
 
-Straight-line steps run inline in the coordinator: one fenced Lua write each,
-no broker hop and no replay of their own. A fan-out journals its op, sends
+Straight-line steps run inline in the coordinator: one fenced Lua script
+each (a step's journal write travels with the next call's begin, see
+``Replay._commit_and_begin``), no broker hop and no replay of their own. A fan-out journals its op, sends
 its unfinished branches to the steps queue as Celery tasks and *suspends*
 the pass; the last branch to finish wakes the coordinator, whose next pass
 replays up to the fan-out and finds every outcome journaled. A branch task
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import jsonschema
 import jsonschema.exceptions
 
-from celery_durable.broker import Flags, RunRecord, RunStore, now_ms
+from celery_durable.broker import Flags, PendingCommit, RunRecord, RunStore, now_ms
 from celery_durable.errors import (
     FATAL_ERRORS,
     NonDeterminismError,
@@ -126,6 +127,9 @@ class Cursor:
     index: int = 0
     logs_since_op: int = 0
     buffer: list[tuple[int, str, str, str]] = field(default_factory=list)
+    pending: PendingCommit | None = None
+    """The last step's journal write, not sent yet: it goes with this
+    sequence's next store write (``Replay.flush``), before any more work runs."""
 
     def position(self) -> int:
         return self.index * POSITION_STRIDE + self.logs_since_op
@@ -197,6 +201,9 @@ class Replay:
         self.unwinding: BaseException | None = None
         self.pause_requested = False
         self.limit_reached = ""
+        self.rerun = False
+        """A pass that ended because its view of the journal went stale; the
+        coordinator runs the next one at once."""
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
 
     # -- sequences -------------------------------------------------------------
@@ -240,10 +247,11 @@ class Replay:
             )
         return False, None
 
-    def _nondeterminism(self, cursor: Cursor, detail: str) -> NonDeterminismError:
+    def _nondeterminism(self, cursor: Cursor, detail: str, *, index: int | None = None) -> NonDeterminismError:
         where = "the main body" if cursor.seq == MAIN else f"branch {cursor.seq}"
+        call = cursor.index if index is None else index
         error = NonDeterminismError(
-            f"Workflow {self.workflow.name!r} replayed differently in {where} at call {cursor.index}: {detail}. "
+            f"Workflow {self.workflow.name!r} replayed differently in {where} at call {call}: {detail}. "
             "Check that your workflow is deterministic: move clocks, randomness and I/O into steps, "
             "or use ctx.now() and ctx.uuid4()"
         )
@@ -325,24 +333,56 @@ class Replay:
         Returns the step's live journaled outcome when the key was journaled
         meanwhile by another sequence.
         """
-        if not cursor.writes or not (cursor.buffer or step_key or cut is not None):
+        if not cursor.writes or not (cursor.buffer or step_key or cut is not None or cursor.pending):
             return None
         row = f"running|{self.epoch}|{now_ms()}|" if step_key else ""
-        flags, existing = self.store.begin_op(
-            self.run.run_id,
-            self.epoch,
-            self.run.namespace,
-            cursor.seq,
-            cut,
-            step_key,
-            row,
-            cursor.buffer,
-        )
+        if cursor.pending is not None:
+            flags, existing = self._commit_and_begin(cursor, cut, step_key, row)
+        else:
+            flags, existing = self.store.begin_op(
+                self.run.run_id,
+                self.epoch,
+                self.run.namespace,
+                cursor.seq,
+                cut,
+                step_key,
+                row,
+                cursor.buffer,
+            )
         if cursor.buffer:
             cursor.high_water = max(cursor.high_water, cursor.buffer[-1][0])
             cursor.buffer.clear()
         self.apply_flags(flags)
         return existing
+
+    def _commit_and_begin(self, cursor: Cursor, cut: str | None, step_key: str, row: str) -> tuple[Flags, str | None]:
+        """Journal the held-back step and begin the next call in one round trip."""
+        pending = cursor.pending
+        assert pending is not None
+        cursor.pending = None
+        verdict, flags, detail = self.store.commit_begin(
+            self.run.run_id, self.epoch, self.run.namespace, cursor.seq, pending, cut, step_key, row, cursor.buffer
+        )
+        if verdict == "conflict":
+            raise self._nondeterminism(
+                cursor, f"expected {describe(str(detail))}, got {describe(pending.identity)}", index=pending.index
+            )
+        if verdict == "winner":
+            # Another execution journaled this step first while its producer
+            # ran (first write wins). The workflow code since saw this pass's
+            # value, but no work has run on it: end the pass, and the next
+            # one replays with the journaled value.
+            self.rerun = True
+            self.unwinding = Suspend()
+            raise self.unwinding
+        return flags, detail
+
+    def _defers_commits(self, cursor: Cursor) -> bool:
+        """A coordinator's main body holds each step's write back to send it
+        with the next call: the one place where nothing else journals the
+        same keys meanwhile (a fan-out is a barrier), so the held-back value
+        is what the journal will say."""
+        return cursor.seq == MAIN and cursor.writes and self.target is None
 
     # -- steps ---------------------------------------------------------------------
 
@@ -372,12 +412,19 @@ class Replay:
             self._cut(cursor)
         self._check_pause(cursor)
         existing = self.flush(cursor, step_key=key, cut=cut)
+        self._check_pause(cursor)  # the flags that came back may ask for a pause
         self.check_cancelled()
         if existing is not None:
             outcome = self._decode(existing)
             self._commit(cursor, identity)
         else:
             outcome = self._produce(key, producer, retry)
+            if self._defers_commits(cursor):
+                cursor.pending = PendingCommit(
+                    cursor.index, identity, f"v:{key}", outcome.encode(), key, self._step_row(outcome)
+                )
+                cursor.advance()
+                return outcome.step_result(key)
             winner = self._commit(cursor, identity, value_field=f"v:{key}", outcome=outcome, step_key=key)
             if winner is not None:
                 outcome = self._decode(winner)
@@ -441,12 +488,7 @@ class Replay:
     ) -> str | None:
         """Journal op ``identity`` at the cursor and advance; returns a winning earlier value."""
         encoded = outcome.encode() if outcome is not None else raw_value
-        row = ""
-        if outcome is not None and outcome.kind == "o":
-            # The run detail lists journaled steps as well as running ones (SPEC §3).
-            row = f"completed|{self.epoch}|{now_ms()}|"
-        elif outcome is not None:
-            row = f"failed|{self.epoch}|{now_ms()}|{outcome.error_type}: {outcome.message}"
+        row = self._step_row(outcome) if outcome is not None else ""
         flags, winner, conflict = self.store.record_op(
             self.run.run_id,
             self.epoch,
@@ -463,6 +505,13 @@ class Replay:
         self.apply_flags(flags)
         cursor.advance()
         return winner
+
+    def _step_row(self, outcome: Outcome) -> str:
+        """The row a journaled step leaves: the run detail lists journaled
+        steps as well as running ones (SPEC §3)."""
+        if outcome.kind == "o":
+            return f"completed|{self.epoch}|{now_ms()}|"
+        return f"failed|{self.epoch}|{now_ms()}|{outcome.error_type}: {outcome.message}"
 
     # -- agents ------------------------------------------------------------------------
 
@@ -571,6 +620,7 @@ class Replay:
         if journaled and raw is not None:
             cursor.advance()
             return raw
+        self.flush(cursor)  # a held-back step is journaled before this op
         fresh = make()
         winner = self._commit(cursor, identity, value_field=f"x:{cursor.seq}:{cursor.index}", raw_value=fresh)
         return winner if winner is not None else fresh

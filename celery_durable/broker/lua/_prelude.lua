@@ -242,3 +242,102 @@ end
 local function made_progress(run_key)
   if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end
+
+-- Journals op <ident> at <index> of sequence <seq> and, with a value field,
+-- its value ("v:<key>" a step outcome, "x:<seq>:<i>" a now()/uuid4() value);
+-- for a step, settles its row (''  deletes it). The body of record_op.lua,
+-- and of commit_begin.lua's first half.
+-- Returns ('conflict', live identity) for non-determinism, ('winner', value)
+-- when the value field already held a live outcome (first write wins, and
+-- the caller must use that one), else ('ok', '').
+local function commit_call(run_key, journal_key, steps_key, running_key, epoch, seq, index, ident,
+                           value_field, value, step_key, step_row)
+  local conflict, replaced = record_op(journal_key, seq, index, ident, epoch)
+  if conflict then return 'conflict', conflict end
+  local winner = ''
+  if value_field ~= '' then
+    local current = redis.call('HGET', journal_key, value_field)
+    local is_step = string.sub(value_field, 1, 2) == 'v:'
+    -- A now()/uuid4() value of an abandoned op is not this op's value.
+    if current and not is_step and replaced then current = nil end
+    if current and not (is_step and is_stale_failure(current, epoch)) then
+      winner = current
+    else
+      redis.call('HSET', journal_key, value_field, value)
+      made_progress(run_key)
+      if step_key ~= '' and string.sub(value, 1, 1) == 'o' then
+        redis.call('HINCRBY', run_key, 'steps_done', 1)
+      end
+    end
+  end
+  if step_key ~= '' then
+    if redis.call('HDEL', running_key, step_key) == 1 then
+      redis.call('HINCRBY', run_key, 'steps_running', -1)
+    end
+    if step_row == '' then
+      redis.call('HDEL', steps_key, step_key)
+    else
+      redis.call('HSET', steps_key, step_key, step_row)
+    end
+  end
+  if winner ~= '' then return 'winner', winner end
+  return 'ok', ''
+end
+
+-- Runs before a call of sequence <seq>: flushes its buffered progress
+-- records (dropping those an earlier replay already wrote) and, for a step,
+-- shows the step as running. <cut> is '' or "<op index>:<position>" (see
+-- cut_sequence); <records> is a flat list of position, kind, phase id,
+-- message, from <first> on, <count> records. The body of begin_op.lua, and
+-- of commit_begin.lua's second half.
+-- Returns the step's live journaled outcome when another sequence (or an
+-- attempt that died before recording this op) already journaled the key,
+-- else '' (also when a pause holds the main body's step back).
+local function begin_call(run_key, progress_key, journal_key, running_key, phases_key, epoch, now, channel,
+                          seq, cut, step_key, step_row, records, first, count)
+  if cut ~= '' then
+    local colon = string.find(cut, ':', 1, true)
+    cut_sequence(journal_key, seq, string.sub(cut, 1, colon - 1), epoch, string.sub(cut, colon + 1))
+  end
+  local hwm_field = 'h:' .. seq
+  local hwm = tonumber(redis.call('HGET', journal_key, hwm_field) or '-1')
+  local start = hwm
+  local wrote = false
+  for i = 0, count - 1 do
+    local base = first + i * 4
+    local pos = tonumber(records[base])
+    if pos > hwm then
+      local kind, phase_id, message = records[base + 1], records[base + 2], records[base + 3]
+      append_progress(run_key, progress_key, kind, phase_id, message, epoch, now, phases_key)
+      if kind == 'phase' then
+        local previous = redis.call('HGET', run_key, 'phase_id')
+        if previous and previous ~= '' and previous ~= phase_id then
+          redis.call('HSET', run_key, 'pe:' .. previous, now)
+        end
+        redis.call('HSET', run_key, 'phase', message, 'phase_id', phase_id)
+        redis.call('HSETNX', run_key, 'ps:' .. phase_id, now)
+      end
+      hwm = pos
+      wrote = true
+    end
+  end
+  if hwm ~= start then redis.call('HSET', journal_key, hwm_field, hwm) end
+  -- A pause stops the main body before its next step: that step does not
+  -- show as running (the attempt sees the flag and settles as paused).
+  if seq == 'm' and step_key ~= '' and redis.call('HGET', run_key, 'pause') == '1' then step_key = '' end
+  local outcome = ''
+  if step_key ~= '' then
+    local current = redis.call('HGET', journal_key, 'v:' .. step_key)
+    if current and not is_stale_failure(current, epoch) then outcome = current end
+  end
+  if step_key ~= '' and outcome == '' then
+    if redis.call('HSET', running_key, step_key, step_row) == 1 then
+      redis.call('HINCRBY', run_key, 'steps_running', 1)
+    end
+  end
+  if wrote then
+    redis.call('PUBLISH', channel, redis.call('HGET', run_key, 'id') .. ' progress')
+  end
+  check_limits(run_key, tonumber(now))
+  return outcome
+end
