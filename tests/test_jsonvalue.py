@@ -10,7 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_durable import JSON_NULL
@@ -166,6 +166,8 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# No per-example deadline: a loaded CI machine must not turn a slow example into a failure.
+@settings(deadline=None)
 @given(json_values)
 def test_every_json_value_passes_and_round_trips(value: Any) -> None:
     assert json_problem(value) is None
@@ -179,6 +181,7 @@ BAD_LEAVES = [lambda: (1,), lambda: {1}, lambda: b"x", lambda: math.nan, lambda:
 non_json_leaves = st.integers(0, len(BAD_LEAVES) - 1).map(lambda i: BAD_LEAVES[i]())
 
 
+@settings(deadline=None)
 @given(json_values, non_json_leaves, st.booleans())
 def test_one_bad_leaf_anywhere_fails_the_whole_value(value: Any, bad: Any, in_dict: bool) -> None:
     wrapped = {"ok": value, "bad": [bad]} if in_dict else [value, {"bad": bad}]
