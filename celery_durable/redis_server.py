@@ -70,6 +70,11 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        if self.process is not None and self.process.poll() is None:
+            # Already running (``start()`` then ``with server:``): a second
+            # process on the same port would fail to bind while the first
+            # answered its PING, and the first would outlive ``stop()``.
+            return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
             find_redis_server(),

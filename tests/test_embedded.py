@@ -99,3 +99,15 @@ def test_a_worker_never_starts_a_private_redis_and_says_so(nothing_local: tuple[
     assert result.exit_code == 2
     assert "nothing on localhost:6379" in result.output
     assert "never starts a private Redis" in result.output
+
+
+def test_starting_a_running_redis_server_again_starts_no_second_process(tmp_path) -> None:
+    from celery_durable.redis_server import RedisServer
+
+    server = RedisServer(tmp_path / "data").start()
+    first = server.process
+    try:
+        assert server.start().process is first
+    finally:
+        server.cleanup()
+    assert first is not None and first.poll() is not None, "stop() left the server running"

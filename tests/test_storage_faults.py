@@ -309,8 +309,10 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, int, Path]]:
         server.start()
     except RuntimeError as exc:
         pytest.skip(f"this redis-server has no TLS support: {exc}")
-    with server:
+    try:
         yield server, tls_port, cert
+    finally:
+        server.cleanup()
 
 
 def test_rediss_works_end_to_end_against_a_tls_server(tls_redis: tuple[RedisServer, int, Path]) -> None:
