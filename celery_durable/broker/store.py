@@ -114,7 +114,8 @@ def _refuse(run_id: str, reply: Sequence[Any]) -> None:
 @dataclass(frozen=True, slots=True)
 class PendingCommit:
     """A step's journal write, held back to travel with its sequence's next
-    call (``commit_begin``): the arguments of ``record_op``."""
+    call (``commit_begin``): the arguments of ``record_op``, in the order of
+    ``commit_begin.lua``'s ARGV[5..10]."""
 
     index: int
     identity: str
@@ -122,6 +123,14 @@ class PendingCommit:
     value: str
     step_key: str
     step_row: str
+
+
+def _begin_args(
+    cut: str | None, step_key: str, step_row: str, records: Sequence[tuple[int, str, str, str]]
+) -> list[Any]:
+    """The ARGV tail that begins a call (begin_call in ``_prelude.lua``):
+    cut, step key, step row, then the buffered progress records, flat."""
+    return [cut or "", step_key, step_row, len(records), *(field for record in records for field in record)]
 
 
 def _flags(reply: Sequence[Any], offset: int = 1) -> Flags:
@@ -292,18 +301,7 @@ class RunStore:
         """Flush progress and show a step running; returns the flags and the
         step's live outcome when it is already journaled."""
         k = self.run_keys(run_id)
-        args: list[Any] = [
-            epoch,
-            now_ms(),
-            self.channel(namespace),
-            seq,
-            cut or "",
-            step_key,
-            step_row,
-            len(records),
-        ]
-        for record in records:
-            args.extend(record)
+        args = [epoch, now_ms(), self.channel(namespace), seq, *_begin_args(cut, step_key, step_row, records)]
         reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
         _refuse(run_id, reply)
         return _flags(reply), (reply[4] or None)
@@ -325,24 +323,14 @@ class RunStore:
         outcome or None), ('conflict', no flags, journaled identity) or
         ('winner', no flags, the value journaled first)."""
         k = self.run_keys(run_id)
-        args: list[Any] = [
+        args = [
             epoch,
             now_ms(),
             self.channel(namespace),
             seq,
-            commit.index,
-            commit.identity,
-            commit.value_field,
-            commit.value,
-            commit.step_key,
-            commit.step_row,
-            cut or "",
-            step_key,
-            step_row,
-            len(records),
+            *astuple(commit),
+            *_begin_args(cut, step_key, step_row, records),
         ]
-        for record in records:
-            args.extend(record)
         reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
         if reply[0] in ("conflict", "winner"):
             return str(reply[0]), Flags(False, False), str(reply[1])

@@ -10,10 +10,11 @@ finish never matters (the DBOS check/record pair, per sequence).
 
 Straight-line steps run inline in the coordinator: one fenced Lua script
 each (a step's journal write travels with the next call's begin, see
-``Replay._commit_and_begin``), no broker hop and no replay of their own. A fan-out journals its op, sends
-its unfinished branches to the steps queue as Celery tasks and *suspends*
-the pass; the last branch to finish wakes the coordinator, whose next pass
-replays up to the fan-out and finds every outcome journaled. A branch task
+``Replay._commit_and_begin``), no broker hop and no replay of their own. A
+fan-out journals its op, sends its unfinished branches to the steps queue as
+Celery tasks and *suspends* the pass; the last branch to finish wakes the
+coordinator, whose next pass replays up to the fan-out and finds every
+outcome journaled. A branch task
 replays the main body (all journal hits) up to its fan-out and runs only its
 own thunk; fan-outs nested inside a branch run on that worker, in threads.
 """
@@ -620,7 +621,8 @@ class Replay:
         if journaled and raw is not None:
             cursor.advance()
             return raw
-        self.flush(cursor)  # a held-back step is journaled before this op
+        if cursor.pending is not None:
+            self.flush(cursor)  # a held-back step is journaled before this op
         fresh = make()
         winner = self._commit(cursor, identity, value_field=f"x:{cursor.seq}:{cursor.index}", raw_value=fresh)
         return winner if winner is not None else fresh
