@@ -1,6 +1,13 @@
-# The celery-durable image: the package, its CLI, and the examples.
+# The celery-durable image: the package from its wheel (no extras, exactly
+# what `pip install celery-durable` gives), its CLI, and the examples.
 # Your own image: start FROM this one and COPY your workflows' package in,
 # then set CELERY_DURABLE_APP to its engine.
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY celery_durable ./celery_durable
+RUN pip wheel --no-deps --wheel-dir /dist .
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -9,9 +16,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY celery_durable ./celery_durable
-RUN pip install .
+COPY --from=wheel /dist /dist
+RUN pip install /dist/*.whl && rm -rf /dist
 COPY examples ./examples
 
 # Celery refuses to be comfortable as root, and a worker needs no privileges.
