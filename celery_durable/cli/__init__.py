@@ -12,13 +12,13 @@ from typing import Any
 
 import typer
 
-from celery_durable.cli import commands, demo, runs
+from celery_durable.cli import commands, demo, runs, web
 from celery_durable.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, app, err, load_engine
 
 __all__ = ["app", "load_engine", "main"]
 
 # Imported for the commands they register on ``app``.
-_COMMAND_MODULES = (commands, demo, runs)
+_COMMAND_MODULES = (commands, demo, runs, web)
 
 # Recent Typer vendors its own copy of Click, older Typer uses Click itself:
 # take Click's exception classes from wherever Typer's come from.

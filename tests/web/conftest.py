@@ -1,0 +1,115 @@
+"""Fixtures of the web view's tests: an app on a real engine, worker and Redis.
+
+``site(**options)`` builds ``create_app`` on the test's engine (one engine
+and in-process worker per test, from tests/conftest.py's ``durable``) and
+returns a Starlette ``TestClient`` around it; ``browser`` is a real headless
+Chromium from the system packages, driven by Playwright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from celery_durable import Client, Engine
+from celery_durable.web import create_app
+from tests.web.support import WORKFLOWS, csrf_token, open_all_gates
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@dataclass
+class Site:
+    engine: Engine
+    client: Client
+    http: TestClient
+
+    @property
+    def ns(self) -> str:
+        return self.client.namespace
+
+    def run_url(self, run_id: str) -> str:
+        return f"/ns/{self.ns}/runs/{run_id}"
+
+    def token(self, run_id: str) -> str:
+        """The CSRF token of the run page's forms (the cookie is kept by the TestClient)."""
+        page = self.http.get(self.run_url(run_id))
+        assert page.status_code == 200, page.text
+        return csrf_token(page.text)
+
+    def act(self, run_id: str, action: str, *, token: str | None = None, **fields: str) -> Any:
+        data = {"csrf_token": token if token is not None else self.token(run_id), **fields}
+        return self.http.post(f"{self.run_url(run_id)}/{action}", data=data, follow_redirects=False)
+
+
+SiteFactory = Callable[..., Site]
+
+
+@pytest.fixture(autouse=True)
+def _release_held_steps() -> Iterator[None]:
+    yield
+    open_all_gates()
+
+
+@pytest.fixture
+def site(durable: Any) -> Iterator[SiteFactory]:
+    """``site(namespace=None, read_only=False, auth=None, flower_url=None, worker=True)``."""
+    with contextlib.ExitStack() as stack:
+        engines: dict[bool, Any] = {}
+
+        def make(*, worker: bool = True, **options: Any) -> Site:
+            if worker not in engines:
+                engines[worker] = durable(WORKFLOWS, worker=worker)
+            engine = engines[worker].engine
+            app = create_app(engine, **options)
+            http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
+            return Site(engine, engine.client(options.get("namespace")), http)
+
+        yield make
+
+
+needs_signals = pytest.mark.skipif(
+    not hasattr(Client, "signal_workflow_run"), reason="Client.signal_workflow_run not built yet"
+)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's package), never one Playwright would download."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser context (no cookies shared between tests) and its page."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        tab = context.new_page()
+        tab.set_default_timeout(15_000)
+        yield tab
+    finally:
+        context.close()
