@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -113,6 +114,13 @@ def test_workflow_decorator_validates_meta() -> None:
         decorate(run_fn)
 
 
+def test_workflow_decorator_refuses_an_unknown_keyword_by_name() -> None:
+    decorate = workflow(name="backfill", description="d", phases=[], retries=3)
+    with pytest.raises(WorkflowDefinitionError) as info:
+        decorate(run_fn)
+    assert str(info.value) == "Unknown key in workflow meta: retries"
+
+
 def test_definition_error_is_a_value_error() -> None:
     assert issubclass(WorkflowDefinitionError, ValueError)
     with pytest.raises(ValueError):
@@ -194,6 +202,14 @@ def test_description_must_be_a_string(description: Any) -> None:
 
 def test_phases_may_be_empty() -> None:
     assert define(phases=[]).phases == ()
+
+
+def test_phases_may_be_any_sequence_of_mappings() -> None:
+    declared = ({"title": "A"}, MappingProxyType({"title": "B", "detail": "b"}))
+    for phases in (declared, iter(declared)):
+        assert [(p.title, p.detail) for p in define(phases=phases).phases] == [("A", None), ("B", "b")]
+    meta = MappingProxyType(make_meta())
+    assert define_workflow(meta, run_fn).code_hash == define().code_hash
 
 
 @pytest.mark.parametrize("phases", ["Analyze", b"Analyze", {"title": "Analyze"}, None, 3], ids=repr)
@@ -436,3 +452,37 @@ def test_engine_rejects_two_workflows_with_one_name() -> None:
     with pytest.raises(WorkflowDefinitionError) as info:
         Engine(workflows=[define(), define(description="Another")], settings=offline_settings())
     assert str(info.value) == "Duplicate workflow name code-review"
+
+
+# --- the messages, word for word --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        (None, "Workflow meta must be a dict, got NoneType"),
+        (without("name"), "Workflow meta is missing required key: name"),
+        (make_meta(name=3), "Workflow name must be a string, got int"),
+        (make_meta(name=" "), "Workflow name must not be blank"),
+        (make_meta(name="a b"), "Workflow name must be 1-128 characters of [A-Za-z0-9._-]: 'a b'"),
+        (make_meta(description=""), "Workflow description must not be blank"),
+        (make_meta(phases="A"), "Workflow phases must be a list, got str"),
+        (make_meta(phases=[{"title": "A"}, "B"]), "Workflow phase 1 must be a dict, got str"),
+        (make_meta(phases=[{"title": ""}]), "Workflow phase 0 title must not be blank"),
+        (make_meta(phases=[{"title": "A", "detail": 5}]), "Workflow phase 0 detail must be a string, got int"),
+        (make_meta(phases=[{"title": "A", "x": 1}]), "Unknown key in workflow phase 0: x"),
+        (make_meta(retries=1, name=3), "Unknown key in workflow meta: retries"),
+        (make_meta(limits={"timeout_seconds": None}), "limits.timeout_seconds must be a number, not None"),
+        (make_meta(limits={"max_total_subagents": 0}), "limits.max_total_subagents must be a positive integer, got 0"),
+        (make_meta(args_schema=["object"]), "Workflow args_schema must be a dict, got list"),
+        (
+            make_meta(args_schema={"minLength": -1}),
+            "Workflow args_schema is not a valid JSON Schema: -1 is less than the minimum of 0",
+        ),
+    ],
+    ids=repr,
+)
+def test_each_problem_has_one_clear_message(meta: Any, message: str) -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+        define_workflow(meta, run_fn)
+    assert str(info.value) == message

@@ -203,3 +203,34 @@ def test_clearing_the_concurrency_override_falls_back_to_the_total() -> None:
     meta = {"max_total_subagents": 8, "max_concurrent_subagents": 2}
     merged = merge_limits(meta, {"max_concurrent_subagents": None})
     assert effective_limits(merged)["max_concurrent_subagents"] == 8
+
+
+# --- the messages, word for word --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (None, "limits must be a dict, got NoneType"),
+        ({"retries": 1, "timeout_seconds": 0}, "Unknown key in limits: retries"),
+        ({7: 1}, "Unknown key in limits: 7"),
+        ({"max_total_subagents": 0}, "limits.max_total_subagents must be a positive integer, got 0"),
+        ({"max_concurrent_subagents": 1.5}, "limits.max_concurrent_subagents must be a positive integer, got 1.5"),
+        ({"max_ai_credits": math.inf}, "limits.max_ai_credits must be a finite number above 0, got inf"),
+        ({"max_ai_credits": 4e-10}, "limits.max_ai_credits rounds to zero nano-credits: 4e-10"),
+        ({"timeout_seconds": True}, "limits.timeout_seconds must be a finite number above 0, got True"),
+        ({"timeout_seconds": 2147483.648}, "limits.timeout_seconds must be at most 2147483.647, got 2147483.648"),
+        ({"timeout_seconds": None}, "limits.timeout_seconds must be a number, not None"),
+    ],
+    ids=repr,
+)
+def test_each_problem_has_one_clear_message(limits: Any, message: str) -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+        check(limits)
+    assert str(info.value) == message
+
+
+def test_overrides_name_where_they_come_from() -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+        validate_limits({"max_ai_credits": -1}, allow_none=True, where="overrides")
+    assert str(info.value) == "overrides.max_ai_credits must be a finite number above 0, got -1"

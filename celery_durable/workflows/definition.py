@@ -1,4 +1,9 @@
-"""Defining a workflow: meta validated eagerly, an immutable handle (SPEC §2)."""
+"""Defining a workflow: meta validated eagerly, an immutable handle (SPEC §2).
+
+Meta is checked by the ``WorkflowMeta`` model; the handle keeps what the user
+gave (limits and ``args_schema`` as copies of their mappings), so the code
+hash of a workflow does not depend on how pydantic parses it.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +11,76 @@ import hashlib
 import inspect
 import json
 import marshal
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import jsonschema
 import jsonschema.exceptions
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from celery_durable.errors import WorkflowDefinitionError
+from celery_durable.names import WORKFLOW_NAME_MAX, WORKFLOW_NAME_PATTERN, name_rule
 from celery_durable.workflows.jsonvalue import short_repr
-from celery_durable.workflows.limits import validate_limits
+from celery_durable.workflows.limits import Limits, limits_label
+from celery_durable.workflows.validation import Loc, explain
 
 if TYPE_CHECKING:
     from celery_durable.workflows.context import WorkflowContext
 
 RunFunction = Callable[["WorkflowContext"], Any]
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
-META_KEYS = ("name", "description", "phases", "limits", "args_schema")
-PHASE_KEYS = ("title", "detail")
+NAME_PATTERN = WORKFLOW_NAME_PATTERN
+"""Read here by the task messages (tasks/messages.py) and the fuzz tests; defined in ``names``."""
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be blank")
+    return text
+
+
+def _plain_name(name: str) -> str:
+    if not NAME_PATTERN.match(name):
+        raise ValueError(f"must be {name_rule(WORKFLOW_NAME_MAX)}: {short_repr(name)}")
+    return name
+
+
+def _json_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(schema))
+    except jsonschema.exceptions.SchemaError as exc:
+        raise ValueError(f"is not a valid JSON Schema: {exc.message}") from None
+    return schema
+
+
+Text = Annotated[StrictStr, AfterValidator(_not_blank)]
+
+
+class PhaseMeta(BaseModel):
+    """One declared phase. Lax as a model, so any mapping may declare it; strict in its fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    title: Text
+    detail: StrictStr | None = None
+
+
+class WorkflowMeta(BaseModel):
+    """The meta of SPEC §2; unknown keys are refused by name."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: Annotated[Text, AfterValidator(_plain_name)]
+    description: Text
+    # Lax: a tuple or a generator of phases declares them as well as a list.
+    phases: list[PhaseMeta] = Field(strict=False)
+    limits: Limits = Field(default_factory=Limits)
+    args_schema: Annotated[Mapping[str, Any], Field(strict=False), AfterValidator(_json_schema)] | None = None
+
+
+META_KEYS = tuple(WorkflowMeta.model_fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,40 +124,47 @@ class Workflow:
 
 def define_workflow(meta: Mapping[str, Any], run: RunFunction) -> Workflow:
     """Validate ``meta`` and return an immutable handle; ``run`` is stored as is."""
-    if not isinstance(meta, Mapping):
-        raise WorkflowDefinitionError(f"Workflow meta must be a dict, got {type(meta).__name__}")
+    checked = check_meta(meta)
     if not callable(run):
         raise WorkflowDefinitionError(f"Workflow run must be callable, got {type(run).__name__}")
-    for key in meta:
-        if key not in META_KEYS:
-            raise WorkflowDefinitionError(f"Unknown key in workflow meta: {_key(key)}")
-    name = _required_text(meta, "name")
-    if not NAME_PATTERN.fullmatch(name):
-        raise WorkflowDefinitionError(
-            f"Workflow name must be at most 128 characters of [A-Za-z0-9._-]: {short_repr(name)}"
-        )
-    description = _required_text(meta, "description")
-    if "phases" not in meta:
-        raise WorkflowDefinitionError("Workflow meta is missing required key: phases")
-    phases = _phases(meta["phases"])
-    limits = validate_limits(meta.get("limits", {}), allow_none=False, where="limits")
-    args_schema = _args_schema(meta.get("args_schema"))
+    phases = tuple(
+        Phase(phase_id=f"phase-{index}", title=phase.title, detail=phase.detail)
+        for index, phase in enumerate(checked.phases, start=1)
+    )
+    # The mappings as given, not as parsed: the code hash must not depend on pydantic.
+    limits = dict(meta.get("limits", {}))
+    raw_schema = meta.get("args_schema")
+    args_schema = dict(raw_schema) if raw_schema is not None else None
     canonical = {
-        "name": name,
-        "description": description,
+        "name": checked.name,
+        "description": checked.description,
         "phases": [{"title": p.title, "detail": p.detail} for p in phases],
         "limits": limits,
         "args_schema": args_schema,
     }
     return Workflow(
-        name=name,
-        description=description,
+        name=checked.name,
+        description=checked.description,
         phases=phases,
         limits=MappingProxyType(limits),
         args_schema=MappingProxyType(args_schema) if args_schema is not None else None,
         run=run,
         code_hash=code_hash(run, canonical),
     )
+
+
+def check_meta(meta: Any) -> WorkflowMeta:
+    """``meta`` as the model; the first problem as a ``WorkflowDefinitionError``."""
+    try:
+        checked = WorkflowMeta.model_validate(dict(meta) if isinstance(meta, Mapping) else meta)
+    except ValidationError as exc:
+        raise WorkflowDefinitionError(explain(exc, _meta_label)) from None
+    seen: set[str] = set()
+    for phase in checked.phases:
+        if phase.title in seen:
+            raise WorkflowDefinitionError(f"Workflow phase title is declared more than once: {phase.title[:200]}")
+        seen.add(phase.title)
+    return checked
 
 
 def workflow(
@@ -113,9 +174,15 @@ def workflow(
     phases: Iterable[Mapping[str, Any]],
     limits: Mapping[str, Any] | None = None,
     args_schema: Mapping[str, Any] | None = None,
+    **unknown: Any,
 ) -> Callable[[RunFunction], Workflow]:
-    """Decorator form of ``define_workflow``: ``@workflow(name=..., ...)``."""
-    meta: dict[str, Any] = {"name": name, "description": description, "phases": phases}
+    """Decorator form of ``define_workflow``: ``@workflow(name=..., ...)``.
+
+    ``unknown`` takes any other keyword so that it is refused as meta is, by
+    name and as a ``WorkflowDefinitionError`` (SPEC §2), not as a
+    ``TypeError`` about a function signature.
+    """
+    meta: dict[str, Any] = {"name": name, "description": description, "phases": phases, **unknown}
     if limits is not None:
         meta["limits"] = limits
     if args_schema is not None:
@@ -150,54 +217,14 @@ def code_hash(run: RunFunction, canonical_meta: Mapping[str, Any]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _key(key: Any) -> str:
-    """An unknown key as an error names it: verbatim when it is a short string."""
-    return key[:80] if isinstance(key, str) else short_repr(key)
-
-
-def _required_text(meta: Mapping[str, Any], key: str) -> str:
-    if key not in meta:
-        raise WorkflowDefinitionError(f"Workflow meta is missing required key: {key}")
-    value = meta[key]
-    if not isinstance(value, str):
-        raise WorkflowDefinitionError(f"Workflow {key} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise WorkflowDefinitionError(f"Workflow {key} must not be blank")
-    return value
-
-
-def _phases(raw: Any) -> tuple[Phase, ...]:
-    if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Iterable):
-        raise WorkflowDefinitionError(f"Workflow phases must be a list, got {type(raw).__name__}")
-    phases: list[Phase] = []
-    seen: set[str] = set()
-    for index, item in enumerate(raw):
-        if not isinstance(item, Mapping):
-            raise WorkflowDefinitionError(f"Workflow phase {index} must be a dict, got {type(item).__name__}")
-        for key in item:
-            if key not in PHASE_KEYS:
-                raise WorkflowDefinitionError(f"Unknown key in workflow phase {index}: {_key(key)}")
-        title = item.get("title")
-        if not isinstance(title, str) or not title.strip():
-            raise WorkflowDefinitionError(f"Workflow phase {index} needs a non-blank title")
-        if title in seen:
-            raise WorkflowDefinitionError(f"Workflow phase title is declared more than once: {title[:200]}")
-        detail = item.get("detail")
-        if detail is not None and not isinstance(detail, str):
-            raise WorkflowDefinitionError(f"Workflow phase {short_repr(title)} detail must be a string")
-        seen.add(title)
-        phases.append(Phase(phase_id=f"phase-{index + 1}", title=title, detail=detail))
-    return tuple(phases)
-
-
-def _args_schema(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise WorkflowDefinitionError(f"Workflow args_schema must be a dict, got {type(raw).__name__}")
-    schema = dict(raw)
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        raise WorkflowDefinitionError(f"Workflow args_schema is not a valid JSON Schema: {exc.message}") from None
-    return schema
+def _meta_label(loc: Loc) -> str:
+    """How a message names the field at ``loc``: "Workflow name", "Workflow phase 2 title", "limits.timeout_seconds"."""
+    match loc:
+        case ():
+            return "Workflow meta"
+        case ("phases", int(index), *rest):
+            return " ".join([f"Workflow phase {index}", *map(str, rest)])
+        case ("limits", *rest):
+            return limits_label("limits", tuple(rest))
+        case _:
+            return "Workflow " + ".".join(map(str, loc))

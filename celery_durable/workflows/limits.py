@@ -1,15 +1,30 @@
-"""Validation and merging of run limits (SPEC §6)."""
+"""Run limits (SPEC §6): the model that checks them, and how overrides merge.
+
+A limits mapping is checked by the ``Limits`` model and then kept as it was
+given, not as the model parsed it: ``60`` stays an int and ``1e20`` a float,
+so the run hash and the code hash see exactly what the user wrote.
+"""
 
 from __future__ import annotations
 
-import math
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from celery_durable.errors import WorkflowDefinitionError
 from celery_durable.workflows.jsonvalue import short_repr
+from celery_durable.workflows.validation import Loc, PositiveNumber, at_most, described, explain
 
-LIMIT_KEYS = ("max_concurrent_subagents", "max_total_subagents", "max_ai_credits", "timeout_seconds")
 MAX_TIMEOUT_SECONDS = 2147483.647
 NANO = Decimal("1e-9")
 
@@ -22,37 +37,51 @@ def nano_credits(value: float | int) -> int:
     return int((exact / NANO).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
+def _whole_nano_credit(value: float) -> float:
+    if nano_credits(value) < 1:
+        raise ValueError(f"rounds to zero nano-credits: {short_repr(value)}")
+    return value
+
+
+Count = Annotated[StrictInt, Field(gt=0), described("a positive integer")]
+Credits = Annotated[PositiveNumber, described("a finite number above 0"), AfterValidator(_whole_nano_credit)]
+Seconds = Annotated[PositiveNumber, described("a finite number above 0"), at_most(MAX_TIMEOUT_SECONDS)]
+
+
+class Limits(BaseModel):
+    """The ceilings of SPEC §6. ``None`` ("unlimited") is for run/resume
+    overrides only: validate with ``context={"allow_none": True}`` for those."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    max_concurrent_subagents: Count | None = None
+    max_total_subagents: Count | None = None
+    max_ai_credits: Credits | None = None
+    timeout_seconds: Seconds | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _none_only_in_overrides(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not (info.context or {}).get("allow_none"):
+            raise ValueError("must be a number, not None")
+        return value
+
+
+LIMIT_KEYS = tuple(Limits.model_fields)
+
+
 def validate_limits(limits: Any, *, allow_none: bool, where: str = "limits") -> dict[str, Any]:
-    """Check a limits mapping; ``allow_none`` is for run/resume overrides, which clear with None."""
-    if not isinstance(limits, dict):
-        raise WorkflowDefinitionError(f"{where} must be a dict, got {type(limits).__name__}")
-    for key in limits:
-        if key not in LIMIT_KEYS:
-            named = key[:80] if isinstance(key, str) else short_repr(key)
-            raise WorkflowDefinitionError(f"Unknown key in {where}: {named}")
-    for key, value in limits.items():
-        if value is None:
-            if not allow_none:
-                raise WorkflowDefinitionError(f"{where}.{key} must be a number, not None")
-            continue
-        _check_limit(key, value, where)
+    """Check a limits mapping and return a copy; ``allow_none`` is for overrides, which clear with None."""
+    try:
+        Limits.model_validate(limits, context={"allow_none": allow_none})
+    except ValidationError as exc:
+        raise WorkflowDefinitionError(explain(exc, lambda loc: limits_label(where, loc))) from None
     return dict(limits)
 
 
-def _check_limit(key: str, value: Any, where: str) -> None:
-    name = f"{where}.{key}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise WorkflowDefinitionError(f"{name} must be a number, got {type(value).__name__}")
-    if key in ("max_concurrent_subagents", "max_total_subagents"):
-        if not isinstance(value, int) or value <= 0:
-            raise WorkflowDefinitionError(f"{name} must be a positive integer, got {short_repr(value)}")
-        return
-    if (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
-        raise WorkflowDefinitionError(f"{name} must be a finite number above 0, got {short_repr(value)}")
-    if key == "max_ai_credits" and nano_credits(value) < 1:
-        raise WorkflowDefinitionError(f"{name} rounds to zero nano-credits: {short_repr(value)}")
-    if key == "timeout_seconds" and value > MAX_TIMEOUT_SECONDS:
-        raise WorkflowDefinitionError(f"{name} must be at most {MAX_TIMEOUT_SECONDS}, got {short_repr(value)}")
+def limits_label(where: str, loc: Loc) -> str:
+    """``where`` for the mapping, ``where.key`` for one limit."""
+    return ".".join([where, *map(str, loc)])
 
 
 def merge_limits(base: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
