@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_durable import JSON_NULL
-from celery_durable.workflows.jsonvalue import MAX_DEPTH, dumps, is_json_value, json_problem, loads
+from celery_durable.workflows.jsonvalue import (
+    MAX_DEPTH,
+    TOO_LARGE,
+    PayloadError,
+    dumps,
+    encode_payload,
+    is_json_value,
+    json_problem,
+    loads,
+)
 
 ACCEPTED = [
     None,
@@ -186,3 +195,106 @@ non_json_leaves = st.integers(0, len(BAD_LEAVES) - 1).map(lambda i: BAD_LEAVES[i
 def test_one_bad_leaf_anywhere_fails_the_whole_value(value: Any, bad: Any, in_dict: bool) -> None:
     wrapped = {"ok": value, "bad": [bad]} if in_dict else [value, {"bad": bad}]
     assert json_problem(wrapped) is not None
+
+
+# --- encode_payload: the one JSON-and-size check ------------------------------------------------
+
+LIMIT = 64
+BIG = "x" * 70
+"""70 bytes of text, 72 of JSON: above LIMIT either way."""
+
+# Each caller's wording, so that moving a call site onto encode_payload changes no message.
+CALL_SITES = [
+    pytest.param(
+        {"noun": "Workflow args", "too_large": "{noun} are {size} bytes, above max_payload_bytes ({limit})"},
+        {1, 2},
+        "Workflow args must be a JSON value: set is not a JSON type",
+        "Workflow args are 72 bytes, above max_payload_bytes (64)",
+        id="start_workflow args",
+    ),
+    pytest.param(
+        {"noun": "Workflow result", "not_json": "{noun} must be a JSON value ({problem})"},
+        {1, 2},
+        "Workflow result must be a JSON value (set is not a JSON type)",
+        "Workflow result is 72 bytes, above max_payload_bytes (64)",
+        id="run result",
+    ),
+    pytest.param(
+        {"noun": "Agent output", "not_json": "{noun} is not a JSON value: {problem}"},
+        {1, 2},
+        "Agent output is not a JSON value: set is not a JSON type",
+        "Agent output is 72 bytes, above max_payload_bytes (64)",
+        id="agent output",
+    ),
+    pytest.param(
+        {
+            "noun": "Step result",
+            "key": "fetch-{users}",
+            "not_json": "{noun} must be a JSON value: {key}",
+            "too_large": TOO_LARGE + ": {key}",
+        },
+        {1, 2},
+        "Step result must be a JSON value: fetch-{users}",
+        "Step result is 72 bytes, above max_payload_bytes (64): fetch-{users}",
+        id="step result",
+    ),
+    pytest.param(
+        {"noun": "Branch result"},
+        {1, 2},
+        "Branch result must be a JSON value: set is not a JSON type",
+        "Branch result is 72 bytes, above max_payload_bytes (64)",
+        id="branch result",
+    ),
+    pytest.param(
+        {"noun": "ctx.log message", "text": True, "not_json": "{noun} holds a lone surrogate"},
+        "lone \ud800",
+        "ctx.log message holds a lone surrogate",
+        "ctx.log message is 70 bytes, above max_payload_bytes (64)",
+        id="log line",
+    ),
+    pytest.param(
+        {"noun": "ctx.agent prompt", "text": True, "not_json": "{noun} holds a lone surrogate"},
+        "lone \ud800",
+        "ctx.agent prompt holds a lone surrogate",
+        "ctx.agent prompt is 70 bytes, above max_payload_bytes (64)",
+        id="agent prompt",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "bad", "not_json", "too_large"), CALL_SITES)
+def test_encode_payload_words_each_callers_messages(
+    options: dict[str, Any], bad: Any, not_json: str, too_large: str
+) -> None:
+    with pytest.raises(PayloadError) as refused:
+        encode_payload(bad, LIMIT, **options)
+    assert (str(refused.value), refused.value.reason) == (not_json, "not_json")
+    with pytest.raises(PayloadError) as large:
+        encode_payload(BIG, LIMIT, **options)
+    assert (str(large.value), large.value.reason) == (too_large, "too_large")
+
+
+def test_encode_payload_returns_what_the_journal_stores() -> None:
+    assert encode_payload({"a": [1, None, JSON_NULL]}, LIMIT, noun="x") == '{"a":[1,null,null]}'
+    assert encode_payload('say "hi"', LIMIT, noun="x") == '"say \\"hi\\""'
+    assert encode_payload('say "hi"', LIMIT, noun="x", text=True) == 'say "hi"'
+
+
+def test_the_size_is_utf8_bytes_and_the_limit_is_inclusive() -> None:
+    fits = "é" * 31  # 62 bytes of text, 64 of JSON
+    assert encode_payload(fits, 64, noun="x") == f'"{fits}"'
+    assert encode_payload("é" * 32, 64, noun="x", text=True) == "é" * 32
+    with pytest.raises(PayloadError, match="x is 66 bytes"):
+        encode_payload("é" * 32, 64, noun="x")
+    with pytest.raises(PayloadError, match="x is 65 bytes"):
+        encode_payload("é" * 32 + "!", 64, noun="x", text=True)
+
+
+def test_a_payload_error_is_a_value_error_that_pickles() -> None:
+    with pytest.raises(ValueError) as caught:
+        encode_payload(math.nan, LIMIT, noun="Workflow args")
+    clone = pickle.loads(pickle.dumps(caught.value))
+    assert type(clone) is PayloadError
+    assert (str(clone), clone.reason) == (str(caught.value), "not_json")
+    with pytest.raises(TypeError, match="text=True takes a str"):
+        encode_payload(["not text"], LIMIT, noun="x", text=True)

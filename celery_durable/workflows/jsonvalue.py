@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 
 class _JsonNull:
@@ -122,3 +122,56 @@ def dumps(value: Any) -> str:
 
 def loads(text: str | bytes) -> Any:
     return json.loads(text)
+
+
+NOT_JSON: Final = "{noun} must be a JSON value: {problem}"
+TOO_LARGE: Final = "{noun} is {size} bytes, above max_payload_bytes ({limit})"
+
+
+class PayloadError(ValueError):
+    """A payload the journal refuses; ``reason`` is ``not_json`` or ``too_large``.
+
+    Callers that report the two differently (a step fails with
+    ``PayloadTooLarge``, a branch with ``TypeError``) read ``reason``.
+    """
+
+    def __init__(self, message: str, reason: Literal["not_json", "too_large"]) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[PayloadError], tuple[str, str]]:
+        return type(self), (str(self), self.reason)
+
+
+def encode_payload(
+    value: Any,
+    max_bytes: int,
+    *,
+    noun: str,
+    text: bool = False,
+    not_json: str = NOT_JSON,
+    too_large: str = TOO_LARGE,
+    **context: object,
+) -> str:
+    """``value`` as the journal stores it, or ``PayloadError`` saying why not.
+
+    The one check every payload goes through (args, results, agent output,
+    log lines, prompts): a JSON value, at most ``max_bytes`` UTF-8 bytes.
+    ``text=True`` is for strings stored as they are (log lines, prompts):
+    their own bytes count, not those of their JSON encoding. The messages
+    are ``not_json`` and ``too_large`` formatted with ``noun``, ``problem``,
+    ``size``, ``limit`` and ``context``, so each caller keeps its wording::
+
+        encode_payload(result, limit, noun="Step result", key=key,
+                       not_json="{noun} must be a JSON value: {key}", too_large=TOO_LARGE + ": {key}")
+    """
+    if text and not isinstance(value, str):
+        raise TypeError(f"text=True takes a str, got {type(value).__name__}")
+    problem = json_problem(value)
+    if problem is not None:
+        raise PayloadError(not_json.format(noun=noun, problem=problem, **context), "not_json")
+    encoded = value if text else dumps(value)
+    size = len(encoded.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadError(too_large.format(noun=noun, size=size, limit=max_bytes, **context), "too_large")
+    return encoded
