@@ -41,8 +41,10 @@ from celery_durable.config import Settings
 from celery_durable.errors import DurableError
 
 API_KEY = "sk-test-0123456789abcdef-secret"
-FAST = {"backoff_base": 0.05, "backoff_max": 0.2}
-"""Backoff short enough for tests, long enough to measure between requests."""
+SDK_FIRST_BACKOFF = 0.5 * 0.75
+"""The ``openai`` SDK's first pause before a retry: 0.5 s, less at most 25% jitter; the next one doubles."""
+SOON = {"retry-after-ms": "10"}
+"""A server asking for a 10 ms pause: retries the SDK makes at once, for tests that only count them."""
 
 
 # -- a scripted chat-completions server ---------------------------------------
@@ -158,7 +160,7 @@ def server() -> Iterator[ChatServer]:
 
 
 def runner_for(server: ChatServer, **options: Any) -> OpenAIChatRunner:
-    options = {"base_url": server.base_url, "api_key": API_KEY, "model": "m", "timeout": 5.0, **FAST, **options}
+    options = {"base_url": server.base_url, "api_key": API_KEY, "model": "m", "timeout": 5.0, **options}
     return OpenAIChatRunner(**options)
 
 
@@ -303,7 +305,7 @@ def test_prices_are_checked() -> None:
         OpenAIChatRunner(api_key="k", prices={"m": (1.0,)})  # type: ignore[dict-item]
 
 
-# -- OpenAIChatRunner: retries, timeouts, failures -------------------------------
+# -- OpenAIChatRunner: retries (the SDK's), timeouts, failures ---------------------
 
 
 def test_429_is_retried_after_a_backoff(server: ChatServer) -> None:
@@ -312,7 +314,7 @@ def test_429_is_retried_after_a_backoff(server: ChatServer) -> None:
     assert runner_for(server).run(request()).output == "finally"
 
     assert len(server.requests) == 2
-    assert server.gaps()[0] >= 0.05 * 0.75  # backoff_base, less at most 25% jitter
+    assert server.gaps()[0] >= SDK_FIRST_BACKOFF
 
 
 def test_retry_after_header_is_honoured(server: ChatServer) -> None:
@@ -323,7 +325,7 @@ def test_retry_after_header_is_honoured(server: ChatServer) -> None:
     assert server.gaps()[0] >= 0.3
 
 
-def test_retry_after_beyond_a_minute_is_not_waited_for(server: ChatServer) -> None:
+def test_a_retry_after_too_long_to_wait_for_is_an_error_at_once(server: ChatServer) -> None:
     server.script = [failure(429, headers={"retry-after": "3600"}), completion("never")]
 
     with pytest.raises(AgentEndpointError, match="retry after 3600s") as caught:
@@ -340,12 +342,12 @@ def test_5xx_is_retried_with_growing_backoff(server: ChatServer) -> None:
 
     first, second = server.gaps()
     assert len(server.requests) == 3
-    assert first >= 0.05 * 0.75
-    assert second >= 0.1 * 0.75
+    assert first >= SDK_FIRST_BACKOFF
+    assert second >= 2 * SDK_FIRST_BACKOFF
 
 
 def test_persistent_5xx_fails_after_max_retries(server: ChatServer) -> None:
-    server.script = [failure(500, "the model is on fire")]
+    server.script = [failure(500, "the model is on fire", headers=SOON)]
 
     with pytest.raises(AgentEndpointError) as caught:
         runner_for(server, max_retries=2).run(request())
@@ -356,6 +358,7 @@ def test_persistent_5xx_fails_after_max_retries(server: ChatServer) -> None:
     assert "HTTP 500" in error.message
     assert "after 3 attempts" in error.message
     assert "the model is on fire" in error.message
+    assert [seen.headers["x-stainless-retry-count"] for seen in server.requests] == ["0", "1", "2"]
 
 
 def test_client_errors_are_not_retried(server: ChatServer) -> None:
@@ -381,28 +384,40 @@ def test_timeout_is_an_error_and_not_retried(server: ChatServer) -> None:
     assert caught.value.code == "agent_timeout"
 
 
+def test_a_timeout_after_a_retry_counts_both_attempts(server: ChatServer) -> None:
+    server.script = [failure(503, headers=SOON), Reply(delay=1.5, body=completion("too late").body)]
+
+    with pytest.raises(AgentTimeoutError, match="after 2 attempts") as caught:
+        runner_for(server, timeout=0.3, max_retries=3).run(request())
+
+    assert caught.value.attempts == 2
+    assert len(server.requests) == 2
+
+
 def test_unreachable_endpoint_is_retried_then_reported() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
-    runner = OpenAIChatRunner(base_url=url, api_key=API_KEY, model="m", max_retries=1, backoff_base=0.05)
+    runner = OpenAIChatRunner(base_url=url, api_key=API_KEY, model="m", max_retries=1)
 
     with pytest.raises(AgentEndpointError, match="Cannot reach agent endpoint") as caught:
         runner.run(request())
 
     assert caught.value.status is None
     assert caught.value.attempts == 2
+    assert "after 2 attempts" in caught.value.message
 
 
-def test_a_given_client_has_its_own_retries_turned_off(server: ChatServer) -> None:
-    server.script = [failure(500)]
+@pytest.mark.parametrize("max_retries", [0, 1])
+def test_a_given_client_takes_the_runners_retries(server: ChatServer, max_retries: int) -> None:
+    server.script = [failure(500, headers=SOON)]
     client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=5)
 
-    with pytest.raises(AgentEndpointError):
-        OpenAIChatRunner(client=client, model="m", max_retries=0).run(request())
+    with pytest.raises(AgentEndpointError) as caught:
+        OpenAIChatRunner(client=client, model="m", max_retries=max_retries).run(request())
 
-    assert len(server.requests) == 1
+    assert len(server.requests) == caught.value.attempts == max_retries + 1
     with pytest.raises(ValueError, match="either client"):
         OpenAIChatRunner(client=client, api_key=API_KEY)
 
@@ -490,6 +505,38 @@ def test_settings_from_environment_and_the_factory_path(server: ChatServer, monk
     assert isinstance(runner, OpenAIChatRunner)
     assert runner.run(request()).output == "hello"
     assert server.requests[0].body["model"] == "env-model"
+
+
+def test_a_runner_built_without_arguments_reads_the_variables_its_errors_name(
+    server: ChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CELERY_DURABLE_OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("CELERY_DURABLE_OPENAI_API_KEY", API_KEY)
+    monkeypatch.setenv("CELERY_DURABLE_OPENAI_MODEL", "env-model")
+    monkeypatch.setenv("CELERY_DURABLE_AGENT_TIMEOUT_SECONDS", "9")
+    monkeypatch.setenv("CELERY_DURABLE_AGENT_MAX_RETRIES", "1")
+    monkeypatch.setenv("CELERY_DURABLE_AGENT_PRICES", '{"env-model": [1, 0]}')
+    server.script = [failure(503, headers=SOON), completion("ok", prompt_tokens=500)]
+
+    runner = OpenAIChatRunner()
+
+    assert (runner.model, runner.timeout, runner.max_retries) == ("env-model", 9.0, 1)
+    assert runner.run(request()).usage["ai_credits"] == pytest.approx(0.5)
+    assert [seen.body["model"] for seen in server.requests] == ["env-model", "env-model"]
+    assert server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_arguments_win_over_the_settings(server: ChatServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CELERY_DURABLE_OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("CELERY_DURABLE_OPENAI_MODEL", "env-model")
+    monkeypatch.setenv("CELERY_DURABLE_AGENT_MAX_RETRIES", "7")
+    server.script = [failure(500, headers=SOON)]
+
+    runner = OpenAIChatRunner(base_url=server.base_url, api_key=API_KEY, model="mine", max_retries=0)
+
+    with pytest.raises(AgentEndpointError):
+        runner.run(request())
+    assert [seen.body["model"] for seen in server.requests] == ["mine"]
 
 
 def test_settings_reject_bad_prices() -> None:

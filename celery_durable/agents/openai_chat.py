@@ -1,12 +1,14 @@
 """A runner for any OpenAI-compatible chat-completions endpoint (SPEC §9).
 
 One runner covers OpenAI, Azure OpenAI, vLLM, Ollama and LiteLLM, because
-they all speak ``POST /v1/chat/completions``; the ``openai`` package does the
-HTTP. Retries are this module's own loop, not the client's ``max_retries``
-(the client is built with ``max_retries=0``): the loop retries exactly what
-SPEC §9 asks for (429, 5xx and failed connections, not timeouts), its backoff
-is set per runner (``backoff_base``/``backoff_max``) so tests can keep it
-short, and it knows how many attempts were made when it reports an error.
+they all speak ``POST /v1/chat/completions``. The ``openai`` package does the
+HTTP and the retries: ``max_retries`` more requests after a 429, a 5xx or a
+failed connection, with exponential backoff and jitter, honouring the
+server's ``Retry-After`` (and stopping at once when the server asks for a
+longer pause than the SDK will wait). A timeout is the one failure not
+retried (see ``_http.py``). The error a user finally sees says what failed,
+the last status and how many requests were made: the SDK numbers each
+request in its ``x-stainless-retry-count`` header.
 
 ``openai`` is imported when a runner is built, not when this module is:
 importing it takes about as long as importing the rest of celery-durable, and
@@ -16,12 +18,9 @@ call a model.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import math
-import random
 import re
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -30,12 +29,10 @@ from celery_durable.agents.types import AgentRequest, AgentResult
 from celery_durable.config.settings import Settings
 
 if TYPE_CHECKING:
+    import httpx2
     import openai
     from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
     from openai.types.chat.completion_create_params import ResponseFormat
-
-MAX_RETRY_AFTER_SECONDS = 60.0
-"""A server asking for a longer pause than this gets an error, not a blocked worker slot."""
 
 _DETAIL_CHARS = 500
 _FENCED = re.compile(r"^\s*```(?:json)?[ \t]*\n(?P<body>.*?)\n?```\s*$", re.DOTALL | re.IGNORECASE)
@@ -51,15 +48,21 @@ class OpenAIChatRunner:
     is parsed as JSON. ``ai_credits`` come from ``prices``: credits per 1000
     prompt and completion tokens, keyed by model name.
 
+    Every argument left out comes from ``settings`` (by default ``Settings()``,
+    the ``CELERY_DURABLE_*`` environment): ``base_url``, ``api_key`` and
+    ``model`` from ``openai_base_url``, ``openai_api_key`` and
+    ``openai_model``; ``timeout``, ``max_retries`` and ``prices`` from
+    ``agent_timeout_seconds``, ``agent_max_retries`` and ``agent_prices``.
+    So ``OpenAIChatRunner()`` is configured by the variables its errors name.
+
     ``timeout`` bounds each request (connect, and each read: a non-streamed
     completion sends nothing until it is done). ``max_retries`` counts the
-    extra requests after a 429, a 5xx or a failed connection; the n-th retry
-    waits ``backoff_base * 2**(n-1)`` seconds, capped at ``backoff_max``, less
-    up to 25% jitter, or what the server's ``Retry-After`` says.
+    extra requests after a 429, a 5xx or a failed connection.
 
     Pass ``client`` to use a preconfigured ``openai.OpenAI`` (for instance an
-    ``openai.AzureOpenAI``); the runner then applies its own timeout and turns
-    the client's retries off, and ``base_url``/``api_key`` must not be given.
+    ``openai.AzureOpenAI``); the runner applies its timeout and retries to it,
+    and ``base_url``/``api_key`` must not be given. Such a client keeps its
+    own HTTP client, and with it the SDK's habit of retrying timeouts.
     """
 
     def __init__(
@@ -68,24 +71,31 @@ class OpenAIChatRunner:
         base_url: str | None = None,
         api_key: str | None = None,
         model: str | None = None,
-        timeout: float = 60.0,
-        max_retries: int = 3,
+        timeout: float | None = None,
+        max_retries: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
         client: openai.OpenAI | None = None,
-        backoff_base: float = 0.5,
-        backoff_max: float = 8.0,
+        settings: Settings | None = None,
     ) -> None:
-        if not (math.isfinite(timeout) and timeout > 0):
+        wanted = [model, timeout, max_retries, prices] + ([base_url, api_key] if client is None else [])
+        if settings is None and any(value is None for value in wanted):
+            settings = Settings()
+        if settings is not None:
+            if client is None:
+                key = settings.openai_api_key
+                base_url = base_url if base_url is not None else settings.openai_base_url
+                api_key = api_key if api_key is not None else key.get_secret_value() if key is not None else None
+            model = model if model is not None else settings.openai_model
+            timeout = timeout if timeout is not None else settings.agent_timeout_seconds
+            max_retries = max_retries if max_retries is not None else settings.agent_max_retries
+            prices = prices if prices is not None else settings.agent_prices
+        if timeout is None or not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
-        if not (0 <= backoff_base <= backoff_max < math.inf):
-            raise ValueError("backoff_base and backoff_max must satisfy 0 <= backoff_base <= backoff_max")
         self.model = model
         self.timeout = float(timeout)
         self.max_retries = max_retries
-        self.backoff_base = float(backoff_base)
-        self.backoff_max = float(backoff_max)
         self.prices = _check_prices(prices or {})
         self._secrets = [api_key] if api_key else []
         self._client = self._build_client(client, base_url, api_key)
@@ -96,15 +106,7 @@ class OpenAIChatRunner:
     @classmethod
     def from_settings(cls, settings: Settings) -> OpenAIChatRunner:
         """Build the runner from ``openai_*`` and ``agent_*`` settings (SPEC §10)."""
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key is not None else None
-        return cls(
-            base_url=settings.openai_base_url,
-            api_key=key,
-            model=settings.openai_model,
-            timeout=settings.agent_timeout_seconds,
-            max_retries=settings.agent_max_retries,
-            prices=settings.agent_prices,
-        )
+        return cls(settings=settings)
 
     def run(self, request: AgentRequest) -> AgentResult:
         model = request.model or self.model
@@ -133,13 +135,23 @@ class OpenAIChatRunner:
     def _build_client(self, client: openai.OpenAI | None, base_url: str | None, api_key: str | None) -> openai.OpenAI:
         import openai
 
+        from celery_durable.agents._http import TimeoutsNotRetried
+
         if client is not None:
             if base_url is not None or api_key is not None:
                 raise ValueError("Pass either client= or base_url=/api_key=, not both")
-            return client.with_options(timeout=self.timeout, max_retries=0)
+            return client.with_options(timeout=self.timeout, max_retries=self.max_retries)
+        http_client = TimeoutsNotRetried()
         try:
-            return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=self.timeout, max_retries=0)
+            return openai.OpenAI(
+                base_url=base_url,
+                api_key=api_key,
+                timeout=self.timeout,
+                max_retries=self.max_retries,
+                http_client=http_client,
+            )
         except openai.OpenAIError as exc:
+            http_client.close()
             raise AgentRunnerError(
                 f"Cannot configure the OpenAI client: {self._redact(str(exc))} "
                 "(set CELERY_DURABLE_OPENAI_API_KEY; servers that need no key accept any value)"
@@ -148,85 +160,53 @@ class OpenAIChatRunner:
     def _complete(
         self, model: str, messages: list[ChatCompletionMessageParam], response_format: ResponseFormat | None
     ) -> ChatCompletion:
-        attempt = 1
-        while True:
-            outcome = self._attempt(model, messages, response_format, attempt)
-            if not isinstance(outcome, tuple):
-                return outcome
-            error, delay = outcome
-            if delay is None or attempt > self.max_retries:
-                # Raised here, outside the handler that caught the client's
-                # exception, so the error has no __context__: that exception
-                # holds the request, Authorization header included.
-                raise error
-            time.sleep(delay)
-            attempt += 1
-
-    def _attempt(
-        self,
-        model: str,
-        messages: list[ChatCompletionMessageParam],
-        response_format: ResponseFormat | None,
-        attempt: int,
-    ) -> ChatCompletion | tuple[AgentRunnerError, float | None]:
-        """One request: the completion, or the error it ended in and the wait before a retry (``None``: stop)."""
         import openai
 
+        error: AgentRunnerError
         try:
             return self._client.chat.completions.create(
                 model=model,
                 messages=messages,
                 response_format=openai.omit if response_format is None else response_format,
             )
-        except openai.APITimeoutError:
-            # Not retried: the server may still be generating the abandoned
-            # completion, and each retry would add a whole timeout.
-            timeout = AgentTimeoutError(
+        except openai.APITimeoutError as exc:
+            attempts = _attempts(exc.request)
+            error = AgentTimeoutError(
                 f"Agent endpoint {_safe_url(self._client.base_url)} did not answer within "
-                f"{self.timeout:g}s (model {model!r})",
-                attempts=attempt,
+                f"{self.timeout:g}s (model {model!r}){_tries(attempts)}",
+                attempts=attempts,
             )
-            return timeout, None
-        except openai.APIStatusError as exc:
-            return self._status_failure(exc, model, attempt)
         except openai.APIConnectionError as exc:
+            attempts = _attempts(exc.request)
             cause = f"{exc}: {exc.__cause__}" if exc.__cause__ is not None else str(exc)
-            unreachable = AgentEndpointError(
-                f"Cannot reach agent endpoint {_safe_url(self._client.base_url)}{_tries(attempt)}: "
+            error = AgentEndpointError(
+                f"Cannot reach agent endpoint {_safe_url(self._client.base_url)}{_tries(attempts)}: "
                 f"{self._detail(cause)}",
-                attempts=attempt,
+                attempts=attempts,
             )
-            return unreachable, self._backoff(attempt)
+        except openai.APIStatusError as exc:
+            error = self._status_error(exc, model)
         except openai.OpenAIError as exc:
-            return AgentRunnerError(f"OpenAI client error (model {model!r}): {self._detail(str(exc))}"), None
+            error = AgentRunnerError(f"OpenAI client error (model {model!r}): {self._detail(str(exc))}")
+        # Raised here, outside the handler that caught the client's exception,
+        # so the error has no __context__: that exception holds the request,
+        # Authorization header included.
+        raise error
 
-    def _status_failure(
-        self, exc: openai.APIStatusError, model: str, attempt: int
-    ) -> tuple[AgentEndpointError, float | None]:
-        """The error to raise for this response, and how long to wait before a retry (``None``: do not retry)."""
+    def _status_error(self, exc: openai.APIStatusError, model: str) -> AgentEndpointError:
         status = exc.status_code
         body = exc.body
         detail = body.get("message") if isinstance(body, Mapping) else None
+        attempts = _attempts(exc.request)
         message = (
-            f"Agent endpoint answered HTTP {status} (model {model!r}){_tries(attempt)}: "
+            f"Agent endpoint answered HTTP {status} (model {model!r}){_tries(attempts)}: "
             f"{self._detail(str(detail) if detail else str(exc))}"
         )
-        error = AgentEndpointError(message, status=status, attempts=attempt)
-        if status != 429 and status < 500:
-            return error, None
-        after = _retry_after(exc.response.headers)
-        if after is None:
-            return error, self._backoff(attempt)
-        if after > MAX_RETRY_AFTER_SECONDS:
-            late = AgentEndpointError(
-                f"{message} (server asked to retry after {after:g}s)", status=status, attempts=attempt
-            )
-            return late, None
-        return error, after
-
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.backoff_max, self.backoff_base * 2.0 ** (attempt - 1))
-        return delay * (1 - 0.25 * random.random())
+        asked = _retry_after(exc.response.headers)
+        if asked is not None and (status == 429 or status >= 500) and attempts <= self.max_retries:
+            # Retries were left, so the SDK stopped because the pause asked for was too long.
+            message += f" (server asked to retry after {asked})"
+        return AgentEndpointError(message, status=status, attempts=attempts)
 
     # -- results -------------------------------------------------------------
 
@@ -256,10 +236,10 @@ class OpenAIChatRunner:
 def openai_runner() -> OpenAIChatRunner:
     """Zero-argument factory for ``CELERY_DURABLE_AGENT_RUNNER=celery_durable.agents:openai_runner``.
 
-    ``load_runner`` only calls factories without arguments, so this one reads
-    the settings from the environment, as workers and clients do.
+    The same as ``OpenAIChatRunner()``: both read the settings from the
+    environment, as workers and clients do.
     """
-    return OpenAIChatRunner.from_settings(Settings())
+    return OpenAIChatRunner()
 
 
 def _messages(request: AgentRequest) -> list[ChatCompletionMessageParam]:
@@ -299,26 +279,21 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asked to wait (``retry-after-ms``, ``retry-after`` seconds or date), if any."""
-    for header, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(header)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) * scale
-        except ValueError:
-            continue
-        if math.isfinite(seconds):
-            return max(seconds, 0.0)
+def _retry_after(headers: Mapping[str, str]) -> str | None:
+    """The pause the server asked for, as it said it (for the message; the SDK does the waiting)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        return f"{millis}ms"
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(when.timestamp() - time.time(), 0.0)
+    return f"{value}s" if re.fullmatch(r"\d+(?:\.\d+)?", value.strip()) else value
+
+
+def _attempts(request: httpx2.Request) -> int:
+    """How many requests the SDK sent: it numbers them from 0 in a header."""
+    count = request.headers.get("x-stainless-retry-count", "0")
+    return int(count) + 1 if count.isdigit() else 1
 
 
 def _count(value: object) -> int:
