@@ -25,14 +25,13 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from celery_durable.redis_server import RedisServer, find_redis_server, free_port
+from celery_durable.redis_server import RedisServer, answers_ping, find_redis_server, free_port
 
 URL_VARIABLE = "CELERY_DURABLE_REDIS_URL"
 DATA_DIR = Path(".celery-durable") / "redis"
@@ -66,27 +65,13 @@ class RedisChoice:
         )
 
 
-def answers_ping(address: tuple[str, int] | None = None, timeout: float = 0.3) -> bool:
-    """True when a Redis answers PING at ``address`` (default localhost:6379; a refused or silent port is False)."""
-    address = address or LOCAL
-    try:
-        with socket.create_connection(address, timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(b"PING\r\n")
-            reply = sock.recv(64)
-    except OSError:
-        return False
-    # +PONG, or -NOAUTH from a Redis with a password: either way Redis is there.
-    return reply.startswith((b"+PONG", b"-NOAUTH"))
-
-
 def configured_url() -> str | None:
     return os.environ.get(URL_VARIABLE) or None
 
 
 def needs_embedded(local: tuple[str, int] | None = None) -> bool:
     """True when nothing is configured and nothing answers on localhost:6379."""
-    return configured_url() is None and not answers_ping(local)
+    return configured_url() is None and not answers_ping(local or LOCAL)
 
 
 @contextlib.contextmanager
@@ -105,7 +90,7 @@ def redis_for_cli(
     try:
         if not force_embedded and previous:
             yield RedisChoice(previous, "configured")
-        elif not force_embedded and answers_ping(local):
+        elif not force_embedded and answers_ping(local or LOCAL):
             os.environ[URL_VARIABLE] = LOCAL_URL
             yield RedisChoice(LOCAL_URL, "local")
         else:

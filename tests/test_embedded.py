@@ -5,6 +5,8 @@ directory, stopped when the command ends."""
 from __future__ import annotations
 
 import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,14 @@ def test_starting_a_running_redis_server_again_starts_no_second_process(tmp_path
     finally:
         server.cleanup()
     assert first is not None and first.poll() is not None, "stop() left the server running"
+
+
+def test_answers_ping_tells_a_redis_from_a_silent_or_closed_port(redis_server: RedisServer, tmp_path: Path) -> None:
+    assert answers_ping(("127.0.0.1", redis_server.port))
+    assert not answers_ping(("127.0.0.1", free_port()))  # nothing listens
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        started = time.monotonic()
+        assert not answers_ping(("127.0.0.1", silent.getsockname()[1]), timeout=0.2)
+        assert time.monotonic() - started < 2, "a silent port costs the timeout, not redis-py's retries"
+    with RedisServer(tmp_path / "locked", extra_args=("--requirepass", "secret")) as locked:
+        assert answers_ping(("127.0.0.1", locked.port)), "NOAUTH: a Redis with a password is still a Redis"
