@@ -23,6 +23,7 @@ from celery_durable import (
     RunUpdate,
     WorkflowWaitCancelled,
     define_workflow,
+    progress,
 )
 from celery_durable.tasks.recovery import RecoverySweep
 
@@ -545,3 +546,81 @@ def test_follow_checks_at_once_and_ends_on_timeout_or_cancel(durable) -> None:
     finally:
         release.set()
     assert d.client.wait_for_workflow_run(run_id, timeout=20).status == "completed"
+
+
+# -- the one wait loop (progress.settling), behind waiting and following ------------------------
+
+
+def held_workflow(entered: threading.Event, release: threading.Event) -> Any:
+    def held(ctx: Any) -> str:
+        return ctx.step("hold", lambda: gate(entered, release, "x"))
+
+    return define_workflow({"name": "held", "description": "d", "phases": []}, held)
+
+
+def test_wait_for_run_returns_the_settled_run_or_ends_on_timeout_or_cancel(durable) -> None:
+    entered, release = threading.Event(), threading.Event()
+    d = durable([held_workflow(entered, release)])
+    run_id = d.client.start_workflow("held")
+    try:
+        assert entered.wait(10)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError) as late:
+            progress.wait_for_run(d.client, run_id, timeout=0.3)
+        assert 0.3 <= time.monotonic() - started < 5
+        assert str(late.value) == f"Run {run_id} is still running after 0.3s"
+        stop = threading.Event()
+        stop.set()
+        with pytest.raises(WorkflowWaitCancelled, match="the run goes on"):
+            progress.wait_for_run(d.client, run_id, cancel_event=stop)
+        assert d.client.get_workflow_run(run_id).status == "running"
+    finally:
+        release.set()
+    envelope = progress.wait_for_run(d.client, run_id, timeout=20, poll_interval_ms=50)
+    assert (envelope.status, envelope.result) == ("completed", "x")
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": 2e9}, "timeout"),
+        ({"poll_interval_ms": 0}, "poll_interval_ms"),
+        ({"poll_interval_ms": 1.5}, "poll_interval_ms"),
+        ({"cancel_event": True}, "cancel_event"),
+    ],
+    ids=repr,
+)
+def test_wait_options_are_checked_before_the_run_is_read(durable, options: dict[str, Any], option: str) -> None:
+    d = durable([STORY], worker=False)
+    with pytest.raises(ValueError, match=option):
+        progress.wait_for_run(d.client, "0" * 32, **options)  # an unknown run: RunNotFoundError once read
+    with pytest.raises(RunNotFoundError):
+        progress.wait_for_run(d.client, "0" * 32, timeout=1)
+
+
+def test_settling_yields_the_run_as_it_changes_and_ends_with_it_settled(durable) -> None:
+    entered, release = threading.Event(), threading.Event()
+    d = durable([held_workflow(entered, release)])
+    run_id = d.client.start_workflow("held")
+    try:
+        assert entered.wait(10)
+        envelopes = progress.settling(d.client, run_id, timeout=20, poll_interval=5.0, cancel_event=None)
+        assert next(envelopes).status == "running"
+    finally:
+        release.set()
+    rest = list(envelopes)
+    assert rest[-1].status == "completed"
+    assert not any(envelope.is_terminal for envelope in rest[:-1])
+
+
+def test_settling_reads_again_after_a_quiet_poll_interval(durable, raw_redis) -> None:
+    """Pub/sub may drop an update: a change nobody announced is seen after ``poll_interval``."""
+    d = durable([STORY], worker=False)
+    run_id = d.client.start_workflow("story")
+    envelopes = progress.settling(d.client, run_id, timeout=20, poll_interval=0.2, cancel_event=None)
+    assert next(envelopes).status == "pending"
+    raw_redis.hset(d.engine.store.run_keys(run_id).run, "status", "paused")  # written without a PUBLISH
+    started = time.monotonic()
+    assert [envelope.status for envelope in envelopes] == ["paused"]
+    assert time.monotonic() - started < 5
