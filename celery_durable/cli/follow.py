@@ -1,9 +1,9 @@
-"""``--follow``: watch one run until it settles, through the public client.
+"""``--follow``: show one run until it settles, through the public client only.
 
-The loop wakes on the namespace's run updates (``Client.watch_runs``) and
-reads what is new: progress records after its cursor and the run's detail
-(phase states). It reads again after a second of silence anyway, since
-pub/sub may drop an update. Three views show what it reads:
+``Client.follow_workflow_run_progress`` does the waiting (woken by the run's
+updates, reading again after a quiet second, raising at the timeout); this
+module only renders what it yields, and reads the run's detail when a record
+says the phases or the run's state moved. Three views:
 
 - ``LiveView`` on a terminal: one progress bar per declared phase (empty
   while pending, pulsing while active, full when done) with its elapsed
@@ -17,7 +17,6 @@ Each ends with the run's final envelope: a summary and the result.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -33,9 +32,7 @@ from celery_durable.cli.render import PHASE_ICONS, duration, phase_seconds, reco
 from celery_durable.client import Client
 from celery_durable.workflows.envelope import PhaseRow, ProgressEntry, RunDetail, RunEnvelope
 
-POLL_SECONDS = 1.0
 LIVE_LINES = 8
-PAGE = 500
 
 
 class View(Protocol):
@@ -59,42 +56,25 @@ def follow_run(
     ``history``, records read before (up to ``after_seq``), is shown first, so
     a transcript reads the same whether the run was followed from its start
     or joined later. Raises ``TimeoutError`` past ``timeout`` (the run goes
-    on). The watch is subscribed before the first read, so no update after
-    it is missed.
+    on).
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    records = client.follow_workflow_run_progress(run_id, after_seq=after_seq, timeout=timeout)
     envelope: RunEnvelope | None = None
-    with client.watch_runs(run_ids=[run_id]) as watch:
+    view.start(client.get_workflow_run_detail(run_id))
+    try:
+        if history:
+            view.records(list(history))
+        for record in records:
+            view.records([record])
+            if record.kind != "log":
+                # A phase began, or the run's state changed: bars and status line move.
+                view.refresh(client.get_workflow_run_detail(run_id))
         detail = client.get_workflow_run_detail(run_id)
-        view.start(detail)
-        try:
-            if history:
-                view.records(list(history))
-            settled = False
-            while True:
-                page = client.get_workflow_run_progress(run_id, after_seq=after_seq, limit=PAGE)
-                if page.records:
-                    view.records(page.records)
-                    after_seq = page.records[-1].seq
-                if page.has_more_newer:
-                    continue
-                detail = client.get_workflow_run_detail(run_id)
-                view.refresh(detail)
-                if settled:
-                    envelope = detail.run
-                    return envelope
-                # Records written with the final status need one more read.
-                settled = detail.run.is_terminal
-                if settled:
-                    continue
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"Run {run_id} is still {detail.run.status} after {timeout}s")
-                wait = POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - time.monotonic()))
-                if watch.get(wait) is not None:
-                    while watch.get(0) is not None:
-                        pass  # a burst of updates is one read
-        finally:
-            view.stop(envelope)
+        view.refresh(detail)
+        envelope = detail.run
+        return envelope
+    finally:
+        view.stop(envelope)
 
 
 class PlainView:
@@ -114,11 +94,12 @@ class PlainView:
         self.console.print(header, markup=False, soft_wrap=True)
 
     def records(self, records: list[ProgressEntry]) -> None:
-        if self.first:
+        if self.first and records:
             # The detail read at start may be newer than these records; when
-            # they name phases, they tell the phases' story themselves.
+            # they start at the run's first record or name phases, they tell
+            # the phases' story themselves.
             self.first = False
-            if any(record.kind == "phase" for record in records):
+            if records[0].seq == 1 or any(record.kind == "phase" for record in records):
                 self.active = None
         for record in records:
             if record.kind == "phase" and record.phase_id != self.active:
