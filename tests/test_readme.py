@@ -63,6 +63,7 @@ def test_every_block_is_claimed_by_a_test() -> None:
         "The determinism rules": "python",
         "Examples": "bash",
         "Command line": "bash|text",
+        "The web view": "bash",  # tests/web/test_cli.py
         "Deployment": "bash",
         "Tuning": "bash",
     }

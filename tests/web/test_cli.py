@@ -4,6 +4,8 @@ server when all is well, and a CLI that works without the ``web`` extra."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -16,10 +18,12 @@ import pytest
 from celery_durable import Engine, Settings
 from tests.apps.phased import phased
 from tests.fleet import ROOT, settings_env
+from tests.readme import in_section
 from tests.web.support import wait_until
 
 APP = "tests.apps.phased:make_engine"
 WEB_MODULES = ("starlette", "uvicorn", "jinja2")
+ENV_ASSIGNMENT = re.compile(r"^[A-Z][A-Z0-9_]*=")
 
 
 def web_command(settings: Settings, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -120,3 +124,23 @@ def test_the_command_serves_the_namespace_read_only(settings: Settings) -> None:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=20)
     assert process.returncode in (0, 130)  # uvicorn from 0.29 re-raises the Ctrl-C it handled: 130
+
+
+def test_the_readme_commands_install_the_extra_and_parse() -> None:
+    (block,) = in_section("The web view")
+    install, *commands = block.lines
+    assert install == "pip install 'celery-durable[web]'"
+    for line in commands:
+        words = shlex.split(line)
+        env: dict[str, str] = {}
+        while words and ENV_ASSIGNMENT.match(words[0]):
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
+        assert words[:2] == ["celery-durable", "web"], line
+        # The real parser, with --help appended: an unknown option would be refused before the help.
+        done = subprocess.run(
+            [sys.executable, "-m", "celery_durable", *words[1:], "--help"],
+            env={**settings_env(Settings()), **env}, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "--read-only" in done.stdout
