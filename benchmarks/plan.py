@@ -25,6 +25,8 @@ class Plan:
     footprint_steps: int
     footprint_payload: int
     timeout: float
+    web_runs: int = 10_000
+    web_requests: int = 50
     wide_fanout: int = 0
     """Fan-outs wider than this run ``wide_fanout_runs`` times instead of ``repeat`` (0: no cap)."""
     wide_fanout_runs: int = 1
@@ -77,4 +79,6 @@ def quick_plan(repeat: int) -> Plan:
         footprint_steps=30,
         footprint_payload=100,
         timeout=120,
+        web_runs=300,
+        web_requests=10,
     )

@@ -1,7 +1,7 @@
 """The benchmarks keep working: a tiny run of every case (numbers not judged).
 
 Benchmarks are not unit tests; this only proves that ``python -m benchmarks``
-still starts its Redis and workers, runs all seven cases and writes both
+still starts its Redis and workers, runs every case and writes both
 result files.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = {"sequential", "fanout", "pipeline", "latency", "replay", "recovery", "footprint"}
+CASES = {"sequential", "fanout", "pipeline", "latency", "replay", "recovery", "footprint", "web"}
 
 
 @pytest.mark.timeout(240)
@@ -34,6 +34,6 @@ def test_quick_benchmark_runs_every_case_and_writes_both_files(tmp_path: Path) -
     assert all(case["error"] is None and case["rows"] for case in data["cases"])
     markdown = (tmp_path / "RESULTS.md").read_text()
     for heading in ("1. Sequential", "2. Fan-out", "3. Pipeline", "4. Latency", "5. Replay", "6. Recovery",
-                    "7. Footprint"):
+                    "7. Footprint", "8. Web view"):
         assert heading in markdown
     assert data["environment"]["versions"]["redis-server"]

@@ -1,4 +1,4 @@
-"""The seven cases of the benchmark, in the order the issue lists them.
+"""The cases of the benchmark: the seven of the engine's issue, in its order, then the web view's.
 
 Each module has ``run(bench, plan) -> CaseResult``; the results table is
 built from the rows they return.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from benchmarks.cases import fanout, footprint, latency, pipeline, recovery, replay, sequential
+from benchmarks.cases import fanout, footprint, latency, pipeline, recovery, replay, sequential, web
 from benchmarks.harness import Bench
 from benchmarks.model import CaseResult
 from benchmarks.plan import Plan
@@ -23,4 +23,5 @@ CASES: dict[str, CaseRunner] = {
     "replay": replay.run,
     "recovery": recovery.run,
     "footprint": footprint.run,
+    "web": web.run,
 }
