@@ -100,15 +100,27 @@ class WebContext:
     def _static_url(self, name: str) -> str:
         return f"/static/{name}?v={self._static_versions.get(name, '0')}"
 
-    def render(self, request: Request, template: str, context: dict[str, Any], status_code: int = 200) -> Response:
-        """A page, with the namespace, options, CSRF token and pending notice every page shows."""
+    def render(
+        self,
+        request: Request,
+        template: str,
+        context: dict[str, Any],
+        status_code: int = 200,
+        *,
+        fragment: bool = False,
+    ) -> Response:
+        """A page, with the namespace, options, CSRF token and pending notice every page shows.
+
+        A ``fragment`` (what a page's script fetches) leaves the notice for
+        the page it was meant for.
+        """
         full = {
             "namespace": self.namespace,
             "read_only": self.read_only,
             "flower_url": self.flower_url,
             "can_signal": self.can_signal,
             "csrf_token": self.session.csrf_token(request),
-            "notice": self.session.notice(request),
+            "notice": None if fragment else self.session.notice(request),
             **context,
         }
         response = self.templates.TemplateResponse(request, template, full, status_code=status_code)

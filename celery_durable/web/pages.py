@@ -77,7 +77,7 @@ async def runs_fragment(request: Request) -> Response:
     context = served(request)
     query = RunsQuery.of(request)
     page = await context.call(_list, context.client, query)
-    return context.render(request, "runs_live.html", {"page": page, "query": query})
+    return context.render(request, "runs_live.html", {"page": page, "query": query}, fragment=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +139,7 @@ async def run_fragment(request: Request) -> Response:
     context = served(request)
     run_id = request.path_params["run_id"]
     view = await context.call(_read_run, context.client, run_id, before_seq=None, with_progress=False)
-    return context.render(request, "run_live.html", {"detail": view.detail, "run": view.detail.run})
+    return context.render(request, "run_live.html", {"detail": view.detail, "run": view.detail.run}, fragment=True)
 
 
 routes = [

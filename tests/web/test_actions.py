@@ -36,7 +36,10 @@ def test_a_refused_resume_shows_the_clients_reason(site: SiteFactory) -> None:
     web = site()
     run = web.client.run_workflow("web.quick", timeout=20)
     token = web.token(held(web))  # a page with forms, for a token: any run's page gives the same one
-    page = follow(web, web.act(run.run_id, "resume", token=token, force="1"))
+    refused = web.act(run.run_id, "resume", token=token, force="1")
+    fragment = web.http.get(web.run_url(run.run_id) + "/live")  # what a live page fetches meanwhile
+    assert "notice" not in fragment.text  # leaves the notice for the page it was meant for
+    page = follow(web, refused)
     assert "notice-error" in page
     assert f"Refused [non_resumable]: Run {run.run_id} is completed and cannot be resumed" in page
     assert web.client.get_workflow_run(run.run_id).attempt == 1
