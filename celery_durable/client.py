@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
 from kombu.exceptions import KombuError
 
 from celery_durable import progress as paging
-from celery_durable.broker import STATUSES, RunRecord, now_ms
+from celery_durable.broker import STATUSES, RunRecord, now_ms, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.keys import NAMESPACE_PATTERN
 from celery_durable.errors import (
@@ -44,13 +44,13 @@ if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
 T = TypeVar("T")
-STEP_STATUSES = frozenset({"running", "completed", "failed", "interrupted"})
 MAX_IDEMPOTENCY_KEY = 256
 DEFAULT_POLL_MS = 1000
 MAX_POLL_MS = 3_600_000
 MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 PAGE_LIMIT_MAX = 500
+_EPOCH = datetime.fromtimestamp(0, tz=UTC)
 
 
 class Client:
@@ -91,29 +91,19 @@ class Client:
         run_id = uuid.uuid4().hex
         created = now_ms()
         lease_ms = int(self.engine.settings.lease_seconds * 1000)
-        fields = {
-            "id": run_id,
-            "workflow": definition.name,
-            "namespace": self.namespace,
-            "status": "pending",
-            "epoch": "1",
-            "args": args_json,
-            "limits": jsonvalue.dumps(effective),
-            "code_hash": definition.code_hash,
-            "created_at": str(created),
-            # A pending run is given one lease to be picked up before the
-            # recovery sweep considers its coordinator message lost.
-            "lease_until": str(created + lease_ms),
-            "started_at": "",
-            "finished_at": "",
-            "can_resume": "0",
-            "has_result": "0",
-            "next_seq": "0",
-            "idempotency_key": idempotency_key or "",
-            # Read by append_progress (_prelude.lua): the run keeps this many records.
-            "progress_max": str(self.engine.settings.progress_max_records),
-            **ceiling_fields(effective),
-        }
+        fields = schema.new_run_fields(
+            run_id=run_id,
+            workflow=definition.name,
+            namespace=self.namespace,
+            args_json=args_json,
+            limits_json=jsonvalue.dumps(effective),
+            code_hash=definition.code_hash,
+            created_ms=created,
+            lease_ms=lease_ms,
+            idempotency_key=idempotency_key,
+            progress_max=self.engine.settings.progress_max_records,
+            ceilings=ceiling_fields(effective),
+        )
         store.create_run(run_id, fields)
         owner = store.index_run(self.namespace, run_id, idempotency_key)
         first = store.load_run(owner) if owner != run_id else None
@@ -221,16 +211,26 @@ class Client:
         before = _parse_cursor(cursor)
         store = self.engine.store
         runs: list[RunEnvelope] = []
+        corrupt: list[dict[str, str]] = []
         last_score = 0.0
         while True:
             batch = store.list_run_ids(self.namespace, before, max(limit * 2, 64))
             if not batch:
-                return RunPage(runs, None)
-            records = {record.run_id: record for record in store.load_runs([run_id for run_id, _ in batch])}
+                return RunPage(runs, None, corrupt)
+            loaded, damaged = store.load_runs([run_id for run_id, _ in batch])
+            records = {record.run_id: record for record in loaded}
             # Indexed runs whose keys expired (run retention) leave the index as they are met.
-            store.forget_runs(self.namespace, [run_id for run_id, _ in batch if run_id not in records])
+            store.forget_runs(
+                self.namespace, [run_id for run_id, _ in batch if run_id not in records and run_id not in damaged]
+            )
             for run_id, score in batch:
                 before = score
+                if run_id in damaged:
+                    if status is None and workflow is None:
+                        corrupt.append(
+                            {"run_id": run_id, "code": damaged[run_id].code or "", "error": damaged[run_id].message}
+                        )
+                    continue
                 record = records.get(run_id)
                 if record is None or record.namespace != self.namespace:
                     continue
@@ -238,7 +238,7 @@ class Client:
                     if len(runs) == limit:
                         # A cursor only when another matching run exists, so a
                         # filtered listing never ends on an empty page.
-                        return RunPage(runs, f"s{last_score:.0f}")
+                        return RunPage(runs, f"s{last_score:.0f}", corrupt)
                     runs.append(RunEnvelope.from_record(record))
                     last_score = score
 
@@ -247,6 +247,8 @@ class Client:
         definition = self.engine.workflows.get(record.workflow)
         phases = _phase_rows(definition, record) if definition is not None else []
         steps = [_step_row(key, row) for key, row in self.engine.store.step_rows(record.run_id).items()]
+        # In the order they began, not the order they settled.
+        steps.sort(key=lambda row: (row.started_at is None, row.started_at or _EPOCH, row.key))
         progress = self.get_workflow_run_progress(run_id, limit=20).records
         agents = [_agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
         # Started rows first, by start time; rows not started yet (None) after them.
@@ -483,33 +485,22 @@ def _phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
 
 def _agent_row(raw: str) -> dict[str, Any]:
     """An agent row as SPEC §3 lists it, timestamps as aware datetimes."""
-    try:
-        return _parse_agent_row(raw)
-    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
-        raise StorageCorruptError(f"An agent row is not one celery-durable wrote: {exc!r:.200}") from None
+    row = schema.parse_agent_row(raw)
+    row["started_at"] = from_ms(row["started_at"])
+    row["completed_at"] = from_ms(row["completed_at"])
+    return row
 
 
-def _parse_agent_row(raw: str) -> dict[str, Any]:
-    row = json.loads(raw)
-    return {
-        "agent_id": row.get("agent_id"),
-        "label": row.get("label"),
-        "model": row.get("model"),
-        "status": row.get("status"),
-        "started_at": from_ms(row.get("started_at")),
-        "completed_at": from_ms(row.get("completed_at")),
-        "active_ms": int(row.get("active_ms") or 0),
-        "usage": row.get("usage") or {},
-        "error": row.get("error"),
-        "attempt": row.get("attempt"),
-    }
-
-
-def _step_row(key: str, row: str) -> StepRow:
-    status, attempt, _started, error = [*row.split("|", 3), "", "", ""][:4]
-    if status not in STEP_STATUSES or not (attempt or "0").isdigit():
-        raise StorageCorruptError(f"The row of step {key[:200]!r} is not one celery-durable wrote: {row[:80]!r}")
-    return StepRow(key=key, status=status, attempt=int(attempt or 0), error=error or None)
+def _step_row(key: str, raw: str) -> StepRow:
+    row = schema.StepRow.parse(key, raw)
+    return StepRow(
+        key=key,
+        status=row.status,
+        attempt=row.attempt,
+        error=row.error,
+        started_at=from_ms(row.started_at),
+        finished_at=from_ms(row.finished_at),
+    )
 
 
 def _check_page_limit(limit: object) -> None:

@@ -68,16 +68,25 @@ class Engine:
     def client(self, namespace: str | None = None) -> Client:
         return Client(self, namespace or self.settings.namespace)
 
-    def send_coordinator(self, run_id: str, epoch: int, workflow: str, countdown: float | None = None) -> None:
-        send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown)
+    def send_coordinator(
+        self, run_id: str, epoch: int, workflow: str, countdown: float | None = None, task_id: str | None = None
+    ) -> str:
+        return send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown, task_id)
 
     def send_agent(
-        self, run_id: str, epoch: int, workflow: str, agent: str, owner: str, countdown: float | None = None
-    ) -> None:
-        send_agent(self.celery, self.settings, run_id, epoch, workflow, agent, owner, countdown)
+        self,
+        run_id: str,
+        epoch: int,
+        workflow: str,
+        agent: str,
+        owner: str,
+        countdown: float | None = None,
+        task_id: str | None = None,
+    ) -> str:
+        return send_agent(self.celery, self.settings, run_id, epoch, workflow, agent, owner, countdown, task_id)
 
-    def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> None:
-        send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)
+    def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> list[str]:
+        return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)
 
     def count_refused(self) -> None:
         """Count a task message refused by the fence (stale epoch or forged run)."""

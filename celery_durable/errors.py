@@ -103,15 +103,23 @@ class WorkflowLimitReached(DurableError):
 
 
 class StepFailed(DurableError):
-    """A step's producer raised, or returned something that is not JSON."""
+    """A step's producer (or a called task) raised, or its result broke a rule.
+
+    ``error_type`` and ``error_message`` are the original exception's. A
+    failure the engine itself found (a result that is not JSON, too large, a
+    call that timed out) already names the step in its message, which is then
+    the whole text: SPEC §4 gives it verbatim ("Step result must be a JSON
+    value: <key>").
+    """
 
     code = "step_failed"
 
-    def __init__(self, key: str, error_type: str, message: str) -> None:
-        super().__init__(f"Step {key!r} failed: {error_type}: {message}")
+    def __init__(self, key: str, error_type: str, message: str, *, found_by_engine: bool = False) -> None:
+        super().__init__(message if found_by_engine else f"Step {key!r} failed: {error_type}: {message}")
         self.key = key
         self.error_type = error_type
         self.error_message = message
+        self.found_by_engine = found_by_engine
 
 
 class NonDeterminismError(DurableError):
@@ -120,13 +128,17 @@ class NonDeterminismError(DurableError):
     code = "nondeterminism"
 
 
-class StorageUnavailableError(DurableError):
-    """Redis could not be reached; nothing was written."""
+class StorageError(DurableError):
+    """The journal store failed: catch this for either of its two kinds."""
+
+
+class StorageUnavailableError(StorageError):
+    """Redis could not be reached (or not in time); the same call can succeed later."""
 
     code = "workflow_storage_unavailable"
 
 
-class StorageCorruptError(DurableError):
+class StorageCorruptError(StorageError):
     """Redis answered with data that is not what celery-durable wrote."""
 
     code = "workflow_storage_corrupt"
@@ -142,12 +154,42 @@ class StaleAttemptError(DurableError):
     code = "stale_attempt"
 
 
+# -- classification: the one place that says which errors end what -------------------
+
+EXECUTION_LOST: tuple[type[Exception], ...] = (StorageError, StaleAttemptError)
+"""This execution cannot go on: the store failed, or a newer attempt owns the
+run. Sticky inside a replay: once raised, every later call raises it again,
+so workflow code that catches it with ``except Exception`` cannot journal
+past it."""
+
 FATAL_ERRORS: tuple[type[Exception], ...] = (
     WorkflowCancelled,
     WorkflowLimitReached,
     NonDeterminismError,
-    StorageUnavailableError,
-    StorageCorruptError,
-    StaleAttemptError,
+    *EXECUTION_LOST,
 )
 """Errors that abort a whole ``parallel``/``pipeline`` instead of filling a slot."""
+
+
+def is_fatal(error: BaseException) -> bool:
+    return isinstance(error, FATAL_ERRORS)
+
+
+def fatal_from_code(code: str, message: str, detail: str = "") -> Exception:
+    """Rebuild a fatal error journaled as a branch outcome, from its stable code.
+
+    Codes, not class names, are what the journal keeps (``schema.Outcome``):
+    a renamed class must not turn an old journal's cancellation into
+    corruption. ``detail`` carries the one field an error needs beyond its
+    message (the limit a ``WorkflowLimitReached`` names). An unknown code is
+    corruption: the journal holds what this version did not write.
+    """
+    if code == WorkflowLimitReached.code:
+        return WorkflowLimitReached(detail)
+    rebuilt: tuple[type[DurableError], ...] = (
+        WorkflowCancelled, NonDeterminismError, StorageUnavailableError, StorageCorruptError, StaleAttemptError
+    )
+    for cls in rebuilt:
+        if cls.code == code:
+            return cls(message)
+    return StorageCorruptError(f"Journal holds a fatal outcome of unknown kind {code[:40]!r}: {message[:200]}")

@@ -79,7 +79,8 @@ def test_spec_codes(cls: type[DurableError], code: str) -> None:
 
 
 def test_class_codes_are_distinct_strings() -> None:
-    coded = [cls for cls in MODULE_ERRORS if cls not in (DurableError, WorkflowResumeError)]
+    # The base and StorageError are parents to catch, not errors raised as such.
+    coded = [cls for cls in MODULE_ERRORS if cls not in (DurableError, WorkflowResumeError, errors.StorageError)]
     codes = [cls.code for cls in coded]  # type: ignore[attr-defined]
     assert all(isinstance(code, str) and code for code in codes)
     assert len(set(codes)) == len(codes)
@@ -199,3 +200,24 @@ def test_fatal_errors(cls: type[DurableError]) -> None:
 @pytest.mark.parametrize("cls", [StepFailed, WorkflowDefinitionError])
 def test_ordinary_errors_are_not_fatal(cls: type[DurableError]) -> None:
     assert not issubclass(cls, FATAL_ERRORS)
+
+
+def test_storage_errors_share_one_parent_callers_can_catch() -> None:
+    for cls in (StorageUnavailableError, StorageCorruptError):
+        assert issubclass(cls, errors.StorageError)
+    assert errors.StorageError.code is None
+
+
+def test_a_fatal_error_is_rebuilt_from_its_code_not_its_class_name() -> None:
+    limit = errors.fatal_from_code("workflow_limit_reached", "Run reached its limit max_ai_credits", "max_ai_credits")
+    assert isinstance(limit, errors.WorkflowLimitReached) and limit.limit == "max_ai_credits"
+    assert isinstance(errors.fatal_from_code("cancelled", "gone"), errors.WorkflowCancelled)
+    unknown = errors.fatal_from_code("RenamedError", "boom")
+    assert isinstance(unknown, StorageCorruptError)
+    assert "unknown kind" in str(unknown)
+
+
+def test_a_step_failure_found_by_the_engine_is_its_own_message() -> None:
+    error = StepFailed("k", "TypeError", "Step result must be a JSON value: k", found_by_engine=True)
+    assert str(error) == error.message == "Step result must be a JSON value: k"
+    assert pickle.loads(pickle.dumps(error)).found_by_engine

@@ -28,6 +28,8 @@ from celery.signals import task_postrun
 
 from celery_durable import Client, Engine, Settings, StaleAttemptError, workflow
 from celery_durable.broker import RunStore
+from celery_durable.broker.journal import BeginCall, PendingCommit
+from celery_durable.broker.schema import StepRow
 from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK
 from tests.apps.trip import SERVICES, provider_key, trip
 
@@ -505,24 +507,16 @@ def test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one(durab
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS | {"refused"})
     refused = store.refused_writes(run_id)
 
+    old = store.journal(run_id, 1, "default")
+    row = StepRow("completed", 1, 0, 0, None).encode()
     old_attempt: list[Callable[[], Any]] = [
         lambda: store.finish(run_id, 1, "default", "cancelled", reason="cancelled", message="Run cancelled"),
         lambda: store.finish(run_id, 1, "default", "completed", result_json='"forged"', message="Run completed"),
         lambda: store.finish(run_id, 1, "default", "error", reason="exception", error="x", can_resume=True),
-        lambda: store.complete_branch(run_id, 1, call, 0, 'o"forged"'),
-        lambda: store.record_op(
-            run_id,
-            1,
-            "m",
-            2,
-            "s|tail",
-            value_field="v:tail",
-            value='o"forged"',
-            step_key="tail",
-            step_row="completed|1|0|",
-        ),
-        lambda: store.dispatch(run_id, 1, "m", 1, "p|3", 3, "forged-token", 0),
-        lambda: store.begin_op(run_id, 1, "default", "m", None, "tail", "running|1|0|", [(99, "log", "", "forged")]),
+        lambda: old.complete_branch(call, 0, 'o"forged"'),
+        lambda: old.record("m", PendingCommit(2, "s|tail", "v:tail", 'o"forged"', "tail", row)),
+        lambda: old.dispatch("m", 1, "p|3", 3, "forged-token", 0),
+        lambda: old.begin("m", BeginCall(None, "tail", row, [(99, "log", "", "forged")])),
         lambda: store.heartbeat(run_id, 1),
         lambda: store.activate(run_id, 1, "forged-lock", "default"),
     ]
@@ -550,7 +544,7 @@ def test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one(durab
     with pytest.raises(StaleAttemptError):
         store.finish(run_id, 2, "default", "error", reason="exception", error="late")
     with pytest.raises(StaleAttemptError):
-        store.record_op(run_id, 2, "m", 3, "s|extra", value_field="v:extra", value="o1")
+        store.journal(run_id, 2, "default").record("m", PendingCommit(3, "s|extra", "v:extra", "o1"))
     assert durable_state(store, run_id, ignore=frozenset({"refused"})) == after
     assert d.client.get_workflow_run(run_id) == envelope
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from celery_durable import WorkflowContext, define_workflow
-from celery_durable.broker import RunStore
+from celery_durable.broker.journal import BeginCall
+from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.errors import StorageUnavailableError
 from tests.conftest import worker_thread
 
@@ -113,16 +114,16 @@ def test_an_activation_that_finds_a_dead_pass_holding_the_lock_comes_back_when_i
 
 
 def test_a_storage_error_swallowed_by_workflow_code_stays_fatal_for_the_pass(durable, monkeypatch) -> None:
-    real = RunStore.begin_op
+    real = RedisJournal.begin
     blips: list[str] = []
 
-    def blip_once(self: RunStore, run_id: str, epoch: int, namespace: str, seq: str, *rest: Any) -> Any:
-        if rest[1] == "a" and not blips:
-            blips.append(run_id)
+    def blip_once(self: RedisJournal, seq: str, call: BeginCall) -> Any:
+        if call.step_key == "a" and not blips:
+            blips.append(self.run_id)
             raise StorageUnavailableError("injected blip")
-        return real(self, run_id, epoch, namespace, seq, *rest)
+        return real(self, seq, call)
 
-    monkeypatch.setattr(RunStore, "begin_op", blip_once)
+    monkeypatch.setattr(RedisJournal, "begin", blip_once)
 
     def run(ctx: WorkflowContext) -> Any:
         # A user who swallows everything must not shift the journal.
@@ -141,16 +142,16 @@ def test_a_storage_error_swallowed_by_workflow_code_stays_fatal_for_the_pass(dur
 
 
 def test_a_storage_blip_in_a_branch_is_retried(durable, monkeypatch) -> None:
-    real = RunStore.begin_op
+    real = RedisJournal.begin
     blips: list[str] = []
 
-    def blip_once(self: RunStore, run_id: str, epoch: int, namespace: str, seq: str, *rest: Any) -> Any:
+    def blip_once(self: RedisJournal, seq: str, call: BeginCall) -> Any:
         if seq != "m" and not blips:
             blips.append(seq)
             raise StorageUnavailableError("injected blip")
-        return real(self, run_id, epoch, namespace, seq, *rest)
+        return real(self, seq, call)
 
-    monkeypatch.setattr(RunStore, "begin_op", blip_once)
+    monkeypatch.setattr(RedisJournal, "begin", blip_once)
     d = durable([wf("blip", lambda ctx: ctx.parallel([lambda: ctx.step("x", lambda: 1)]))])
     envelope = d.client.run_workflow("blip", timeout=30)
     assert blips == ["m.0.0"]

@@ -34,6 +34,7 @@ from celery_durable import (
     WorkflowResumeError,
     workflow,
 )
+from celery_durable.broker.schema import StepRow
 from celery_durable.redis_server import RedisServer, free_port
 from celery_durable.tasks.app import BRANCH_TASK
 from celery_durable.tasks.recovery import RecoverySweep
@@ -135,12 +136,15 @@ def test_a_corrupt_run_record_is_reported_as_such_to_every_caller(durable, raw_r
     for call in (
         lambda: d.client.get_workflow_run(run_id),
         lambda: d.client.get_workflow_run_detail(run_id),
-        lambda: d.client.list_workflow_runs(),
         lambda: d.client.cancel_workflow_run(run_id),
     ):
         with pytest.raises(StorageCorruptError, match=run_id) as info:
             call()
         assert info.value.code == "workflow_storage_corrupt"
+    # A listing names the damaged run instead of failing for the whole namespace.
+    page = d.client.list_workflow_runs()
+    assert [entry["run_id"] for entry in page.corrupt] == [run_id]
+    assert page.corrupt[0]["code"] == "workflow_storage_corrupt"
     with pytest.raises(WorkflowResumeError) as resume:
         d.client.resume_workflow(run_id)
     assert resume.value.code == "workflow_storage_corrupt"
@@ -149,7 +153,7 @@ def test_a_corrupt_run_record_is_reported_as_such_to_every_caller(durable, raw_r
     raw_redis.hset(d.engine.store.run_keys(run_id).steps, "only", "garbage")
     with pytest.raises(StorageCorruptError, match="only"):
         d.client.get_workflow_run_detail(run_id)
-    raw_redis.hset(d.engine.store.run_keys(run_id).steps, "only", "completed|1|0|")
+    raw_redis.hset(d.engine.store.run_keys(run_id).steps, "only", StepRow("completed", 1, 0, 1, None).encode())
     raw_redis.hset(d.engine.store.run_keys(run_id).agents, "x@1", "{not json")
     with pytest.raises(StorageCorruptError, match="agent row"):
         d.client.get_workflow_run_detail(run_id)

@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from typing import Any, cast
 
 import redis
 import redis.exceptions
 
+from celery_durable.broker import schema
+from celery_durable.broker.journal import Flags
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
-from celery_durable.broker.scripts import Scripts
+from celery_durable.broker.redis_journal import RedisJournal, flags_of
+from celery_durable.broker.scripts import Scripts, now_ms, refuse
 from celery_durable.config import Settings
-from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
+from celery_durable.errors import StorageCorruptError, StorageError, StorageUnavailableError
 
 logger = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 _NOT_NOW = (
@@ -73,68 +71,11 @@ def storage_errors() -> Iterator[None]:
     except redis.exceptions.RedisError as exc:
         # InvalidResponse and the like: the conversation broke, not the data.
         raise StorageUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Flags:
-    """Control flags returned by every fenced write."""
-
-    cancel: bool
-    pause: bool
-    limit: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceHistory:
-    """One sequence as journaled: entries are (epoch, identity, value)."""
-
-    cut: tuple[int, int] | None
-    high_water: int
-    entries: list[tuple[int, str, str | None]]
-
-    def live_entries(self) -> list[tuple[str, str | None]]:
-        """The history replay must follow: entries up to the first dead one."""
-        live: list[tuple[str, str | None]] = []
-        for index, (epoch, identity, value) in enumerate(self.entries):
-            if self.cut is not None and index > self.cut[1] and epoch < self.cut[0]:
-                break
-            live.append((identity, value))
-        return live
-
-
-def _refuse(run_id: str, reply: Sequence[Any]) -> None:
-    """Raise for a fence refusal; return for any other reply."""
-    verdict = reply[0] if reply else "missing"
-    if verdict == "missing":
-        raise StorageCorruptError(f"Run record {run_id} is missing")
-    if verdict in ("stale", "settled"):
-        raise StaleAttemptError(f"Run {run_id}: this attempt no longer owns the run ({verdict})")
-
-
-@dataclass(frozen=True, slots=True)
-class PendingCommit:
-    """A step's journal write, held back to travel with its sequence's next
-    call (``commit_begin``): the arguments of ``record_op``, in the order of
-    ``commit_begin.lua``'s ARGV[5..10]."""
-
-    index: int
-    identity: str
-    value_field: str
-    value: str
-    step_key: str
-    step_row: str
-
-
-def _begin_args(
-    cut: str | None, step_key: str, step_row: str, records: Sequence[tuple[int, str, str, str]]
-) -> list[Any]:
-    """The ARGV tail that begins a call (begin_call in ``_prelude.lua``):
-    cut, step key, step row, then the buffered progress records, flat."""
-    return [cut or "", step_key, step_row, len(records), *(field for record in records for field in record)]
-
-
-def _flags(reply: Sequence[Any], offset: int = 1) -> Flags:
-    return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1", limit=str(reply[offset + 2] or ""))
+    except UnicodeDecodeError as exc:
+        # A stored value that is not UTF-8: nothing celery-durable writes.
+        # redis-py drops the connection it was reading from, so the next call
+        # starts clean; the data is what is wrong, every time it is read.
+        raise StorageCorruptError(f"Redis holds a value that is not UTF-8 text: {exc}") from None
 
 
 class RunStore:
@@ -143,11 +84,14 @@ class RunStore:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         self.keys = KeySpace(settings.key_prefix)
+        # Every call answers within the operation timeout, or fails with
+        # StorageUnavailableError: a stalled Redis must not hang callers, and a
+        # worker must learn of it while its lease can still be defended.
         self.client: redis.Redis = client or redis.Redis.from_url(
             settings.redis_url,
             decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=30,
+            socket_connect_timeout=settings.redis_timeout_seconds,
+            socket_timeout=settings.redis_timeout_seconds,
             health_check_interval=30,
         )
         self._scripts = Scripts(self.client)
@@ -213,7 +157,7 @@ class RunStore:
         """``expire_run`` after a run settled: the settling stands even if this fails."""
         try:
             self.expire_run(run_id)
-        except (StorageUnavailableError, StorageCorruptError) as exc:
+        except StorageError as exc:
             logger.warning("run %s settled, but its retention could not be set: %s", run_id, exc)
 
     def _persist_idempotency(self, record: RunRecord) -> None:
@@ -224,15 +168,39 @@ class RunStore:
     def load_run(self, run_id: str) -> RunRecord | None:
         with storage_errors():
             raw = cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).run))
-        return RunRecord.parse(run_id, raw) if raw else None
+        return schema.parse_run(run_id, raw) if raw else None
 
-    def load_runs(self, run_ids: Sequence[str]) -> list[RunRecord]:
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for run_id in run_ids:
-                pipe.hgetall(self.run_keys(run_id).run)
-            raws = pipe.execute()
-        return [RunRecord.parse(run_id, raw) for run_id, raw in zip(run_ids, raws, strict=True) if raw]
+    def load_runs(self, run_ids: Sequence[str]) -> tuple[list[RunRecord], dict[str, StorageCorruptError]]:
+        """The runs that exist, in order, and apart from them the ones whose
+        record is corrupt: one damaged run must not hide a namespace's others."""
+        try:
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for run_id in run_ids:
+                    pipe.hgetall(self.run_keys(run_id).run)
+                raws: list[Any] = pipe.execute(raise_on_error=False)
+        except StorageCorruptError:
+            # A value that is not UTF-8 breaks the whole pipelined reply: read one by one.
+            raws = [self._load_raw_or_error(run_id) for run_id in run_ids]
+        records: list[RunRecord] = []
+        corrupt: dict[str, StorageCorruptError] = {}
+        for run_id, raw in zip(run_ids, raws, strict=True):
+            try:
+                if isinstance(raw, Exception):
+                    with storage_errors():
+                        raise raw
+                if raw:
+                    records.append(schema.parse_run(run_id, raw))
+            except StorageCorruptError as exc:
+                corrupt[run_id] = exc
+        return records, corrupt
+
+    def _load_raw_or_error(self, run_id: str) -> Any:
+        try:
+            with storage_errors():
+                return self.client.hgetall(self.run_keys(run_id).run)
+        except StorageCorruptError as exc:
+            return exc
 
     def list_run_ids(self, namespace: str, before_score: float | None, count: int) -> list[tuple[str, float]]:
         """Run ids of a namespace, newest first, strictly before ``before_score``."""
@@ -257,8 +225,8 @@ class RunStore:
         )
         if reply[0] == "busy":
             return int(reply[1])
-        _refuse(run_id, reply)
-        return _flags(reply)
+        refuse(run_id, reply)
+        return flags_of(reply)
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
@@ -267,163 +235,28 @@ class RunStore:
     def heartbeat(self, run_id: str, epoch: int, token: str = "") -> Flags:
         lease_ms = int(self.settings.lease_seconds * 1000)
         reply = self._run("heartbeat", [self.run_keys(run_id).run], [epoch, token, now_ms(), lease_ms, lease_ms])
-        _refuse(run_id, reply)
-        return _flags(reply)
+        refuse(run_id, reply)
+        return flags_of(reply)
 
-    # -- the journal -----------------------------------------------------------
+    # -- the journal -------------------------------------------------------------
 
-    def read_sequence(self, run_id: str, seq: str) -> SequenceHistory:
-        reply = self._run("read_sequence", [self.run_keys(run_id).journal], [seq])
-        try:
-            cut: tuple[int, int] | None = None
-            if reply[0]:
-                cut_epoch, cut_index = reply[0].split(":", 1)
-                cut = (int(cut_epoch), int(cut_index))
-            entries: list[tuple[int, str, str | None]] = []
-            for i in range(2, len(reply), 2):
-                epoch, identity = reply[i].split(":", 1)
-                entries.append((int(epoch), identity, reply[i + 1] or None))
-            return SequenceHistory(cut=cut, high_water=int(reply[1]) if reply[1] else -1, entries=entries)
-        except (ValueError, IndexError) as exc:
-            raise StorageCorruptError(f"Journal of run {run_id} is corrupt in sequence {seq}: {exc!r}") from None
-
-    def begin_op(
-        self,
-        run_id: str,
-        epoch: int,
-        namespace: str,
-        seq: str,
-        cut: str | None,
-        step_key: str,
-        step_row: str,
-        records: Sequence[tuple[int, str, str, str]],
-    ) -> tuple[Flags, str | None]:
-        """Flush progress and show a step running; returns the flags and the
-        step's live outcome when it is already journaled."""
-        k = self.run_keys(run_id)
-        args = [epoch, now_ms(), self.channel(namespace), seq, *_begin_args(cut, step_key, step_row, records)]
-        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
-        _refuse(run_id, reply)
-        return _flags(reply), (reply[4] or None)
-
-    def commit_begin(
-        self,
-        run_id: str,
-        epoch: int,
-        namespace: str,
-        seq: str,
-        commit: PendingCommit,
-        cut: str | None,
-        step_key: str,
-        step_row: str,
-        records: Sequence[tuple[int, str, str, str]],
-    ) -> tuple[str, Flags, str | None]:
-        """Journal ``commit`` (the step the sequence ran last) and begin its
-        next call, in one script. Returns ('ok', flags, the next step's live
-        outcome or None), ('conflict', no flags, journaled identity) or
-        ('winner', no flags, the value journaled first)."""
-        k = self.run_keys(run_id)
-        args = [
-            epoch,
-            now_ms(),
-            self.channel(namespace),
-            seq,
-            *astuple(commit),
-            *_begin_args(cut, step_key, step_row, records),
-        ]
-        reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
-        if reply[0] in ("conflict", "winner"):
-            return str(reply[0]), Flags(False, False), str(reply[1])
-        _refuse(run_id, reply)
-        return "ok", _flags(reply), (reply[4] or None)
-
-    def record_op(
-        self,
-        run_id: str,
-        epoch: int,
-        seq: str,
-        index: int,
-        identity: str,
-        value_field: str = "",
-        value: str = "",
-        step_key: str = "",
-        step_row: str = "",
-    ) -> tuple[Flags, str | None, str | None]:
-        """Journal one op. Returns (flags, winning value or None, conflicting identity or None)."""
-        k = self.run_keys(run_id)
-        reply = self._run(
-            "record_op",
-            [k.run, k.journal, k.steps, k.running],
-            [epoch, now_ms(), seq, index, identity, value_field, value, step_key, step_row],
+    def journal(self, run_id: str, epoch: int, namespace: str) -> RedisJournal:
+        """The journal of ``run_id`` as attempt ``epoch`` sees and writes it."""
+        return RedisJournal(
+            self._run, self._hmget, self.run_keys(run_id), run_id=run_id, epoch=epoch, channel=self.channel(namespace)
         )
-        if reply[0] == "conflict":
-            return Flags(False, False), None, str(reply[1])
-        _refuse(run_id, reply)
-        return _flags(reply), (reply[4] or None), None
 
-    def dispatch(
-        self, run_id: str, epoch: int, seq: str, index: int, identity: str, count: int, token: str, position: int
-    ) -> tuple[str, bool, Any]:
-        """Journal a fan-out op; returns (verdict, cut, detail): ('dispatch', cut, [indices]),
-        ('pending', False, []) or ('conflict', False, journaled identity)."""
-        k = self.run_keys(run_id)
-        reply = self._run("dispatch", [k.run, k.journal], [epoch, seq, index, identity, count, token, position])
-        if reply[0] == "conflict":
-            return "conflict", False, str(reply[1])
-        _refuse(run_id, reply)
-        if reply[0] == "pending":
-            return "pending", False, []
-        return "dispatch", reply[1] == 1, [int(j) for j in reply[2:]]
-
-    def mark_sent(self, run_id: str, epoch: int, call: str) -> None:
-        k = self.run_keys(run_id)
-        _refuse(run_id, self._run("mark_sent", [k.run, k.journal], [epoch, call]))
-
-    def branch_outcomes(self, run_id: str, call: str, count: int) -> list[str | None]:
-        fields = [f"r:{call}:{j}" for j in range(count)]
-        if not fields:
-            return []
+    def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
         with storage_errors():
-            return cast(list[str | None], self.client.hmget(self.run_keys(run_id).journal, fields))
-
-    def complete_branch(self, run_id: str, epoch: int, call: str, index: int, outcome: str) -> bool:
-        """Journal a branch outcome; True when the coordinator must be woken."""
-        k = self.run_keys(run_id)
-        reply = self._run("complete_branch", [k.run, k.journal], [epoch, call, index, outcome])
-        _refuse(run_id, reply)
-        return bool(reply[1] == 1)
+            return cast(list[str | None], self.client.hmget(key, fields))
 
     # -- agents ------------------------------------------------------------------
-
-    def agent_call(
-        self,
-        run_id: str,
-        epoch: int,
-        seq: str,
-        index: int,
-        agent_id: str,
-        request_json: str,
-        owner: str,
-        row_json: str,
-        cut: str | None,
-    ) -> tuple[str, Flags, str | None]:
-        """Ask for an agent turn; (verdict, flags, outcome or conflicting identity)."""
-        k = self.run_keys(run_id)
-        reply = self._run(
-            "agent_call",
-            [k.run, k.journal, k.agents],
-            [epoch, now_ms(), seq, index, f"a|{agent_id}", agent_id, request_json, owner, row_json, cut or ""],
-        )
-        if reply[0] == "conflict":
-            return "conflict", Flags(False, False), str(reply[1])
-        _refuse(run_id, reply)
-        return str(reply[0]), _flags(reply), (reply[4] if len(reply) > 4 else None)
 
     def agent_start(self, run_id: str, epoch: int, agent_id: str) -> tuple[str, str | None]:
         """('go', request json), ('wait', None), ('done', None) or ('stale', None)."""
         k = self.run_keys(run_id)
         reply = self._run("agent_start", [k.run, k.journal, k.agents], [epoch, now_ms(), agent_id])
-        _refuse(run_id, reply)
+        refuse(run_id, reply)
         return str(reply[0]), (str(reply[1]) if len(reply) > 1 else None)
 
     def agent_finish(
@@ -444,7 +277,7 @@ class RunStore:
             [k.run, k.journal, k.agents],
             [epoch, now_ms(), agent_id, outcome, row_json, credits_nano, prompt_tokens, completion_tokens],
         )
-        _refuse(run_id, reply)
+        refuse(run_id, reply)
         return [owner for owner in str(reply[1]).split() if owner]
 
     def agent_rows(self, run_id: str) -> dict[str, str]:
@@ -497,7 +330,7 @@ class RunStore:
                 message,
             ],
         )
-        _refuse(run_id, reply)
+        refuse(run_id, reply)
         self.unschedule(run_id)
         self._retain(run_id)
 

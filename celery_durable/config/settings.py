@@ -30,6 +30,15 @@ class Settings(BaseSettings):
     steps_queue: str = "durable.steps"
     agents_queue: str = "durable.agents"
     lease_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    redis_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "Longest wait for one Redis operation; past it the call fails with StorageUnavailableError. Keep it "
+            "below lease_seconds, so a stalled Redis is noticed while leases can still be defended."
+        ),
+    )
     auto_recover: bool = True
     max_fanout: int = Field(default=4096, ge=1, le=1_000_000)
     fanout_tasks: int = Field(

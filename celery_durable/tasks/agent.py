@@ -24,13 +24,13 @@ import jsonschema.exceptions
 
 from celery_durable.agents import AgentRequest, AgentResult
 from celery_durable.agents.errors import AgentOutputError
-from celery_durable.broker import Flags, RunRecord, now_ms
+from celery_durable.broker import Flags, RunRecord, now_ms, schema
+from celery_durable.broker.schema import Outcome
 from celery_durable.errors import StaleAttemptError, StorageUnavailableError
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, parse_run_message
-from celery_durable.workflows import jsonvalue, outcomes
+from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import nano_credits
-from celery_durable.workflows.outcomes import Outcome
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -102,21 +102,21 @@ def run_agent_task(
             started, clock = now_ms(), time.monotonic()
             turn = run_turn(engine, record, agent, json.loads(request_json))
             active_ms = int((time.monotonic() - clock) * 1000)
-        row = {
-            **json.loads(store.agent_rows(record.run_id).get(f"{agent}@{record.epoch}") or "{}"),
-            "status": "completed" if turn.error is None else "failed",
-            "started_at": started,
-            "completed_at": now_ms(),
-            "active_ms": active_ms,
-            "usage": turn.usage,
-            "error": turn.error,
-        }
+        row = schema.finished_agent_row(
+            store.agent_rows(record.run_id).get(schema.agent_row_key(agent, record.epoch)),
+            failed=turn.error is not None,
+            started_at=started,
+            completed_at=now_ms(),
+            active_ms=active_ms,
+            usage=turn.usage,
+            error=turn.error,
+        )
         waiters = store.agent_finish(
             record.run_id,
             record.epoch,
             agent,
             turn.outcome.encode(),
-            jsonvalue.dumps(row),
+            row,
             nano_credits(turn.usage.get("ai_credits") or 0),
             int(turn.usage.get("prompt_tokens") or 0),
             int(turn.usage.get("completion_tokens") or 0),
@@ -142,11 +142,11 @@ def wake(engine: Engine, record: RunRecord, owner: str) -> None:
 def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:
     """Call the runner; one retry with the validation error when the output breaks the schema."""
     usage: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "ai_credits": 0.0}
-    schema = request.get("schema")
+    output_schema = request.get("schema")
     base = AgentRequest(
         prompt=request["prompt"],
         label=request.get("label"),
-        schema=schema,
+        schema=output_schema,
         model=request.get("model"),
         run_id=record.run_id,
         agent_id=agent_id,
@@ -172,10 +172,10 @@ def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str
             if isinstance(result, AgentResult):
                 for name in ("prompt_tokens", "completion_tokens", "ai_credits"):
                     usage[name] += result.usage.get(name) or 0
-            problem = _output_problem(output, schema, engine.settings.max_payload_bytes)
+            problem = _output_problem(output, output_schema, engine.settings.max_payload_bytes)
             if problem is None:
-                return Turn(outcomes.value(jsonvalue.loads(jsonvalue.dumps(output))), usage, None)
-        if schema is None:
+                return Turn(schema.value_outcome(jsonvalue.loads(jsonvalue.dumps(output))), usage, None)
+        if output_schema is None:
             return _failed(record.epoch, usage, str(problem))
         feedback = problem
     return _failed(record.epoch, usage, f"Output still violates the schema after one retry: {problem}")
@@ -198,4 +198,4 @@ def _output_problem(output: Any, schema: dict[str, Any] | None, max_bytes: int) 
 
 def _failed(epoch: int, usage: dict[str, Any], error: str) -> Turn:
     """A failed turn: None to the workflow, retried by a later attempt like a failed step."""
-    return Turn(outcomes.Outcome("e", epoch, error_type="AgentFailed", message=error), usage, error)
+    return Turn(Outcome("e", epoch, error_type="AgentFailed", message=error), usage, error)

@@ -7,6 +7,7 @@ the run, so a person can follow a run in Flower.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -144,6 +145,12 @@ def _positional(kind: str, args: tuple[Any, ...]) -> bool:
     return bool(args)
 
 
+def new_task_id() -> str:
+    """A task id chosen before the message is sent, so the run can count the
+    message as in flight in the same script that decides to send it."""
+    return uuid.uuid4().hex
+
+
 def send_agent(
     app: Celery,
     settings: Settings,
@@ -153,30 +160,44 @@ def send_agent(
     agent: str,
     owner: str,
     countdown: float | None = None,
-) -> None:
+    task_id: str | None = None,
+) -> str:
+    task_id = task_id or new_task_id()
     app.send_task(
         AGENT_TASK,
         kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "agent": agent, "owner": owner},
         queue=settings.agents_queue,
         countdown=countdown,
+        task_id=task_id,
     )
+    return task_id
 
 
 def send_coordinator(
-    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, countdown: float | None = None
-) -> None:
+    app: Celery,
+    settings: Settings,
+    run_id: str,
+    epoch: int,
+    workflow: str,
+    countdown: float | None = None,
+    task_id: str | None = None,
+) -> str:
+    task_id = task_id or new_task_id()
     app.send_task(
         COORDINATOR_TASK,
         kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow},
         queue=settings.coordinator_queue,
         countdown=countdown,
+        task_id=task_id,
     )
+    return task_id
 
 
 def send_branches(
     app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]
-) -> None:
-    """Publish the branches as at most ``settings.fanout_tasks`` tasks, on one connection.
+) -> list[str]:
+    """Publish the branches as at most ``settings.fanout_tasks`` tasks, on one
+    connection; returns their task ids.
 
     A branch task replays the main body before it runs its thunks, and that
     replay rebuilds the whole list of thunks: one task per branch would make
@@ -184,8 +205,10 @@ def send_branches(
     and up to ``fanout_tasks`` branches still run at once across the fleet.
     """
     chunks = min(len(indices), settings.fanout_tasks)
+    sent: list[str] = []
     with app.producer_or_acquire() as producer:
         for chunk in range(chunks):
+            task_id = new_task_id()
             app.send_task(
                 BRANCH_TASK,
                 kwargs={
@@ -197,4 +220,7 @@ def send_branches(
                 },
                 queue=settings.steps_queue,
                 producer=producer,
+                task_id=task_id,
             )
+            sent.append(task_id)
+    return sent

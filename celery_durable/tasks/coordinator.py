@@ -8,45 +8,24 @@ holder runs one more pass before it lets go (see ``release.lua``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import Flags, RunRecord
-from celery_durable.errors import (
-    NonDeterminismError,
-    StaleAttemptError,
-    StepFailed,
-    StorageCorruptError,
-    StorageUnavailableError,
-    WorkflowCancelled,
-    WorkflowLimitReached,
-)
+from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, parse_run_message
-from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.context import WorkflowContext
-from celery_durable.workflows.replay import MAIN, PauseRequested, Replay, Suspend
+from celery_durable.workflows import passes
+from celery_durable.workflows.passes import Settlement, main_pass
+from celery_durable.workflows.replay import Replay
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
     from celery_durable.workflows.definition import Workflow
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """How a pass that did not suspend ends the run."""
-
-    status: str
-    reason: str = ""
-    error: str = ""
-    can_resume: bool = False
-    result_json: str | None = None
-    message: str = ""
 
 
 def run_coordinator_task(
@@ -117,60 +96,32 @@ def run_coordinator_task(
 def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
     settings = engine.settings
 
-    def send(call: str, indices: Any) -> None:
-        engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices)
+    def send(call: str, indices: Sequence[int]) -> list[str]:
+        return engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices)
+
+    def send_agent(agent: str, owner: str, task_id: str) -> None:
+        engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
 
     return Replay(
-        store=engine.store,
+        journal=engine.store.journal(record.run_id, record.epoch, record.namespace),
         run=record,
         workflow=definition,
-        epoch=record.epoch,
         max_fanout=settings.max_fanout,
         max_payload_bytes=settings.max_payload_bytes,
         send_branches=send,
         token=execution,
-        send_agent=functools.partial(engine.send_agent, record.run_id, record.epoch, record.workflow),
+        send_agent=send_agent,
     )
 
 
 def _one_pass(engine: Engine, replay: Replay) -> None:
-    record = replay.run
-    store = engine.store
-    if replay.cancelled():
-        settlement = _cancelled()
-    else:
-        cursor = replay.open_cursor(MAIN, writes=True)
-        result: Any = None
-        failure: Exception | None = None
-        try:
-            result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
-        except Suspend:
-            return
-        except PauseRequested:
-            pass
-        except (StaleAttemptError, StorageUnavailableError):
-            raise
-        except Exception as exc:
-            failure = exc
-        if replay.unwinding is not None and not isinstance(replay.unwinding, PauseRequested):
-            return  # user code swallowed the Suspend; the pass ends here all the same
-        if replay.broken is not None:
-            raise replay.broken
-        # Its progress and the step it ran last go out before the settlement
-        # is decided: the flags that come back may say it was cancelled.
-        try:
-            replay.flush(cursor)
-        except Suspend:
-            return  # that step lost a first-write race: the pass runs again
-        except NonDeterminismError as exc:
-            failure = exc
-        if isinstance(replay.unwinding, PauseRequested):
-            settlement = Settlement("paused", "paused", "Paused by request", True, message="Run paused")
-        elif failure is not None:
-            settlement = _failed(replay, failure)
-        else:
-            settlement = _returned(replay, result)
-    store.finish(
+    settlement = main_pass(replay)
+    if settlement is not None:
+        _finish(engine, replay.run, settlement)
+
+
+def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
+    engine.store.finish(
         record.run_id,
         record.epoch,
         record.namespace,
@@ -183,56 +134,6 @@ def _one_pass(engine: Engine, replay: Replay) -> None:
     )
 
 
-def _cancelled() -> Settlement:
-    return Settlement("cancelled", reason="cancelled", error="Cancelled by request", message="Run cancelled")
-
-
-def _limit_reached(replay: Replay, limit: str) -> Settlement:
-    ceiling = replay.run.limits.get(limit, replay.run.limits.get("max_total_subagents"))
-    error = f"Limit reached: {limit} (ceiling {ceiling}); resume with a higher limit to continue"
-    return Settlement("error", "workflow_limit_reached", error, True, message=f"Run stopped: limit {limit} reached")
-
-
-def _failed(replay: Replay, exc: Exception) -> Settlement:
-    fatal = replay.fatal
-    for candidate in (fatal, exc):
-        if isinstance(candidate, WorkflowLimitReached):
-            return _limit_reached(replay, candidate.limit)
-    if isinstance(fatal, NonDeterminismError) or isinstance(exc, NonDeterminismError):
-        error = str(fatal or exc)
-        return Settlement("error", "nondeterminism", error, False, message="Run stopped: nondeterminism")
-    if isinstance(fatal, WorkflowCancelled) or isinstance(exc, WorkflowCancelled) or replay.cancelled():
-        return _cancelled()
-    if isinstance(exc, StorageCorruptError):
-        return Settlement("error", "workflow_storage_corrupt", str(exc), True, message="Run stopped: storage corrupt")
-    if isinstance(exc, StepFailed):
-        error = f"StepFailed: step {exc.key!r} raised {exc.error_type}: {exc.error_message}"
-    else:
-        error = f"{type(exc).__name__}: {exc}"
-    return Settlement("error", "exception", error, True, message=f"Run failed: {error}")
-
-
-def _returned(replay: Replay, result: Any) -> Settlement:
-    if isinstance(replay.fatal, WorkflowLimitReached):
-        return _limit_reached(replay, replay.fatal.limit)
-    if isinstance(replay.fatal, NonDeterminismError):
-        return Settlement("error", "nondeterminism", str(replay.fatal), False, message="Run stopped: nondeterminism")
-    if replay.fatal is not None or replay.cancelled():
-        return _cancelled()
-    if result is None:
-        return Settlement("completed", message="Run completed")
-    problem = jsonvalue.json_problem(result)
-    if problem is not None:
-        error = f"Workflow result must be a JSON value ({problem})"
-        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
-    encoded = jsonvalue.dumps(result)
-    size = len(encoded.encode("utf-8"))
-    if size > replay.max_payload_bytes:
-        error = f"Workflow result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes})"
-        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
-    return Settlement("completed", result_json=encoded, message="Run completed")
-
-
 def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError) -> None:
     """Stop a run whose journal holds what celery-durable did not write.
 
@@ -241,16 +142,7 @@ def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError)
     """
     logger.error("run %s: storage corrupt, the run stops: %s", record.run_id, exc)
     try:
-        engine.store.finish(
-            record.run_id,
-            record.epoch,
-            record.namespace,
-            "error",
-            reason="workflow_storage_corrupt",
-            error=str(exc),
-            can_resume=True,
-            message="Run stopped: storage corrupt",
-        )
+        _finish(engine, record, passes.corrupt(exc))
     except (StaleAttemptError, StorageCorruptError, StorageUnavailableError) as again:
         # The run record itself cannot take the write: nothing more to do here;
         # the recovery sweep looks at the run again when its lease runs out.

@@ -60,23 +60,23 @@ class WorkflowContext:
         retry: RetryPolicy | None = None,
     ) -> Any:
         """Run ``producer`` once per run under ``key`` and journal its JSON result."""
-        return self._replay.step(key, producer, volatile=volatile, retry=retry)
+        return self._replay.steps.step(key, producer, volatile=volatile, retry=retry)
 
     def parallel(self, thunks: Iterable[Callable[[], Any]]) -> list[Any]:
         """Run zero-argument callables concurrently across the fleet; results in order."""
-        return self._replay.parallel(thunks)
+        return self._replay.fanout.parallel(thunks)
 
     def pipeline(self, items: Iterable[Any], *stages: Callable[[Any, Any, int], Any]) -> list[Any]:
         """Each item through ``stage(previous, item, index)``; no barrier between items."""
-        return self._replay.pipeline(items, stages)
+        return self._replay.fanout.pipeline(items, stages)
 
     def now(self) -> datetime:
         """Replay-safe clock: an aware UTC datetime, journaled."""
-        return self._replay.now()
+        return self._replay.steps.now()
 
     def uuid4(self) -> uuid.UUID:
         """Replay-safe random UUID, journaled."""
-        return self._replay.uuid4()
+        return self._replay.steps.uuid4()
 
     def idempotency_key(self, key: str) -> str:
         """``"<run_id>:<key>"``: stable across attempts, for external services."""
@@ -91,4 +91,4 @@ class WorkflowContext:
         """One agent turn on the agents queue: its final text, or its JSON value
         when ``schema`` is given; None when the turn failed. Identical calls in a
         run are memoized."""
-        return self._replay.agent(prompt, label=label, schema=schema, model=model)
+        return self._replay.agents.agent(prompt, label=label, schema_=schema, model=model)

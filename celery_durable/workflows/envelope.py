@@ -105,8 +105,16 @@ class RunEnvelope:
 
 @dataclass(frozen=True, slots=True)
 class RunPage:
+    """One page of a namespace's runs, newest first.
+
+    ``corrupt`` lists runs of the page whose stored record cannot be read
+    (each ``{"run_id", "code": "workflow_storage_corrupt", "error"}``): one
+    damaged run is reported, not allowed to hide the others.
+    """
+
     runs: list[RunEnvelope]
     next_cursor: str | None
+    corrupt: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,13 +185,31 @@ class PhaseRow:
 
 @dataclass(frozen=True, slots=True)
 class StepRow:
+    """One journaled or running step: ``started_at``/``finished_at`` give its
+    duration (``finished_at`` is None while it runs)."""
+
     key: str
     status: str
     attempt: int
     error: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def duration_ms(self) -> int | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return int((self.finished_at - self.started_at).total_seconds() * 1000)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "status": self.status, "attempt": self.attempt, "error": self.error}
+        return {
+            "key": self.key,
+            "status": self.status,
+            "attempt": self.attempt,
+            "error": self.error,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,11 +203,19 @@ local function next_epoch(run_key)
 end
 
 -- Rows of steps still running when their attempt ends can no longer finish
--- under its epoch: they become interrupted, not phantom running rows.
+-- under its epoch: they become interrupted, not phantom running rows. Rows
+-- are JSON objects (schema.StepRow); only their status changes here, and a
+-- row that does not decode (corrupted) moves over as it is.
 local function interrupt_steps(run_key, running_key, steps_key)
   local rows = redis.call('HGETALL', running_key)
   for i = 1, #rows, 2 do
-    redis.call('HSET', steps_key, rows[i], 'interrupted' .. string.sub(rows[i + 1], 8))
+    local ok, row = pcall(cjson.decode, rows[i + 1])
+    if ok and type(row) == 'table' then
+      row['status'] = 'interrupted'
+      redis.call('HSET', steps_key, rows[i], cjson.encode(row))
+    else
+      redis.call('HSET', steps_key, rows[i], rows[i + 1])
+    end
   end
   redis.call('DEL', running_key)
   redis.call('HSET', run_key, 'steps_running', '0')

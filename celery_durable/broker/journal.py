@@ -1,0 +1,173 @@
+"""The seam between replay and storage: one attempt's view of its run's journal.
+
+In the spirit of DBOS's check/record pair, every call a workflow makes is
+checked against the journal and recorded in it through this protocol, and
+each answer is a small typed result: the call is new, it is a hit, or the
+journal holds a different call at that position (``Conflict``: the workflow
+is not deterministic). An attempt that lost its authority (a newer epoch
+owns the run, or the run settled) is *fenced*: that is raised as
+``StaleAttemptError``, never returned, because nothing may continue after it.
+
+Writes that make the caller send a Celery message take that message's task
+id (``wake``, ``message``, ``messages``): the run records it as in flight in
+the same script, which is how the recovery sweep tells a run whose work
+waits in a queue from one whose work was lost (``tasks/liveness``).
+
+Two implementations pass the same contract tests (``tests/contract``):
+``RedisJournal``, where every write is one fenced Lua script, and
+``MemoryJournal``, which replay unit tests and ``celery_durable.testing`` use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from celery_durable.broker.schema import SequenceHistory
+
+ProgressRecordArgs = tuple[int, str, str, str]
+"""A buffered progress record: (position, kind, phase id, message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """The run's control flags, returned by every fenced write so an attempt
+    learns of a cancellation, a pause or a ceiling reached without a read."""
+
+    cancel: bool = False
+    pause: bool = False
+    limit: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BeginCall:
+    """What happens before a call runs: the sequence's buffered progress is
+    written (records an earlier replay wrote are dropped by position), a
+    step shows as running, and a re-run of an older attempt's failure cuts
+    the sequence (``cut``, see ``schema.cut_argument``)."""
+
+    cut: str | None = None
+    step_key: str = ""
+    step_row: str = ""
+    records: Sequence[ProgressRecordArgs] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """One op to journal: its index and identity, and for a step or a value
+    op the field and encoded value, and the step row to leave."""
+
+    index: int
+    identity: str
+    value_field: str = ""
+    value: str = ""
+    step_key: str = ""
+    step_row: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Began:
+    flags: Flags
+    existing: str | None = None
+    """The step's live journaled outcome when another sequence (or an attempt
+    that died before recording this op) already journaled the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    flags: Flags
+    winner: str | None = None
+    """The value already journaled first (first write wins): use it, not yours."""
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """The journal holds ``journaled`` at this position: non-determinism."""
+
+    journaled: str
+
+
+@dataclass(frozen=True, slots=True)
+class Winner:
+    """The held-back step lost a first-write race to ``value``; nothing was begun."""
+
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A fan-out op was journaled. ``pending``: its branches are in flight
+    already; else ``indices`` are the branches to send (none: all are done),
+    and ``cut`` says branches an older attempt failed run again."""
+
+    pending: bool = False
+    cut: bool = False
+    indices: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall:
+    """The answer to an agent turn request: ``hit`` (``outcome`` journaled),
+    ``pending`` (the turn is in flight; the caller waits too), ``dispatch``
+    (send the turn's task) or ``limit`` (a ceiling stops it: see flags)."""
+
+    verdict: str
+    flags: Flags
+    outcome: str | None = None
+
+
+class Journal(Protocol):
+    """One attempt (``epoch``) of one run; every write is fenced by the epoch."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def read_sequence(self, seq: str) -> SequenceHistory:
+        """The sequence's ops as journaled, with their values, cut and high-water mark."""
+        ...
+
+    def begin(self, seq: str, call: BeginCall) -> Began: ...
+
+    def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
+        """Journal ``commit`` (the step the sequence ran last) and begin its next call, atomically."""
+        ...
+
+    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict: ...
+
+    def dispatch(
+        self, seq: str, index: int, identity: str, width: int, token: str, position: int
+    ) -> Dispatch | Conflict:
+        """Journal a fan-out op and decide which branches the execution ``token`` sends."""
+        ...
+
+    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
+        """The dispatching execution finished sending the branch tasks whose
+        task ids are ``messages``: a later execution of this epoch must not
+        send them again, and the run counts them as in flight."""
+        ...
+
+    def branch_outcomes(self, call: str, count: int) -> list[str | None]: ...
+
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+        """Journal a branch outcome; True when the coordinator must be woken,
+        by a message whose task id is ``wake`` (then counted as in flight)."""
+        ...
+
+    def agent_call(
+        self,
+        seq: str,
+        index: int,
+        agent_id: str,
+        request_json: str,
+        owner: str,
+        row_json: str,
+        cut: str | None,
+        message: str,
+    ) -> AgentCall | Conflict:
+        """Ask for an agent turn; on ``dispatch`` the caller sends the turn's
+        task with task id ``message`` (already counted as in flight)."""
+        ...

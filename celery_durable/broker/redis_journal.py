@@ -1,0 +1,153 @@
+"""``Journal`` on Redis: each write one fenced Lua script (``lua/``).
+
+The fencing check and the write it guards run in the same script, so an
+attempt whose epoch is no longer the run's cannot write a thing; a refusal
+is raised as ``StaleAttemptError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import astuple
+from typing import Any, cast
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import (
+    AgentCall,
+    Began,
+    BeginCall,
+    Conflict,
+    Dispatch,
+    Flags,
+    PendingCommit,
+    Recorded,
+    Winner,
+)
+from celery_durable.broker.keys import RunKeys
+from celery_durable.broker.schema import SequenceHistory
+from celery_durable.broker.scripts import now_ms, refuse
+from celery_durable.errors import StorageCorruptError
+
+ScriptRunner = Callable[[str, Sequence[str], Sequence[Any]], Any]
+
+
+def flags_of(reply: Sequence[Any], offset: int = 1) -> Flags:
+    """The (cancel, pause, limit) triple every fenced script returns after its verdict."""
+    try:
+        return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1", limit=str(reply[offset + 2] or ""))
+    except IndexError:
+        raise StorageCorruptError(f"A journal script replied without its flags: {reply!r:.80}") from None
+
+
+def _begin_args(call: BeginCall) -> list[Any]:
+    """The ARGV tail that begins a call (``begin_call`` in ``_prelude.lua``):
+    cut, step key, step row, then the buffered progress records, flat."""
+    records = call.records
+    return [call.cut or "", call.step_key, call.step_row, len(records), *(f for record in records for f in record)]
+
+
+class RedisJournal:
+    """One attempt's journal of one run, on Redis."""
+
+    def __init__(
+        self, run: ScriptRunner, read: Callable[[str, list[str]], list[str | None]], keys: RunKeys, *,
+        run_id: str, epoch: int, channel: str,
+    ) -> None:
+        self._run = run
+        self._hmget = read
+        self._keys = keys
+        self._run_id = run_id
+        self._epoch = epoch
+        self._channel = channel
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _fenced(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        reply = self._run(name, keys, args)
+        refuse(self._run_id, reply)
+        return reply
+
+    def read_sequence(self, seq: str) -> SequenceHistory:
+        reply = self._run("read_sequence", [self._keys.journal], [seq])
+        return schema.parse_sequence(self._run_id, seq, reply)
+
+    def begin(self, seq: str, call: BeginCall) -> Began:
+        k = self._keys
+        args = [self._epoch, now_ms(), self._channel, seq, *_begin_args(call)]
+        reply = self._fenced("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
+        return Began(flags_of(reply), reply[4] or None)
+
+    def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
+        k = self._keys
+        args = [self._epoch, now_ms(), self._channel, seq, *astuple(commit), *_begin_args(call)]
+        reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
+        if reply and reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        if reply and reply[0] == "winner":
+            return Winner(str(reply[1]))
+        refuse(self._run_id, reply)
+        return Began(flags_of(reply), reply[4] or None)
+
+    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
+        k = self._keys
+        reply = self._run(
+            "record_op", [k.run, k.journal, k.steps, k.running], [self._epoch, now_ms(), seq, *astuple(commit)]
+        )
+        if reply and reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        refuse(self._run_id, reply)
+        return Recorded(flags_of(reply), reply[4] or None)
+
+    def dispatch(
+        self, seq: str, index: int, identity: str, width: int, token: str, position: int
+    ) -> Dispatch | Conflict:
+        k = self._keys
+        reply = self._run("dispatch", [k.run, k.journal], [self._epoch, seq, index, identity, width, token, position])
+        if reply and reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        refuse(self._run_id, reply)
+        if reply[0] == "pending":
+            return Dispatch(pending=True)
+        return Dispatch(cut=reply[1] == 1, indices=[int(j) for j in reply[2:]])
+
+    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
+        self._fenced("mark_sent", [self._keys.run, self._keys.journal], [self._epoch, call])
+
+    def branch_outcomes(self, call: str, count: int) -> list[str | None]:
+        if count <= 0:
+            return []
+        return self._hmget(self._keys.journal, [schema.branch_field(call, j) for j in range(count)])
+
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+        keys = [self._keys.run, self._keys.journal]
+        reply = self._fenced("complete_branch", keys, [self._epoch, call, branch, outcome])
+        return bool(reply[1] == 1)
+
+    def agent_call(
+        self,
+        seq: str,
+        index: int,
+        agent_id: str,
+        request_json: str,
+        owner: str,
+        row_json: str,
+        cut: str | None,
+        message: str,
+    ) -> AgentCall | Conflict:
+        k = self._keys
+        identity = schema.Identity.agent(agent_id)
+        reply = self._run(
+            "agent_call",
+            [k.run, k.journal, k.agents],
+            [self._epoch, now_ms(), seq, index, identity, agent_id, request_json, owner, row_json, cut or ""],
+        )
+        if reply and reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        refuse(self._run_id, reply)
+        return AgentCall(str(reply[0]), flags_of(reply), cast(str | None, reply[4]) if len(reply) > 4 else None)

@@ -1,0 +1,101 @@
+"""Agent turns: ``ctx.agent`` journals a request and waits for its turn's task.
+
+The request's identity is a hash of prompt, label, schema and model, so
+identical calls in a run are one turn (memoized). A new turn is dispatched
+to the agents queue within the run's ceilings (``agent_call.lua`` checks them
+in the same script that journals the request); the sequence then waits
+without holding a worker, and the turn's task wakes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import jsonschema.exceptions
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import Conflict
+from celery_durable.broker.schema import Identity
+from celery_durable.broker.scripts import now_ms
+from celery_durable.errors import StaleAttemptError
+from celery_durable.workflows import jsonvalue
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.replay import Replay
+
+MAX_LABEL = 256
+
+
+class AgentOps:
+    """``ctx.agent`` of one execution."""
+
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
+
+    def agent(self, prompt: str, *, label: str | None, schema_: Any, model: str | None) -> Any:
+        replay = self._replay
+        request = self._request(prompt, label, schema_, model)
+        agent_id = hashlib.sha256(jsonvalue.dumps(request).encode("utf-8")).hexdigest()[:32]
+        cursor = replay.current()
+        replay.check_cancelled()
+        identity = Identity.agent(agent_id)
+        journaled, raw = replay.expect(cursor, identity)
+        cut: str | None = None
+        if journaled and raw is not None:
+            outcome = replay.decode(raw)
+            if outcome.is_live(replay.epoch):
+                replay.flush(cursor)
+                cursor.advance()
+                return outcome.result
+            if not cursor.writes:
+                raise StaleAttemptError(f"Run {replay.run.run_id}: agent turn {agent_id} failed in an older attempt")
+            cut = cursor.cut_here()
+        elif journaled and not cursor.writes:
+            raise StaleAttemptError(f"Run {replay.run.run_id}: agent turn {agent_id} is not finished yet")
+        replay.flush(cursor)
+        replay.check_pause(cursor)
+        row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, now_ms())
+        message = uuid.uuid4().hex
+        result = replay.journal.agent_call(
+            cursor.seq, cursor.index, agent_id, jsonvalue.dumps(request), cursor.owner, row, cut, message
+        )
+        if isinstance(result, Conflict):
+            replay.conflict(cursor, result, identity)
+        replay.apply_flags(result.flags)
+        if result.verdict == "hit" and result.outcome is not None:
+            outcome = replay.decode(result.outcome)
+            cursor.advance()
+            return outcome.result
+        if result.verdict == "limit":
+            replay.check_cancelled()
+        if result.verdict == "dispatch":
+            if replay.send_agent is None:
+                raise RuntimeError("this execution cannot send agent turns")
+            replay.send_agent(agent_id, cursor.owner, message)
+        replay.wait_for_wake(cursor)
+
+    def _request(self, prompt: str, label: str | None, schema_: Any, model: str | None) -> dict[str, Any]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("ctx.agent prompt must be a non-empty string")
+        if not jsonvalue.is_json_value(prompt):
+            raise ValueError("ctx.agent prompt holds a lone surrogate")
+        size = len(prompt.encode("utf-8"))
+        limit = self._replay.max_payload_bytes
+        if size > limit:
+            raise ValueError(f"ctx.agent prompt is {size} bytes, above max_payload_bytes ({limit})")
+        for name, value in (("label", label), ("model", model)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > MAX_LABEL):
+                raise ValueError(
+                    f"ctx.agent {name} must be a non-empty string of at most {MAX_LABEL} characters or None"
+                )
+        if schema_ is not None:
+            if not isinstance(schema_, dict) or jsonvalue.json_problem(schema_) is not None:
+                raise ValueError("ctx.agent schema must be a JSON Schema given as a dict")
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema_)
+            except jsonschema.exceptions.SchemaError as exc:
+                raise ValueError(f"ctx.agent schema is not a valid JSON Schema: {exc.message}") from None
+        return {"prompt": prompt, "label": label, "schema": schema_, "model": model}

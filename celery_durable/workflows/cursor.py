@@ -1,0 +1,61 @@
+"""Where one sequence of calls stands in an execution: its history and position.
+
+A sequence is the main body (``m``) or one branch of a fan-out. Replay keeps
+a ``Cursor`` per sequence it runs: the journaled history it must follow, the
+index of the next call, the progress records buffered since the last write,
+and the step whose journal write is held back to travel with the next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import PendingCommit, ProgressRecordArgs
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where one sequence stands in this execution."""
+
+    seq: str
+    history: list[tuple[str, str | None]]
+    high_water: int
+    writes: bool
+    phase_id: str = ""
+    owner: str = schema.MAIN
+    """Whom a wait of this sequence wakes: "m" (the coordinator) or
+    "<call>/<branch>" (the branch task of a top-level branch)."""
+    suspended: BaseException | None = None
+    index: int = 0
+    logs_since_op: int = 0
+    buffer: list[ProgressRecordArgs] = field(default_factory=list)
+    pending: PendingCommit | None = None
+    """The last step's journal write, not sent yet: it goes with this
+    sequence's next journal write (``Replay.flush``), before more work runs."""
+    pending_started: int = 0
+    """When the held-back step began (ms), for its row."""
+
+    def position(self) -> int:
+        return schema.position(self.index, self.logs_since_op)
+
+    def advance(self) -> None:
+        self.index += 1
+        self.logs_since_op = 0
+
+    def journaled(self) -> tuple[str, str | None] | None:
+        """The journaled op at the cursor, or None past the end of the history."""
+        return self.history[self.index] if self.index < len(self.history) else None
+
+    def cut_here(self) -> str:
+        """The op at the cursor re-runs an older attempt's failure: what that
+        attempt journaled after it is no longer history, and progress records
+        from here are new. Returns the cut the journal must record."""
+        cut = schema.cut_argument(self.index, self.position())
+        self.history = self.history[: self.index + 1]
+        self.high_water = min(self.high_water, self.position() - 1)
+        return cut
+
+    @property
+    def is_main(self) -> bool:
+        return self.seq == schema.MAIN

@@ -1,0 +1,232 @@
+"""Fan-out: ``ctx.parallel`` and ``ctx.pipeline``, across the fleet.
+
+In the coordinator's main body a fan-out journals its op, sends its
+unfinished branches to the steps queue as Celery tasks and *suspends* the
+pass; the last branch to finish wakes the coordinator, whose next pass
+replays up to the fan-out and finds every outcome journaled. A branch task
+replays the main body (all journal hits) up to its fan-out and runs only its
+own thunks (``BranchTarget``); fan-outs nested inside a branch run on that
+worker, in threads. A branch's outcome is its result, ``None`` for an
+ordinary exception, or a fatal failure that aborts the whole call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import Conflict
+from celery_durable.broker.schema import Identity, Outcome, describe
+from celery_durable.errors import (
+    FATAL_ERRORS,
+    NonDeterminismError,
+    StaleAttemptError,
+    StorageUnavailableError,
+    WorkflowCancelled,
+)
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.cursor import Cursor
+from celery_durable.workflows.unwind import BranchFinished, BranchSuspended
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.replay import Replay
+
+NESTED_FANOUT_THREADS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class BranchTarget:
+    """The thunks a branch task runs: branches ``indices`` of op ``call``.
+
+    ``on_outcome`` journals each branch as soon as it finishes, so a task
+    that dies halfway loses only the branch it was running.
+    """
+
+    call: str
+    indices: tuple[int, ...]
+    on_outcome: Callable[[int, Outcome], None]
+
+
+class FanoutOps:
+    """``ctx.parallel`` and ``ctx.pipeline`` of one execution."""
+
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
+
+    def parallel(self, thunks: Iterable[Callable[[], Any]]) -> list[Any]:
+        items = self._items(thunks, "parallel", "thunks")
+        for index, thunk in enumerate(items):
+            if not callable(thunk):
+                raise ValueError(f"parallel thunk {index} is not callable: {type(thunk).__name__}")
+        return self._fanout("p", list(items))
+
+    def pipeline(self, items: Iterable[Any], stages: Sequence[Callable[[Any, Any, int], Any]]) -> list[Any]:
+        values = self._items(items, "pipeline", "items")
+        for index, stage in enumerate(stages):
+            if not callable(stage):
+                raise ValueError(f"pipeline stage {index} is not callable: {type(stage).__name__}")
+
+        def through_stages(item: Any, index: int) -> Any:
+            previous = item
+            for stage in stages:
+                previous = stage(previous, item, index)
+            return previous
+
+        return self._fanout("l", [functools.partial(through_stages, item, i) for i, item in enumerate(values)])
+
+    def _items(self, items: Iterable[Any], name: str, noun: str) -> list[Any]:
+        if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
+            raise ValueError(f"{name} takes a list of {noun}, got {type(items).__name__}")
+        values = list(items)
+        limit = self._replay.max_fanout
+        if len(values) > limit:
+            raise ValueError(f"{name} accepts at most {limit} {noun} (settings.max_fanout), got {len(values)}")
+        return values
+
+    def _fanout(self, kind: str, branches: list[Callable[[], Any]]) -> list[Any]:
+        replay = self._replay
+        cursor = replay.current()
+        replay.check_cancelled()
+        identity = Identity.fanout(kind, len(branches))
+        journaled, _ = replay.expect(cursor, identity)
+        call = schema.call_id(cursor.seq, cursor.index)
+        target = replay.target
+        if target is not None and target.call == call:
+            self._run_target(cursor, call, identity, branches)
+        if not cursor.writes:
+            results = self._collect(call, len(branches))
+            if results is None:
+                raise StaleAttemptError(f"Run {replay.run.run_id}: {describe(identity)} {call} is not finished yet")
+            cursor.advance()
+            return results
+        replay.flush(cursor)
+        if journaled:
+            results = self._collect(call, len(branches))
+            if results is not None:
+                cursor.advance()
+                return results
+        else:
+            replay.check_pause(cursor)
+        result = replay.journal.dispatch(
+            cursor.seq, cursor.index, identity, len(branches), replay.token, cursor.position()
+        )
+        if isinstance(result, Conflict):
+            replay.conflict(cursor, result, identity)
+        if result.cut:
+            cursor.cut_here()
+        if cursor.is_main and replay.send_branches is not None:
+            if result.pending or result.indices:
+                if result.indices:
+                    replay.journal.mark_sent(call, self._send(call, result.indices))
+                raise replay.suspend()
+        else:
+            self._run_locally(call, cursor, branches)
+        results = self._collect(call, len(branches))
+        if results is None:
+            raise StaleAttemptError(f"Run {replay.run.run_id}: branches of {call} did not all finish")
+        cursor.advance()
+        return results
+
+    def _run_target(self, cursor: Cursor, call: str, identity: str, branches: list[Callable[[], Any]]) -> None:
+        """In a branch task: run the target's branches that have no live outcome yet."""
+        replay = self._replay
+        target = replay.target
+        assert target is not None
+        for index in target.indices:
+            if index >= len(branches):
+                raise replay.nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
+        raws = replay.journal.branch_outcomes(call, len(branches))
+        for index in target.indices:
+            raw = raws[index]
+            if raw is not None and replay.decode(raw).is_live(replay.epoch):
+                continue  # a redelivered task: this branch is journaled already
+            try:
+                outcome = self.run_branch(cursor, branches[index], index)
+            except BranchSuspended:
+                continue  # waits for something whose completion sends this branch again
+            target.on_outcome(index, outcome)
+        replay.unwinding = BranchFinished()
+        raise replay.unwinding
+
+    def _send(self, call: str, indices: Sequence[int]) -> Sequence[str]:
+        replay = self._replay
+        assert replay.send_branches is not None
+        try:
+            return replay.send_branches(call, indices)
+        except Exception as exc:  # kombu/amqp connection errors have no common base
+            error = StorageUnavailableError(f"Broker unavailable while sending branches of {call}: {exc}")
+            replay.broken = replay.broken or error
+            raise error from None
+
+    def _collect(self, call: str, count: int) -> list[Any] | None:
+        """All branch results when every outcome is journaled and live, else None.
+
+        A live fatal outcome is raised at once: fatal errors abort the whole call.
+        """
+        replay = self._replay
+        raws = replay.journal.branch_outcomes(call, count)
+        decoded = [replay.decode(raw) if raw is not None else None for raw in raws]
+        for outcome in decoded:
+            if outcome is not None and outcome.kind == "f" and outcome.is_live(replay.epoch):
+                error = outcome.fatal_error()
+                if isinstance(error, WorkflowCancelled | NonDeterminismError):
+                    replay.fatal = replay.fatal or error
+                raise error
+        if any(outcome is None or not outcome.is_live(replay.epoch) for outcome in decoded):
+            return None
+        return [outcome.result for outcome in decoded if outcome is not None]
+
+    def _run_locally(self, call: str, cursor: Cursor, branches: list[Callable[[], Any]]) -> None:
+        """Run a nested fan-out's unfinished branches on this worker, in threads."""
+        replay = self._replay
+        raws = replay.journal.branch_outcomes(call, len(branches))
+        todo = [j for j, raw in enumerate(raws) if raw is None or not replay.decode(raw).is_live(replay.epoch)]
+
+        def run_one(j: int) -> bool:
+            try:
+                outcome = self.run_branch(cursor, branches[j], j)
+            except BranchSuspended:
+                return False
+            replay.journal.complete_branch(call, j, outcome.encode(), wake="")  # nested: nothing to wake
+            return True
+
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=min(len(todo), NESTED_FANOUT_THREADS)) as pool:
+            finished = [future.result() for future in [pool.submit(run_one, j) for j in todo]]
+        if not all(finished):
+            # A nested branch waits: so does the branch around it.
+            cursor.suspended = BranchSuspended()
+            raise cursor.suspended
+
+    def run_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> Outcome:
+        """Run one branch in its own sequence; its outcome, never an ordinary exception."""
+        replay = self._replay
+        seq = schema.branch_seq(parent.seq, parent.index, index)
+        cursor = replay.open_cursor(seq, writes=True, phase_id=parent.phase_id)
+        call = schema.call_id(parent.seq, parent.index)
+        cursor.owner = parent.owner if not parent.is_main else schema.branch_owner(call, index)
+        try:
+            result = replay.run_in(cursor, fn)
+        except (StorageUnavailableError, StaleAttemptError, BranchSuspended):
+            raise  # nothing to record: this execution cannot, or the branch is not done
+        except FATAL_ERRORS as exc:
+            return schema.failure_outcome(replay.epoch, exc, fatal=True)
+        except Exception as exc:
+            replay.flush(cursor)
+            return schema.failure_outcome(replay.epoch, exc)
+        replay.flush(cursor)
+        problem = jsonvalue.json_problem(result)
+        if problem is not None:
+            return schema.failure_outcome(replay.epoch, TypeError(f"Branch result must be a JSON value: {problem}"))
+        encoded = jsonvalue.dumps(result)
+        size = len(encoded.encode("utf-8"))
+        if size > replay.max_payload_bytes:
+            limit = replay.max_payload_bytes
+            too_large = ValueError(f"Branch result is {size} bytes, above max_payload_bytes ({limit})")
+            return schema.failure_outcome(replay.epoch, too_large)
+        return schema.value_outcome(jsonvalue.loads(encoded))

@@ -1,0 +1,179 @@
+"""One execution of a workflow function, and how it ends: the pass logic.
+
+``main_pass`` runs the main body once (a coordinator pass) and says how the
+run settles, or that it waits; ``branch_pass`` replays the main body up to a
+fan-out and runs a branch task's own thunks. Neither knows Celery nor Redis:
+the Celery tasks (``tasks/``) and the in-process test environment
+(``celery_durable.testing``) both drive runs through them, so a run settles
+the same way whichever drives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery_durable.broker import schema
+from celery_durable.broker.schema import Outcome
+from celery_durable.errors import (
+    FATAL_ERRORS,
+    NonDeterminismError,
+    StaleAttemptError,
+    StepFailed,
+    StorageCorruptError,
+    StorageUnavailableError,
+    WorkflowCancelled,
+    WorkflowLimitReached,
+)
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.context import WorkflowContext
+from celery_durable.workflows.replay import MAIN, Replay
+from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How a pass that did not suspend ends the run."""
+
+    status: str
+    reason: str = ""
+    error: str = ""
+    can_resume: bool = False
+    result_json: str | None = None
+    message: str = ""
+
+
+CANCELLED = Settlement("cancelled", reason="cancelled", error="Cancelled by request", message="Run cancelled")
+PAUSED = Settlement("paused", "paused", "Paused by request", True, message="Run paused")
+
+
+def corrupt(error: StorageCorruptError) -> Settlement:
+    """A run whose journal holds what celery-durable did not write stops, resumably:
+    once the entry is repaired (or deleted, so that its op runs again),
+    ``resume_workflow`` replays the run from its journal."""
+    return Settlement("error", "workflow_storage_corrupt", str(error), True, message="Run stopped: storage corrupt")
+
+
+def main_pass(replay: Replay) -> Settlement | None:
+    """Run the main body once; the settlement, or None when the run waits.
+
+    Raises what ends this execution without settling the run: a lost
+    authority (``StaleAttemptError``), an unavailable store, a corrupt one.
+    """
+    if replay.cancelled():
+        return CANCELLED
+    cursor = replay.open_cursor(MAIN, writes=True)
+    result: Any = None
+    failure: Exception | None = None
+    try:
+        result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+    except Suspend:
+        return None
+    except PauseRequested:
+        pass
+    except (StaleAttemptError, StorageUnavailableError):
+        raise
+    except Exception as exc:
+        failure = exc
+    if replay.unwinding is not None and not isinstance(replay.unwinding, PauseRequested):
+        return None  # user code swallowed the Suspend; the pass ends here all the same
+    if replay.broken is not None:
+        raise replay.broken
+    # Its progress and the step it ran last go out before the settlement
+    # is decided: the flags that come back may say it was cancelled.
+    try:
+        replay.flush(cursor)
+    except Suspend:
+        return None  # that step lost a first-write race: the pass runs again
+    except NonDeterminismError as exc:
+        failure = exc
+    if isinstance(replay.unwinding, PauseRequested):
+        return PAUSED
+    if failure is not None:
+        return _failed(replay, failure)
+    return _returned(replay, result)
+
+
+def _limit_reached(replay: Replay, limit: str) -> Settlement:
+    ceiling = replay.run.limits.get(limit, replay.run.limits.get("max_total_subagents"))
+    error = f"Limit reached: {limit} (ceiling {ceiling}); resume with a higher limit to continue"
+    return Settlement("error", "workflow_limit_reached", error, True, message=f"Run stopped: limit {limit} reached")
+
+
+def _failed(replay: Replay, exc: Exception) -> Settlement:
+    fatal = replay.fatal
+    for candidate in (fatal, exc):
+        if isinstance(candidate, WorkflowLimitReached):
+            return _limit_reached(replay, candidate.limit)
+    if isinstance(fatal, NonDeterminismError) or isinstance(exc, NonDeterminismError):
+        error = str(fatal or exc)
+        return Settlement("error", "nondeterminism", error, False, message="Run stopped: nondeterminism")
+    if isinstance(fatal, WorkflowCancelled) or isinstance(exc, WorkflowCancelled) or replay.cancelled():
+        return CANCELLED
+    if isinstance(exc, StorageCorruptError):
+        return corrupt(exc)
+    if isinstance(exc, StepFailed):
+        error = f"StepFailed: step {exc.key!r} raised {exc.error_type}: {exc.error_message}"
+    else:
+        error = f"{type(exc).__name__}: {exc}"
+    return Settlement("error", "exception", error, True, message=f"Run failed: {error}")
+
+
+def _returned(replay: Replay, result: Any) -> Settlement:
+    if isinstance(replay.fatal, WorkflowLimitReached):
+        return _limit_reached(replay, replay.fatal.limit)
+    if isinstance(replay.fatal, NonDeterminismError):
+        return Settlement("error", "nondeterminism", str(replay.fatal), False, message="Run stopped: nondeterminism")
+    if replay.fatal is not None or replay.cancelled():
+        return CANCELLED
+    if result is None:
+        return Settlement("completed", message="Run completed")
+    problem = jsonvalue.json_problem(result)
+    if problem is not None:
+        error = f"Workflow result must be a JSON value ({problem})"
+        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
+    encoded = jsonvalue.dumps(result)
+    size = len(encoded.encode("utf-8"))
+    if size > replay.max_payload_bytes:
+        error = f"Workflow result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes})"
+        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
+    return Settlement("completed", result_json=encoded, message="Run completed")
+
+
+def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None]) -> None:
+    """Replay the main body up to the fan-out, where the target's thunks run.
+
+    A replay that fails or ends before it gets there is a divergence from the
+    coordinator's history: every target branch gets a fatal outcome, which
+    wakes the coordinator to stop the run.
+    """
+    target = replay.target
+    assert target is not None
+    cursor = replay.open_cursor(MAIN, writes=False)
+    try:
+        replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+    except BranchFinished:
+        return
+    except (StaleAttemptError, StorageUnavailableError):
+        raise
+    except Suspend:
+        raise StaleAttemptError("branch replay reached an unfinished fan-out") from None
+    except FATAL_ERRORS as exc:
+        error: Exception = exc
+    except Exception as exc:
+        # Not necessarily a divergence: a volatile step before the fan-out
+        # may have failed this time. An ordinary failure, retried on resume.
+        failure = RuntimeError(
+            f"Replaying the main body for fan-out {target.call} raised {type(exc).__name__}: {exc}"
+        )
+        for index in target.indices:
+            journal(index, schema.failure_outcome(replay.epoch, failure))
+        return
+    else:
+        error = NonDeterminismError(
+            f"Replaying the main body for fan-out {target.call} returned before reaching it; "
+            "check that your workflow is deterministic"
+        )
+    for index in target.indices:
+        journal(index, schema.failure_outcome(replay.epoch, error, fatal=True))

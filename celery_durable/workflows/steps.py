@@ -1,0 +1,141 @@
+"""Steps and replay-safe values: the ops that run inline in their sequence.
+
+``ctx.step`` checks its key against the journal: a hit returns the journaled
+value; a miss shows the step running, calls the producer, checks that the
+result is JSON and journals it. In the coordinator's main body the journal
+write is held back to travel with the next call's begin (one script per
+straight-line step); elsewhere, where several executions may journal one
+key, it is written at once and the first write wins.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import PendingCommit
+from celery_durable.broker.schema import Identity, Outcome
+from celery_durable.broker.scripts import now_ms
+from celery_durable.errors import FATAL_ERRORS, StaleAttemptError, StepFailed
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.replay import MAX_KEY_LENGTH
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.replay import Replay
+    from celery_durable.workflows.retry import RetryPolicy
+
+
+class StepOps:
+    """``ctx.step``, ``ctx.now`` and ``ctx.uuid4`` of one execution."""
+
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
+
+    def step(self, key: str, producer: Callable[[], Any], *, volatile: bool, retry: RetryPolicy | None) -> Any:
+        replay = self._replay
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise ValueError(f"Step key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
+        if not callable(producer):
+            raise ValueError(f"Step {key!r} producer must be callable, got {type(producer).__name__}")
+        cursor = replay.current()
+        replay.check_cancelled()
+        if volatile:
+            replay.flush(cursor)
+            replay.check_cancelled()
+            return self.produce(key, producer, retry).step_result(key)
+        identity = Identity.step(key)
+        journaled, raw = replay.expect(cursor, identity)
+        cut: str | None = None
+        if journaled and raw is not None:
+            outcome = replay.decode(raw)
+            if outcome.is_live(replay.epoch):
+                replay.flush(cursor)
+                cursor.advance()
+                return outcome.step_result(key)
+            if not cursor.writes:
+                raise StaleAttemptError(f"Run {replay.run.run_id}: step {key!r} holds an older attempt's failure")
+            cut = cursor.cut_here()
+        replay.check_pause(cursor)
+        started = now_ms()
+        running = schema.StepRow.running(replay.run.attempt, started).encode()
+        existing = replay.flush(cursor, step_key=key, step_row=running, cut=cut)
+        replay.check_pause(cursor)  # the flags that came back may ask for a pause
+        replay.check_cancelled()
+        field = schema.step_field(key)
+        if existing is not None:
+            outcome = replay.decode(existing)
+            replay.commit(cursor, PendingCommit(cursor.index, identity))
+            return outcome.step_result(key)
+        outcome = self.produce(key, producer, retry)
+        commit = PendingCommit(cursor.index, identity, field, outcome.encode(), key, replay.step_row(started, outcome))
+        if replay.defers_commits(cursor):
+            cursor.pending = commit
+            cursor.advance()
+            return outcome.step_result(key)
+        winner = replay.commit(cursor, commit)
+        if winner is not None:
+            outcome = replay.decode(winner)
+        return outcome.step_result(key)
+
+    def produce(self, key: str, producer: Callable[[], Any], retry: RetryPolicy | None) -> Outcome:
+        """Call the producer (with its retries): its outcome, never an ordinary exception."""
+        replay = self._replay
+        attempt = 1
+        while True:
+            try:
+                result = producer()
+            except FATAL_ERRORS:
+                raise
+            except Exception as exc:
+                delay = retry.delay_after(attempt, exc) if retry is not None else None
+                if delay is None:
+                    return schema.failure_outcome(replay.epoch, exc)
+                attempt += 1
+                if replay.cancel_event.wait(delay):
+                    replay.check_cancelled()
+                continue
+            return self.result_outcome(key, result)
+
+    def result_outcome(self, key: str, result: Any) -> Outcome:
+        """A producer's (or a task's) result as an outcome: a JSON value, or why not."""
+        replay = self._replay
+        if jsonvalue.json_problem(result) is not None:
+            not_json = StepFailed(key, "TypeError", f"Step result must be a JSON value: {key}", found_by_engine=True)
+            return schema.failure_outcome(replay.epoch, not_json)
+        encoded = jsonvalue.dumps(result)
+        size = len(encoded.encode("utf-8"))
+        if size > replay.max_payload_bytes:
+            message = f"Step result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes}): {key}"
+            too_large = StepFailed(key, "PayloadTooLarge", message, found_by_engine=True)
+            return schema.failure_outcome(replay.epoch, too_large)
+        # The decoded value, not the producer's object: a replay returns
+        # the journaled JSON, and the first run must see the same thing
+        # (a str-based Enum would otherwise format differently).
+        return schema.value_outcome(jsonvalue.loads(encoded))
+
+    # -- replay-safe values ----------------------------------------------------------
+
+    def now(self) -> datetime:
+        raw = self._value_op(Identity.NOW, lambda: datetime.now(UTC).isoformat())
+        return datetime.fromisoformat(raw)
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(self._value_op(Identity.UUID, lambda: str(uuid.uuid4())))
+
+    def _value_op(self, identity: str, make: Callable[[], str]) -> str:
+        replay = self._replay
+        cursor = replay.current()
+        replay.check_cancelled()
+        journaled, raw = replay.expect(cursor, identity)
+        if journaled and raw is not None:
+            cursor.advance()
+            return raw
+        if cursor.pending is not None:
+            replay.flush(cursor)  # a held-back step is journaled before this op
+        fresh = make()
+        commit = PendingCommit(cursor.index, identity, schema.value_field(cursor.seq, cursor.index), fresh)
+        winner = replay.commit(cursor, commit)
+        return winner if winner is not None else fresh

@@ -1,0 +1,29 @@
+"""How replay leaves a workflow function early: ``BaseException``s user code cannot swallow.
+
+Each ends the current execution (or one branch of it) at a point where the
+journal says everything it must; the next execution replays from the top.
+They derive from ``BaseException`` so that a workflow's ``except Exception``
+cannot catch them and carry on past a point the engine has left.
+"""
+
+from __future__ import annotations
+
+
+class Suspend(BaseException):
+    """Ends a coordinator pass that must wait (for branches, an agent turn, a
+    timer, a signal or a task): no worker slot is held while it waits, and
+    the next pass replays."""
+
+
+class BranchFinished(BaseException):
+    """Ends a branch task's replay once its own thunks have outcomes."""
+
+
+class BranchSuspended(BaseException):
+    """Ends one branch that waits (for an agent turn, a timer, a signal or a
+    task); it has no outcome yet, and what it waits for sends the branch task
+    again when it is done."""
+
+
+class PauseRequested(BaseException):
+    """Ends the main body at its first new call after a pause was requested."""
