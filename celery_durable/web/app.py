@@ -50,8 +50,8 @@ def create_app(
     and refuses every POST; ``flower_url`` links runs and agent tasks to
     Flower. ``secret`` signs the CSRF and notice cookies (default: random
     per app, so a restart asks open pages to reload before their next POST).
-    Binding the server is the caller's business: ``serve`` refuses an
-    exposed address without ``auth``.
+    Binding the server is the caller's business: ``build_server`` refuses
+    an exposed address without ``auth``.
     """
     client = engine.client(namespace)
     context = WebContext(

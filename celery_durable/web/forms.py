@@ -18,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from celery_durable import RunNotFoundError
 from celery_durable.web import actions
 from celery_durable.web.bodies import FORM_TYPE, media_type, read_form
 from celery_durable.web.context import WebContext
@@ -82,11 +81,9 @@ async def act(request: Request) -> Response:
     back = RedirectResponse(run_url(context.namespace, run_id), status_code=303)
     try:
         outcome = await context.call(perform)
-    except RunNotFoundError:
-        raise
     except Exception as exc:
         refusal = problem(exc)
-        if refusal is None:
+        if refusal is None or refusal.status == 404:  # a bug, or no such run: not a refusal to show
             raise
         code = f" [{refusal.code}]" if refusal.code not in ("invalid", "refused") else ""
         context.session.leave_notice(back, "error", f"Refused{code}: {refusal.message}")
