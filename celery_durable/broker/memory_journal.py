@@ -1,0 +1,224 @@
+"""``Journal`` in memory: each method the Lua script of the same write, ported.
+
+``tests/contract`` runs the same calls against this journal and against
+``RedisJournal`` on a real Redis and expects the same typed results, so a
+replay unit test on this journal tells the truth about Redis. To keep it
+so, every method mirrors one script (named in its docstring) line for line,
+through the prelude helpers of ``memory_prelude`` (named as in
+``_prelude.lua``), and builds its answer as the Redis side parses the
+script's reply. One lock per run makes each method atomic, as a script is:
+fan-outs journal from several threads at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import (
+    AgentCall,
+    Began,
+    BeginCall,
+    Conflict,
+    Dispatch,
+    PendingCommit,
+    Recorded,
+    Winner,
+)
+from celery_durable.broker.memory_prelude import (
+    begin_call,
+    check_limits,
+    commit_call,
+    cut_sequence,
+    fence,
+    flags,
+    hincrby,
+    is_stale_failure,
+    made_progress,
+    record_op,
+)
+from celery_durable.broker.memory_run import MemoryRun
+from celery_durable.broker.schema import SequenceHistory
+from celery_durable.broker.scripts import refuse
+
+
+class MemoryJournal:
+    """One attempt's journal of one in-memory run."""
+
+    def __init__(self, run: MemoryRun, epoch: int) -> None:
+        self._run = run
+        self._state = run.state
+        self._epoch = epoch
+        self._e = str(epoch)  # the epoch as Lua sees it: an ARGV string
+
+    @property
+    def run_id(self) -> str:
+        return self._run.run_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _fence(self) -> None:
+        """The script's first line; a refusal raised as ``RedisJournal`` raises it."""
+        refusal = fence(self._state, self._e)
+        if refusal is not None:
+            refuse(self.run_id, [refusal])
+
+    def read_sequence(self, seq: str) -> SequenceHistory:
+        """read_sequence.lua; the reply parsed by the parser the Redis side uses."""
+        with self._run.lock:
+            journal = self._state.journal
+            reply: list[str | None] = [journal.get(f"k:{seq}", ""), journal.get(f"h:{seq}", "")]
+            for i in range(int(journal.get(f"n:{seq}") or "0")):
+                entry = journal.get(schema.op_field(seq, i), "0:")
+                ident = entry.partition(":")[2]
+                value = None
+                if ident[:1] == "s":
+                    value = journal.get(schema.step_field(ident[2:]))
+                elif ident[:1] == "a":
+                    value = journal.get(f"a:{ident[2:]}")
+                elif ident[:1] in ("t", "u"):
+                    value = journal.get(schema.value_field(seq, i))
+                reply += [entry, value]
+        return schema.parse_sequence(self.run_id, seq, reply)
+
+    def begin(self, seq: str, call: BeginCall) -> Began:
+        """begin_op.lua."""
+        with self._run.lock:
+            self._fence()
+            outcome = begin_call(self._state, self._e, self._run.clock(), seq, call)
+            return Began(flags(self._state), outcome or None)
+
+    def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
+        """commit_begin.lua: commit_call, then begin_call, in one atomic step."""
+        with self._run.lock:
+            self._fence()
+            verdict, detail = commit_call(self._state, self._e, seq, commit)
+            if verdict == "conflict":
+                return Conflict(detail)
+            if verdict == "winner":
+                return Winner(detail)
+            outcome = begin_call(self._state, self._e, self._run.clock(), seq, call)
+            return Began(flags(self._state), outcome or None)
+
+    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
+        """record_op.lua."""
+        with self._run.lock:
+            self._fence()
+            verdict, detail = commit_call(self._state, self._e, seq, commit)
+            if verdict == "conflict":
+                return Conflict(detail)
+            return Recorded(flags(self._state), detail or None)
+
+    def dispatch(
+        self, seq: str, index: int, identity: str, width: int, token: str, position: int
+    ) -> Dispatch | Conflict:
+        """dispatch.lua."""
+        with self._run.lock:
+            self._fence()
+            journal, e = self._state.journal, self._e
+            conflict, replaced = record_op(self._state, seq, index, identity, e)
+            if conflict is not None:
+                return Conflict(conflict)
+            call = schema.call_id(seq, index)
+            if replaced is not None:
+                # Whatever stood here before, outcomes under this call id are not ours.
+                for j in range(width):
+                    journal.pop(schema.branch_field(call, j), None)
+            stamp = f"{e}:{token}"
+            previous = journal.get(f"d:{call}")
+            if previous == stamp or (
+                previous is not None and previous.startswith(f"{e}:") and journal.get(f"s:{call}") == e
+            ):
+                return Dispatch(pending=True)
+            indices: list[int] = []
+            cut = False
+            for j in range(width):
+                outcome = journal.get(schema.branch_field(call, j))
+                if is_stale_failure(outcome, e):
+                    indices.append(j)
+                    cut = cut or outcome is not None
+            if cut:
+                cut_sequence(self._state, seq, str(index), e, str(position))
+            journal[f"c:{call}"] = str(len(indices))
+            journal[f"d:{call}"] = stamp
+            return Dispatch(cut=cut, indices=indices)
+
+    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
+        """mark_sent.lua."""
+        with self._run.lock:
+            self._fence()
+            self._state.journal[f"s:{call}"] = self._e
+            self._state.in_flight.update((message, f"branch of {call}") for message in messages)
+
+    def branch_outcomes(self, call: str, count: int) -> list[str | None]:
+        """The HMGET ``RedisJournal`` makes."""
+        with self._run.lock:
+            return [self._state.journal.get(schema.branch_field(call, j)) for j in range(max(count, 0))]
+
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+        """complete_branch.lua."""
+        with self._run.lock:
+            self._fence()
+            journal, e = self._state.journal, self._e
+            if not (journal.get(f"d:{call}") or "").startswith(f"{e}:"):
+                refuse(self.run_id, ["stale"])  # not counted as refused, as in the script
+            name, counter = schema.branch_field(call, branch), f"c:{call}"
+            current = journal.get(name)
+            if current is not None and not is_stale_failure(current, e):
+                # A second delivery: wake again when everything is in, in case
+                # the first delivery died between journaling and waking.
+                woken = int(journal.get(counter) or "0") <= 0
+            else:
+                journal[name] = outcome
+                made_progress(self._state)
+                woken = hincrby(journal, counter, -1) <= 0 or outcome[:1] == "f"
+            if woken and wake:
+                self._state.in_flight[wake] = "coordinator"
+            return woken
+
+    def agent_call(
+        self,
+        seq: str,
+        index: int,
+        agent_id: str,
+        request_json: str,
+        owner: str,
+        row_json: str,
+        cut: str | None,
+        message: str,
+    ) -> AgentCall | Conflict:
+        """agent_call.lua."""
+        with self._run.lock:
+            self._fence()
+            state, e = self._state, self._e
+            run, journal = state.run, state.journal
+            if cut:
+                cut_index, _, position = cut.partition(":")
+                cut_sequence(state, seq, cut_index, e, position)
+            conflict, _ = record_op(state, seq, index, schema.Identity.agent(agent_id), e)
+            if conflict is not None:
+                return Conflict(conflict)
+            outcome = journal.get(f"a:{agent_id}")
+            if outcome is not None and not is_stale_failure(outcome, e):
+                return AgentCall("hit", flags(state), outcome)
+            # Someone already asked for this turn in this attempt: wait for it too.
+            if journal.get(f"qe:{agent_id}") == e:
+                waiters = journal.get(f"w:{agent_id}") or ""
+                if f" {owner} " not in f" {waiters} ":
+                    journal[f"w:{agent_id}"] = f"{waiters} {owner}"
+                return AgentCall("pending", flags(state))
+            reached = check_limits(state, self._run.clock())
+            if reached == "":
+                total = run.get("lim_total")
+                if total and int(run.get("subagents_used") or "0") >= int(total):
+                    reached = run["limit"] = "max_total_subagents"
+            if reached != "":
+                return AgentCall("limit", flags(state))
+            journal.update({f"q:{agent_id}": request_json, f"qe:{agent_id}": e, f"w:{agent_id}": owner})
+            hincrby(run, "subagents_used", 1)
+            # One row per turn and attempt: a turn interrupted with its attempt keeps its row.
+            state.agents[schema.agent_row_key(agent_id, self._epoch)] = row_json
+            state.in_flight[message] = f"agent turn {agent_id}"
+            return AgentCall("dispatch", flags(state))

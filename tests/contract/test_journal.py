@@ -1,0 +1,439 @@
+"""The ``Journal`` contract, run against ``RedisJournal`` on a real redis-server
+and against ``MemoryJournal``: the same calls give the same typed results.
+
+Every test below runs twice (``make_backend`` is parametrized) with the same
+expectations; ``test_both_journals_give_the_same_transcript`` also runs one
+long mixed sequence on both side by side and compares every answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import (
+    AgentCall,
+    Began,
+    BeginCall,
+    Conflict,
+    Dispatch,
+    Flags,
+    Journal,
+    PendingCommit,
+    Recorded,
+    Winner,
+)
+from celery_durable.broker.schema import Identity, SequenceHistory, cut_argument, position
+from celery_durable.errors import StaleAttemptError
+from tests.contract.conftest import PHASE_ID, Backend, BackendFactory
+
+RUNNING = schema.StepRow.running(1, 1_000).encode()
+NO_FLAGS = Flags()
+AGENT, OTHER = "a" * 32, "b" * 32
+REQUEST = '{"label":"reviewer","model":null,"prompt":"Review","schema":null}'
+
+
+def ok(value: Any) -> str:
+    return schema.value_outcome(value).encode()
+
+
+def failed(epoch: int, message: str = "boom", *, fatal: bool = False) -> str:
+    return schema.failure_outcome(epoch, ValueError(message), fatal=fatal).encode()
+
+
+def step(index: int, key: str, outcome: str) -> PendingCommit:
+    """A step's commit as replay builds it: op, outcome, and the row it leaves."""
+    row = schema.StepRow.running(1, 1_000).settled(schema.decode_outcome(outcome), 2_000).encode()
+    return PendingCommit(index, Identity.step(key), schema.step_field(key), outcome, key, row)
+
+
+def agent_row(agent_id: str, attempt: int = 1) -> str:
+    return schema.queued_agent_row(agent_id, "reviewer", None, attempt, 1_000)
+
+
+def ask(journal: Journal, seq: str, index: int, agent_id: str = AGENT, **options: Any) -> AgentCall | Conflict:
+    return journal.agent_call(
+        seq,
+        index,
+        agent_id,
+        REQUEST,
+        options.get("owner", "m"),
+        agent_row(agent_id, journal.epoch),
+        options.get("cut"),
+        options.get("message", "message-id"),
+    )
+
+
+def finish_turn(backend: Backend, agent_id: str, outcome: str) -> None:
+    """What agent_finish.lua leaves in the journal: the outcome, the request gone."""
+    backend.write("journal", {f"a:{agent_id}": outcome, f"q:{agent_id}": None, f"qe:{agent_id}": None})
+    backend.write("journal", {f"w:{agent_id}": None})
+
+
+# -- ops: new, hit, conflict -------------------------------------------------------------
+
+
+def test_a_new_step_then_a_hit(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert journal.begin("m", BeginCall(step_key="a", step_row=RUNNING)) == Began(NO_FLAGS, None)
+    assert backend.step_rows() == {"a": RUNNING}
+    assert journal.record("m", step(0, "a", ok({"x": 1}))) == Recorded(NO_FLAGS, None)
+    assert journal.read_sequence("m") == SequenceHistory(cut=None, high_water=-1, entries=[(1, "s|a", 'o{"x":1}')])
+    assert schema.StepRow.parse("a", backend.step_rows()["a"]).status == "completed"
+    assert backend.field("run", "steps_done") == "1"
+    assert backend.field("run", "steps_running") == "0"
+    # Another sequence reaching the key is told its outcome instead of running it...
+    assert journal.begin("m.1.0", BeginCall(step_key="a", step_row=RUNNING)) == Began(NO_FLAGS, 'o{"x":1}')
+    assert journal.record("m.1.0", PendingCommit(0, "s|a")) == Recorded(NO_FLAGS, None)
+    assert journal.read_sequence("m.1.0").live_entries() == [("s|a", 'o{"x":1}')]
+    # ... and one that ran it anyway loses: the first write wins.
+    assert journal.record("m.2.0", step(0, "a", ok({"x": 2}))) == Recorded(NO_FLAGS, 'o{"x":1}')
+    assert backend.field("run", "steps_done") == "1"
+
+
+def test_a_conflicting_identity_is_reported_by_every_op(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert journal.record("m", step(0, "a", ok(1))) == Recorded(NO_FLAGS, None)
+    assert journal.record("m", step(0, "b", ok(2))) == Conflict("s|a")
+    assert journal.commit_begin("m", step(0, "b", ok(2)), BeginCall(step_key="c", step_row=RUNNING)) == Conflict("s|a")
+    assert journal.dispatch("m", 0, "p|2", 2, "execution", position(0, 0)) == Conflict("s|a")
+    assert ask(journal, "m", 0) == Conflict("s|a")
+    assert journal.read_sequence("m").entries == [(1, "s|a", "o1")]
+    assert backend.field("journal", "v:b") is None
+    assert "c" not in backend.step_rows()
+
+
+def test_now_and_uuid_values_are_journaled_with_their_op(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    first = PendingCommit(0, Identity.NOW, schema.value_field("m", 0), "2030-01-01T00:00:00+00:00")
+    assert journal.record("m", first) == Recorded(NO_FLAGS, None)
+    again = PendingCommit(0, Identity.NOW, schema.value_field("m", 0), "2031-01-01T00:00:00+00:00")
+    assert journal.record("m", again) == Recorded(NO_FLAGS, "2030-01-01T00:00:00+00:00")
+    assert journal.record("m", PendingCommit(1, Identity.UUID, schema.value_field("m", 1), "u-1")) == Recorded(
+        NO_FLAGS, None
+    )
+    assert journal.read_sequence("m").live_entries() == [("t|", "2030-01-01T00:00:00+00:00"), ("u|", "u-1")]
+
+
+# -- fencing ----------------------------------------------------------------------------------
+
+
+def test_every_write_of_an_older_epoch_is_fenced_and_counted(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    old = backend.journal(1)
+    old.record("m", step(0, "a", ok(1)))
+    old.dispatch("m", 1, "p|1", 1, "execution", position(1, 0))
+    assert backend.take_over() == 2
+    writes = [
+        lambda: old.begin("m", BeginCall(step_key="b", step_row=RUNNING)),
+        lambda: old.commit_begin("m", step(2, "b", ok(2)), BeginCall()),
+        lambda: old.record("m", step(2, "b", ok(2))),
+        lambda: old.dispatch("m", 2, "p|1", 1, "execution", position(2, 0)),
+        lambda: old.mark_sent("m:1", ["task"]),
+        lambda: old.complete_branch("m:1", 0, ok(0), "wake"),
+        lambda: ask(old, "m", 2),
+    ]
+    for write in writes:
+        with pytest.raises(StaleAttemptError, match=r"\(stale\)"):
+            write()
+    assert backend.refused() == len(writes)
+    # Reads are not fenced: an old attempt may still look.
+    assert old.read_sequence("m").live_entries() == [("s|a", "o1"), ("p|1", None)]
+    assert old.branch_outcomes("m:1", 1) == [None]
+    assert backend.field("journal", "v:b") is None and backend.step_rows() == {"a": backend.step_rows()["a"]}
+
+
+def test_a_settled_run_takes_no_more_writes(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    journal.record("m", step(0, "a", ok(1)))
+    backend.settle("completed")
+    with pytest.raises(StaleAttemptError, match=r"\(settled\)"):
+        journal.begin("m", BeginCall(step_key="b", step_row=RUNNING))
+    with pytest.raises(StaleAttemptError, match=r"\(settled\)"):
+        journal.record("m", step(1, "b", ok(2)))
+    assert backend.refused() == 0  # only a stale epoch counts as refused
+    for status in ("paused", "pending", "running"):
+        backend.settle(status)
+        assert journal.begin("m.0.0", BeginCall()) == Began(NO_FLAGS, None)
+
+
+def test_every_fenced_write_returns_the_flags(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    backend.write("run", {"cancel": "1", "limit": "max_ai_credits"})
+    flags = Flags(cancel=True, limit="max_ai_credits")
+    assert journal.begin("m", BeginCall(step_key="a", step_row=RUNNING)) == Began(flags, None)
+    assert journal.record("m", step(0, "a", ok(1))) == Recorded(flags, None)
+    backend.write("run", {"cancel": "0", "limit": "", "pause": "1"})
+    # A pause holds the main body's next step back: it does not show as running.
+    paused = Flags(pause=True)
+    assert journal.begin("m", BeginCall(step_key="b", step_row=RUNNING)) == Began(paused, None)
+    assert "b" not in backend.step_rows()
+    # A branch's step is work in flight: it runs on.
+    assert journal.begin("m.1.0", BeginCall(step_key="c", step_row=RUNNING)) == Began(paused, None)
+    assert "c" in backend.step_rows()
+    assert ask(journal, "m", 1) == AgentCall("dispatch", paused)
+
+
+# -- held-back commits: commit_begin ---------------------------------------------------------
+
+
+def test_commit_begin_journals_the_last_step_and_begins_the_next(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    journal.begin("m", BeginCall(step_key="a", step_row=RUNNING))
+    records = [(position(1, 0), "log", PHASE_ID, "between")]
+    began = journal.commit_begin("m", step(0, "a", ok(1)), BeginCall(step_key="b", step_row=RUNNING, records=records))
+    assert began == Began(NO_FLAGS, None)
+    rows = backend.step_rows()
+    assert schema.StepRow.parse("a", rows["a"]).status == "completed" and rows["b"] == RUNNING
+    assert backend.progress() == [("log", PHASE_ID, "between")]
+    assert journal.read_sequence("m") == SequenceHistory(None, position(1, 0), [(1, "s|a", "o1")])
+
+
+def test_commit_begin_that_loses_a_first_write_race_begins_nothing(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert journal.record("m.0.0", step(0, "c", ok("theirs"))) == Recorded(NO_FLAGS, None)
+    nothing = BeginCall(step_key="d", step_row=RUNNING, records=[(position(1, 0), "log", PHASE_ID, "never")])
+    assert journal.commit_begin("m", step(0, "c", ok("mine")), nothing) == Winner('o"theirs"')
+    assert "d" not in backend.step_rows()
+    assert backend.progress() == []
+    assert journal.read_sequence("m").live_entries() == [("s|c", 'o"theirs"')]
+
+
+def test_commit_begin_hands_back_a_step_journaled_meanwhile(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    journal.record("m.0.0", step(0, "b", ok("elsewhere")))
+    began = journal.commit_begin("m", step(0, "a", ok(1)), BeginCall(step_key="b", step_row=RUNNING))
+    assert began == Began(NO_FLAGS, 'o"elsewhere"')
+    assert backend.step_rows()["b"] != RUNNING  # its settled row stays: nothing runs it here
+
+
+# -- failures and cuts ---------------------------------------------------------------------------
+
+
+def test_a_failure_of_an_older_attempt_is_run_again_and_cuts_what_followed(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    first = backend.journal(1)
+    first.record("m", step(0, "a", ok("a")))
+    first.record("m", step(1, "b", failed(1)))
+    first.record("m", step(2, "c", ok("c")))  # the older attempt went on past the failure
+    assert first.dispatch("m", 3, "p|2", 2, "x1", position(3, 0)) == Dispatch(indices=[0, 1])
+    first.complete_branch("m:3", 0, ok(0), "")
+    first.complete_branch("m:3", 1, ok(1), "")
+    logs = [(position(2, 0), "log", PHASE_ID, "after b"), (position(3, 0), "log", "", "x")]
+    first.begin("m", BeginCall(records=logs))
+    first.begin("m.3.0", BeginCall(records=[(position(0, 0), "log", PHASE_ID, "in branch 0")]))
+    # Within its attempt the failure is the history: every replay sees it.
+    assert first.begin("m", BeginCall(step_key="b", step_row=RUNNING)) == Began(NO_FLAGS, failed(1))
+
+    second = backend.journal(backend.take_over())
+    assert second.read_sequence("m").live_entries() == [
+        ("s|a", 'o"a"'), ("s|b", failed(1)), ("s|c", 'o"c"'), ("p|2", None),
+    ]  # fmt: skip
+    cut = cut_argument(1, position(1, 0))
+    assert second.begin("m", BeginCall(cut=cut, step_key="b", step_row=RUNNING)) == Began(NO_FLAGS, None)
+    history = second.read_sequence("m")
+    assert history.cut == (2, 1)
+    assert history.high_water == position(1, 0) - 1
+    assert history.live_entries() == [("s|a", 'o"a"'), ("s|b", failed(1))]  # c and the fan-out are abandoned
+    assert second.record("m", step(1, "b", ok("b"))) == Recorded(NO_FLAGS, None)
+    # The new attempt takes another path where the abandoned future stood: no conflict.
+    assert second.record("m", step(2, "d", ok("d"))) == Recorded(NO_FLAGS, None)
+    assert second.dispatch("m", 3, "l|3", 3, "x2", position(3, 0)) == Dispatch(indices=[0, 1, 2])
+    assert second.branch_outcomes("m:3", 3) == [None, None, None]
+    assert second.read_sequence("m.3.0") == SequenceHistory(cut=(2, -1), high_water=-1, entries=[])
+    assert second.read_sequence("m").live_entries() == [
+        ("s|a", 'o"a"'), ("s|b", 'o"b"'), ("s|d", 'o"d"'), ("l|3", None),
+    ]  # fmt: skip
+    # Progress from the cut on is new again; before it, still written once.
+    logs = [(position(0, 0), "log", PHASE_ID, "dup"), (position(2, 0), "log", "", "again")]
+    second.begin("m", BeginCall(records=logs))
+    assert [message for _, _, message in backend.progress()] == ["after b", "x", "in branch 0", "again"]
+
+
+def test_a_value_op_of_an_abandoned_future_is_not_the_new_ops_value(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    first = backend.journal(1)
+    first.record("m", step(0, "a", failed(1)))
+    first.record("m", PendingCommit(1, Identity.NOW, schema.value_field("m", 1), "then"))
+    second = backend.journal(backend.take_over())
+    second.begin("m", BeginCall(cut=cut_argument(0, position(0, 0)), step_key="a", step_row=RUNNING))
+    second.record("m", step(0, "a", ok(1)))
+    now = PendingCommit(1, Identity.NOW, schema.value_field("m", 1), "now")
+    assert second.record("m", now) == Recorded(NO_FLAGS, None)
+    # Op 0 was re-run under the same identity, so its entry keeps the epoch that wrote it.
+    assert second.read_sequence("m").entries == [(1, "s|a", "o1"), (2, "t|", "now")]
+
+
+# -- fan-out: dispatch, mark_sent, complete_branch -------------------------------------------------
+
+
+def test_dispatch_sends_each_branch_once_per_execution_and_again_after_a_failure(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    at = position(0, 0)
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", at) == Dispatch(indices=[0, 1, 2])
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", at) == Dispatch(pending=True)
+    # Another execution before the first said it sent them: it died halfway, send again.
+    assert journal.dispatch("m", 0, "p|3", 3, "x2", at) == Dispatch(indices=[0, 1, 2])
+    journal.mark_sent("m:0", ["t0", "t1", "t2"])
+    assert journal.dispatch("m", 0, "p|3", 3, "x3", at) == Dispatch(pending=True)
+    assert journal.complete_branch("m:0", 0, ok(0), "w0") is False
+    assert journal.complete_branch("m:0", 1, failed(1), "w1") is False
+    assert journal.complete_branch("m:0", 2, ok(2), "w2") is True  # the last one out wakes
+    assert journal.complete_branch("m:0", 2, ok("late"), "w3") is True  # redelivered: wakes again, keeps the first
+    assert journal.branch_outcomes("m:0", 3) == [ok(0), failed(1), ok(2)]
+    assert backend.field("journal", "c:m:0") == "0"
+
+    second = backend.journal(backend.take_over())
+    assert second.dispatch("m", 0, "p|3", 3, "x4", at) == Dispatch(cut=True, indices=[1])
+    assert second.read_sequence("m").cut == (2, 0)
+    assert second.complete_branch("m:0", 1, ok(1), "w5") is True
+    assert second.branch_outcomes("m:0", 3) == [ok(0), ok(1), ok(2)]
+    assert second.dispatch("m", 0, "p|3", 3, "x5", at) == Dispatch(indices=[])  # all done: nothing to send
+
+
+def test_a_fatal_branch_wakes_at_once_and_all_done_dispatches_nothing(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    journal.dispatch("m", 0, "l|3", 3, "x", position(0, 0))
+    assert journal.complete_branch("m:0", 1, failed(1, "cancelled", fatal=True), "w") is True
+    assert journal.complete_branch("m:0", 0, ok(0), "w") is False
+    assert journal.complete_branch("m:0", 2, ok(2), "w") is True
+    assert journal.dispatch("m", 0, "l|3", 3, "y", position(0, 0)) == Dispatch(indices=[])
+
+
+def test_a_branch_of_a_fanout_this_attempt_never_dispatched_is_refused(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    first = backend.journal(1)
+    first.dispatch("m", 0, "p|1", 1, "x", position(0, 0))
+    second = backend.journal(backend.take_over())
+    with pytest.raises(StaleAttemptError, match=r"\(stale\)"):
+        second.complete_branch("m:0", 0, ok(0), "w")
+    with pytest.raises(StaleAttemptError):
+        second.complete_branch("m:7", 0, ok(0), "w")
+    assert backend.refused() == 0
+    assert second.branch_outcomes("m:0", 1) == [None]
+    assert second.branch_outcomes("m:0", 0) == []
+
+
+# -- progress -----------------------------------------------------------------------------------------
+
+
+def test_progress_is_written_once_across_replays(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    first = [(position(0, 0), "phase", PHASE_ID, "Work"), (position(0, 1), "log", PHASE_ID, "one")]
+    assert journal.begin("m", BeginCall(records=first)) == Began(NO_FLAGS, None)
+    replayed = [*first, (position(0, 2), "log", PHASE_ID, "two")]
+    journal.begin("m", BeginCall(records=replayed))
+    journal.begin("m", BeginCall(records=replayed))
+    assert journal.read_sequence("m").high_water == position(0, 2)
+    # Each sequence has its own high-water mark.
+    journal.begin("m.0.0", BeginCall(records=[(position(0, 0), "log", PHASE_ID, "branch")]))
+    assert backend.progress() == [
+        ("phase", PHASE_ID, "Work"), ("log", PHASE_ID, "one"), ("log", PHASE_ID, "two"), ("log", PHASE_ID, "branch"),
+    ]  # fmt: skip
+    assert backend.field("run", "phase") == "Work"
+    assert backend.field("run", "phase_id") == PHASE_ID
+    assert backend.field("run", f"ps:{PHASE_ID}") is not None
+    assert backend.field("run", "next_seq") == "4"
+
+
+# -- agent turns ------------------------------------------------------------------------------------------
+
+
+def test_agent_turns_dispatch_wait_hit_and_stop_at_the_ceiling(make_backend: BackendFactory) -> None:
+    backend = make_backend(limits={"max_total_subagents": 1})
+    journal = backend.journal(1)
+    assert ask(journal, "m", 0, message="q-1") == AgentCall("dispatch", NO_FLAGS)
+    assert backend.agent_rows() == {f"{AGENT}@1": agent_row(AGENT)}
+    assert backend.field("run", "subagents_used") == "1"
+    # The same turn asked for by a branch while it runs: that branch waits too.
+    assert ask(journal, "m.1.0", 0, owner="m:1/0") == AgentCall("pending", NO_FLAGS)
+    assert ask(journal, "m.1.0", 0, owner="m:1/0") == AgentCall("pending", NO_FLAGS)
+    assert backend.field("journal", f"w:{AGENT}") == "m m:1/0"
+    # Another turn: the ceiling stops it, and every later answer carries the limit.
+    limited = Flags(limit="max_total_subagents")
+    assert ask(journal, "m", 1, OTHER) == AgentCall("limit", limited)
+    assert backend.field("run", "subagents_used") == "1"
+    finish_turn(backend, AGENT, ok({"verdict": "fine"}))
+    # Memoized: the finished turn is a hit, ceiling or not.
+    assert ask(journal, "m", 0) == AgentCall("hit", limited, ok({"verdict": "fine"}))
+    assert journal.read_sequence("m").live_entries() == [
+        (f"a|{AGENT}", ok({"verdict": "fine"})), (f"a|{OTHER}", None),
+    ]  # fmt: skip
+
+
+def test_a_failed_turn_is_the_same_failure_within_its_attempt_and_asked_again_after(
+    make_backend: BackendFactory,
+) -> None:
+    backend = make_backend()
+    first = backend.journal(1)
+    ask(first, "m", 0)
+    finish_turn(backend, AGENT, failed(1, "runner down"))
+    assert ask(first, "m", 0) == AgentCall("hit", NO_FLAGS, failed(1, "runner down"))
+    second = backend.journal(backend.take_over())
+    assert ask(second, "m", 0, cut=cut_argument(0, position(0, 0))) == AgentCall("dispatch", NO_FLAGS)
+    assert second.read_sequence("m").cut == (2, 0)
+    assert sorted(backend.agent_rows()) == [f"{AGENT}@1", f"{AGENT}@2"]
+    assert backend.field("run", "subagents_used") == "2"
+
+
+# -- side by side -------------------------------------------------------------------------------------------
+
+
+def transcript(backend: Backend) -> list[Any]:
+    """One long mixed sequence of calls; every answer, and what storage holds after."""
+    out: list[Any] = []
+
+    def call(fn: Any, *args: Any) -> None:
+        try:
+            out.append(fn(*args))
+        except StaleAttemptError as exc:
+            out.append(("refused", str(exc).replace(backend.run_id, "<run>")))
+
+    journal = backend.journal(1)
+    logs = [(position(0, 0), "phase", PHASE_ID, "Work")]
+    call(journal.begin, "m", BeginCall(step_key="a", step_row=RUNNING, records=logs))
+    call(journal.commit_begin, "m", step(0, "a", ok(1)), BeginCall(step_key="b", step_row=RUNNING))
+    call(journal.record, "m", step(1, "b", failed(1)))
+    call(journal.dispatch, "m", 2, "p|2", 2, "x", position(2, 0))
+    call(journal.mark_sent, "m:2", ["t0", "t1"])
+    call(journal.begin, "m.2.0", BeginCall(step_key="c", step_row=RUNNING))
+    call(journal.record, "m.2.0", step(0, "c", ok("c")))
+    call(journal.complete_branch, "m:2", 0, ok("c"), "w")
+    call(journal.complete_branch, "m:2", 1, failed(1), "w")
+    call(ask, journal, "m", 3)
+    call(journal.record, "m", step(3, "z", ok(0)))
+    second = backend.journal(backend.take_over())
+    call(journal.record, "m", step(4, "late", ok(0)))
+    call(second.begin, "m", BeginCall(cut=cut_argument(1, position(1, 0)), step_key="b", step_row=RUNNING))
+    call(second.record, "m", step(1, "b", ok("b")))
+    call(second.dispatch, "m", 2, "p|2", 2, "y", position(2, 0))
+    call(second.complete_branch, "m:2", 1, ok("again"), "w")
+    call(ask, second, "m", 3)
+    for seq in ("m", "m.2.0", "m.2.1"):
+        call(second.read_sequence, seq)
+    call(second.branch_outcomes, "m:2", 2)
+    out.append(backend.progress())
+    out.append(sorted((key, schema.StepRow.parse(key, row).status) for key, row in backend.step_rows().items()))
+    out.append(sorted(backend.agent_rows()))
+    out.append([backend.field("run", name) for name in ("steps_done", "steps_running", "subagents_used", "refused")])
+    return out
+
+
+def test_both_journals_give_the_same_transcript(both: Any) -> None:
+    on_redis, in_memory = both(limits={"max_total_subagents": 5})
+    expected = transcript(on_redis)
+    assert transcript(in_memory) == expected
+    assert ("refused", "Run <run>: this attempt no longer owns the run (stale)") in expected
