@@ -59,6 +59,7 @@ def test_every_block_is_claimed_by_a_test() -> None:
         "Two commands": "bash",
         "Define a workflow": "python",
         "Run it": "python",
+        "Testing your workflows": "python",
         "Agents and limits": "python",
         "The determinism rules": "python",
         "Examples": "bash",

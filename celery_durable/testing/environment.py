@@ -1,0 +1,273 @@
+"""``WorkflowTestEnvironment``: run workflows in-process, with no Redis and no worker.
+
+As with Temporal's test environment, a user's test starts a workflow and
+gets back what a real client would return (a ``RunEnvelope``), with the
+engine's real semantics underneath: the journal is a ``MemoryJournal``,
+which passes the same contract tests as the Redis one, and runs are driven
+through the same replay passes as on workers (``testing.fleet``). Calls are
+synchronous: each one drives the run as far as it goes — to its settlement,
+or to a simulated crash — before it returns.
+
+Extension points for what is not here yet: durable waits and task calls
+will be driven by ``clock`` (a ``VirtualClock``: ``advance`` is how a test
+makes a timer due) and by ``signal``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from celery_durable.agents import AgentRunner
+from celery_durable.broker import now_ms
+from celery_durable.broker.memory import MemoryRun
+from celery_durable.client import _agent_row, _phase_rows, _resume_verdict, _step_row
+from celery_durable.config import Settings
+from celery_durable.errors import RunNotFoundError, WorkflowDefinitionError, WorkflowResumeError
+from celery_durable.progress import check_phase_id, check_query, to_page
+from celery_durable.testing.crash import CrashPlan, CrashPoint
+from celery_durable.testing.fleet import FanoutMode, Fleet, Message, new_memory_run, new_task_id
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.definition import Workflow, check_unique_names
+from celery_durable.workflows.envelope import ProgressPage, RunDetail, RunEnvelope
+from celery_durable.workflows.limits import ceilings_argument, merge_limits, validate_limits
+
+_EPOCH = datetime.fromtimestamp(0, tz=UTC)
+
+
+class VirtualClock:
+    """The environment's time: the wall clock plus what ``advance`` added.
+
+    Every stored time of a run reads it (leases, active time and so
+    ``timeout_seconds``, progress records), so a test can move a run past a
+    ceiling without waiting; durable timers will fire against it.
+    """
+
+    def __init__(self) -> None:
+        self._offset_ms = 0
+        self._lock = threading.Lock()
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return now_ms() + self._offset_ms
+
+    def advance(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"advance takes a number of seconds >= 0, got {seconds!r}")
+        with self._lock:
+            self._offset_ms += round(seconds * 1000)
+
+
+class WorkflowTestEnvironment:
+    """Registered workflows, run in this process on in-memory storage.
+
+    ``fanout="serial"`` runs the branches of a ``parallel``/``pipeline`` one
+    after another, in order (deterministic tests); ``"threads"`` runs them
+    at once, as a fleet would. Fan-outs nested inside a branch always run in
+    threads, as on a worker. ``agent_runner`` answers ``ctx.agent`` (a
+    ``FunctionRunner`` in most tests), with the schema check and the one
+    retry of a real agent task.
+    """
+
+    def __init__(
+        self,
+        workflows: Iterable[Workflow],
+        *,
+        agent_runner: AgentRunner | None = None,
+        fanout: FanoutMode = "serial",
+        max_fanout: int | None = None,
+        settings: Settings | None = None,
+        namespace: str = "default",
+    ) -> None:
+        if fanout not in ("serial", "threads"):
+            raise ValueError(f"fanout must be 'serial' or 'threads', got {fanout!r}")
+        if agent_runner is not None and not isinstance(agent_runner, AgentRunner):
+            raise ValueError(f"agent_runner must have a run(request) method, got {type(agent_runner).__name__}")
+        base = settings or Settings()
+        self.settings = base if max_fanout is None else base.model_copy(update={"max_fanout": max_fanout})
+        self.namespace = namespace
+        self.clock = VirtualClock()
+        self.workflows = check_unique_names(workflows)
+        self._plan = CrashPlan()
+        self._fleet = Fleet(self.workflows, self.settings, agent_runner, fanout, self._plan)
+
+    # -- starting and resuming ------------------------------------------------------
+
+    def start(self, name_or_handle: str | Workflow, args: Any = None, limits: dict[str, Any] | None = None) -> str:
+        """Start a run and drive it until it settles (or an armed crash kills
+        its attempt); its run id."""
+        definition = self._workflow(name_or_handle)
+        args = {} if args is None else args
+        args_json = jsonvalue.encode_payload(
+            args,
+            self.settings.max_payload_bytes,
+            noun="Workflow args",
+            too_large="{noun} are {size} bytes, above max_payload_bytes ({limit})",
+        )
+        definition.validate_args(args)
+        if limits is not None:
+            validate_limits(limits, allow_none=True)
+        run_id, lease_ms = new_task_id(), int(self.settings.lease_seconds * 1000)
+        self._fleet.runs[run_id] = new_memory_run(
+            definition,
+            run_id=run_id,
+            args_json=args_json,
+            limits=limits,
+            namespace=self.namespace,
+            created_ms=self.clock.now_ms(),
+            lease_ms=lease_ms,
+            progress_max=self.settings.progress_max_records,
+            clock=self.clock.now_ms,
+        )
+        self._fleet.send(Message("coordinator", run_id, 1, new_task_id()))
+        self._fleet.drive()
+        return run_id
+
+    def run(
+        self, name_or_handle: str | Workflow, args: Any = None, limits: dict[str, Any] | None = None
+    ) -> RunEnvelope:
+        """Start a run and return its envelope once it has settled (or crashed)."""
+        return self.get(self.start(name_or_handle, args=args, limits=limits))
+
+    def resume(
+        self,
+        run_id: str,
+        limits: dict[str, Any] | None = None,
+        *,
+        force: bool = False,
+        allow_code_change: bool = False,
+    ) -> RunEnvelope:
+        """Give the run a new attempt (as ``Client.resume_workflow``: same rules,
+        same codes) and drive it; a run whose attempt crashed continues from
+        its journal."""
+        if limits is not None:
+            try:
+                validate_limits(limits, allow_none=True)
+            except WorkflowDefinitionError as exc:
+                raise WorkflowResumeError(str(exc), code="workflow_limits_invalid") from None
+        try:
+            run = self._stored(run_id)
+        except RunNotFoundError as exc:
+            raise WorkflowResumeError(str(exc), code="not_found") from None
+        record = run.record()
+        definition = self.workflows[record.workflow]
+        code_changed = definition.code_hash != record.code_hash
+        if code_changed and not allow_code_change:
+            raise WorkflowResumeError(
+                f"Workflow {record.workflow!r} code changed since run {run_id} started", code="workflow_code_changed"
+            )
+        merged = merge_limits(record.limits, limits)
+        # A crashed attempt's lease has run out (Fleet._crashed): it is not alive.
+        alive = record.lease_until > self.clock.now_ms()
+        epoch = run.resume(
+            record,
+            limits_json=jsonvalue.dumps(merged),
+            message=_resume_verdict(record, alive=alive, force=force, code_changed=code_changed),
+            code_hash=definition.code_hash if code_changed else "",
+            ceilings=ceilings_argument(merged),
+        )
+        if epoch is None:
+            raise WorkflowResumeError(f"Run {run_id} changed while resuming it", code="already_active")
+        self._fleet.send(Message("coordinator", run_id, epoch, new_task_id()))
+        self._fleet.drive()
+        return self.get(run_id)
+
+    def cancel(self, run_id: str) -> RunEnvelope:
+        """Request cancellation (``cancel.lua``) and drive the run until it settles."""
+        return self._request(run_id, self._stored(run_id).cancel)
+
+    def pause(self, run_id: str) -> RunEnvelope:
+        """Request a pause (``pause.lua``) and drive the run until it settles as paused."""
+        return self._request(run_id, self._stored(run_id).pause)
+
+    def _request(self, run_id: str, request: Callable[[], tuple[str, int | None]]) -> RunEnvelope:
+        verdict, epoch = request()
+        if verdict == "requested" and epoch is not None:
+            self._fleet.send(Message("coordinator", run_id, epoch, new_task_id()))
+            self._fleet.drive()
+        return self.get(run_id)
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> RunEnvelope:
+        """Deliver a signal: not yet. Durable waits are being added to the
+        engine; here a signal will be kept in the run and the run driven, as
+        ``cancel`` does."""
+        raise NotImplementedError(
+            "WorkflowTestEnvironment does not support durable waits yet (ctx.wait_for_signal, ctx.sleep): "
+            "signal() will deliver to the run and drive it, and clock.advance() will fire its timers"
+        )
+
+    # -- crashes ------------------------------------------------------------------------
+
+    def crash_before(self, key: str) -> None:
+        """The next attempt that reaches step ``key`` dies as the step starts:
+        it shows running, its producer has not run. ``resume`` runs it then."""
+        self._plan.arm(CrashPoint(key, "before"))
+
+    def crash_after(self, key: str) -> None:
+        """The next attempt that journals step ``key`` dies right after: a
+        resumed run replays its value and does not run it again."""
+        self._plan.arm(CrashPoint(key, "after"))
+
+    @property
+    def armed_crashes(self) -> list[tuple[str, str]]:
+        """Crash points not reached yet, as (key, "before"|"after")."""
+        return [(point.key, point.moment) for point in self._plan.armed]
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunEnvelope:
+        return RunEnvelope.from_record(self._stored(run_id).record())
+
+    def progress(
+        self,
+        run_id: str,
+        phase_id: str | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        limit: int | None = None,
+    ) -> ProgressPage:
+        """A page of progress records, as ``Client.get_workflow_run_progress`` pages them."""
+        query = check_query(after_seq, before_seq, limit)
+        run = self._stored(run_id)
+        record = run.record()
+        declared = [phase.phase_id for phase in self.workflows[record.workflow].phases]
+        scope = check_phase_id(phase_id, declared, record.workflow)
+        return to_page(run.progress_page(scope, query.mode, query.cursor, query.limit), query)
+
+    def detail(self, run_id: str) -> RunDetail:
+        """Phases, steps, agent rows and the latest progress, as ``Client.get_workflow_run_detail``."""
+        run = self._stored(run_id)
+        record = run.record()
+        steps = [_step_row(key, row) for key, row in run.step_rows().items()]
+        steps.sort(key=lambda row: (row.started_at is None, row.started_at or _EPOCH, row.key))
+        agents = [_agent_row(row) for row in run.agent_rows().values()]
+        agents.sort(key=lambda row: (row["started_at"] is None, row["started_at"] or _EPOCH, row["agent_id"]))
+        return RunDetail(
+            run=RunEnvelope.from_record(record),
+            phases=_phase_rows(self.workflows[record.workflow], record),
+            steps=steps,
+            progress=self.progress(run_id, limit=20).records,
+            agents=agents,
+        )
+
+    def stored(self, run_id: str) -> MemoryRun:
+        """The run as storage holds it: its journal, rows and run hash, for
+        assertions a client cannot make (``stored(id).state.journal``)."""
+        return self._stored(run_id)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _stored(self, run_id: str) -> MemoryRun:
+        run = self._fleet.runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None:
+            raise RunNotFoundError(f"Run not found: {jsonvalue.short_repr(run_id)}")
+        return run
+
+    def _workflow(self, name_or_handle: str | Workflow) -> Workflow:
+        name = name_or_handle.name if isinstance(name_or_handle, Workflow) else name_or_handle
+        registered = self.workflows.get(name) if isinstance(name, str) else None
+        if registered is None or (isinstance(name_or_handle, Workflow) and registered is not name_or_handle):
+            raise ValueError(f"Workflow {jsonvalue.short_repr(name)} is not registered with this environment")
+        return registered

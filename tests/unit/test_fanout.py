@@ -1,0 +1,134 @@
+"""Fan-out bookkeeping: a fan-out suspends the pass and sends its branches;
+branch tasks journal outcomes and the last one out wakes the coordinator,
+whose next pass collects; ordinary failures fill a slot with None, fatal ones
+abort the whole call; nested fan-outs run in threads inside their branch."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from celery_durable import WorkflowCancelled, WorkflowContext, workflow
+from celery_durable.broker import schema
+from tests.unit.harness import Driver
+
+calls: Counter[str] = Counter()
+
+
+def produce(key: str, value: Any) -> Any:
+    calls[key] += 1
+    return value
+
+
+@workflow(name="fan", description="Three branches, each one step", phases=[])
+def fan(ctx: WorkflowContext) -> Any:
+    first = ctx.step("before", lambda: produce("before", "x"))
+    results = ctx.parallel([lambda i=i: ctx.step(f"b{i}", lambda i=i: produce(f"b{i}", i * 10)) for i in range(3)])
+    return [first, *results]
+
+
+def test_a_fanout_journals_its_op_sends_its_branches_and_suspends_the_pass() -> None:
+    calls.clear()
+    driver = Driver.of(fan)
+    assert driver.main() is None
+    assert driver.branches == [("m:1", 0), ("m:1", 1), ("m:1", 2)]
+    journal = driver.run.state.journal
+    assert (journal["c:m:1"], journal["d:m:1"], journal["s:m:1"]) == ("3", "1:execution-1", "1")
+    assert driver.journal().read_sequence("m").live_entries() == [("s|before", 'o"x"'), ("p|3", None)]
+    assert driver.run.record().status == "running"
+    assert calls == Counter({"before": 1})
+
+
+def test_the_last_branch_out_wakes_the_coordinator_whose_pass_collects_in_order() -> None:
+    calls.clear()
+    driver = Driver.of(fan)
+    driver.main()
+    assert [driver.branch("m:1", j) for j in (2, 0, 1)] == [False, False, True]
+    assert driver.main() is not None
+    assert driver.run.record().result == ["x", 0, 10, 20]
+    assert calls == Counter({"before": 1, "b0": 1, "b1": 1, "b2": 1})  # the branch tasks only replayed "before"
+
+
+def test_a_redelivered_branch_task_or_a_second_pass_sends_and_runs_nothing_again() -> None:
+    calls.clear()
+    driver = Driver.of(fan)
+    driver.main()
+    assert driver.main() is None  # another pass of the same execution: its branches are in flight
+    driver.execution = "execution-again"
+    assert driver.main() is None  # another execution after mark_sent: in flight too
+    assert driver.branches == [("m:1", 0), ("m:1", 1), ("m:1", 2)]
+    assert driver.deliver_branches() == [False, False, True]
+    assert driver.branch("m:1", 1) is False
+    assert calls["b1"] == 1
+
+
+def test_an_ordinary_failure_leaves_none_and_a_pipeline_skips_the_items_later_stages() -> None:
+    stages: list[tuple[str, int]] = []
+
+    def parse(previous: Any, item: Any, index: int) -> int:
+        stages.append(("parse", index))
+        return int(item)
+
+    def double(previous: int, item: Any, index: int) -> int:
+        stages.append(("double", index))
+        return previous * 2
+
+    @workflow(name="pipe", description="A pipeline with one bad item", phases=[])
+    def pipe(ctx: WorkflowContext) -> Any:
+        return ctx.pipeline(["1", "two", "3"], parse, double)
+
+    driver = Driver.of(pipe)
+    assert driver.settle().result_json == "[2,null,6]"
+    assert sorted(stages) == [("double", 0), ("double", 2), ("parse", 0), ("parse", 1), ("parse", 2)]
+    raw = driver.journal().branch_outcomes("m:0", 3)[1]
+    assert raw is not None and schema.decode_outcome(raw).error_type == "ValueError"
+
+
+def test_a_fatal_branch_wakes_the_coordinator_at_once_and_aborts_the_call() -> None:
+    @workflow(name="fatal-branch", description="One branch is cancelled", phases=[])
+    def fatal_branch(ctx: WorkflowContext) -> Any:
+        def stop() -> None:
+            raise WorkflowCancelled("stop everything")
+
+        try:
+            return ctx.parallel([stop, lambda: 1, lambda: 2])
+        except WorkflowCancelled:
+            return "swallowed"  # the engine remembers: the run is cancelled anyway
+
+    driver = Driver.of(fatal_branch)
+    driver.main()
+    assert driver.branch("m:0", 0) is True  # two branches still outstanding
+    settlement = driver.main()
+    assert settlement is not None and (settlement.status, settlement.reason) == ("cancelled", "cancelled")
+
+
+def test_a_nested_fanout_runs_its_branches_at_once_in_threads_of_its_branch() -> None:
+    both_in = threading.Barrier(2, timeout=10)
+
+    def meet() -> bool:
+        both_in.wait()  # only returns when the other nested branch is running too
+        return True
+
+    @workflow(name="nested", description="A branch that fans out again", phases=[])
+    def nested(ctx: WorkflowContext) -> Any:
+        def outer() -> Any:
+            return ctx.parallel([lambda: ctx.step("n0", meet), lambda: ctx.step("n1", meet)])
+
+        return ctx.parallel([outer])
+
+    driver = Driver.of(nested)
+    assert driver.settle().result_json == "[[true,true]]"
+    assert driver.journal().read_sequence("m.0.0").live_entries() == [("p|2", None)]
+    assert driver.journal().branch_outcomes("m.0.0:0", 2) == ["otrue", "otrue"]
+
+
+def test_an_empty_fanout_needs_no_branch_task() -> None:
+    @workflow(name="empty", description="Fans out over nothing", phases=[])
+    def empty(ctx: WorkflowContext) -> Any:
+        return ctx.parallel([])
+
+    driver = Driver.of(empty)
+    settlement = driver.main()
+    assert settlement is not None and settlement.result_json == "[]"
+    assert driver.branches == []
