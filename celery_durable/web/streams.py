@@ -1,12 +1,14 @@
 """Server-sent events: what makes the pages live without a reload.
 
-``/api/events`` tells a runs page that some run of the namespace changed;
-the page fetches its rows again. ``/api/runs/{id}/events`` streams one
-run's progress records as they are written (``progress``, with the record
-as data and its seq as the event id, so a reconnecting ``EventSource``
-resumes after the last record it got), says when the run itself changed
-(``run``: status, phase, steps, agents, waits), and ends with ``end`` once
-the run has settled and every record is out.
+Both streams begin with ``ready`` once the server is subscribed to run
+updates: from then on a page misses nothing. ``/api/events`` then tells a
+runs page that some run of the namespace changed, and the page fetches its
+rows again. ``/api/runs/{id}/events`` streams one run's progress records as
+they are written (``progress``, with the record as data and its seq as the
+event id, so a reconnecting ``EventSource`` resumes after the last record it
+got), says when the run itself changed (``run``: status, phase, steps,
+agents, waits), and ends with ``end`` once the run has settled and every
+record is out.
 
 Both are woken by the ``RunHub``; as Redis pub/sub can drop an update, a
 run stream also reads again after ``QUIET_SECONDS`` of silence, as
@@ -101,6 +103,7 @@ async def run_events(request: Request) -> Response:
         yield f"retry: {RETRY_MS}\n\n"
         last_seq, last_state = after_seq, None
         async with context.hub.listen(run_id) as listener:
+            yield event("ready", {"run_id": run_id})
             while True:
                 try:
                     reading = await context.call(_read, context.client, run_id, last_seq)

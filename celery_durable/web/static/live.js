@@ -45,12 +45,15 @@ window.DurableLive = (function () {
     };
   }
 
+  // "live" only once the server says `ready`: it is then subscribed to the
+  // run updates, so no change made from here on can be missed.
   function connect(url, handlers) {
     const source = new EventSource(url);
-    source.onopen = function () { setState("on", "live"); };
+    source.onopen = function () { setState("off", "connecting"); };
     source.onerror = function () {
       setState(source.readyState === EventSource.CLOSED ? "off" : "error", "reconnecting");
     };
+    source.addEventListener("ready", function () { setState("on", "live"); });
     for (const name of Object.keys(handlers)) {
       source.addEventListener(name, function (event) {
         handlers[name](event.data ? JSON.parse(event.data) : null, source);
