@@ -25,6 +25,7 @@ from celery_durable.errors import (
     WorkflowResumeError,
     WorkflowWaitCancelled,
 )
+from celery_durable.tasks.app import new_task_id
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import (
@@ -104,7 +105,8 @@ class Client:
             progress_max=self.engine.settings.progress_max_records,
             ceilings=ceiling_fields(effective),
         )
-        store.create_run(run_id, fields)
+        message = new_task_id()
+        store.create_run(run_id, fields, message)
         owner = store.index_run(self.namespace, run_id, idempotency_key)
         first = store.load_run(owner) if owner != run_id else None
         if owner != run_id and first is None and idempotency_key is not None:
@@ -121,7 +123,7 @@ class Client:
                 # message; a duplicate is harmless (activation lock and fence).
                 self._dispatch(owner, 1, first.workflow)
             return owner
-        self._dispatch(run_id, 1, definition.name)
+        self._dispatch(run_id, 1, definition.name, message)
         return run_id
 
     def run_workflow(
@@ -349,10 +351,11 @@ class Client:
         """Request cancellation and wait until the run has settled."""
         _check_timeout(timeout)
         record = self._record(run_id)
-        verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace)
+        message = new_task_id()
+        verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace, message)
         if verdict == "requested" and epoch is not None:
             # Wake the coordinator: a run waiting on branches has no pass running.
-            self._dispatch(record.run_id, epoch, record.workflow)
+            self._dispatch(record.run_id, epoch, record.workflow, message)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def pause_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
@@ -364,9 +367,10 @@ class Client:
         """
         _check_timeout(timeout)
         record = self._record(run_id)
-        verdict, epoch = self.engine.store.pause(record.run_id, record.namespace)
+        message = new_task_id()
+        verdict, epoch = self.engine.store.pause(record.run_id, record.namespace, message)
         if verdict == "requested" and epoch is not None:
-            self._dispatch(record.run_id, epoch, record.workflow)
+            self._dispatch(record.run_id, epoch, record.workflow, message)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def resume_workflow(
@@ -386,12 +390,13 @@ class Client:
                 raise WorkflowResumeError(str(exc), code="workflow_limits_invalid") from None
         with _resume_errors():
             record = self._record(run_id)
-            epoch = self._take_authority(record, limits, force=force, allow_code_change=allow_code_change)
-            self._dispatch(record.run_id, epoch, record.workflow)
+            message = new_task_id()
+            epoch = self._take_authority(record, limits, message, force=force, allow_code_change=allow_code_change)
+            self._dispatch(record.run_id, epoch, record.workflow, message)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def _take_authority(
-        self, record: RunRecord, limits: dict[str, Any] | None, *, force: bool, allow_code_change: bool
+        self, record: RunRecord, limits: dict[str, Any] | None, message: str, *, force: bool, allow_code_change: bool
     ) -> int:
         store = self.engine.store
         for _ in range(5):
@@ -407,13 +412,15 @@ class Client:
                     "(pass allow_code_change=True to resume it with the new code)",
                     code="workflow_code_changed",
                 )
-            message = _resume_verdict(record, force=force, code_changed=code_changed)
+            alive = record.status in ("pending", "running") and self._attempt_alive(record)
+            note = _resume_verdict(record, alive=alive, force=force, code_changed=code_changed)
             merged = merge_limits(record.limits, limits)
             epoch = store.resume(
                 record,
                 limits_json=jsonvalue.dumps(merged),
-                message=message,
+                message=note,
                 code_hash=definition.code_hash if code_changed else "",
+                message_id=message,
                 ceilings=ceilings_argument(merged),
             )
             if epoch is not None:
@@ -446,7 +453,13 @@ class Client:
             raise RunNotFoundError(f"Run not found: {run_id}")
         return record
 
-    def _dispatch(self, run_id: str, epoch: int, workflow: str) -> None:
+    def _attempt_alive(self, record: RunRecord) -> bool:
+        """Whether the run's attempt is alive, as the recovery sweep judges it:
+        work in flight, or waits for the outside world (SPEC §5)."""
+        examined = self.engine.store.examine(record.run_id, self.engine.store.queue_room())
+        return examined is not None and examined.verdict in ("alive", "waiting")
+
+    def _dispatch(self, run_id: str, epoch: int, workflow: str, task_id: str | None = None) -> None:
         """Send a coordinator message for a run whose state is already written.
 
         A broker that refuses it is ``StorageUnavailableError``; nothing is
@@ -455,7 +468,7 @@ class Client:
         idempotency key).
         """
         try:
-            self.engine.send_coordinator(run_id, epoch, workflow)
+            self.engine.send_coordinator(run_id, epoch, workflow, task_id=task_id)
         except (KombuError, OSError, redis.exceptions.RedisError) as exc:
             raise StorageUnavailableError(
                 f"The broker refused the coordinator message of run {run_id} ({type(exc).__name__}: {exc}); "
@@ -508,18 +521,18 @@ def _check_page_limit(limit: object) -> None:
         raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {short_repr(limit)}")
 
 
-def _resume_verdict(record: RunRecord, *, force: bool, code_changed: bool) -> str:
+def _resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed: bool) -> str:
     """The system message of an allowed resume; raises for a refused one (SPEC §8 table)."""
     status = record.status
     if status in ("completed", "cancelled"):
         raise WorkflowResumeError(f"Run {record.run_id} is {status} and cannot be resumed", code="non_resumable")
     if status in ("running", "pending"):
-        if record.lease_until > now_ms() and not force:
+        if alive and not force:
             raise WorkflowResumeError(
                 f"Run {record.run_id} is {status} and its attempt is alive (pass force=True to take over)",
                 code="already_active",
             )
-        return "Run taken over by force" if record.lease_until > now_ms() else "Run recovered after its attempt died"
+        return "Run taken over by force" if alive else "Run recovered after its attempt died"
     if status == "error" and record.reason == "nondeterminism" and not code_changed:
         raise WorkflowResumeError(
             f"Run {record.run_id} stopped on nondeterminism; resuming the same code would fail the same way",

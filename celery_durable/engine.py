@@ -12,7 +12,14 @@ from celery_durable.agents import AgentRunner, load_runner
 from celery_durable.broker import RunStore
 from celery_durable.client import Client
 from celery_durable.config import Settings
-from celery_durable.tasks.app import build_celery_app, register_tasks, send_agent, send_branches, send_coordinator
+from celery_durable.tasks.app import (
+    build_celery_app,
+    register_tasks,
+    send_agent,
+    send_branch,
+    send_branches,
+    send_coordinator,
+)
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
@@ -84,6 +91,9 @@ class Engine:
         task_id: str | None = None,
     ) -> str:
         return send_agent(self.celery, self.settings, run_id, epoch, workflow, agent, owner, countdown, task_id)
+
+    def send_branch(self, run_id: str, epoch: int, workflow: str, call: str, branch: int, task_id: str) -> None:
+        send_branch(self.celery, self.settings, run_id, epoch, workflow, call, branch, task_id)
 
     def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> list[str]:
         return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)

@@ -115,3 +115,14 @@ def durable(settings: Settings) -> Iterator[DurableFactory]:
             return Durable(engine, engine.client(namespace))
 
         yield make
+
+
+def kill_attempt(raw: redis.Redis, engine: Engine, run_id: str) -> None:
+    """Make the run's attempt look as a dead one does to the recovery sweep:
+    its only message was running on a worker that stopped renewing it long
+    ago. The run is due for a look now."""
+    keys = engine.store.run_keys(run_id)
+    raw.delete(keys.live)
+    raw.hset(keys.live, "task-of-a-dead-worker", "x|1")
+    raw.hset(keys.run, "lease_until", "1")
+    engine.store.schedule_check(run_id, 0)

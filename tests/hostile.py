@@ -170,16 +170,20 @@ HEARTBEAT_FIELDS = frozenset({"lease_until", "lock_until"})
 def snapshot(client: redis.Redis, prefix: str, *, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Every key under ``prefix`` with its content, less what heartbeats move.
 
-    The sweep's schedule is compared by members only: its scores follow leases.
+    The sweep's schedule is compared by members only: its scores follow leases;
+    so are a run's messages in flight (heartbeats renew them); the fleet's own
+    bookkeeping (worker beats, when each queue was last empty) is left out.
     """
     skipped = set(skip)
     state: dict[str, Any] = {}
     for key in sorted(client.scan_iter(match=f"{prefix}:*", count=1000)):
-        if key in skipped:
+        if key in skipped or ":{fleet}:" in key:
             continue
         kind = client.type(key)
         value: Any
-        if kind == "hash":
+        if kind == "hash" and key.endswith(":live"):
+            value = sorted(client.hkeys(key))
+        elif kind == "hash":
             value = {k: v for k, v in client.hgetall(key).items() if k not in HEARTBEAT_FIELDS}
         elif kind == "stream":
             value = client.xrange(key)

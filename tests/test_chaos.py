@@ -36,6 +36,7 @@ import redis
 
 from celery_durable import Client, Engine, Settings, is_terminal_status
 from celery_durable.broker import now_ms
+from celery_durable.broker.schema import StepRow
 from tests.apps.chaos import busy_key, chaos_trip, ready_key, trace_key
 from tests.apps.trip import SERVICES, provider_key
 from tests.fleet import Fleet, WorkerProcess
@@ -166,10 +167,11 @@ def recovery_times(chaos: Chaos, raw: redis.Redis, prefix: str) -> tuple[list[fl
     taken_over: list[float] = []
     for kill in chaos.kills:
         for run_id, step in kill.interrupted:
-            row = raw.hget(run_key(prefix, run_id, "steps"), step) or ""
-            status, _, at, _ = [*row.split("|", 3), "", "", ""][:4]
-            if status == "completed" and int(at) >= kill.at_ms:
-                journaled.append((int(at) - kill.at_ms) / 1000)
+            raw_row = raw.hget(run_key(prefix, run_id, "steps"), step)
+            row = StepRow.parse(step, raw_row) if raw_row else None
+            at = row.finished_at if row is not None else None
+            if row is not None and row.status == "completed" and at is not None and at >= kill.at_ms:
+                journaled.append((at - kill.at_ms) / 1000)
             takeovers = [
                 int(fields["at"])
                 for _, fields in raw.xrange(run_key(prefix, run_id, "progress"))
@@ -251,7 +253,7 @@ def test_trips_complete_exactly_once_while_workers_are_killed(
         assert envelope.result["confirmed"] is True, (seed, run_id)
         assert envelope.snapshot["steps_running"] == 0, (seed, run_id)
         rows = step_rows(raw_redis, prefix, run_id)
-        assert {row.split("|", 1)[0] for row in rows.values()} == {"completed"}, (seed, run_id, rows)
+        assert {StepRow.parse(key, row).status for key, row in rows.items()} == {"completed"}, (seed, run_id, rows)
 
     interrupted = chaos.interrupted()
     journaled, taken_over = recovery_times(chaos, raw_redis, prefix)

@@ -513,12 +513,12 @@ def test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one(durab
         lambda: store.finish(run_id, 1, "default", "cancelled", reason="cancelled", message="Run cancelled"),
         lambda: store.finish(run_id, 1, "default", "completed", result_json='"forged"', message="Run completed"),
         lambda: store.finish(run_id, 1, "default", "error", reason="exception", error="x", can_resume=True),
-        lambda: old.complete_branch(call, 0, 'o"forged"'),
+        lambda: old.complete_branch(call, 0, 'o"forged"', "wake"),
         lambda: old.record("m", PendingCommit(2, "s|tail", "v:tail", 'o"forged"', "tail", row)),
         lambda: old.dispatch("m", 1, "p|3", 3, "forged-token", 0),
         lambda: old.begin("m", BeginCall(None, "tail", row, [(99, "log", "", "forged")])),
-        lambda: store.heartbeat(run_id, 1),
-        lambda: store.activate(run_id, 1, "forged-lock", "default"),
+        lambda: store.heartbeat(run_id, 1, "forged-task"),
+        lambda: store.activate(run_id, 1, "forged-lock", "default", "forged-resend"),
     ]
     for write in old_attempt:
         with pytest.raises(StaleAttemptError):

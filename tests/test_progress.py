@@ -26,6 +26,7 @@ from celery_durable import (
     progress,
 )
 from celery_durable.tasks.recovery import RecoverySweep
+from tests.conftest import kill_attempt
 
 GATE_SECONDS = 20
 
@@ -356,9 +357,9 @@ def test_system_records_tell_a_recovery_and_a_cancellation(durable, raw_redis) -
     # which is what a coordinator message lost with its worker looks like.
     idle = durable([workflow], worker=False)
     run_id = idle.client.start_workflow("held")
-    raw_redis.hset(idle.engine.store.run_keys(run_id).run, "lease_until", "1")
-    idle.engine.store.schedule_check(run_id, 0)
-    assert RecoverySweep(idle.engine).sweep_once() == 1
+    kill_attempt(raw_redis, idle.engine, run_id)
+    RecoverySweep(idle.engine).sweep_once()
+    assert idle.client.get_workflow_run(run_id).attempt == 2
     d = durable([workflow])
     assert entered.wait(10)
     result: dict[str, Any] = {}

@@ -112,17 +112,18 @@ def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> 
     d = durable([trip], worker=False)
     run_id = d.client.start_workflow("trip")
     keys = d.engine.store.run_keys(run_id)
-    # The attempt's lease ran out and its check is due.
+    # Its coordinator pass was running, and its worker stopped renewing it long ago.
     raw_redis.hset(keys.run, mapping={"status": "running", "lease_until": "1"})
+    raw_redis.delete(keys.live)
+    raw_redis.hset(keys.live, "dead-pass", "x|1")
     d.engine.store.schedule_check(run_id, 0)
 
     sweeps = [RecoverySweep(d.engine) for _ in range(8)]
     barrier = threading.Barrier(len(sweeps))
-    taken: list[int] = []
 
     def sweep(one: RecoverySweep) -> None:
         barrier.wait()
-        taken.append(one.sweep_once())
+        one.sweep_once()
 
     threads = [threading.Thread(target=sweep, args=(one,)) for one in sweeps]
     for thread in threads:
@@ -130,21 +131,19 @@ def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> 
     for thread in threads:
         thread.join()
 
-    assert sum(taken) == 1
     envelope = d.client.get_workflow_run(run_id)
     assert (envelope.status, envelope.attempt) == ("running", 2)
     system = [r.message for r in d.client.get_workflow_run_progress(run_id).records if r.kind == "system"]
     assert system == ["Run recovered after its attempt died (attempt 2)"]
 
 
-def test_a_queue_backlog_longer_than_the_lease_does_not_cause_a_storm_of_take_overs(durable) -> None:
-    """Nothing dies here: messages just wait in a busy queue. Take-overs that
-    journal nothing double the lease, so the runs finish with few attempts."""
+def test_a_queue_backlog_longer_than_the_lease_causes_no_take_over(durable) -> None:
+    """Nothing dies here: messages just wait in a busy queue, for many leases.
+    A queued message is alive while its queue's workers are busy."""
     from tests.apps.basic import fan
 
     d = durable([fan], concurrency=1, lease_seconds=1)
     run_ids = [d.client.start_workflow("fan", args={"count": 4, "seconds": 0.25}) for _ in range(12)]
     envelopes = [d.client.wait_for_workflow_run(run_id, timeout=120) for run_id in run_ids]
     assert all(e.status == "completed" for e in envelopes), [e.error for e in envelopes]
-    attempts = sorted(e.attempt for e in envelopes)
-    assert attempts[-1] <= 6, attempts
+    assert [e.attempt for e in envelopes] == [1] * len(envelopes)

@@ -164,7 +164,9 @@ def bump(store: RunStore, run_id: str) -> int:
     """A resume at store level: compare-and-set the epoch; the new epoch."""
     record = store.load_run(run_id)
     assert record is not None
-    epoch = store.resume(record, limits_json=jsonvalue.dumps(record.limits), message="Run taken over", code_hash="")
+    epoch = store.resume(
+        record, limits_json=jsonvalue.dumps(record.limits), message="Run taken over", code_hash="", message_id="m"
+    )
     assert epoch is not None
     return epoch
 
@@ -342,7 +344,7 @@ def test_a_bump_lost_to_a_restart_is_never_handed_out_again(durable, private_red
     # An attempt takes over and holds E+1; its writes pass the fence.
     held = bump(store, run_id)
     assert held == e + 1
-    store.heartbeat(run_id, held)
+    store.heartbeat(run_id, held, "t")
 
     # Redis restarts and the bump is lost (it was never fsynced).
     first_server = server_run_id(private_redis)
@@ -351,22 +353,22 @@ def test_a_bump_lost_to_a_restart_is_never_handed_out_again(durable, private_red
     assert epoch_of(store, run_id) == e, "the restored AOF should predate the bump"
 
     with pytest.raises(StaleAttemptError):
-        store.heartbeat(run_id, held)
+        store.heartbeat(run_id, held, "t")
     # The next attempt's epoch jumps past everything issued before the restart.
     fresh = bump(store, run_id)
     assert fresh >= e + 1000, fresh
-    store.heartbeat(run_id, fresh)
+    store.heartbeat(run_id, fresh, "t")
     with pytest.raises(StaleAttemptError):
-        store.heartbeat(run_id, held)
+        store.heartbeat(run_id, held, "t")
     # ... and later bumps on the same server are +1 again, never back to E+1.
     later = [bump(store, run_id) for _ in range(3)]
     assert later == [fresh + 1, fresh + 2, fresh + 3]
     for epoch in (held, fresh):
         with pytest.raises(StaleAttemptError):
-            store.heartbeat(run_id, epoch)
+            store.heartbeat(run_id, epoch, "t")
         with pytest.raises(StaleAttemptError):
             store.finish(run_id, epoch, "default", "completed", message="stale attempt finishing")
-    store.heartbeat(run_id, later[-1])
+    store.heartbeat(run_id, later[-1], "t")
     record = store.load_run(run_id)
     assert record is not None and record.status == "running"
     assert store.refused_writes(run_id) >= 6
@@ -392,5 +394,5 @@ def test_a_jump_lost_to_a_second_restart_is_never_handed_out_again(durable, priv
     fresh = bump(store, run_id)
     assert fresh > held, (e, held, fresh)
     with pytest.raises(StaleAttemptError):
-        store.heartbeat(run_id, held)
-    store.heartbeat(run_id, fresh)
+        store.heartbeat(run_id, held, "t")
+    store.heartbeat(run_id, fresh, "t")

@@ -78,25 +78,26 @@ def test_a_branch_that_failed_runs_again_on_resume_and_may_take_another_path(dur
     assert resumed.attempt == 2
 
 
-def test_a_coordinator_that_died_while_sending_branches_is_redelivered_and_sends_them(durable) -> None:
+def test_a_broker_that_refuses_the_branches_once_is_retried_in_place_and_they_are_sent(durable) -> None:
+    """The pass dispatched its fan-out, then publishing failed: it runs again
+    in place (the same message, the same lock) and sends the branches."""
     d = durable([wf("redeliver", lambda ctx: ctx.parallel([lambda: 1, lambda: 2]))])
     real_send = d.engine.send_branches
-    sent = threading.Event()
+    refused = threading.Event()
 
-    def lose_the_first_send(*args: Any) -> None:
-        if not sent.is_set():
-            sent.set()  # the execution "died" after dispatch.lua, before publishing
-            return
-        real_send(*args)
+    def refuse_the_first_send(*args: Any) -> list[str]:
+        if not refused.is_set():
+            refused.set()
+            raise ConnectionError("broker connection reset")
+        return real_send(*args)
 
-    d.engine.send_branches = lose_the_first_send  # type: ignore[method-assign]
+    d.engine.send_branches = refuse_the_first_send  # type: ignore[method-assign]
     run_id = d.client.start_workflow("redeliver")
-    assert sent.wait(10)
-    wait_for_status(d.client, run_id, "running")
-    d.engine.send_coordinator(run_id, 1, "redeliver")  # what redelivery of its message does
+    assert refused.wait(10)
     envelope = d.client.wait_for_workflow_run(run_id, timeout=20)
     assert envelope.status == "completed"
     assert envelope.result == [1, 2]
+    assert envelope.attempt == 1
 
 
 def test_an_activation_that_finds_a_dead_pass_holding_the_lock_comes_back_when_it_expires(

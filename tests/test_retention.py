@@ -12,6 +12,7 @@ import pytest
 
 from celery_durable import WorkflowContext, workflow
 from celery_durable.tasks.recovery import RecoverySweep
+from tests.conftest import kill_attempt
 from tests.test_fencing import poll
 
 TIMEOUT = 30
@@ -140,7 +141,7 @@ def test_a_resumed_run_carries_no_expiry_while_it_runs(durable, raw_redis) -> No
     record = d.engine.store.load_run(failed.run_id)
     assert record is not None
     # The resume itself (resume.lua), before any coordinator runs: no TTL survives it.
-    epoch = d.engine.store.resume(record, limits_json="{}", message="test resume", code_hash="")
+    epoch = d.engine.store.resume(record, limits_json="{}", message="test resume", code_hash="", message_id="m")
     assert epoch is not None
     assert set(ttls(d, raw_redis, failed.run_id).values()) == {-1}
 
@@ -161,7 +162,7 @@ def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> Non
     own = {f"{kind}_queue": f"{later}.{kind}" for kind in ("coordinator", "steps", "agents")}
     d = durable([chatty], worker=False, run_retention_seconds=3600, **own)
     run_id = d.client.start_workflow("chatty")
-    assert d.engine.store.pause(run_id, "default")[0] == "requested"
+    assert d.engine.store.pause(run_id, "default", "wake")[0] == "requested"
     durable([chatty], run_retention_seconds=3600, **own)
     assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "paused"
     poll(lambda: settled(d, raw_redis, run_id), "the run to settle")
@@ -196,11 +197,10 @@ def test_a_cancel_or_pause_requested_before_a_crash_survives_the_recovery(durabl
     d = durable([chatty], worker=False)
     run_id = d.client.start_workflow("chatty")
     store = d.engine.store
-    assert (store.cancel if flag == "cancel" else store.pause)(run_id, "default")[0] == "requested"
-    # The attempt "died": its lease is over. The sweep takes the run over.
-    raw_redis.hset(store.run_keys(run_id).run, "lease_until", "1")
-    store.schedule_check(run_id, 0)
-    assert RecoverySweep(d.engine).sweep_once() == 1
+    assert (store.cancel if flag == "cancel" else store.pause)(run_id, "default", "wake")[0] == "requested"
+    # The attempt "died": its message's worker went silent. The sweep takes the run over.
+    kill_attempt(raw_redis, d.engine, run_id)
+    RecoverySweep(d.engine).sweep_once()
     record = store.load_run(run_id)
     assert record is not None and record.attempt == 2
     assert (record.cancel_requested, record.pause_requested) == (flag == "cancel", flag == "pause")

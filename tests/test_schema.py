@@ -28,6 +28,9 @@ VALUES = {
     ":",
     "settled",  # a fence refusal
     "stale",
+    "alive",  # liveness verdicts
+    "waiting",
+    "dead",
 }
 """Literals a hash command may carry that are values, not field names."""
 

@@ -6,24 +6,7 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                              args, limits, result, snapshot counters, the
                              activation lock (lock, lock_until, wake) and the
                              attempt's lease (lease_until)
-    P:{R}:journal    hash    the journal of the run:
-                               n:<seq>            ops recorded in sequence <seq>
-                               o:<seq>:<i>        identity of op i ("s|<key>",
-                                                  "p|<n>", "l|<n>", "t|", "u|")
-                               v:<key>            step outcome ("o<json>" or
-                                                  "e<epoch>|<json>")
-                               x:<seq>:<i>        value of now()/uuid4() op i
-                               r:<seq>:<i>:<j>    outcome of branch j of op i
-                               c:<seq>:<i>        branches still outstanding
-                               d:<seq>:<i>        "<epoch>:<execution>" that
-                                                  dispatched them
-                               s:<seq>:<i>        epoch whose dispatch finished
-                                                  sending them
-                               h:<seq>            progress high-water mark
-                               k:<seq>            cut "<epoch>:<op index>"
-                               a:<id>             agent turn outcome
-                               q:<id> qe:<id>     agent turn request, its epoch
-                               w:<id>             who waits for the turn
+    P:{R}:journal    hash    the journal of the run (fields: schema.py)
     P:{R}:progress   stream  progress records, entry id "<seq>-0"; seq is dense
                              per run, and the run's next_seq is its revision
     P:{R}:progress:phases
@@ -32,14 +15,17 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                              of a phase, all scored 0, so a lexicographic
                              range is one phase's records in seq order and a
                              phase pages in O(log n + page)
-    P:{R}:steps      hash    rows of settled steps
-                             ("<status>|<epoch>|<ms>|<error>": completed,
-                             failed or interrupted)
+    P:{R}:steps      hash    rows of settled steps, JSON (schema.StepRow):
+                             completed, failed or interrupted
     P:{R}:running    hash    rows of steps running now, same format; kept
                              apart so ending an attempt touches only these
-    P:{R}:agents     hash    agent rows by "<agent id>@<epoch>", JSON: agent_id,
-                             label, model, status,
-                             started_at, completed_at, active_ms, usage, error
+    P:{R}:agents     hash    agent rows by "<agent id>@<epoch>", JSON
+                             (schema.parse_agent_row)
+    P:{R}:live       hash    the attempt's Celery messages in flight, by task
+                             id: queued or running (liveness in _prelude.lua)
+    P:{R}:waits      hash    what the run's sequences wait for outside the
+                             fleet (timers, signals, tasks), by "<seq>:<i>"
+    P:{R}:signals    hash    signals sent to the run, per name, in order
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
@@ -47,9 +33,15 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>",
                              what: created, status, progress or cancel)
 
-    P:{sweep}:due    zset    runs that may need recovery, scored by when to
-                             look at them next (their lease's end); every
-                             worker's recovery sweep reads it
+    P:{sweep}:due    zset    runs the sweep must look at, scored by when:
+                             a lease's end, a queued message's check, a
+                             timer's due time (claim_due.lua hands each to
+                             one sweeper)
+    P:{fleet}:empty  hash    per queue name, the last ms a sweep found the
+                             queue empty in the broker (liveness)
+    P:{fleet}:workers zset   live workers, scored by the ms of their last beat
+    P:{fleet}:held:W hash    messages worker W held at its last beat, task
+                             id -> run id
 
 A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
 body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
@@ -84,6 +76,9 @@ class RunKeys:
     steps: str
     running: str
     agents: str
+    live: str
+    waits: str
+    signals: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +108,26 @@ class KeySpace:
             steps=f"{base}:steps",
             running=f"{base}:running",
             agents=f"{base}:agents",
+            live=f"{base}:live",
+            waits=f"{base}:waits",
+            signals=f"{base}:signals",
         )
 
     @property
     def sweep_due(self) -> str:
         return f"{self.prefix}:{{sweep}}:due"
+
+    @property
+    def queues_empty(self) -> str:
+        return f"{self.prefix}:{{fleet}}:empty"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:{{fleet}}:workers"
+
+    @property
+    def held_prefix(self) -> str:
+        return f"{self.prefix}:{{fleet}}:held:"
 
     def namespace(self, namespace: str) -> NamespaceKeys:
         base = f"{self.prefix}:{{ns:{namespace}}}"

@@ -117,7 +117,8 @@ class RedisJournal:
         return Dispatch(cut=reply[1] == 1, indices=[int(j) for j in reply[2:]])
 
     def mark_sent(self, call: str, messages: Sequence[str]) -> None:
-        self._fenced("mark_sent", [self._keys.run, self._keys.journal], [self._epoch, call])
+        k = self._keys
+        self._fenced("mark_sent", [k.run, k.journal, k.live], [self._epoch, call, now_ms(), *messages])
 
     def branch_outcomes(self, call: str, count: int) -> list[str | None]:
         if count <= 0:
@@ -125,8 +126,8 @@ class RedisJournal:
         return self._hmget(self._keys.journal, [schema.branch_field(call, j) for j in range(count)])
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
-        keys = [self._keys.run, self._keys.journal]
-        reply = self._fenced("complete_branch", keys, [self._epoch, call, branch, outcome])
+        keys = [self._keys.run, self._keys.journal, self._keys.live]
+        reply = self._fenced("complete_branch", keys, [self._epoch, call, branch, outcome, wake, now_ms()])
         return bool(reply[1] == 1)
 
     def agent_call(
@@ -144,8 +145,8 @@ class RedisJournal:
         identity = schema.Identity.agent(agent_id)
         reply = self._run(
             "agent_call",
-            [k.run, k.journal, k.agents],
-            [self._epoch, now_ms(), seq, index, identity, agent_id, request_json, owner, row_json, cut or ""],
+            [k.run, k.journal, k.agents, k.live],
+            [self._epoch, now_ms(), seq, index, identity, agent_id, request_json, owner, row_json, cut or "", message],
         )
         if reply and reply[0] == "conflict":
             return Conflict(str(reply[1]))

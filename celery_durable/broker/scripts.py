@@ -24,6 +24,9 @@ SCRIPT_NAMES = (
     "agent_finish",
     "agent_start",
     "begin_op",
+    "claim_dead_workers",
+    "claim_due",
+    "examine",
     "commit_begin",
     "cancel",
     "complete_branch",
@@ -35,6 +38,7 @@ SCRIPT_NAMES = (
     "halt",
     "heartbeat",
     "index_run",
+    "mark_lost",
     "mark_sent",
     "pause",
     "read_progress",
@@ -43,6 +47,8 @@ SCRIPT_NAMES = (
     "release",
     "release_idempotency",
     "resume",
+    "task_end",
+    "task_start",
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from typing import Any, cast
 
 import redis
@@ -20,13 +20,29 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import Flags
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
-from celery_durable.broker.records import RunRecord
+from celery_durable.broker.records import STATUSES, RunRecord
 from celery_durable.broker.redis_journal import RedisJournal, flags_of
 from celery_durable.broker.scripts import Scripts, now_ms, refuse
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError, StorageUnavailableError
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Examined:
+    """A run as the sweep sees it: status, epoch, and for a pending or running
+    run its liveness verdict ('alive', 'waiting' or 'dead') with its detail
+    (when to look again, or why it is dead)."""
+
+    status: str
+    epoch: int
+    verdict: str
+    detail: str
+
+    @property
+    def next_check(self) -> int | None:
+        return int(float(self.detail)) if self.verdict in ("alive", "waiting") and self.detail else None
 
 
 _NOT_NOW = (
@@ -112,11 +128,14 @@ class RunStore:
 
     # -- run records ---------------------------------------------------------
 
-    def create_run(self, run_id: str, fields: dict[str, str]) -> bool:
+    def create_run(self, run_id: str, fields: dict[str, str], message: str) -> bool:
+        """Create the run record; ``message`` is the task id of its first coordinator message."""
         flat: list[str] = []
         for name, value in fields.items():
             flat.extend((name, value))
-        return bool(self._run("create_run", [self.run_keys(run_id).run], flat))
+        k = self.run_keys(run_id)
+        retention_ms = self.settings.run_retention_seconds * 1000
+        return bool(self._run("create_run", [k.run, k.live], [message, now_ms(), retention_ms, *flat]))
 
     def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
         ns = self.keys.namespace(namespace)
@@ -126,7 +145,8 @@ class RunStore:
         return str(self._run("index_run", keys, [run_id, ns.events]))
 
     def discard_run(self, run_id: str, epoch: int) -> None:
-        self._run("discard_run", [self.run_keys(run_id).run], [epoch])
+        k = self.run_keys(run_id)
+        self._run("discard_run", [k.run, k.live], [epoch])
 
     def release_idempotency(self, namespace: str, idempotency_key: str, owner: str) -> bool:
         """Free an idempotency key that still names ``owner``, a run that has expired."""
@@ -211,32 +231,56 @@ class RunStore:
             )
         return [(str(member), float(score)) for member, score in rows]
 
-    # -- activation and liveness ---------------------------------------------
+    # -- activation, heartbeats, task starts and ends -------------------------
 
-    def activate(self, run_id: str, epoch: int, token: str, namespace: str) -> Flags | int:
-        """Take the activation lock and return the run's flags; when another
-        pass holds it (and was told to run once more), the ms its lock has left."""
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.lease_seconds * 1000)
+
+    def activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str) -> Flags | int:
+        """Take the activation lock for the pass whose task id is ``token`` and
+        return the run's flags; when another pass holds it (and was told to
+        run once more), the ms until the message ``resend`` is due."""
         k = self.run_keys(run_id)
-        lease_ms = int(self.settings.lease_seconds * 1000)
         reply = self._run(
             "activate",
-            [k.run, k.progress],
-            [epoch, token, now_ms(), lease_ms, lease_ms, self.channel(namespace)],
+            [k.run, k.progress, k.live],
+            [epoch, token, now_ms(), self.lease_ms, self.lease_ms, self.channel(namespace), resend],
         )
-        if reply[0] == "busy":
+        if reply and reply[0] == "busy":
             return int(reply[1])
         refuse(run_id, reply)
         return flags_of(reply)
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
-        return bool(self._run("release", [self.run_keys(run_id).run], [token, epoch]))
+        k = self.run_keys(run_id)
+        return bool(self._run("release", [k.run, k.live], [token, epoch, now_ms()]))
 
-    def heartbeat(self, run_id: str, epoch: int, token: str = "") -> Flags:
-        lease_ms = int(self.settings.lease_seconds * 1000)
-        reply = self._run("heartbeat", [self.run_keys(run_id).run], [epoch, token, now_ms(), lease_ms, lease_ms])
+    def heartbeat(
+        self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
+    ) -> tuple[Flags, bool]:
+        """Renew the running task ``token``; the flags, and whether a ceiling was
+        newly reached and the coordinator must be woken by message ``wake``."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "heartbeat",
+            [k.run, k.live],
+            [epoch, token, now_ms(), self.lease_ms, self.lease_ms, wake, int(coordinator)],
+        )
+        refuse(run_id, reply)
+        return flags_of(reply), reply[4] == 1
+
+    def task_start(self, run_id: str, epoch: int, token: str) -> Flags:
+        """A branch task starts: its message runs, and its lease starts now."""
+        k = self.run_keys(run_id)
+        reply = self._run("task_start", [k.run, k.live], [epoch, token, now_ms(), self.lease_ms])
         refuse(run_id, reply)
         return flags_of(reply)
+
+    def task_end(self, run_id: str, epoch: int, token: str) -> None:
+        k = self.run_keys(run_id)
+        self._run("task_end", [k.run, k.live], [epoch, token, now_ms()])
 
     # -- the journal -------------------------------------------------------------
 
@@ -252,10 +296,17 @@ class RunStore:
 
     # -- agents ------------------------------------------------------------------
 
-    def agent_start(self, run_id: str, epoch: int, agent_id: str) -> tuple[str, str | None]:
-        """('go', request json), ('wait', None), ('done', None) or ('stale', None)."""
+    def agent_start(
+        self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int
+    ) -> tuple[str, str | None]:
+        """('go', request json), ('wait', None): the turn comes back as message
+        ``resend`` in ``delay_ms``, ('done', None) or ('stale', None)."""
         k = self.run_keys(run_id)
-        reply = self._run("agent_start", [k.run, k.journal, k.agents], [epoch, now_ms(), agent_id])
+        reply = self._run(
+            "agent_start",
+            [k.run, k.journal, k.agents, k.live],
+            [epoch, now_ms(), agent_id, token, self.lease_ms, resend, delay_ms],
+        )
         refuse(run_id, reply)
         return str(reply[0]), (str(reply[1]) if len(reply) > 1 else None)
 
@@ -266,26 +317,30 @@ class RunStore:
         agent_id: str,
         outcome: str,
         row_json: str,
-        credits_nano: int,
-        prompt_tokens: int,
-        completion_tokens: int,
+        usage: tuple[int, int, int],
+        token: str,
+        wake_prefix: str,
     ) -> list[str]:
-        """Journal a turn's outcome; returns the owners to wake."""
+        """Journal a turn's outcome with its usage (nano-credits, prompt and
+        completion tokens); returns the owners to wake, the n-th (from 1) by
+        message ``f"{wake_prefix}-{n}"``."""
         k = self.run_keys(run_id)
         reply = self._run(
             "agent_finish",
-            [k.run, k.journal, k.agents],
-            [epoch, now_ms(), agent_id, outcome, row_json, credits_nano, prompt_tokens, completion_tokens],
+            [k.run, k.journal, k.agents, k.live],
+            [epoch, now_ms(), agent_id, outcome, row_json, *usage, token, wake_prefix],
         )
         refuse(run_id, reply)
-        return [owner for owner in str(reply[1]).split() if owner]
+        return str(reply[1]).split()
 
     def agent_rows(self, run_id: str) -> dict[str, str]:
         with storage_errors():
             return cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).agents))
 
-    def pause(self, run_id: str, namespace: str) -> tuple[str, int | None]:
-        reply = self._run("pause", [self.run_keys(run_id).run], [self.channel(namespace)])
+    def pause(self, run_id: str, namespace: str, message: str) -> tuple[str, int | None]:
+        """Request a pause; on 'requested' the caller sends coordinator message ``message``."""
+        k = self.run_keys(run_id)
+        reply = self._run("pause", [k.run, k.live], [self.channel(namespace), now_ms(), message])
         return str(reply[0]), (int(reply[1]) if reply[0] == "requested" else None)
 
     def step_rows(self, run_id: str) -> dict[str, str]:
@@ -316,7 +371,7 @@ class RunStore:
         k = self.run_keys(run_id)
         reply = self._run(
             "finish",
-            [k.run, k.progress, k.steps, k.running, k.agents],
+            [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
             [
                 epoch,
                 now_ms(),
@@ -341,13 +396,15 @@ class RunStore:
         limits_json: str,
         message: str,
         code_hash: str,
-        require_expired: bool = False,
+        message_id: str,
+        recovery: bool = False,
         ceilings: str = "",
     ) -> int | None:
         """Bump the epoch if the run is still as ``record`` saw it (and, for a
-        recovery, its lease has expired); the new epoch, or None."""
+        recovery, its attempt is dead); the new epoch, or None. The new
+        attempt's first coordinator message is ``message_id``."""
         k = self.run_keys(record.run_id)
-        first = [k.run, k.progress, k.steps, k.running, k.agents]
+        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits]
         reply = self._run(
             "resume",
             [*first, *(key for key in astuple(k) if key not in first)],
@@ -358,15 +415,17 @@ class RunStore:
                 self.channel(record.namespace),
                 limits_json,
                 message,
-                int(self.settings.lease_seconds * 1000),
+                self.lease_ms,
                 code_hash,
-                int(require_expired),
+                int(recovery),
                 ceilings,
+                message_id,
+                self.queue_room() if recovery else "",
             ],
         )
         if reply[0] != "ok":
             return None
-        self.schedule_check(record.run_id, now_ms() + int(self.settings.lease_seconds * 1000))
+        self.schedule_check(record.run_id, now_ms() + self.lease_ms)
         self._persist_idempotency(record)
         return int(reply[1])
 
@@ -375,8 +434,8 @@ class RunStore:
         k = self.run_keys(record.run_id)
         reply = self._run(
             "halt",
-            [k.run, k.progress, k.steps, k.running, k.agents],
-            [record.epoch, record.status, now_ms(), self.channel(record.namespace)],
+            [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
+            [record.epoch, record.status, now_ms(), self.channel(record.namespace), self.lease_ms, self.queue_room()],
         )
         if reply[0] == "ok":
             self.unschedule(record.run_id)
@@ -384,7 +443,7 @@ class RunStore:
         return bool(reply[0] == "ok")
 
     # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
-    # and the sweep re-reads the run hash before it acts) ---------------------
+    # and every look at a run reads the run itself) ----------------------------
 
     def schedule_check(self, run_id: str, at_ms: int) -> None:
         with storage_errors():
@@ -394,19 +453,86 @@ class RunStore:
         with storage_errors():
             self.client.zrem(self.keys.sweep_due, run_id)
 
-    def due_runs(self, now: int, count: int) -> list[str]:
+    def claim_due(self, now: int, count: int, hold_ms: int) -> tuple[list[str], int | None]:
+        """Runs due now, each handed to this caller alone for ``hold_ms``; and
+        when the next run falls due (None: none scheduled)."""
+        reply = self._run("claim_due", [self.keys.sweep_due], [now, count, hold_ms])
+        next_due = int(float(reply[0])) if reply and reply[0] not in ("", None) else None
+        return [str(run_id) for run_id in reply[1:]], next_due
+
+    def examine(self, run_id: str, room: str) -> Examined | None:
+        """The run's status and liveness (``examine.lua``), or None when it does not exist."""
+        k = self.run_keys(run_id)
+        reply = self._run("examine", [k.run, k.live, k.waits], [now_ms(), self.lease_ms, room])
+        if not reply:
+            return None
+        try:
+            if reply[0] not in STATUSES:
+                raise ValueError(f"unknown status {reply[0]!r}")
+            return Examined(str(reply[0]), int(reply[1]), str(reply[2]), str(reply[3]))
+        except (ValueError, IndexError) as exc:
+            raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
+
+    def report_worker(self, worker: str, held: dict[str, str], at_ms: int) -> None:
+        """Worker ``worker`` is alive at ``at_ms`` and holds these messages (task id -> run id)."""
+        held_key = self.keys.held_prefix + worker
         with storage_errors():
-            due = self.client.zrangebyscore(self.keys.sweep_due, "-inf", now, start=0, num=count)
-        return [str(member) for member in cast(list[Any], due)]
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(self.keys.workers, {worker: at_ms})
+            pipe.delete(held_key)
+            if held:
+                pipe.hset(held_key, mapping=held)
+            pipe.execute()
+
+    def forget_worker(self, worker: str) -> None:
+        """A worker that stops cleanly holds nothing: it is not dead, only gone."""
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zrem(self.keys.workers, worker)
+            pipe.delete(self.keys.held_prefix + worker)
+            pipe.execute()
+
+    def claim_dead_workers(self, silent_since_ms: int) -> dict[str, dict[str, list[str]]]:
+        """Workers silent since before ``silent_since_ms``, claimed by this caller alone:
+        worker -> run id -> the task ids of the run it held."""
+        reply = self._run("claim_dead_workers", [self.keys.workers], [silent_since_ms, self.keys.held_prefix])
+        dead: dict[str, dict[str, list[str]]] = {}
+        for worker, text in zip(reply[::2], reply[1::2], strict=True):
+            runs: dict[str, list[str]] = {}
+            for pair in str(text).split():
+                task_id, _, run_id = pair.partition("|")
+                runs.setdefault(run_id, []).append(task_id)
+            dead[str(worker)] = runs
+        return dead
+
+    def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
+        """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
+        k = self.run_keys(run_id)
+        return int(self._run("mark_lost", [k.run, k.live], [now_ms(), *task_ids]))
+
+    def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
+        """The broker held no message in ``queues`` at ``at_ms``."""
+        if queues:
+            with storage_errors():
+                self.client.hset(self.keys.queues_empty, mapping=dict.fromkeys(queues, at_ms))
+
+    def queue_room(self) -> str:
+        """When each of the engine's queues was last found empty, as liveness takes it."""
+        with storage_errors():
+            seen = cast(dict[str, str], self.client.hgetall(self.keys.queues_empty))
+        s = self.settings
+        kinds = {"c": s.coordinator_queue, "s": s.steps_queue, "a": s.agents_queue}
+        return ",".join(f"{kind}={seen[queue]}" for kind, queue in kinds.items() if seen.get(queue, "").isdigit())
 
     def refused_writes(self, run_id: str) -> int:
         """How many writes the fence refused for this run (stale epochs)."""
         with storage_errors():
             return int(cast(str | None, self.client.hget(self.run_keys(run_id).run, "refused")) or 0)
 
-    def cancel(self, run_id: str, namespace: str) -> tuple[str, int | None]:
+    def cancel(self, run_id: str, namespace: str, message: str) -> tuple[str, int | None]:
+        """Request cancellation; on 'requested' the caller sends coordinator message ``message``."""
         k = self.run_keys(run_id)
-        reply = self._run("cancel", [k.run, k.progress], [now_ms(), self.channel(namespace)])
+        reply = self._run("cancel", [k.run, k.progress, k.live, k.waits], [now_ms(), self.channel(namespace), message])
         epoch = int(reply[1]) if reply[0] == "requested" else None
         if reply[0] == "cancelled":
             self.unschedule(run_id)

@@ -26,9 +26,11 @@ from celery_durable.agents import AgentRequest, AgentResult
 from celery_durable.agents.errors import AgentOutputError
 from celery_durable.broker import Flags, RunRecord, now_ms, schema
 from celery_durable.broker.schema import Outcome
-from celery_durable.errors import StaleAttemptError, StorageUnavailableError
+from celery_durable.errors import StaleAttemptError
+from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
-from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, parse_run_message
+from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, RunMessage, parse_run_message
+from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import nano_credits
 
@@ -73,7 +75,15 @@ def parse_owner(owner: Any) -> str:
 
 
 def run_agent_task(
-    engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, agent: Any, owner: Any, extra: dict[str, Any]
+    engine: Engine,
+    *,
+    task_id: str,
+    run_id: Any,
+    epoch: Any,
+    workflow: Any,
+    agent: Any,
+    owner: Any,
+    extra: dict[str, Any],
 ) -> None:
     try:
         message = parse_run_message(run_id, epoch, workflow, extra)
@@ -83,60 +93,74 @@ def run_agent_task(
     except BadMessage as exc:
         logger.error("rejected agent message: %s", exc)
         return
+    token = task_id or new_task_id()
+    what = f"run {message.run_id}: agent turn {agent}"
+    try:
+        started = retry_storage(what, lambda: _start(engine, message, agent, owner, token))
+        if started is None:
+            return
+        record, request_json = started
+        attempt = AgentAttempt(record, record.epoch)
+        def wake_coordinator(task_id: str) -> None:
+            engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
+
+        with Heartbeat(engine.store, attempt, token=token, interval=engine.heartbeat_interval, wake=wake_coordinator):
+            begun, clock = now_ms(), time.monotonic()
+            turn = run_turn(engine, record, agent, json.loads(request_json))
+            active_ms = int((time.monotonic() - clock) * 1000)
+        # The turn ran: only its journaling is retried, never the turn itself.
+        retry_storage(what, lambda: _finish(engine, record, agent, token, turn, begun, active_ms))
+    except StaleAttemptError:
+        engine.count_refused()
+
+
+def _start(engine: Engine, message: RunMessage, agent: str, owner: str, token: str) -> tuple[RunRecord, str] | None:
     store = engine.store
     record = store.load_run(message.run_id)
     if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
         engine.count_refused()
         logger.warning("refused stale or forged agent message for run %s", message.run_id)
-        return
-    try:
-        verdict, request_json = store.agent_start(record.run_id, record.epoch, agent)
-        if verdict == "wait":
-            # At the concurrency ceiling: come back soon without holding a worker slot.
-            engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, _random.uniform(0.05, 0.3))
-            return
-        if verdict != "go" or request_json is None:
-            return
-        attempt = AgentAttempt(record, record.epoch)
-        with Heartbeat(store, attempt, interval=engine.heartbeat_interval):
-            started, clock = now_ms(), time.monotonic()
-            turn = run_turn(engine, record, agent, json.loads(request_json))
-            active_ms = int((time.monotonic() - clock) * 1000)
-        row = schema.finished_agent_row(
-            store.agent_rows(record.run_id).get(schema.agent_row_key(agent, record.epoch)),
-            failed=turn.error is not None,
-            started_at=started,
-            completed_at=now_ms(),
-            active_ms=active_ms,
-            usage=turn.usage,
-            error=turn.error,
-        )
-        waiters = store.agent_finish(
-            record.run_id,
-            record.epoch,
-            agent,
-            turn.outcome.encode(),
-            row,
-            nano_credits(turn.usage.get("ai_credits") or 0),
-            int(turn.usage.get("prompt_tokens") or 0),
-            int(turn.usage.get("completion_tokens") or 0),
-        )
-    except StaleAttemptError:
-        engine.count_refused()
-        return
-    except StorageUnavailableError as exc:
-        logger.warning("run %s: storage unavailable in agent turn %s, retrying: %s", record.run_id, agent, exc)
-        raise
-    for waiter in waiters:
-        wake(engine, record, waiter)
+        return None
+    resend, delay = new_task_id(), _random.uniform(0.05, 0.3)
+    verdict, request_json = store.agent_start(record.run_id, record.epoch, agent, token, resend, int(delay * 1000))
+    if verdict == "wait":
+        # At the concurrency ceiling: come back soon without holding a worker slot.
+        engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, delay, task_id=resend)
+        return None
+    if verdict != "go" or request_json is None:
+        return None
+    return record, request_json
 
 
-def wake(engine: Engine, record: RunRecord, owner: str) -> None:
+def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Turn, begun: int, active_ms: int) -> None:
+    store = engine.store
+    row = schema.finished_agent_row(
+        store.agent_rows(record.run_id).get(schema.agent_row_key(agent, record.epoch)),
+        failed=turn.error is not None,
+        started_at=begun,
+        completed_at=now_ms(),
+        active_ms=active_ms,
+        usage=turn.usage,
+        error=turn.error,
+    )
+    usage = (
+        nano_credits(turn.usage.get("ai_credits") or 0),
+        int(turn.usage.get("prompt_tokens") or 0),
+        int(turn.usage.get("completion_tokens") or 0),
+    )
+    prefix = new_task_id()
+    waiters = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
+    for n, waiter in enumerate(waiters, start=1):
+        wake(engine, record, waiter, f"{prefix}-{n}")
+
+
+def wake(engine: Engine, record: RunRecord, owner: str, task_id: str) -> None:
+    """Send the message that continues ``owner``: a coordinator pass or one branch."""
     if owner == "m":
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
     else:
         call, _, branch = owner.rpartition("/")
-        engine.send_branches(record.run_id, record.epoch, record.workflow, call, [int(branch)])
+        engine.send_branch(record.run_id, record.epoch, record.workflow, call, int(branch), task_id)
 
 
 def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:

@@ -107,8 +107,9 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         task_id = str(task.request.id or "")
         run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
 
-    @app.task(name=AGENT_TASK, ignore_result=True, shared=False, **retry_storage)
+    @app.task(name=AGENT_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
     def agent(
+        task: Task,
         *args: Any,
         run_id: Any = None,
         epoch: Any = None,
@@ -119,10 +120,20 @@ def register_tasks(app: Celery, engine: Engine) -> None:
     ) -> None:
         if _positional("agent", args):
             return
-        run_agent_task(engine, run_id=run_id, epoch=epoch, workflow=workflow, agent=agent, owner=owner, extra=extra)
+        run_agent_task(
+            engine,
+            task_id=str(task.request.id or ""),
+            run_id=run_id,
+            epoch=epoch,
+            workflow=workflow,
+            agent=agent,
+            owner=owner,
+            extra=extra,
+        )
 
-    @app.task(name=BRANCH_TASK, ignore_result=True, shared=False, **retry_storage)
+    @app.task(name=BRANCH_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
     def branch(
+        task: Task,
         *args: Any,
         run_id: Any = None,
         epoch: Any = None,
@@ -134,7 +145,14 @@ def register_tasks(app: Celery, engine: Engine) -> None:
         if _positional("branch", args):
             return
         run_branch_task(
-            engine, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branches=branches, extra=extra
+            engine,
+            task_id=str(task.request.id or ""),
+            run_id=run_id,
+            epoch=epoch,
+            workflow=workflow,
+            call=call,
+            branches=branches,
+            extra=extra,
         )
 
 
@@ -191,6 +209,18 @@ def send_coordinator(
         task_id=task_id,
     )
     return task_id
+
+
+def send_branch(
+    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, branch: int, task_id: str
+) -> None:
+    """Send one branch again: a branch that waited (for an agent turn, a timer...) continues."""
+    app.send_task(
+        BRANCH_TASK,
+        kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "call": call, "branches": [branch]},
+        queue=settings.steps_queue,
+        task_id=task_id,
+    )
 
 
 def send_branches(

@@ -7,15 +7,18 @@ outcome and, when it was the last one out, wakes the coordinator.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.schema import Outcome
-from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
+from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.coordinator import settle_unknown_workflow
 from celery_durable.tasks.heartbeat import Heartbeat
-from celery_durable.tasks.messages import BadMessage, parse_branches, parse_run_message
+from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
+from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows.fanout import BranchTarget
 from celery_durable.workflows.passes import branch_pass
 from celery_durable.workflows.replay import Replay
@@ -27,7 +30,15 @@ logger = logging.getLogger(__name__)
 
 
 def run_branch_task(
-    engine: Engine, *, run_id: Any, epoch: Any, workflow: Any, call: Any, branches: Any, extra: dict[str, Any]
+    engine: Engine,
+    *,
+    task_id: str,
+    run_id: Any,
+    epoch: Any,
+    workflow: Any,
+    call: Any,
+    branches: Any,
+    extra: dict[str, Any],
 ) -> None:
     try:
         message = parse_run_message(run_id, epoch, workflow, extra)
@@ -35,6 +46,14 @@ def run_branch_task(
     except BadMessage as exc:
         logger.error("rejected branch message: %s", exc)
         return
+    token = task_id or new_task_id()
+    retry_storage(
+        f"run {message.run_id}: branches {indices} of {call_id}",
+        lambda: _run_branches(engine, message, call_id, indices, token),
+    )
+
+
+def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str) -> None:
     store = engine.store
     record = store.load_run(message.run_id)
     if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
@@ -58,6 +77,9 @@ def run_branch_task(
     def send_agent(agent: str, owner: str, task_id: str) -> None:
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
 
+    def wake(task_id: str) -> None:
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
+
     replay = Replay(
         journal=run_journal,
         run=record,
@@ -68,20 +90,27 @@ def run_branch_task(
         send_agent=send_agent,
     )
     try:
-        # Beat at once: a branch that waited in a busy queue renews the lease
-        # of its run as soon as it starts, not one interval later.
-        replay.apply_flags(store.heartbeat(record.run_id, record.epoch))
-        with Heartbeat(store, replay, interval=engine.heartbeat_interval):
-            branch_pass(replay, journal)
+        # Its message runs from now: a branch that waited in a busy queue
+        # renews its run at once, not one interval later.
+        replay.apply_flags(store.task_start(record.run_id, record.epoch, token))
+        try:
+            with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake):
+                branch_pass(replay, journal)
+        finally:
+            # However it ends, its message is no longer in flight; an outage is
+            # retried in place (retry_storage), under the same id.
+            _end_quietly(store, record, token)
     except StaleAttemptError:
         engine.count_refused()
         logger.info("run %s: branches %s of %s belong to an older attempt", record.run_id, indices, call_id)
-    except StorageUnavailableError as exc:
-        logger.warning("run %s: storage unavailable in branches of %s, retrying: %s", record.run_id, call_id, exc)
-        raise  # the task retries with backoff (tasks/app.py)
     except StorageCorruptError as exc:
         # The branch cannot journal its outcome. Wake the coordinator rather
         # than leave the run waiting a lease for the sweep: its pass meets the
         # same damage and stops the run as workflow_storage_corrupt.
         logger.error("run %s: storage corrupt in branches %s of %s: %s", record.run_id, indices, call_id, exc)
         engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+
+
+def _end_quietly(store: RunStore, record: RunRecord, token: str) -> None:
+    with contextlib.suppress(StorageError):
+        store.task_end(record.run_id, record.epoch, token)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import Flags, RunRecord
-from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
+from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
+from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
-from celery_durable.tasks.messages import BadMessage, parse_run_message
+from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
+from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows import passes
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
@@ -36,6 +37,13 @@ def run_coordinator_task(
     except BadMessage as exc:
         logger.error("rejected coordinator message: %s", exc)
         return
+    # The lock token is the task id, so a message redelivered after its worker
+    # died re-enters its own lock instead of waiting for it to expire.
+    token = task_id or new_task_id()
+    retry_storage(f"run {message.run_id}: a coordinator pass", lambda: _coordinate(engine, message, token))
+
+
+def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     store = engine.store
     try:
         record = store.load_run(message.run_id)
@@ -50,47 +58,74 @@ def run_coordinator_task(
     if definition is None:
         settle_unknown_workflow(engine, record)
         return
-    # The lock token is the task id, so a message redelivered after its worker
-    # died re-enters its own lock instead of waiting for it to expire.
-    token = task_id or uuid.uuid4().hex
+    resend = new_task_id()
     try:
-        activation = store.activate(record.run_id, record.epoch, token, record.namespace)
+        activation = store.activate(record.run_id, record.epoch, token, record.namespace, resend)
     except StaleAttemptError:
         return
     if isinstance(activation, int):
         # Another pass holds the lock and was told to run once more. Should
         # that pass be dead, its lock expires: look again then.
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow, countdown=activation / 1000 + 0.1)
+        engine.send_coordinator(record.run_id, record.epoch, record.workflow, activation / 1000, task_id=resend)
         return
     # One dispatch token per execution: a fan-out dispatched by an execution
     # that died halfway through sending is sent again by the next one.
-    execution = uuid.uuid4().hex
+    execution = new_task_id()
     replay = _new_replay(engine, record, definition, execution)
     replay.apply_flags(activation)
-    with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval):
+
+    def overdue(flags: Flags) -> None:
+        _settle_overdue(engine, replay, flags)  # the pass running now: the closure sees rebinds
+
+    heartbeat = Heartbeat(
+        store,
+        replay,
+        token=token,
+        interval=engine.heartbeat_interval,
+        coordinator=True,
+        overdue=overdue,
+        grace=engine.settings.lease_seconds,
+    )
+    with heartbeat:
         while True:
             try:
                 _one_pass(engine, replay)
-                if replay.rerun:
-                    engine.send_coordinator(record.run_id, record.epoch, record.workflow)
             except StaleAttemptError:
                 logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
                 return
-            except StorageUnavailableError as exc:
-                # Nothing can be written now. The task retries with backoff
-                # under the same id, so it re-enters its own lock.
-                logger.warning("run %s: storage unavailable during a pass, retrying: %s", record.run_id, exc)
-                raise
             except StorageCorruptError as exc:
                 _settle_corrupt(engine, record, exc)
                 return
-            if not store.release(record.run_id, token, record.epoch):
+            # A pass that lost a first-write race runs again at once, in this
+            # task: it holds the lock, and its message is still the run's.
+            if not replay.rerun and not store.release(record.run_id, token, record.epoch):
                 return
             fresh = store.load_run(record.run_id)
             if fresh is None or fresh.epoch != record.epoch:
                 return
             replay = _new_replay(engine, fresh, definition, execution)
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
+            heartbeat.attempt = replay
+
+
+def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> None:
+    """The pass ignored a cancellation or a ceiling for a whole lease: its code
+    does not call the context. Settle the run without it; its thread goes on
+    until that code returns, fenced out of every write."""
+    record = replay.run
+    settlement = passes.limit_reached(replay, flags.limit) if flags.limit and not flags.cancel else passes.CANCELLED
+    logger.error(
+        "run %s: its workflow code ignored %s for %.0fs without calling the context; the run is settled as %s. "
+        "The worker slot running that code stays taken until it returns (a loop that never checks "
+        "ctx.cancelled()?)",
+        record.run_id,
+        "a cancellation" if flags.cancel else f"the limit {flags.limit}",
+        engine.settings.lease_seconds,
+        settlement.status,
+    )
+    replay.lost_authority = True
+    replay.cancel_event.set()
+    _finish(engine, record, settlement)
 
 
 def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
@@ -143,7 +178,7 @@ def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError)
     logger.error("run %s: storage corrupt, the run stops: %s", record.run_id, exc)
     try:
         _finish(engine, record, passes.corrupt(exc))
-    except (StaleAttemptError, StorageCorruptError, StorageUnavailableError) as again:
+    except (StaleAttemptError, StorageError) as again:
         # The run record itself cannot take the write: nothing more to do here;
         # the recovery sweep looks at the run again when its lease runs out.
         logger.error("run %s: could not record the corruption: %s", record.run_id, again)

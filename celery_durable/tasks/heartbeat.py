@@ -1,18 +1,31 @@
-"""A background thread that keeps an attempt's lease alive while it works.
+"""A background thread that keeps a running task's message alive while it works.
 
-It is also how a long step learns of a cancellation: every beat returns the
-run's control flags, and a set cancel flag sets the attempt's cancel event.
+Every beat renews the task's entry in the run's live hash (liveness in
+``_prelude.lua``) and returns the run's control flags, which is how a long
+step learns of a cancellation: a set cancel flag sets the attempt's cancel
+event. Two more duties fall to it because only it keeps running when the
+workflow's own code does not return:
+
+- a ceiling newly reached (``timeout_seconds`` of active time) by a task
+  other than the coordinator wakes the coordinator, which settles the run;
+- a coordinator pass whose code ignores a cancellation or a ceiling for
+  longer than ``grace`` (it spins without calling the context) is settled
+  from here (``overdue``). The thread that runs it cannot be killed: the
+  worker's slot stays taken until that code returns, and the log says so.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
 from celery_durable.broker import Flags, RunRecord, RunStore
-from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageUnavailableError
+from celery_durable.errors import StaleAttemptError, StorageError
+from celery_durable.tasks.app import new_task_id
 
 logger = logging.getLogger(__name__)
 
@@ -29,17 +42,35 @@ class Attempt(Protocol):
 
 
 class Heartbeat:
-    """``with Heartbeat(...):`` beats every ``interval`` seconds until the block ends."""
+    """``with Heartbeat(...):`` beats every ``interval`` seconds until the block ends.
 
-    def __init__(self, store: RunStore, replay: Attempt, *, token: str = "", interval: float) -> None:
+    ``attempt`` may be replaced while it runs (a coordinator runs several
+    passes, each a new ``Replay``): flags always reach the current one.
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        attempt: Attempt,
+        *,
+        token: str,
+        interval: float,
+        coordinator: bool = False,
+        wake: Callable[[str], None] | None = None,
+        overdue: Callable[[Flags], None] | None = None,
+        grace: float = 0.0,
+    ) -> None:
+        self.attempt = attempt
         self._store = store
-        self._replay = replay
         self._token = token
         self._interval = interval
+        self._coordinator = coordinator
+        self._wake = wake
+        self._overdue = overdue
+        self._grace = grace
+        self._asked_at: float | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat, name=f"heartbeat-{replay.run.run_id[:8]}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{attempt.run.run_id[:8]}", daemon=True)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -52,14 +83,40 @@ class Heartbeat:
         self._thread.join()
 
     def _beat(self) -> None:
-        replay = self._replay
         while not self._stop.wait(self._interval):
+            attempt = self.attempt
+            wake = new_task_id() if self._wake is not None else ""
             try:
-                replay.apply_flags(self._store.heartbeat(replay.run.run_id, replay.epoch, self._token))
+                flags, woken = self._store.heartbeat(
+                    attempt.run.run_id, attempt.epoch, self._token, coordinator=self._coordinator, wake=wake
+                )
             except StaleAttemptError:
-                # A newer attempt owns the run: stop this one at its next call.
-                replay.lost_authority = True
-                replay.cancel_event.set()
+                # A newer attempt owns the run, or it settled: stop this one at its next call.
+                attempt.lost_authority = True
+                attempt.cancel_event.set()
                 return
-            except (StorageUnavailableError, StorageCorruptError) as exc:
-                logger.warning("heartbeat of run %s failed: %s", replay.run.run_id, exc)
+            except StorageError as exc:
+                logger.warning("heartbeat of run %s failed: %s", attempt.run.run_id, exc)
+                continue
+            attempt.apply_flags(flags)
+            if woken and self._wake is not None:
+                self._wake(wake)
+            if self._overdue_now(flags):
+                return
+
+    def _overdue_now(self, flags: Flags) -> bool:
+        """True once the pass has ignored a cancellation or a ceiling for ``grace``."""
+        if self._overdue is None or not (flags.cancel or flags.limit):
+            return False
+        now = time.monotonic()
+        if self._asked_at is None:
+            self._asked_at = now
+            return False
+        if now - self._asked_at < self._grace or self._stop.is_set():
+            return False
+        try:
+            self._overdue(flags)
+        except Exception:
+            logger.exception("run %s: settling an overdue pass failed", self.attempt.run.run_id)
+            return False
+        return True

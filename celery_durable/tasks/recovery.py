@@ -1,31 +1,53 @@
 """The recovery sweep: every worker looks for runs whose attempt died.
 
-An attempt's liveness is its lease in the run hash, kept fresh by heartbeats
-of whatever is working for it (a coordinator pass, a branch task). When a
-lease has run out, the sweep takes the run over with a new attempt (epoch +
-1) and sends it a coordinator message: completed steps replay from the
-journal, and whatever the dead attempt left in flight is fenced out. With
-``auto_recover`` off it halts the run instead (``halted``/``interrupted``,
-resumable).
+A run is alive while its work is in flight: each Celery message of its
+attempt is an entry in the run's live hash, queued or running, and running
+ones are renewed by their task's heartbeat (liveness in ``_prelude.lua``).
+The sweep looks at each run when it falls due in the ``{sweep}:due`` index
+(``claim_due.lua`` hands every due run to one sweeper, so a fleet sweeping
+together costs Redis what one sweeper does). A run is dead when a running
+message's heartbeat stopped, when a queued message left its queue (the
+broker was found holding nothing in it) and never started, or when nothing
+of it is in flight and it waits for nothing. A backlog is never death: a
+message that waits in a queue stays alive however long it waits. A dead run
+is taken over with a new attempt (epoch + 1, ``resume.lua`` in recovery
+mode, a compare-and-set that re-checks the death in the same script, so of
+several sweepers exactly one wins); with ``auto_recover`` off it is halted.
+
+Every sweep asks the broker how many messages wait in each of the engine's
+queues (a passive declare, which both Redis and RabbitMQ answer) and
+records when it found one empty: that is how a queued message is known to
+have left its queue.
+
+A store that stops answering is not the fleet's silence: no heartbeat could
+land meanwhile. After this sweeper saw Redis fail, it takes nothing over
+until Redis has answered for a whole lease, time enough for every live task
+to renew its message.
 
 It runs in a thread of every worker, started by a worker bootstep of the
 engine's Celery app, so it works however the worker was started (the CLI,
-plain ``celery -A``, or ``start_worker`` in tests). Many sweepers at once are
-safe: the take-over is a compare-and-set in Lua, and one of them wins.
+plain ``celery -A``, or ``start_worker`` in tests).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import random
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
+from celery.signals import task_received
+from celery.worker import state as worker_state
 
 from celery_durable.broker import now_ms
-from celery_durable.errors import StorageCorruptError, StorageUnavailableError
+from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.workflows import jsonvalue
 
 if TYPE_CHECKING:
@@ -33,23 +55,45 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BATCH = 100
-ACTIVE = ("pending", "running")
+BATCH = 200
+CLAIM_MS = 15_000
+"""How long a claimed run is this sweeper's alone; it is rescheduled for real long before."""
+MIN_SLEEP = 0.02
+BEAT_SPACING = 0.02
+"""Beats that received messages ask for are this far apart at least: one write per 20 ms at worst."""
+DURABLE_TASKS = frozenset({COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK})
+
+EmptyQueues = Callable[[], Sequence[str]]
+"""Which of the engine's queues the broker holds no message in, now."""
 
 
 class RecoverySweep:
-    """Finds runs with an expired lease and recovers (or halts) them."""
+    """Takes dead runs over (or halts them) and reports this worker's free queues."""
 
-    def __init__(self, engine: Engine, worker_running: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        worker_running: Callable[[], bool] = lambda: True,
+        empty_queues: EmptyQueues | None = None,
+        worker_id: str = "",
+    ) -> None:
         self.engine = engine
+        self.worker_id = worker_id
+        """Who beats for this worker (``<hostname>/<pid>``); '' for a sweep without a worker."""
         self._worker_running = worker_running
+        self._empty_queues = empty_queues or functools.partial(broker_empty_queues, engine)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._random = random.Random()  # never the global one: user code may seed or rely on it
+        self._healthy_since = float("-inf")
+        """When Redis last started answering after a failure (monotonic); -inf: never failed."""
+        self._last_pass = time.monotonic()
+        self._beat_now = threading.Event()
 
     @property
     def interval(self) -> float:
-        return min(self.engine.settings.lease_seconds / 4, 2.0)
+        """The longest a sweeper sleeps: timers fire within about this much of their due time."""
+        return min(self.engine.settings.lease_seconds / 4, 0.5)
 
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -57,64 +101,208 @@ class RecoverySweep:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="celery-durable-recovery", daemon=True)
         self._thread.start()
+        if self.worker_id:
+            threading.Thread(target=self._beat_loop, name="celery-durable-beat", daemon=True).start()
+        # Apart, so that a broker that does not answer never holds up the
+        # worker's beat or the sweep: it only stops the empty reports.
+        threading.Thread(target=self._watch_queues, name="celery-durable-queues", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self.worker_id:
+            with contextlib.suppress(StorageError):
+                self.engine.store.forget_worker(self.worker_id)
 
     def _loop(self) -> None:
-        # Jitter spreads the sweeps of a fleet that started together.
-        while not self._stop.wait(self.interval * self._random.uniform(0.5, 1.0)):
+        pause = self.interval * self._random.uniform(0.0, 1.0)  # spreads a fleet that started together
+        while not self._stop.wait(pause):
             if not self._worker_running():
                 return  # a worker that stopped without stopping its steps
+            pause = self.interval
+            self._held_up_since(self._last_pass)
             try:
-                self.sweep_once()
-            except (StorageUnavailableError, StorageCorruptError) as exc:
-                logger.warning("recovery sweep skipped: %s", exc)
+                next_due = self.sweep_once()
+                self._store_answered()
+            except StorageError as exc:
+                self._store_failed(exc)
+                continue
             except Exception:
                 logger.exception("recovery sweep failed")
+                continue
+            finally:
+                self._last_pass = time.monotonic()
+            if next_due is not None:
+                wait = (next_due - now_ms()) / 1000
+                pause = min(self.interval, max(MIN_SLEEP, wait)) * self._random.uniform(0.9, 1.0)
 
-    def sweep_once(self) -> int:
-        """One look at every run that is due; returns how many were taken over or halted."""
+    @property
+    def _stall_after(self) -> float:
+        """A pass that comes this much later than the last one ended means something held the sweeper up."""
+        return 2 * self.interval + self.engine.settings.redis_timeout_seconds + 1.0
+
+    def _held_up_since(self, since: float) -> None:
+        """Something held this sweeper up since ``since`` (a stalled store or
+        broker blocked it): then it held up the heartbeats it judges by too,
+        and the grace of a lease starts now."""
+        now = time.monotonic()
+        if now - since > self._stall_after:
+            self._healthy_since = now
+
+    def _store_failed(self, exc: Exception) -> None:
+        self._healthy_since = float("inf")
+        logger.warning("recovery sweep skipped: %s", exc)
+
+    def _store_answered(self) -> None:
+        if self._healthy_since == float("inf"):
+            self._healthy_since = time.monotonic()
+
+    def _may_take_over(self) -> bool:
+        """Not within a lease of Redis coming back: heartbeats had no way to land."""
+        return time.monotonic() - self._healthy_since >= self.engine.settings.lease_seconds
+
+    def received(self) -> None:
+        """A message was received: say so soon, so that few messages are ever
+        held without the fleet knowing (a worker that dies with a message it
+        never reported leaves it to the slower empty-queue rule)."""
+        self._beat_now.set()
+
+    def _beat_loop(self) -> None:
+        while not self._stop.is_set():
+            self._beat_now.wait(self.interval)
+            self._beat_now.clear()
+            if not self._worker_running():
+                return
+            try:
+                self.beat()
+            except StorageError as exc:
+                logger.warning("worker beat failed: %s", exc)
+            self._stop.wait(BEAT_SPACING)
+
+    def beat(self) -> None:
+        """Say this worker is alive, and which of the engine's messages it holds:
+        received, waiting for a countdown, or running (Celery's own bookkeeping)."""
+        if not self.worker_id:
+            return
+        held: dict[str, str] = {}
+        for task_id, request in list(worker_state.requests.items()):
+            kwargs = getattr(request, "kwargs", None)
+            run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
+            if getattr(request, "name", None) in DURABLE_TASKS and isinstance(run_id, str):
+                held[str(task_id)] = run_id
+        self.engine.store.report_worker(self.worker_id, held, now_ms())
+
+    def bury_dead_workers(self) -> None:
+        """Messages a dead worker had received but not started died with it."""
+        store = self.engine.store
+        silent_since = now_ms() - int(self.engine.settings.lease_seconds * 1000)
+        for worker, runs in store.claim_dead_workers(silent_since).items():
+            lost = {run_id: store.mark_lost(run_id, task_ids) for run_id, task_ids in runs.items()}
+            for run_id, marked in lost.items():
+                if marked:
+                    store.schedule_check(run_id, 0)
+            logger.warning("worker %s stopped beating; %d of its messages were lost", worker, sum(lost.values()))
+
+    def _watch_queues(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self._worker_running():
+                return
+            try:
+                self.report_empty_queues()
+            except StorageError as exc:
+                logger.warning("could not record which queues are empty: %s", exc)
+
+    def report_empty_queues(self) -> None:
+        at = now_ms()
+        try:
+            queues = self._empty_queues()
+        except Exception as exc:  # kombu and amqp connection errors have no common base
+            logger.warning("recovery sweep could not ask the broker for its queues: %s", exc)
+            return
+        self.engine.store.report_empty(queues, at)
+
+    def sweep_once(self) -> int | None:
+        """One look at every run that is due; returns when the next one falls due."""
         store = self.engine.store
         settings = self.engine.settings
-        acted = 0
+        if self._may_take_over():
+            self.bury_dead_workers()
         now = now_ms()
-        for run_id in store.due_runs(now, BATCH):
+        due, next_due = store.claim_due(now, BATCH, CLAIM_MS)
+        if not due:
+            return next_due
+        room = store.queue_room()
+        for run_id in due:
             try:
-                acted += self._look_at(run_id, now)
+                self._look_at(run_id, room)
             except StorageCorruptError as exc:
                 # One damaged run must not stop the recovery of every other:
                 # look at it again a lease later, once someone may have repaired it.
                 logger.error("recovery of run %s skipped, its record is corrupt: %s", run_id, exc)
                 store.schedule_check(run_id, now + int(settings.lease_seconds * 1000))
-        return acted
+        return now if len(due) == BATCH else next_due
 
-    def _look_at(self, run_id: str, now: int) -> int:
+    def _look_at(self, run_id: str, room: str) -> None:
         store = self.engine.store
+        examined = store.examine(run_id, room)
+        if examined is None or not examined.verdict:
+            store.unschedule(run_id)  # gone, or settled: nothing to watch
+            return
+        if examined.verdict != "dead":
+            if examined.next_check is None:
+                store.unschedule(run_id)  # waits for a signal: whoever sends it schedules a look
+            else:
+                store.schedule_check(run_id, examined.next_check)
+            return
+        if not self._may_take_over():
+            store.schedule_check(run_id, now_ms() + int(self.engine.settings.lease_seconds * 1000))
+            return
         record = store.load_run(run_id)
-        if record is None or record.status not in ACTIVE:
-            store.unschedule(run_id)
-            return 0
-        if record.lease_until > now:
-            store.schedule_check(run_id, record.lease_until)
-            return 0
+        if record is None or record.epoch != examined.epoch:
+            return
         if not self.engine.settings.auto_recover:
-            return int(store.halt(record))
+            if store.halt(record):
+                logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, examined.detail)
+            return
+        message = new_task_id()
         epoch = store.resume(
             record,
             limits_json=jsonvalue.dumps(record.limits),
             message="Run recovered after its attempt died",
             code_hash="",
-            require_expired=True,
+            message_id=message,
+            recovery=True,
         )
         if epoch is None:
-            return 0
-        logger.warning("run %s: attempt died; recovering as epoch %s", run_id, epoch)
-        self.engine.send_coordinator(run_id, epoch, record.workflow)
-        return 1
+            return
+        logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, examined.detail, epoch)
+        self.engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
+
+
+def broker_empty_queues(engine: Engine) -> list[str]:
+    """The engine's queues in which the broker holds no message now.
+
+    A passive declare counts a queue's ready messages on RabbitMQ and on
+    kombu's Redis transport alike; a queue that does not exist (Redis drops
+    an empty list) holds none.
+    """
+    settings = engine.settings
+    empty: list[str] = []
+    with engine.celery.connection_for_read() as connection:
+        for queue in (settings.coordinator_queue, settings.steps_queue, settings.agents_queue):
+            channel = connection.channel()
+            try:
+                _, count, _ = channel.queue_declare(queue=queue, passive=True)
+            except connection.channel_errors:
+                count = 0  # no such queue: nothing waits in it
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+            if count == 0:
+                empty.append(queue)
+    return empty
 
 
 def install(engine: Engine) -> None:
@@ -127,15 +315,26 @@ def install(engine: Engine) -> None:
             super().__init__(worker, **kwargs)
             # Celery skips the steps' stop() when a worker is stopped before
             # its blueprint counts as fully started, as test workers are.
-            self.sweep = RecoverySweep(engine, lambda: worker.blueprint.state == bootsteps.RUN)
+            self.sweep = RecoverySweep(
+                engine,
+                lambda: worker.blueprint.state == bootsteps.RUN,
+                worker_id=f"{worker.hostname}/{os.getpid()}",
+            )
 
         def start(self, worker: Any) -> None:
+            task_received.connect(self._received, weak=False)
             self.sweep.start()
 
+        def _received(self, sender: Any = None, **_: Any) -> None:
+            if getattr(sender, "app", None) is engine.celery:
+                self.sweep.received()
+
         def stop(self, worker: Any) -> None:
+            task_received.disconnect(self._received)
             self.sweep.stop()
 
         def shutdown(self, worker: Any) -> None:
+            task_received.disconnect(self._received)
             self.sweep.stop()
 
     engine.celery.steps["worker"].add(RecoveryStep)

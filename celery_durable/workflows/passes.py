@@ -95,7 +95,7 @@ def main_pass(replay: Replay) -> Settlement | None:
     return _returned(replay, result)
 
 
-def _limit_reached(replay: Replay, limit: str) -> Settlement:
+def limit_reached(replay: Replay, limit: str) -> Settlement:
     ceiling = replay.run.limits.get(limit, replay.run.limits.get("max_total_subagents"))
     error = f"Limit reached: {limit} (ceiling {ceiling}); resume with a higher limit to continue"
     return Settlement("error", "workflow_limit_reached", error, True, message=f"Run stopped: limit {limit} reached")
@@ -105,7 +105,7 @@ def _failed(replay: Replay, exc: Exception) -> Settlement:
     fatal = replay.fatal
     for candidate in (fatal, exc):
         if isinstance(candidate, WorkflowLimitReached):
-            return _limit_reached(replay, candidate.limit)
+            return limit_reached(replay, candidate.limit)
     if isinstance(fatal, NonDeterminismError) or isinstance(exc, NonDeterminismError):
         error = str(fatal or exc)
         return Settlement("error", "nondeterminism", error, False, message="Run stopped: nondeterminism")
@@ -122,7 +122,7 @@ def _failed(replay: Replay, exc: Exception) -> Settlement:
 
 def _returned(replay: Replay, result: Any) -> Settlement:
     if isinstance(replay.fatal, WorkflowLimitReached):
-        return _limit_reached(replay, replay.fatal.limit)
+        return limit_reached(replay, replay.fatal.limit)
     if isinstance(replay.fatal, NonDeterminismError):
         return Settlement("error", "nondeterminism", str(replay.fatal), False, message="Run stopped: nondeterminism")
     if replay.fatal is not None or replay.cancelled():

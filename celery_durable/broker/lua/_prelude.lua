@@ -236,19 +236,144 @@ local function interrupt_agents(agents_key)
   end
 end
 
--- The lease an attempt gets, in ms. A run taken over again and again without
--- journaling anything in between is not dying: its messages wait in a busy
--- queue. Each such take-over doubles its lease (up to 32x), so a backlog no
--- longer turns into a storm of take-overs, while a first crash is still
--- recovered within one lease. Journal progress resets the count.
-local function lease_ms(run_key, base_ms)
-  local k = tonumber(redis.call('HGET', run_key, 'recoveries') or '0')
-  if k > 5 then k = 5 end
-  return math.floor(tonumber(base_ms) * (2 ^ k))
-end
-
 local function made_progress(run_key)
   if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
+end
+
+-- == Liveness: the run's work in flight ==================================
+-- The live hash (KEYS "live" of a run) holds one entry per Celery message
+-- of the current attempt that has not finished, by task id:
+--   'q|<kind>|<due ms>'  sent, not started yet: it waits in queue <kind>
+--                        ('c' coordinator, 's' steps, 'a' agents) and is
+--                        due at <due> (later than sent for a countdown);
+--                        '|gone <ms>' is appended once the queue was found
+--                        empty after <due> (see liveness)
+--   'l|<ms>'             held by a worker found dead at <ms>: lost
+--   'x|<expiry ms>'      running on a worker, whose heartbeat renews it
+-- An entry is added in the same script that decides to send its message,
+-- turned 'x' by the script that starts the task, renewed by its heartbeat
+-- and deleted by the script that ends it. So a run is alive while some
+-- entry is (see liveness), and the active-time clock runs while any exists:
+-- a run with nothing in flight is waiting for the outside world (a timer,
+-- a signal, a task of the fleet), and waiting is not active time (SPEC 6).
+
+local function clock_start(run_key, now)
+  local f = redis.call('HMGET', run_key, 'status', 'active_since')
+  if f[1] == 'running' and (not f[2] or f[2] == '') then
+    redis.call('HSET', run_key, 'active_since', now)
+  end
+end
+
+local function clock_stop(run_key, now)
+  local f = redis.call('HMGET', run_key, 'active_ms', 'active_since')
+  if f[2] and f[2] ~= '' then
+    redis.call('HSET', run_key, 'active_ms', tonumber(f[1] or '0') + tonumber(now) - tonumber(f[2]),
+      'active_since', '')
+  end
+end
+
+local function token_queued(run_key, live_key, id, kind, due, now)
+  if id == '' then return end
+  if redis.call('HLEN', live_key) == 0 then clock_start(run_key, now) end
+  redis.call('HSET', live_key, id, 'q|' .. kind .. '|' .. due)
+end
+
+local function token_running(run_key, live_key, id, expiry, now)
+  if id == '' then return end
+  if redis.call('HLEN', live_key) == 0 then clock_start(run_key, now) end
+  redis.call('HSET', live_key, id, 'x|' .. expiry)
+  local lease = tonumber(redis.call('HGET', run_key, 'lease_until') or '0')
+  if tonumber(expiry) > lease then redis.call('HSET', run_key, 'lease_until', expiry) end
+end
+
+local function token_done(run_key, live_key, id, now)
+  if id == '' then return end
+  if redis.call('HDEL', live_key, id) == 1 and redis.call('HLEN', live_key) == 0 then
+    clock_stop(run_key, now)
+  end
+end
+
+-- A run's work is all gone: it settled, or a new attempt takes over.
+local function tokens_clear(run_key, live_key, waits_key, now)
+  clock_stop(run_key, now)
+  redis.call('DEL', live_key, waits_key)
+end
+
+-- The queue a message of an owner goes to: the coordinator's, or a branch's.
+local function owner_kind(owner)
+  if owner == 'm' then return 'c' end
+  return 's'
+end
+
+-- Is the attempt alive? Returns 'alive' or 'waiting' with the ms the sweep
+-- should look again ('' for never by itself), or 'dead' with why:
+--  * a message held by a worker that stopped beating (mark_lost.lua): it
+--    died with that worker, queued in its prefetch or running;
+--  * a running message whose heartbeat stopped: its worker died (its work
+--    is lost even if other messages of the run are still alive);
+--  * a queued message that left its queue and never started: <empty> maps a
+--    queue kind to the last ms the sweep found that queue empty in the
+--    broker. Empty after the message was due means some worker took it; a
+--    live worker starts what it takes at once (Celery's prefetch limit is
+--    its free slots), so a message still not started START_MARGIN_MS after
+--    it was first found gone (the entry is marked '|gone <ms>') died with the
+--    worker that took it. A queue that stays busy (a backlog) never makes a
+--    message look lost, however long it waits;
+--  * nothing in flight and nothing waited for: the attempt ended without
+--    passing the run on (it died between two writes).
+-- Only waits remain: the run waits for the outside world, which is not death.
+local START_MARGIN_MS = 2000
+local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
+  local entries = redis.call('HGETALL', live_key)
+  local next_check = nil
+  for i = 1, #entries, 2 do
+    local id, value = entries[i], entries[i + 1]
+    local check
+    if string.sub(value, 1, 2) == 'l|' then
+      return 'dead', 'the worker holding task ' .. id .. ' died'
+    elseif string.sub(value, 1, 2) == 'x|' then
+      local expiry = tonumber(string.sub(value, 3)) or 0
+      if expiry <= now then return 'dead', 'its worker stopped renewing task ' .. id end
+      check = expiry
+    else
+      local kind, due, rest = string.match(value, '^q|(%a)|(%d+)(.*)$')
+      due = tonumber(due or '0')
+      local gone = tonumber(string.match(rest or '', '^|gone (%d+)$') or '')
+      if gone and now - gone >= START_MARGIN_MS then
+        return 'dead', 'task ' .. id .. ' left its queue and never started'
+      end
+      if not gone and tonumber(empty[kind or ''] or '0') > due then
+        gone = now
+        redis.call('HSET', live_key, id, 'q|' .. kind .. '|' .. due .. '|gone ' .. now)
+      end
+      if gone then check = gone + START_MARGIN_MS else check = math.max(due, now + lease_ms) end
+    end
+    if not next_check or check < next_check then next_check = check end
+  end
+  if next_check then return 'alive', next_check end
+  local waits = redis.call('HVALS', waits_key)
+  if #waits == 0 then
+    if tonumber(redis.call('HGET', run_key, 'lease_until') or '0') > now then
+      return 'alive', tonumber(redis.call('HGET', run_key, 'lease_until'))
+    end
+    return 'dead', 'nothing of it is in flight'
+  end
+  local due = nil
+  for _, raw in ipairs(waits) do
+    local ok, wait = pcall(cjson.decode, raw)
+    if ok and type(wait) == 'table' and type(wait['until']) == 'number' then
+      if not due or wait['until'] < due then due = wait['until'] end
+    end
+  end
+  return 'waiting', due or ''
+end
+
+-- <empty> as the sweep passes it: "c=<ms>,s=<ms>,a=<ms>", when each queue
+-- was last found empty.
+local function parse_empty(text)
+  local empty = {}
+  for kind, ms in string.gmatch(text or '', '(%a)=(%d+)') do empty[kind] = ms end
+  return empty
 end
 
 -- Journals op <ident> at <index> of sequence <seq> and, with a value field,

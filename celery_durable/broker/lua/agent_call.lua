@@ -1,12 +1,13 @@
 -- A workflow asks for an agent turn: journals the op in its sequence and
 -- returns the memoized outcome, or registers the caller as waiting for a
 -- turn already in flight, or dispatches a new turn (within the ceilings).
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows, KEYS[4] live
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity "a|<agent id>", ARGV[6] agent id, ARGV[7] request
 -- json, ARGV[8] owner to wake ("m" or "<call>/<branch>"), ARGV[9] queued row
 -- json, ARGV[10] '' or "<op index>:<position>" when this op re-runs an older
--- attempt's failed turn (see cut_sequence)
+-- attempt's failed turn (see cut_sequence), ARGV[11] task id of the agent
+-- message sent on 'dispatch'
 -- Returns {'hit', cancel, pause, limit, outcome}, {'pending', ...flags},
 -- {'dispatch', ...flags}, {'limit', ...flags}, {'conflict', identity} or
 -- {refusal}.
@@ -51,5 +52,6 @@ redis.call('HSET', KEYS[2], 'q:' .. id, ARGV[7], 'qe:' .. id, ARGV[1], 'w:' .. i
 redis.call('HINCRBY', KEYS[1], 'subagents_used', 1)
 -- One row per turn and attempt: a turn interrupted with its attempt keeps its row.
 redis.call('HSET', KEYS[3], id .. '@' .. ARGV[1], ARGV[9])
+token_queued(KEYS[1], KEYS[4], ARGV[11], 'a', now, now)
 f = flags(KEYS[1])
 return {'dispatch', f[1], f[2], f[3]}

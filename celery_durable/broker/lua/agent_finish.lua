@@ -1,9 +1,11 @@
 -- Journals an agent turn's outcome, releases its slot, adds its usage to the
 -- run, and returns who must be woken.
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows, KEYS[4] live
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] agent id, ARGV[4] outcome
 -- ("o<json>" or "e<epoch>|<json>"), ARGV[5] final row json, ARGV[6] credits
--- in nano-credits, ARGV[7] prompt tokens, ARGV[8] completion tokens
+-- in nano-credits, ARGV[7] prompt tokens, ARGV[8] completion tokens,
+-- ARGV[9] the task's id, ARGV[10] prefix of the task ids that wake the
+-- waiters (each "<prefix>-<n>", n counting the waiters from 1)
 -- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated)} or
 -- {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
@@ -24,4 +26,10 @@ redis.call('HSET', KEYS[3], id .. '@' .. ARGV[1], ARGV[5])
 check_limits(KEYS[1], tonumber(ARGV[2]))
 local waiters = redis.call('HGET', KEYS[2], 'w:' .. id) or ''
 redis.call('HDEL', KEYS[2], 'q:' .. id, 'qe:' .. id, 'w:' .. id)
+local n = 0
+for owner in string.gmatch(waiters, '%S+') do
+  n = n + 1
+  token_queued(KEYS[1], KEYS[4], ARGV[10] .. '-' .. n, owner_kind(owner), ARGV[2], ARGV[2])
+end
+token_done(KEYS[1], KEYS[4], ARGV[9], ARGV[2])
 return {'ok', waiters}

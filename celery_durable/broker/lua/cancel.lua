@@ -1,14 +1,17 @@
 -- Requests cancellation. A run with a live attempt gets the cancel flag (its
--- attempt stops at its next call); a settled but resumable run is cancelled
--- here and now, with its epoch bumped so nothing older can write.
--- KEYS[1] run hash, KEYS[2] progress stream
--- ARGV[1] now (ms), ARGV[2] events channel
+-- attempt stops at its next call, woken by a coordinator message counted as
+-- queued here); a settled but resumable run is cancelled here and now, with
+-- its epoch bumped so nothing older can write.
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] waits
+-- ARGV[1] now (ms), ARGV[2] events channel, ARGV[3] task id of the
+-- coordinator message the caller sends on 'requested'
 -- Returns {'requested', epoch}, {'cancelled'} or {'settled', status}.
 local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id')
 local status = f[1]
 if status == 'completed' or status == 'cancelled' then return {'settled', status} end
 if status == 'pending' or status == 'running' then
   redis.call('HSET', KEYS[1], 'cancel', '1', 'updated_at', ARGV[1])
+  token_queued(KEYS[1], KEYS[3], ARGV[3], 'c', ARGV[1], ARGV[1])
   redis.call('PUBLISH', ARGV[2], f[3] .. ' cancel')
   return {'requested', f[2]}
 end
@@ -17,6 +20,7 @@ redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- fencing only: no new attempt r
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'reason', 'cancelled',
   'error', 'Cancelled while ' .. status, 'can_resume', '0', 'finished_at', ARGV[1],
   'updated_at', ARGV[1], 'cancel', '1')
+tokens_clear(KEYS[1], KEYS[3], KEYS[4], ARGV[1])
 append_progress(KEYS[1], KEYS[2], 'system', '', 'Run cancelled', epoch, ARGV[1])
 redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
 return {'cancelled'}

@@ -1,14 +1,14 @@
 -- Settles a run: completed, error, cancelled or halted, by the attempt that
 -- owns it.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message
 -- Returns {'ok'} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-redis.call('HSET', KEYS[1], 'active_ms', active_ms(KEYS[1], tonumber(ARGV[2])), 'active_since', '')
+tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
 redis.call('HSET', KEYS[1], 'status', ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
   'can_resume', ARGV[7], 'has_result', ARGV[8], 'result', ARGV[9],
   'finished_at', ARGV[2], 'updated_at', ARGV[2], 'lock', '', 'lock_until', '0', 'wake', '0')

@@ -2,16 +2,20 @@
 -- halted, reason interrupted, resumable. The epoch is bumped so the dead
 -- attempt, should it wake, is fenced out. Compare-and-set like resume.lua.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
--- ARGV[4] events channel
+-- ARGV[4] events channel, ARGV[5] lease ttl (ms), ARGV[6] when each queue was
+-- last found empty
+-- ("c=<ms>,s=<ms>,a=<ms>", see liveness)
 -- Returns {'ok'} or {'changed'}.
-local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'lease_until')
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or tonumber(f[3] or '0') > tonumber(ARGV[3]) then
+local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed'} end
+local now = tonumber(ARGV[3])
+if liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[5]), parse_empty(ARGV[6])) ~= 'dead' then
   return {'changed'}
 end
-redis.call('HSET', KEYS[1], 'active_ms', active_ms(KEYS[1], tonumber(ARGV[3])), 'active_since', '',
-  'agents_running', '0')
+tokens_clear(KEYS[1], KEYS[6], KEYS[7], now)
+redis.call('HSET', KEYS[1], 'agents_running', '0')
 local epoch = next_epoch(KEYS[1])
 redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- no new attempt runs: the count stays
 redis.call('HSET', KEYS[1], 'status', 'halted', 'reason', 'interrupted',

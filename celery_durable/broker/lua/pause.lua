@@ -1,10 +1,13 @@
 -- Requests a pause: the run dispatches no new work and settles as paused at
--- its next call; work in flight finishes and is journaled.
--- KEYS[1] run hash
--- ARGV[1] events channel
+-- its next call, woken by a coordinator message counted as queued here; work
+-- in flight finishes and is journaled.
+-- KEYS[1] run hash, KEYS[2] live
+-- ARGV[1] events channel, ARGV[2] now (ms), ARGV[3] task id of the
+-- coordinator message the caller sends on 'requested'
 -- Returns {'requested', epoch} or {'settled', status}.
 local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id')
 if f[1] ~= 'pending' and f[1] ~= 'running' then return {'settled', f[1]} end
 redis.call('HSET', KEYS[1], 'pause', '1')
+token_queued(KEYS[1], KEYS[2], ARGV[3], 'c', ARGV[2], ARGV[2])
 redis.call('PUBLISH', ARGV[1], f[3] .. ' pause')
 return {'requested', f[2]}

@@ -1,22 +1,27 @@
 -- Gives a run a new attempt: bumps the epoch (fencing out every older
--- attempt) and sets it running again. Compare-and-set on epoch and status,
--- so two concurrent resumes (or sweeping workers) cannot both win.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running steps
+-- attempt), forgets the old attempt's work in flight and sets the run
+-- running again, with one coordinator message queued. Compare-and-set on
+-- epoch and status, so two concurrent resumes (or sweeping workers) cannot
+-- both win; a recovery also requires the old attempt to be dead (liveness).
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8..] every
+-- other key of the run (a settled run's keys may carry its retention TTL:
+-- persisted here)
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] limits json or '' to keep,
 -- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or '',
--- ARGV[9] '1' to require that the attempt's lease has expired (recovery),
+-- ARGV[9] '1' for a recovery: the old attempt must be dead,
 -- ARGV[10] ceilings as "field=value,field=value" pairs ('' keeps them; an
--- empty value clears one), KEYS[5] agent rows, KEYS[6..] every other key of
--- the run (a settled run's keys may carry its retention TTL: persisted here)
+-- empty value clears one), ARGV[11] task id of the new attempt's first
+-- coordinator message, ARGV[12] when each queue was last found empty ("c=<ms>,s=<ms>,a=<ms>")
 -- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
-local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'lease_until')
+local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed', f[1] or '', f[2] or ''} end
 local now = tonumber(ARGV[3])
-if ARGV[9] == '1' and tonumber(f[3] or '0') > now then return {'changed', f[1], f[2]} end
-if f[2] == 'running' or f[2] == 'pending' then
-  redis.call('HSET', KEYS[1], 'active_ms', active_ms(KEYS[1], now))
+if ARGV[9] == '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[7]), parse_empty(ARGV[12])) ~= 'dead' then
+  return {'changed', f[1], f[2]}
 end
+tokens_clear(KEYS[1], KEYS[6], KEYS[7], now)
 for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
 -- A recovery takes over an attempt that died, not the requests made of it:
 -- a cancel or pause asked for before the crash still holds.
@@ -33,8 +38,8 @@ else
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'reason', '', 'error', '', 'can_resume', '0',
   'cancel', cancel, 'pause', pause, 'lock', '', 'lock_until', '0', 'wake', '0',
-  'lease_until', now + lease_ms(KEYS[1], ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
-  'limit', '', 'active_since', ARGV[3], 'agents_running', '0')
+  'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
+  'limit', '', 'active_since', '', 'agents_running', '0')
 for pair in string.gmatch(ARGV[10], '[^,]+') do
   local eq = string.find(pair, '=', 1, true)
   redis.call('HSET', KEYS[1], string.sub(pair, 1, eq - 1), string.sub(pair, eq + 1))
@@ -46,6 +51,7 @@ end
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'limits', ARGV[5]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'code_hash', ARGV[8]) end
 interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
+token_queued(KEYS[1], KEYS[6], ARGV[11], 'c', now, now)
 local attempt = redis.call('HGET', KEYS[1], 'attempt')
 append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[6] .. ' (attempt ' .. attempt .. ')', epoch, ARGV[3])
 redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')

@@ -1,0 +1,47 @@
+"""Riding out a store that does not answer, without giving the work away.
+
+A task that meets ``StorageUnavailableError`` waits and runs again in place,
+holding its message: its heartbeat goes on trying meanwhile, and once Redis
+answers its lease is renewed before anyone can take the run over (the
+sweep gives the fleet a lease of grace after it saw Redis fail). Sending the
+task back to the broker instead (Celery's retry) would leave its run with a
+message nobody holds, and a backoff longer than that grace would look like
+death. Only a worker that is shutting down hands the task back to Celery,
+so a warm shutdown is never held up by an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from celery.worker import state as worker_state
+
+from celery_durable.errors import StorageUnavailableError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FIRST_DELAY = 0.25
+MAX_DELAY = 2.0
+
+
+def retry_storage(what: str, work: Callable[[], T]) -> T:
+    """``work()``, again and again while the store is unavailable."""
+    delay = FIRST_DELAY
+    while True:
+        try:
+            return work()
+        except StorageUnavailableError as exc:
+            if _shutting_down():
+                raise  # the task's autoretry hands it back to the broker
+            logger.warning("%s: storage unavailable, trying again in %.2fs: %s", what, delay, exc)
+        time.sleep(delay)  # a backoff, not a synchronisation: nothing to wait on but time
+        delay = min(delay * 2, MAX_DELAY)
+
+
+def _shutting_down() -> bool:
+    """The worker was asked to stop (as ``celery.worker.state.maybe_shutdown`` reads it)."""
+    return any(flag not in (None, False) for flag in (worker_state.should_stop, worker_state.should_terminate))

@@ -1,0 +1,195 @@
+"""Leases that never misfire: a backlog is not death, a dead worker is.
+
+A run is alive while its work is in flight: each message of its attempt is
+queued or running, and running ones are renewed by their worker. These tests
+load real worker processes far past what they can serve within a lease, and
+check that nothing is taken over without a fault; then they kill one worker
+with SIGKILL and check that exactly the runs whose work it held are taken
+over, promptly, and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from celery_durable import Engine, Settings, WorkflowContext, define_workflow
+from celery_durable.errors import StorageUnavailableError
+from tests.apps.load import inflight_key, load, ready_key
+from tests.fleet import Fleet
+
+LOAD = "tests.apps.load:engine"
+
+
+def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def recovered_at(client: Any, run_id: str) -> list[float]:
+    """When the sweep took the run over: its 'recovered' system records, in seconds."""
+    records = client.get_workflow_run_progress(run_id, limit=500).records
+    return [r.at.timestamp() for r in records if r.kind == "system" and r.message.startswith("Run recovered")]
+
+
+def start_load(settings: Settings, fleet: Fleet, raw: redis.Redis, runs: int, pause: float) -> tuple[Any, list[str]]:
+    workers = [fleet.start(LOAD, concurrency=8, name=f"w{i}") for i in range(2)]
+    poll(lambda: raw.scard(ready_key(settings.key_prefix)) >= 2, 60, "both workers ready")
+    client = Engine([load], settings).client()
+    run_ids = [client.start_workflow("load", args={"pause": pause}) for _ in range(runs)]
+    return (client, workers), run_ids
+
+
+@pytest.mark.slow
+def test_a_backlog_many_leases_long_takes_nothing_over(settings: Settings, fleet: Fleet, raw_redis) -> None:
+    """300 runs on two workers at a 3 s lease: the last run waits far longer
+    than a lease in the queue, and no run is taken over."""
+    settings = settings.model_copy(update={"lease_seconds": 3})
+    fleet.settings = settings
+    (client, _), run_ids = start_load(settings, fleet, raw_redis, runs=300, pause=0.005)
+    envelopes = [client.wait_for_workflow_run(run_id, timeout=240) for run_id in run_ids]
+    assert [e.status for e in envelopes] == ["completed"] * len(run_ids), {e.error for e in envelopes}
+    assert [e.attempt for e in envelopes] == [1] * len(run_ids)
+    assert not any(recovered_at(client, run_id) for run_id in run_ids)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_loses_exactly_its_runs_and_they_are_taken_over_promptly(
+    settings: Settings, fleet: Fleet, raw_redis
+) -> None:
+    settings = settings.model_copy(update={"lease_seconds": 3})
+    fleet.settings = settings
+    (client, workers), run_ids = start_load(settings, fleet, raw_redis, runs=200, pause=0.01)
+    victim = workers[0]
+    held_key = inflight_key(settings.key_prefix, victim.pid)
+    poll(lambda: sum(int(v) > 0 for v in raw_redis.hvals(held_key)) >= 4, 60, "the victim to hold work")
+    victim.kill()
+    killed_at = time.time()
+    held = {run_id for run_id, count in raw_redis.hgetall(held_key).items() if int(count) > 0}
+
+    envelopes = {run_id: client.wait_for_workflow_run(run_id, timeout=240) for run_id in run_ids}
+    assert [e.status for e in envelopes.values()] == ["completed"] * len(run_ids)
+    taken = {run_id for run_id, e in envelopes.items() if e.attempt > 1}
+    assert taken <= held, f"runs taken over that the dead worker did not hold: {sorted(taken - held)}"
+    assert taken, "the dead worker held work of these runs, and it died with it"
+    for run_id in taken:
+        first = min(recovered_at(client, run_id))
+        assert first - killed_at <= settings.lease_seconds + 2, (run_id, first - killed_at)
+
+
+SPIN = {"stop": False, "spinning": False}
+
+
+def spin(ctx: WorkflowContext) -> Any:
+    ctx.step("before", lambda: 1)
+    while not SPIN["stop"]:  # never calls the context: no step, no cancelled()
+        SPIN["spinning"] = True
+        time.sleep(0.01)
+    return ctx.step("after", lambda: 2)
+
+
+spinner = define_workflow({"name": "spinner", "description": "Loops without calling ctx", "phases": []}, spin)
+
+
+def test_a_spinning_body_is_stopped_by_its_active_time_ceiling(durable) -> None:
+    SPIN.update(stop=False, spinning=False)
+    d = durable([spinner], lease_seconds=2)
+    try:
+        started = time.monotonic()
+        envelope = d.client.run_workflow("spinner", limits={"timeout_seconds": 2}, timeout=30)
+        took = time.monotonic() - started
+    finally:
+        SPIN["stop"] = True
+    assert (envelope.status, envelope.reason) == ("error", "workflow_limit_reached"), envelope.error
+    assert envelope.can_resume
+    assert took <= 2 + d.settings.lease_seconds + 2, took
+
+
+def test_cancel_settles_a_spinning_body(durable) -> None:
+    SPIN.update(stop=False, spinning=False)
+    d = durable([spinner], lease_seconds=2)
+    try:
+        run_id = d.client.start_workflow("spinner")
+        poll(lambda: SPIN["spinning"], 20, "the loop to start")
+        envelope = d.client.cancel_workflow_run(run_id, timeout=10)
+    finally:
+        SPIN["stop"] = True
+    assert envelope.status == "cancelled"
+
+
+def test_a_non_utf8_journal_entry_stops_the_run_as_corrupt_on_the_first_try(durable, raw_redis) -> None:
+    gate = {"open": False}
+
+    def run(ctx: WorkflowContext) -> Any:
+        ctx.step("a", lambda: 1)
+        # The branch holds the run until the journal is damaged; then the
+        # coordinator's next pass replays step a from it.
+        ctx.parallel([lambda: ctx.step("wait", lambda: poll(lambda: gate["open"], 20, "the damage"))])
+        return ctx.step("b", lambda: 2)
+
+    wf = define_workflow({"name": "bytes", "description": "d", "phases": []}, run)
+    d = durable([wf], lease_seconds=2)
+    run_id = d.client.start_workflow("bytes")
+    poll(lambda: d.client.get_workflow_run(run_id).snapshot["steps_done"] == 1, 20, "step a journaled")
+    journal = d.engine.store.run_keys(run_id).journal
+    raw = redis.Redis.from_url(d.settings.redis_url)  # bytes in, bytes out
+    raw.hset(journal, "v:a", b"o\xff\xfe not utf-8")
+    gate["open"] = True
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=20)
+    assert (envelope.status, envelope.reason) == ("error", "workflow_storage_corrupt")
+    assert envelope.attempt == 1
+    resumed = d.client.resume_workflow(run_id, timeout=20)
+    assert resumed.reason == "workflow_storage_corrupt" and resumed.attempt == 2
+
+
+def test_a_stalled_redis_fails_callers_promptly(durable, raw_redis) -> None:
+    d = durable([load], worker=False, redis_timeout_seconds=1)
+    run_id = d.client.start_workflow("load")
+    pauser = redis.Redis.from_url(d.settings.redis_url)
+    pauser.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError):
+        d.client.get_workflow_run(run_id)
+    assert time.monotonic() - started < 2.5
+
+    def answers() -> bool:
+        try:
+            return d.client.get_workflow_run(run_id).status == "pending"
+        except StorageUnavailableError:
+            return False
+
+    poll(answers, 10, "Redis to answer again")
+
+
+@pytest.mark.slow
+def test_a_redis_stall_longer_than_the_lease_takes_nothing_over(settings: Settings, fleet: Fleet, raw_redis) -> None:
+    """CLIENT PAUSE for 10 s with 60 runs in flight at a 3 s lease: no heartbeat
+    can land, and that is not the workers' silence."""
+    settings = settings.model_copy(update={"lease_seconds": 3, "redis_timeout_seconds": 1})
+    fleet.settings = settings
+    (client, _), run_ids = start_load(settings, fleet, raw_redis, runs=60, pause=0.05)
+    poll(lambda: sum(client.get_workflow_run(r).status == "running" for r in run_ids) >= 4, 30, "runs in flight")
+    redis.Redis.from_url(settings.redis_url).execute_command("CLIENT", "PAUSE", 10_000, "ALL")
+    paused_at = time.monotonic()
+    with pytest.raises(StorageUnavailableError):
+        client.get_workflow_run(run_ids[0])
+    assert time.monotonic() - paused_at < 2.5
+    envelopes = []
+    for run_id in run_ids:
+        while True:
+            try:
+                envelopes.append(client.wait_for_workflow_run(run_id, timeout=120))
+                break
+            except StorageUnavailableError:
+                continue
+    assert [e.status for e in envelopes] == ["completed"] * len(run_ids)
+    assert [e.attempt for e in envelopes] == [1] * len(run_ids)
