@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,15 +15,14 @@ from kombu.exceptions import KombuError
 from celery_durable import progress as paging
 from celery_durable.broker import STATUSES, RunRecord, now_ms, schema
 from celery_durable.broker.events import RunWatch
-from celery_durable.broker.keys import NAMESPACE_PATTERN
 from celery_durable.errors import (
     RunNotFoundError,
     StorageCorruptError,
     StorageUnavailableError,
     WorkflowDefinitionError,
     WorkflowResumeError,
-    WorkflowWaitCancelled,
 )
+from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
 from celery_durable.tasks.app import new_task_id
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow
@@ -50,7 +48,6 @@ DEFAULT_POLL_MS = 1000
 MAX_POLL_MS = 3_600_000
 MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
-PAGE_LIMIT_MAX = 500
 _EPOCH = datetime.fromtimestamp(0, tz=UTC)
 
 
@@ -59,7 +56,7 @@ class Client:
 
     def __init__(self, engine: Engine, namespace: str) -> None:
         if not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace):
-            raise ValueError(f"namespace must be 1-64 characters of [A-Za-z0-9._-]: {short_repr(namespace)}")
+            raise ValueError(f"namespace must be {name_rule(NAMESPACE_MAX)}: {short_repr(namespace)}")
         self.engine = engine
         self.namespace = namespace
 
@@ -75,11 +72,12 @@ class Client:
         """Start a run and return its id at once; an idempotency key returns the first run's id."""
         definition = self._workflow(name_or_handle)
         args = {} if args is None else args
-        problem = jsonvalue.json_problem(args)
-        if problem is not None:
-            raise ValueError(f"Workflow args must be a JSON value: {problem}")
-        args_json = jsonvalue.dumps(args)
-        self._check_size("args", args_json)
+        args_json = jsonvalue.encode_payload(
+            args,
+            self.engine.settings.max_payload_bytes,
+            noun="Workflow args",
+            too_large="{noun} are {size} bytes, above max_payload_bytes ({limit})",
+        )
         definition.validate_args(args)
         if limits is not None:
             validate_limits(limits, allow_none=True)
@@ -158,44 +156,9 @@ class Client:
         wait wakes at once; ``poll_interval_ms`` bounds how long it trusts
         silence before it reads the run again.
         """
-        _check_timeout(timeout)
-        _check_poll_interval(poll_interval_ms)
-        if cancel_event is not None and not isinstance(cancel_event, threading.Event):
-            raise ValueError("cancel_event must be a threading.Event")
-        poll = (poll_interval_ms or DEFAULT_POLL_MS) / 1000
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._events() as next_event:
-            while True:
-                envelope = self.get_workflow_run(run_id)
-                if envelope.is_terminal:
-                    return envelope
-                quiet_until = time.monotonic() + poll
-                if deadline is not None:
-                    quiet_until = min(quiet_until, deadline)
-                while True:
-                    if cancel_event is not None and cancel_event.is_set():
-                        raise WorkflowWaitCancelled(f"Wait for run {run_id} was cancelled; the run goes on")
-                    remaining = quiet_until - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    event = next_event(min(remaining, 0.05))
-                    if event is not None and event.startswith(run_id):
-                        break
-                if deadline is not None and time.monotonic() >= deadline:
-                    envelope = self.get_workflow_run(run_id)
-                    if envelope.is_terminal:
-                        return envelope
-                    raise TimeoutError(f"Run {run_id} is still {envelope.status} after {timeout}s")
-
-    @contextmanager
-    def _events(self) -> Iterator[Callable[[float], str | None]]:
-        with self.watch_runs() as watch:
-
-            def next_event(timeout: float) -> str | None:
-                update = watch.get(timeout)
-                return f"{update.run_id} {update.change}" if update is not None else None
-
-            yield next_event
+        return paging.wait_for_run(
+            self, run_id, timeout=timeout, poll_interval_ms=poll_interval_ms, cancel_event=cancel_event
+        )
 
     def list_workflow_runs(
         self,
@@ -209,7 +172,7 @@ class Client:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {short_repr(status)}")
         if workflow is not None and not isinstance(workflow, str):
             raise ValueError(f"workflow must be a name, got {type(workflow).__name__}")
-        _check_page_limit(limit)
+        paging.check_page_limit(limit)
         before = _parse_cursor(cursor)
         store = self.engine.store
         runs: list[RunEnvelope] = []
@@ -276,9 +239,7 @@ class Client:
         ``oldest_seq``/``newest_seq`` to that phase. A bad option is a
         ``ValueError`` naming it.
         """
-        query = paging.check_query(after_seq, before_seq, limit)
-        if phase_id is not None and (not isinstance(phase_id, str) or not phase_id):
-            paging.check_phase_id(phase_id, None, "")
+        query = paging.check_query(after_seq, before_seq, limit, phase_id)
         record = self._record(run_id)
         definition = self.engine.workflows.get(record.workflow)
         declared = [phase.phase_id for phase in definition.phases] if definition is not None else None
@@ -330,26 +291,23 @@ class Client:
         ``WorkflowWaitCancelled`` — the run goes on either way. Options are
         checked, and the run looked up, here, before iteration starts.
         """
-        _check_timeout(timeout)
-        _check_poll_interval(poll_interval_ms)
-        if cancel_event is not None and not isinstance(cancel_event, threading.Event):
-            raise ValueError("cancel_event must be a threading.Event")
+        options = paging.check_wait(timeout, poll_interval_ms, cancel_event)
         self.get_workflow_run_progress(run_id, phase_id=phase_id, after_seq=after_seq, limit=1)
         return paging.follow(
             self,
             run_id,
             phase_id=phase_id,
             after_seq=after_seq,
-            timeout=timeout,
-            poll_interval=(poll_interval_ms or DEFAULT_POLL_MS) / 1000,
-            cancel_event=cancel_event,
+            timeout=options.timeout,
+            poll_interval=options.poll_seconds,
+            cancel_event=options.cancel_event,
         )
 
     # -- changing ----------------------------------------------------------------
 
     def cancel_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
         """Request cancellation and wait until the run has settled."""
-        _check_timeout(timeout)
+        paging.check_wait(timeout)
         record = self._record(run_id)
         message = new_task_id()
         verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace, message)
@@ -365,7 +323,7 @@ class Client:
         journaled; the main body stops at its next new call. ``resume_workflow``
         continues the run.
         """
-        _check_timeout(timeout)
+        paging.check_wait(timeout)
         record = self._record(run_id)
         message = new_task_id()
         verdict, epoch = self.engine.store.pause(record.run_id, record.namespace, message)
@@ -382,7 +340,7 @@ class Client:
         allow_code_change: bool = False,
     ) -> RunEnvelope:
         """Take execution authority of a run with a new attempt and block until it settles."""
-        _check_timeout(timeout)
+        paging.check_wait(timeout)
         if limits is not None:
             try:
                 validate_limits(limits, allow_none=True)
@@ -475,11 +433,6 @@ class Client:
                 "the run is kept and is sent again within lease_seconds once the broker is back"
             ) from None
 
-    def _check_size(self, what: str, encoded: str) -> None:
-        size = len(encoded.encode("utf-8"))
-        limit = self.engine.settings.max_payload_bytes
-        if size > limit:
-            raise ValueError(f"Workflow {what} are {size} bytes, above max_payload_bytes ({limit})")
 
 
 def _phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
@@ -516,11 +469,6 @@ def _step_row(key: str, raw: str) -> StepRow:
     )
 
 
-def _check_page_limit(limit: object) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
-        raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got {short_repr(limit)}")
-
-
 def _resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed: bool) -> str:
     """The system message of an allowed resume; raises for a refused one (SPEC §8 table)."""
     status = record.status
@@ -553,27 +501,6 @@ def _parse_cursor(cursor: str | None) -> float | None:
     if not isinstance(cursor, str) or not cursor.startswith("s") or not cursor[1:].isdigit():
         raise ValueError(f"cursor is not one list_workflow_runs returned: {short_repr(cursor)}")
     return float(cursor[1:])
-
-
-def _check_poll_interval(poll_interval_ms: int | None) -> None:
-    if poll_interval_ms is not None and (
-        isinstance(poll_interval_ms, bool)
-        or not isinstance(poll_interval_ms, int)
-        or not 0 < poll_interval_ms <= MAX_POLL_MS
-    ):
-        raise ValueError(
-            f"poll_interval_ms must be an integer from 1 to {MAX_POLL_MS}, got {short_repr(poll_interval_ms)}"
-        )
-
-
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT
-    ):
-        raise ValueError(
-            f"timeout must be a positive number of seconds up to {MAX_TIMEOUT:.0e} (None waits without limit), "
-            f"got {short_repr(timeout)}"
-        )
 
 
 

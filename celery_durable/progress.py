@@ -104,6 +104,13 @@ def check_query(
     return PageQuery("newest", 0, count)
 
 
+def check_page_limit(limit: object) -> int:
+    """A page size of a listing (``list_workflow_runs``): 1..PAGE_LIMIT_MAX, no default."""
+    if limit is None:
+        raise ValueError(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}, got None")
+    return check_query(None, None, limit).limit  # type: ignore[arg-type]
+
+
 def check_phase_id(phase_id: object, declared: list[str] | None, workflow: str) -> str:
     """``phase_id`` as the store takes it ('' for the whole run).
 

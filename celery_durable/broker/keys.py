@@ -63,8 +63,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
-NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+from celery_durable.names import NAMESPACE_PATTERN
+
+__all__ = ["NAMESPACE_PATTERN", "RUN_ID_PATTERN", "KeySpace", "NamespaceKeys", "RunKeys"]
+
+RUN_ID_PATTERN = re.compile(r"\A[0-9a-f]{32}\Z")
 
 
 @dataclass(frozen=True, slots=True)

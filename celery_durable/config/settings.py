@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import re
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
+
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -93,8 +93,8 @@ class Settings(BaseSettings):
     @field_validator("namespace", "key_prefix")
     @classmethod
     def _plain_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be 1-64 characters of [A-Za-z0-9._-]")
+        if not NAMESPACE_PATTERN.match(value):
+            raise ValueError(f"must be {name_rule(NAMESPACE_MAX)}")
         return value
 
     @field_validator("redis_url")

@@ -206,12 +206,12 @@ def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str
 
 
 def _output_problem(output: Any, schema: dict[str, Any] | None, max_bytes: int) -> str | None:
-    problem = jsonvalue.json_problem(output)
-    if problem is not None:
-        return f"Agent output is not a JSON value: {problem}"
-    size = len(jsonvalue.dumps(output).encode("utf-8"))
-    if size > max_bytes:
-        return f"Agent output is {size} bytes, above max_payload_bytes ({max_bytes})"
+    try:
+        jsonvalue.encode_payload(
+            output, max_bytes, noun="Agent output", not_json="{noun} is not a JSON value: {problem}"
+        )
+    except jsonvalue.PayloadError as exc:
+        return str(exc)
     if schema is not None:
         error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(output))
         if error is not None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_durable.broker.keys import RUN_ID_PATTERN
-from celery_durable.workflows.definition import NAME_PATTERN
+from celery_durable.names import WORKFLOW_NAME_PATTERN
 
-WORKFLOW_NAME = NAME_PATTERN
+WORKFLOW_NAME = WORKFLOW_NAME_PATTERN
 """The names define_workflow accepts: a message naming anything else is forged."""
 CALL_PATTERN = re.compile(r"m(\.\d{1,9}\.\d{1,9}){0,32}:\d{1,9}")
 

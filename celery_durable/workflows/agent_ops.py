@@ -80,12 +80,13 @@ class AgentOps:
     def _request(self, prompt: str, label: str | None, schema_: Any, model: str | None) -> dict[str, Any]:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("ctx.agent prompt must be a non-empty string")
-        if not jsonvalue.is_json_value(prompt):
-            raise ValueError("ctx.agent prompt holds a lone surrogate")
-        size = len(prompt.encode("utf-8"))
-        limit = self._replay.max_payload_bytes
-        if size > limit:
-            raise ValueError(f"ctx.agent prompt is {size} bytes, above max_payload_bytes ({limit})")
+        jsonvalue.encode_payload(
+            prompt,
+            self._replay.max_payload_bytes,
+            noun="ctx.agent prompt",
+            text=True,
+            not_json="{noun} holds a lone surrogate",
+        )
         for name, value in (("label", label), ("model", model)):
             if value is not None and (not isinstance(value, str) or not value or len(value) > MAX_LABEL):
                 raise ValueError(

@@ -220,13 +220,9 @@ class FanoutOps:
             replay.flush(cursor)
             return schema.failure_outcome(replay.epoch, exc)
         replay.flush(cursor)
-        problem = jsonvalue.json_problem(result)
-        if problem is not None:
-            return schema.failure_outcome(replay.epoch, TypeError(f"Branch result must be a JSON value: {problem}"))
-        encoded = jsonvalue.dumps(result)
-        size = len(encoded.encode("utf-8"))
-        if size > replay.max_payload_bytes:
-            limit = replay.max_payload_bytes
-            too_large = ValueError(f"Branch result is {size} bytes, above max_payload_bytes ({limit})")
-            return schema.failure_outcome(replay.epoch, too_large)
+        try:
+            encoded = jsonvalue.encode_payload(result, replay.max_payload_bytes, noun="Branch result")
+        except jsonvalue.PayloadError as exc:
+            error = TypeError(str(exc)) if exc.reason == "not_json" else ValueError(str(exc))
+            return schema.failure_outcome(replay.epoch, error)
         return schema.value_outcome(jsonvalue.loads(encoded))

@@ -129,15 +129,12 @@ def _returned(replay: Replay, result: Any) -> Settlement:
         return CANCELLED
     if result is None:
         return Settlement("completed", message="Run completed")
-    problem = jsonvalue.json_problem(result)
-    if problem is not None:
-        error = f"Workflow result must be a JSON value ({problem})"
-        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
-    encoded = jsonvalue.dumps(result)
-    size = len(encoded.encode("utf-8"))
-    if size > replay.max_payload_bytes:
-        error = f"Workflow result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes})"
-        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {error}")
+    try:
+        encoded = jsonvalue.encode_payload(
+            result, replay.max_payload_bytes, noun="Workflow result", not_json="{noun} must be a JSON value ({problem})"
+        )
+    except jsonvalue.PayloadError as exc:
+        return Settlement("error", "invalid_result", str(exc), True, message=f"Run failed: {exc}")
     return Settlement("completed", result_json=encoded, message="Run completed")
 
 

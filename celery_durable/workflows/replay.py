@@ -323,11 +323,9 @@ class Replay:
     def log(self, message: str) -> None:
         if not isinstance(message, str):
             raise ValueError(f"ctx.log takes a string, got {type(message).__name__}")
-        if not jsonvalue.is_json_value(message):
-            raise ValueError("ctx.log message holds a lone surrogate")
-        size = len(message.encode("utf-8"))
-        if size > self.max_payload_bytes:
-            raise ValueError(f"ctx.log message is {size} bytes, above max_payload_bytes ({self.max_payload_bytes})")
+        jsonvalue.encode_payload(
+            message, self.max_payload_bytes, noun="ctx.log message", text=True, not_json="{noun} holds a lone surrogate"
+        )
         self._record(self.current(), "log", message)
 
     def _record(self, cursor: Cursor, kind: str, message: str) -> None:

@@ -102,15 +102,18 @@ class StepOps:
     def result_outcome(self, key: str, result: Any) -> Outcome:
         """A producer's (or a task's) result as an outcome: a JSON value, or why not."""
         replay = self._replay
-        if jsonvalue.json_problem(result) is not None:
-            not_json = StepFailed(key, "TypeError", f"Step result must be a JSON value: {key}", found_by_engine=True)
-            return schema.failure_outcome(replay.epoch, not_json)
-        encoded = jsonvalue.dumps(result)
-        size = len(encoded.encode("utf-8"))
-        if size > replay.max_payload_bytes:
-            message = f"Step result is {size} bytes, above max_payload_bytes ({replay.max_payload_bytes}): {key}"
-            too_large = StepFailed(key, "PayloadTooLarge", message, found_by_engine=True)
-            return schema.failure_outcome(replay.epoch, too_large)
+        try:
+            encoded = jsonvalue.encode_payload(
+                result,
+                replay.max_payload_bytes,
+                noun="Step result",
+                key=key,
+                not_json="{noun} must be a JSON value: {key}",
+                too_large=jsonvalue.TOO_LARGE + ": {key}",
+            )
+        except jsonvalue.PayloadError as exc:
+            kind = "TypeError" if exc.reason == "not_json" else "PayloadTooLarge"
+            return schema.failure_outcome(replay.epoch, StepFailed(key, kind, str(exc), found_by_engine=True))
         # The decoded value, not the producer's object: a replay returns
         # the journaled JSON, and the first run must see the same thing
         # (a str-based Enum would otherwise format differently).
