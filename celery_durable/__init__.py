@@ -19,6 +19,7 @@ from celery_durable.errors import (
     StaleAttemptError,
     StepFailed,
     StorageCorruptError,
+    StorageError,
     StorageUnavailableError,
     WorkflowCancelled,
     WorkflowDefinitionError,
@@ -40,12 +41,14 @@ from celery_durable.workflows.envelope import (
 )
 from celery_durable.workflows.jsonvalue import JSON_NULL
 from celery_durable.workflows.retry import RetryPolicy
+from celery_durable.workflows.waits import Signal
 
 __all__ = [
     # defining workflows
     "JSON_NULL",
     "Phase",
     "RetryPolicy",
+    "Signal",
     "Workflow",
     "WorkflowContext",
     "define_workflow",
@@ -79,6 +82,7 @@ __all__ = [
     "StaleAttemptError",
     "StepFailed",
     "StorageCorruptError",
+    "StorageError",
     "StorageUnavailableError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",

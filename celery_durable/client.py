@@ -6,7 +6,6 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
@@ -38,6 +37,7 @@ from celery_durable.workflows.envelope import (
 )
 from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import ceiling_fields, ceilings_argument, merge_limits, validate_limits
+from celery_durable.workflows.waits import check_signal_name
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -48,7 +48,6 @@ DEFAULT_POLL_MS = 1000
 MAX_POLL_MS = 3_600_000
 MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
-_EPOCH = datetime.fromtimestamp(0, tz=UTC)
 
 
 class Client:
@@ -211,9 +210,7 @@ class Client:
         record = self._record(run_id)
         definition = self.engine.workflows.get(record.workflow)
         phases = _phase_rows(definition, record) if definition is not None else []
-        steps = [_step_row(key, row) for key, row in self.engine.store.step_rows(record.run_id).items()]
-        # In the order they began, not the order they settled.
-        steps.sort(key=lambda row: (row.started_at is None, row.started_at or _EPOCH, row.key))
+        steps = step_rows_in_order(self.engine.store.step_rows(record.run_id))
         progress = self.get_workflow_run_progress(run_id, limit=20).records
         agents = [_agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
         # Started rows first, by start time; rows not started yet (None) after them.
@@ -331,6 +328,33 @@ class Client:
             self._dispatch(record.run_id, epoch, record.workflow, message)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
+    def signal_workflow_run(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver signal ``name`` with a JSON ``payload`` to the run (SPEC §5).
+
+        Signals are kept per run and per name in arrival order: one sent
+        before the run reaches its ``ctx.wait_for_signal`` is kept for it, and
+        one sent while no attempt is alive (paused, halted, between a crash
+        and its recovery) is never lost. A completed, cancelled or
+        non-resumable run refuses it with a ``ValueError`` naming its status.
+        """
+        check_signal_name(name)
+        payload_json = jsonvalue.encode_payload(
+            payload, self.engine.settings.max_payload_bytes, noun="Signal payload"
+        )
+        record = self._record(run_id)
+        prefix = new_task_id()
+        answer = self.engine.store.signal(record.run_id, record.namespace, name, payload_json, prefix)
+        if answer.verdict == "missing":
+            raise RunNotFoundError(f"Run not found: {run_id}")
+        if answer.verdict == "refused":
+            detail = " and cannot be resumed" if answer.status == "error" else ""
+            raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
+        for n, owner in enumerate(answer.owners, start=1):
+            self._wake(record.run_id, answer.epoch, record.workflow, owner, f"{prefix}-{n}")
+        if answer.owners:
+            # It was waiting, unwatched by the sweep: watch it again while it works.
+            self.engine.store.schedule_check(record.run_id, now_ms() + self.engine.store.lease_ms)
+
     def resume_workflow(
         self,
         run_id: str,
@@ -417,6 +441,15 @@ class Client:
         examined = self.engine.store.examine(record.run_id, self.engine.store.queue_room())
         return examined is not None and examined.verdict in ("alive", "waiting")
 
+    def _wake(self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
+        try:
+            self.engine.wake(run_id, epoch, workflow, owner, task_id)
+        except (KombuError, OSError, redis.exceptions.RedisError) as exc:
+            raise StorageUnavailableError(
+                f"The broker refused a message of run {run_id} ({type(exc).__name__}: {exc}); "
+                "the signal is kept and the run is woken again within lease_seconds once the broker is back"
+            ) from None
+
     def _dispatch(self, run_id: str, epoch: int, workflow: str, task_id: str | None = None) -> None:
         """Send a coordinator message for a run whose state is already written.
 
@@ -457,8 +490,18 @@ def _agent_row(raw: str) -> dict[str, Any]:
     return row
 
 
+def step_rows_in_order(stored: dict[str, str]) -> list[StepRow]:
+    """Stored step rows as the detail lists them: in the order they began, not the order they settled."""
+    rows = [(key, schema.StepRow.parse(key, raw)) for key, raw in stored.items()]
+    rows.sort(key=lambda pair: (pair[1].order(), pair[0]))
+    return [_to_step_row(key, row) for key, row in rows]
+
+
 def _step_row(key: str, raw: str) -> StepRow:
-    row = schema.StepRow.parse(key, raw)
+    return _to_step_row(key, schema.StepRow.parse(key, raw))
+
+
+def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
     return StepRow(
         key=key,
         status=row.status,

@@ -10,6 +10,7 @@ from celery import Celery
 
 from celery_durable.agents import AgentRunner, load_runner
 from celery_durable.broker import RunStore
+from celery_durable.broker.schema import MAIN
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import (
@@ -97,6 +98,15 @@ class Engine:
 
     def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> list[str]:
         return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)
+
+    def wake(self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
+        """Send the message that continues ``owner`` of a run: a coordinator
+        pass ("m"), or the branch task of a top-level branch ("<call>/<j>")."""
+        if owner == MAIN:
+            self.send_coordinator(run_id, epoch, workflow, task_id=task_id)
+        else:
+            call, _, branch = owner.rpartition("/")
+            self.send_branch(run_id, epoch, workflow, call, int(branch), task_id)
 
     def count_refused(self) -> None:
         """Count a task message refused by the fence (stale epoch or forged run)."""

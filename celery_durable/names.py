@@ -16,6 +16,8 @@ NAME_CHARS: Final = "A-Za-z0-9._-"
 NAMESPACE_MAX: Final = 64
 """Namespaces and key prefixes: every key of a run carries one."""
 WORKFLOW_NAME_MAX: Final = 128
+SIGNAL_NAME_MAX: Final = 128
+"""Signal names: they are part of op identities and of the CLI's arguments."""
 
 
 def name_pattern(max_length: int) -> re.Pattern[str]:
@@ -31,3 +33,4 @@ def name_rule(max_length: int) -> str:
 
 NAMESPACE_PATTERN: Final = name_pattern(NAMESPACE_MAX)
 WORKFLOW_NAME_PATTERN: Final = name_pattern(WORKFLOW_NAME_MAX)
+SIGNAL_NAME_PATTERN: Final = name_pattern(SIGNAL_NAME_MAX)

@@ -174,7 +174,7 @@ def test_tables_for_people(durable) -> None:
     assert listing.exit_code == 0
     assert run_id in listing.stdout and "completed" in listing.stdout  # ids are never cut
     shown = cli(d.settings, "runs", "show", run_id, "--app", APP).stdout
-    for piece in ("status", "completed", "phases", "✓", "Read the inputs", "agents: none", "square-2", "▶ Report"):
+    for piece in ("status", "completed", "phases", "✓", "Read the inputs", "agent turns: none", "square-2", "▶ Report"):
         assert piece in shown
     lines = cli(d.settings, "runs", "progress", run_id, "--app", APP, "--before-seq", "4").stdout.splitlines()
     assert lines == [

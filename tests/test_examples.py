@@ -60,7 +60,7 @@ def run_readme_example(tmp_path: Path, workflow: str) -> dict[str, Any]:
 
 
 def test_the_readme_runs_every_example() -> None:
-    assert sorted(argv[2] for argv in readme_example_lines()) == ["code-review", "pipeline", "trip"]
+    assert sorted(argv[2] for argv in readme_example_lines()) == ["code-review", "expense-approval", "pipeline", "trip"]
 
 
 def test_the_trip(tmp_path: Path) -> None:
@@ -77,6 +77,12 @@ def test_the_code_review_finds_the_seeds_two_bugs(tmp_path: Path) -> None:
     assert "initial value" in by_file["cart.js"]["message"]
     assert by_file["cart.js"]["fix"].endswith(", 0);")
     assert by_file["discount.js"]["fix"] == "return price * (1 - percent / 100);"
+
+
+def test_the_expense_approval_expires_on_its_own_when_nobody_decides(tmp_path: Path) -> None:
+    result = run_readme_example(tmp_path, "expense-approval")["result"]
+    assert result["status"] == "expired"
+    assert result["claim"].startswith("EXP-")
 
 
 def test_the_pipeline(tmp_path: Path) -> None:

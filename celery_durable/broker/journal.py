@@ -104,6 +104,22 @@ class Dispatch:
     pending: bool = False
     cut: bool = False
     indices: list[int] = field(default_factory=list)
+    in_flight: int = 0
+    """With ``pending``: the run's messages in flight, the caller's own
+    included. One means no branch is running or queued: what is left of the
+    fan-out waits for the outside world."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitResult:
+    """A durable wait reached: ``done`` with its journaled ``outcome`` (JSON
+    text), or registered to be woken; ``due`` is its due time in ms, fixed
+    when the wait was first reached (None: a signal without a timeout)."""
+
+    done: bool
+    flags: Flags
+    outcome: str | None = None
+    due: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,4 +186,12 @@ class Journal(Protocol):
     ) -> AgentCall | Conflict:
         """Ask for an agent turn; on ``dispatch`` the caller sends the turn's
         task with task id ``message`` (already counted as in flight)."""
+        ...
+
+    def wait(
+        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
+    ) -> WaitResult | Conflict:
+        """Reach a durable wait (``kind`` 'timer' or 'signal'): it ends now or
+        is registered for ``owner`` to be woken. ``due_ms`` counts only the
+        first time the op is reached; later calls keep that due time."""
         ...

@@ -43,3 +43,5 @@ class RunRecord:
     credits_nano: int = 0
     limit_reached: str | None = None
     phase_times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    waiting_for: dict[str, Any] | None = None
+    """What the run waits for: {"kind": "timer"|"signal", "name", "until" (ms or None)}."""

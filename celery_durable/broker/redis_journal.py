@@ -21,6 +21,7 @@ from celery_durable.broker.journal import (
     Flags,
     PendingCommit,
     Recorded,
+    WaitResult,
     Winner,
 )
 from celery_durable.broker.keys import RunKeys
@@ -50,11 +51,19 @@ class RedisJournal:
     """One attempt's journal of one run, on Redis."""
 
     def __init__(
-        self, run: ScriptRunner, read: Callable[[str, list[str]], list[str | None]], keys: RunKeys, *,
-        run_id: str, epoch: int, channel: str,
+        self,
+        run: ScriptRunner,
+        read: Callable[[str, list[str]], list[str | None]],
+        keys: RunKeys,
+        *,
+        run_id: str,
+        epoch: int,
+        channel: str,
+        look_at: Callable[[int], None],
     ) -> None:
         self._run = run
         self._hmget = read
+        self._look_at = look_at
         self._keys = keys
         self._run_id = run_id
         self._epoch = epoch
@@ -108,12 +117,13 @@ class RedisJournal:
         self, seq: str, index: int, identity: str, width: int, token: str, position: int
     ) -> Dispatch | Conflict:
         k = self._keys
-        reply = self._run("dispatch", [k.run, k.journal], [self._epoch, seq, index, identity, width, token, position])
+        args = [self._epoch, seq, index, identity, width, token, position]
+        reply = self._run("dispatch", [k.run, k.journal, k.live], args)
         if reply and reply[0] == "conflict":
             return Conflict(str(reply[1]))
         refuse(self._run_id, reply)
         if reply[0] == "pending":
-            return Dispatch(pending=True)
+            return Dispatch(pending=True, in_flight=int(reply[1]))
         return Dispatch(cut=reply[1] == 1, indices=[int(j) for j in reply[2:]])
 
     def mark_sent(self, call: str, messages: Sequence[str]) -> None:
@@ -152,3 +162,20 @@ class RedisJournal:
             return Conflict(str(reply[1]))
         refuse(self._run_id, reply)
         return AgentCall(str(reply[0]), flags_of(reply), cast(str | None, reply[4]) if len(reply) > 4 else None)
+
+    def wait(
+        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
+    ) -> WaitResult | Conflict:
+        k = self._keys
+        args = [self._epoch, now_ms(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
+        reply = self._run("wait", [k.run, k.journal, k.waits, k.signals], [*args, self._channel])
+        if reply and reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        refuse(self._run_id, reply)
+        if reply[0] == "done":
+            return WaitResult(True, flags_of(reply), outcome=str(reply[4]))
+        due = str(reply[4] or "")
+        due_ms = int(float(due)) if due else None
+        if due_ms is not None:
+            self._look_at(due_ms)  # the sweep fires the timer then
+        return WaitResult(False, flags_of(reply), due=due_ms)

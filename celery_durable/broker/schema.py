@@ -112,6 +112,7 @@ RUN_FIELDS: dict[str, str] = {
     "lease_until": "ms the attempt's lease runs out",
     "recoveries": "take-overs since the run last journaled something",
     "refused": "writes the fence refused (stale epochs), for operators",
+    "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
 
@@ -208,6 +209,7 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             subagents_used=int(raw.get("subagents_used") or 0),
             credits_nano=int(raw.get("credits_nano") or 0),
             limit_reached=raw.get("limit") or None,
+            waiting_for=_waiting(raw.get("waiting")),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
@@ -215,6 +217,29 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
 
 def _optional_int(value: str | None) -> int | None:
     return int(value) if value else None
+
+
+def _waiting(raw: str | None) -> dict[str, Any] | None:
+    """snapshot.waiting_for as stored: {"kind", "name", "until" (ms, or absent)}."""
+    if not raw:
+        return None
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("kind") not in ("timer", "signal"):
+        raise ValueError(f"waiting {raw[:80]!r}")
+    until = data.get("until")
+    return {"kind": data["kind"], "name": str(data.get("name") or ""), "until": _optional_ms(until)}
+
+
+def wait_outcome(raw: str) -> dict[str, Any]:
+    """A wait op's journaled outcome (wait.lua): {"fired": true} for a timer,
+    {"received": bool, "payload": ..., "index"?: k} for a signal."""
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+        return data
+    except (ValueError, TypeError) as exc:
+        raise StorageCorruptError(f"Journal entry is not a wait outcome celery-durable wrote: {raw[:80]!r}") from exc
 
 
 # -- journal fields ----------------------------------------------------------------
@@ -234,8 +259,17 @@ JOURNAL_FIELDS: dict[str, str] = {
     "q:": "q:<id>: agent turn request",
     "qe:": "qe:<id>: epoch that asked for the turn",
     "w:": "w:<id>: owners waiting for the turn",
+    "wd:": "wd:<seq>:<i>: due time (ms) of a wait op, fixed when first reached ('' for none)",
 }
 """Every field prefix of the journal hash (see the module docstring)."""
+
+SIGNAL_FIELDS: dict[str, str] = {
+    "n:": "n:<name>: how many signals <name> arrived",
+    "p:": "p:<name>:<k>: the k-th one's JSON payload",
+    "t:": "t:<name>:<k>: when it arrived (ms)",
+    "k:": "k:<name>:<k>: the wait op '<seq>:<i>' that took it",
+}
+"""Every field prefix of a run's signals hash (``take_signal`` in ``_prelude.lua``)."""
 
 
 def op_field(seq: str, index: int) -> str:
@@ -298,10 +332,15 @@ class Identity:
 
     NOW = "t|"
     UUID = "u|"
+    SLEEP = "z|"
 
     @staticmethod
     def agent(agent_id: str) -> str:
         return f"a|{agent_id}"
+
+    @staticmethod
+    def signal(name: str) -> str:
+        return f"g|{name}"
 
 
 def describe(identity: str) -> str:
@@ -314,6 +353,8 @@ def describe(identity: str) -> str:
         "t": "now()",
         "u": "uuid4()",
         "a": f"agent turn {rest}",
+        "z": "sleep()",
+        "g": f"wait_for_signal({rest!r})",
     }.get(kind, identity)
 
 
@@ -456,6 +497,8 @@ class StepRow:
     started_at: int | None
     finished_at: int | None
     error: str | None
+    op: str = ""
+    """Where the step stands, "<seq>:<index>": it orders steps begun in the same ms."""
 
     def encode(self) -> str:
         return _dumps(
@@ -465,17 +508,25 @@ class StepRow:
                 "started_at": self.started_at,
                 "finished_at": self.finished_at,
                 "error": self.error,
+                "op": self.op,
             }
         )
 
     @classmethod
-    def running(cls, attempt: int, now: int) -> StepRow:
-        return cls("running", attempt, now, None, None)
+    def running(cls, attempt: int, now: int, op: str = "") -> StepRow:
+        return cls("running", attempt, now, None, None, op)
 
     def settled(self, outcome: Outcome, now: int) -> StepRow:
         if outcome.kind == "o":
-            return StepRow("completed", self.attempt, self.started_at, now, None)
-        return StepRow("failed", self.attempt, self.started_at, now, f"{outcome.error_type}: {outcome.message}")
+            return StepRow("completed", self.attempt, self.started_at, now, None, self.op)
+        error = f"{outcome.error_type}: {outcome.message}"
+        return StepRow("failed", self.attempt, self.started_at, now, error, self.op)
+
+    def order(self) -> tuple[int, int, tuple[int, ...]]:
+        """Begun first, first: by start time, then by position (``op``), numerically."""
+        seq, _, index = self.op.rpartition(":")
+        position = tuple(int(part) for part in [*seq.split(".")[1:], index] if part.isdigit())
+        return (self.started_at is None, self.started_at or 0, position)
 
     @classmethod
     def parse(cls, key: str, raw: str) -> StepRow:
@@ -490,6 +541,7 @@ class StepRow:
                 started_at=_optional_ms(row.get("started_at")),
                 finished_at=_optional_ms(row.get("finished_at")),
                 error=None if row.get("error") is None else str(row["error"]),
+                op=str(row.get("op") or ""),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StorageCorruptError(

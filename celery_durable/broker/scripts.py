@@ -49,6 +49,8 @@ SCRIPT_NAMES = (
     "resume",
     "task_end",
     "task_start",
+    "wait",
+    "signal",
 )
 
 

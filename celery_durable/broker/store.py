@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from typing import Any, cast
 
 import redis
@@ -30,6 +30,17 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class Signalled:
+    """``signal.lua``'s answer: 'ok' (with the owners to wake), 'refused' (the
+    run's ``status`` cannot continue) or 'missing'."""
+
+    verdict: str
+    status: str = ""
+    epoch: int = 0
+    owners: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class Examined:
     """A run as the sweep sees it: status, epoch, and for a pending or running
     run its liveness verdict ('alive', 'waiting' or 'dead') with its detail
@@ -37,8 +48,11 @@ class Examined:
 
     status: str
     epoch: int
+    workflow: str
     verdict: str
     detail: str
+    woken: list[str] = field(default_factory=list)
+    """Owners whose timers fired here: the caller sends each its message."""
 
     @property
     def next_check(self) -> int | None:
@@ -287,7 +301,13 @@ class RunStore:
     def journal(self, run_id: str, epoch: int, namespace: str) -> RedisJournal:
         """The journal of ``run_id`` as attempt ``epoch`` sees and writes it."""
         return RedisJournal(
-            self._run, self._hmget, self.run_keys(run_id), run_id=run_id, epoch=epoch, channel=self.channel(namespace)
+            self._run,
+            self._hmget,
+            self.run_keys(run_id),
+            run_id=run_id,
+            epoch=epoch,
+            channel=self.channel(namespace),
+            look_at=lambda at_ms: self.schedule_check(run_id, at_ms, sooner_only=True),
         )
 
     def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
@@ -445,9 +465,11 @@ class RunStore:
     # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
     # and every look at a run reads the run itself) ----------------------------
 
-    def schedule_check(self, run_id: str, at_ms: int) -> None:
+    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
+        """Have the sweep look at the run at ``at_ms``; ``sooner_only`` never
+        puts off a look already scheduled earlier."""
         with storage_errors():
-            self.client.zadd(self.keys.sweep_due, {run_id: at_ms})
+            self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
 
     def unschedule(self, run_id: str) -> None:
         with storage_errors():
@@ -460,18 +482,37 @@ class RunStore:
         next_due = int(float(reply[0])) if reply and reply[0] not in ("", None) else None
         return [str(run_id) for run_id in reply[1:]], next_due
 
-    def examine(self, run_id: str, room: str) -> Examined | None:
-        """The run's status and liveness (``examine.lua``), or None when it does not exist."""
+    def examine(self, run_id: str, room: str, *, fire_prefix: str = "") -> Examined | None:
+        """The run's status and liveness (``examine.lua``), or None when it does
+        not exist. With ``fire_prefix``, its due timers fire: the owners to wake
+        come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
         k = self.run_keys(run_id)
-        reply = self._run("examine", [k.run, k.live, k.waits], [now_ms(), self.lease_ms, room])
+        args = [now_ms(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
+        reply = self._run("examine", [k.run, k.live, k.waits], args)
         if not reply:
             return None
         try:
             if reply[0] not in STATUSES:
                 raise ValueError(f"unknown status {reply[0]!r}")
-            return Examined(str(reply[0]), int(reply[1]), str(reply[2]), str(reply[3]))
+            return Examined(
+                str(reply[0]), int(reply[1]), str(reply[2]), str(reply[3]), str(reply[4]), [str(o) for o in reply[5:]]
+            )
         except (ValueError, IndexError) as exc:
             raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
+
+    def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
+        """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "signal",
+            [k.run, k.signals, k.waits, k.live, k.progress],
+            [now_ms(), name, payload_json, wake_prefix, self.channel(namespace)],
+        )
+        if not reply or reply[0] == "missing":
+            return Signalled("missing")
+        if reply[0] == "refused":
+            return Signalled("refused", status=str(reply[1]))
+        return Signalled("ok", epoch=int(reply[1]), owners=[str(owner) for owner in reply[2:]])
 
     def report_worker(self, worker: str, held: dict[str, str], at_ms: int) -> None:
         """Worker ``worker`` is alive at ``at_ms`` and holds these messages (task id -> run id)."""

@@ -28,7 +28,17 @@ from rich.table import Table
 from rich.text import Text
 
 from celery_durable.cli.common import print_json_line
-from celery_durable.cli.render import PHASE_ICONS, duration, phase_seconds, record_line, status_text, summary
+from celery_durable.cli.render import (
+    PHASE_ICONS,
+    PHASE_STYLES,
+    duration,
+    phase_seconds,
+    record_line,
+    shown_state,
+    status_text,
+    summary,
+    waiting_text,
+)
 from celery_durable.client import Client
 from celery_durable.workflows.envelope import PhaseRow, ProgressEntry, RunDetail, RunEnvelope
 
@@ -160,13 +170,17 @@ class LiveView:
         head.append(f" · attempt {run.attempt} · steps {run.snapshot.get('steps_done', 0)} done")
         if run.snapshot.get("steps_running"):
             head.append(f", {run.snapshot['steps_running']} running")
+        waiting = waiting_text(run)
+        if waiting:
+            head.append(f" · waiting for {waiting}", style="bold")
         bars = Table.grid(padding=(0, 1))
         for phase in detail.phases:
+            state = shown_state(phase, run)
             bars.add_row(
-                Text(PHASE_ICONS.get(phase.state, "?")),
-                Text(phase.title, style="bold" if phase.state == "active" else ""),
-                phase_bar(phase),
-                Text(phase.state, style={"done": "green", "active": "cyan"}.get(phase.state, "dim")),
+                Text(PHASE_ICONS.get(state, "?")),
+                Text(phase.title, style="bold" if state == "active" else ""),
+                phase_bar(state),
+                Text(state, style=PHASE_STYLES.get(state, "dim")),
                 Text(duration(phase_seconds(phase, run))),
                 Text(phase.detail or "", style="dim"),
             )
@@ -175,9 +189,9 @@ class LiveView:
         return Group(*parts)
 
 
-def phase_bar(phase: PhaseRow) -> ProgressBar:
+def phase_bar(state: str) -> ProgressBar:
     """Phases declare no amount of work, so an active phase's bar pulses."""
-    return ProgressBar(total=1, completed=1 if phase.state == "done" else 0, width=24, pulse=phase.state == "active")
+    return ProgressBar(total=1, completed=1 if state == "done" else 0, width=24, pulse=state == "active")
 
 
 class JsonView:

@@ -22,8 +22,8 @@ STATUS_STYLES = {
     "cancelled": "magenta",
     "error": "red",
 }
-PHASE_ICONS = {"pending": "○", "active": "◐", "done": "✓"}
-SHOWN_STEPS = 20
+PHASE_ICONS = {"pending": "○", "active": "◐", "done": "✓", "stopped": "■"}
+PHASE_STYLES = {"done": "green", "active": "cyan", "stopped": "yellow"}
 SHOWN_PROGRESS = 10
 
 
@@ -56,6 +56,26 @@ def phase_seconds(phase: PhaseRow, run: RunEnvelope) -> float | None:
     return max(0.0, (end - phase.started_at).total_seconds()) if end is not None else None
 
 
+def shown_state(phase: PhaseRow, run: RunEnvelope) -> str:
+    """A phase's state as a person reads it: the phase a settled run stopped in
+    is not "active" any more (the API keeps its state, SPEC §3), it stopped."""
+    if phase.state == "active" and run.is_terminal:
+        return "stopped"
+    return phase.state
+
+
+def waiting_text(envelope: RunEnvelope) -> str:
+    """What the run waits for, in words: "signal 'approval' until 12:00:03 UTC", "timer until ..."."""
+    waiting = envelope.snapshot.get("waiting_for")
+    if not waiting:
+        return ""
+    what = f"signal {waiting['name']!r}" if waiting.get("kind") == "signal" else "timer"
+    until = waiting.get("until")
+    if until:
+        what += f" until {datetime.fromisoformat(until).strftime('%Y-%m-%d %H:%M:%S')} UTC"
+    return what
+
+
 def compact(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
@@ -73,7 +93,7 @@ def envelope_table(envelope: RunEnvelope) -> Table:
 
 
 def runs_table(page: RunPage) -> Table:
-    table = Table("workflow", "status", "attempt", "phase", "steps", "created")
+    table = Table("workflow", "status", "attempt", "phase", "steps", "waiting for", "created")
     # Ids are what people copy: never folded or cut.
     table.columns.insert(0, Column("run", no_wrap=True, min_width=32))
     table.columns[-1].no_wrap = True
@@ -85,34 +105,45 @@ def runs_table(page: RunPage) -> Table:
             str(envelope.attempt),
             str(envelope.snapshot.get("phase") or ""),
             str(envelope.snapshot.get("steps_done", 0)),
+            waiting_text(envelope),
             when(envelope.created_at),
         )
     return table
 
 
 def detail_view(detail: RunDetail) -> RenderableType:
-    """``runs show``: the envelope, then phases, agents, steps and recent progress."""
+    """``runs show``: the envelope, then phases, agent turns, every step (in the
+    order they began, each with how long it took) and recent progress."""
+    run = detail.run
     phases = Table("", "phase", "title", "state", "started", "took", "detail", title="phases", title_justify="left")
     for phase in detail.phases:
+        state = shown_state(phase, run)
         phases.add_row(
-            PHASE_ICONS.get(phase.state, "?"), phase.phase_id, phase.title, phase.state,
-            when(phase.started_at), duration(phase_seconds(phase, detail.run)), phase.detail or "",
+            PHASE_ICONS.get(state, "?"), phase.phase_id, phase.title, state,
+            when(phase.started_at), duration(phase_seconds(phase, run)), phase.detail or "",
         )
-    agents = Table("agent", "label", "model", "status", "active", "error", title="agents", title_justify="left")
+    agents = Table(
+        "agent", "label", "model", "status", "active", "tokens in", "tokens out", "credits", "error",
+        title="agent turns", title_justify="left",
+    )
     for agent in detail.agents:
+        usage = agent.get("usage") or {}
         agents.add_row(
             str(agent.get("agent_id") or ""), str(agent.get("label") or ""), str(agent.get("model") or ""),
             str(agent.get("status") or ""), duration((agent.get("active_ms") or 0) / 1000),
-            str(agent.get("error") or ""),
+            str(usage.get("prompt_tokens", 0)), str(usage.get("completion_tokens", 0)),
+            f"{float(usage.get('ai_credits') or 0):g}", str(agent.get("error") or ""),
         )
-    steps = Table("step", "status", "attempt", "error", title="steps", title_justify="left")
-    for step in detail.steps[-SHOWN_STEPS:]:
-        steps.add_row(step.key, step.status, str(step.attempt), step.error or "")
-    parts: list[RenderableType] = [envelope_table(detail.run), Text(""), phases]
-    parts.append(agents if detail.agents else Text("agents: none"))
+    steps = Table("step", "status", "attempt", "started", "took", "error", title="steps", title_justify="left")
+    for step in detail.steps:
+        took = step.duration_ms / 1000 if step.duration_ms is not None else None
+        steps.add_row(step.key, step.status, str(step.attempt), when(step.started_at), duration(took), step.error or "")
+    parts: list[RenderableType] = [envelope_table(run), Text(""), phases]
+    waiting = waiting_text(run)
+    if waiting:
+        parts.append(Text(f"waiting for: {waiting}", style="bold"))
+    parts.append(agents if detail.agents else Text("agent turns: none"))
     parts.append(steps if detail.steps else Text("steps: none"))
-    if len(detail.steps) > SHOWN_STEPS:
-        parts.append(Text(f"… and {len(detail.steps) - SHOWN_STEPS} more steps (--json lists them all)", style="dim"))
     parts.append(Text("recent progress", style="italic"))
     parts.extend(record_line(record, detail.phases) for record in detail.progress[-SHOWN_PROGRESS:])
     return Group(*parts)

@@ -28,6 +28,7 @@ from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
 from celery_durable.client import Client
 from celery_durable.workflows.envelope import PhaseRow, ProgressPage, RunEnvelope
+from celery_durable.workflows.waits import APPROVAL_SIGNAL
 
 
 @runs_app.command("list")
@@ -166,8 +167,7 @@ def runs_pause(
 ) -> None:
     """Stop dispatching new work; wait until the run is paused."""
     client = guarded(lambda: client_for(app_path, namespace))
-    pause = _not_yet(client, "pause_workflow_run", "runs pause")
-    _print(guarded(lambda: pause(run_id, timeout=timeout)), as_json)
+    _print(guarded(lambda: client.pause_workflow_run(run_id, timeout=timeout)), as_json)
 
 
 @runs_app.command("signal")
@@ -179,25 +179,34 @@ def runs_signal(
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Deliver an external event to a run."""
+    """Deliver an external event to a run: its ctx.wait_for_signal(NAME) returns it."""
     client = guarded(lambda: client_for(app_path, namespace))
-    signal = _not_yet(client, "signal_workflow_run", "runs signal")
     parsed = guarded(lambda: parse_json_option("JSON", payload))
-    result = guarded(lambda: signal(run_id, name, parsed))
-    if isinstance(result, RunEnvelope):
-        _print(result, as_json)
-    elif as_json:
-        print_json({"run_id": run_id, "signal": name, "delivered": True})
+    guarded(lambda: client.signal_workflow_run(run_id, name, parsed))
+    _delivered(run_id, name, parsed, as_json)
+
+
+@runs_app.command("approve")
+def runs_approve(
+    run_id: RunArgument,
+    app_path: AppOption,
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
+    note: Annotated[str | None, typer.Option("--note", help="A note that goes with the decision.")] = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Approve (or --reject) a run waiting for a person: the signal 'approval'."""
+    client = guarded(lambda: client_for(app_path, namespace))
+    decision = {"approved": not reject, "note": note}
+    guarded(lambda: client.signal_workflow_run(run_id, APPROVAL_SIGNAL, decision))
+    _delivered(run_id, APPROVAL_SIGNAL, decision, as_json)
+
+
+def _delivered(run_id: str, name: str, payload: Any, as_json: bool) -> None:
+    if as_json:
+        print_json({"run_id": run_id, "signal": name, "payload": payload, "delivered": True})
     else:
         out.print(f"signal {name!r} delivered to run {run_id}", markup=False)
-
-
-def _not_yet(client: Client, method: str, command: str) -> Any:
-    """The client method behind a command whose engine support may not exist yet."""
-    found = getattr(client, method, None)
-    if found is None:
-        raise fail(f"{command} is not available yet: this engine's client has no {method}()", exit_code=EXIT_USAGE)
-    return found
 
 
 def _print(envelope: RunEnvelope, as_json: bool) -> None:

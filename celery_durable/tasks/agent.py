@@ -151,16 +151,7 @@ def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Tur
     prefix = new_task_id()
     waiters = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
     for n, waiter in enumerate(waiters, start=1):
-        wake(engine, record, waiter, f"{prefix}-{n}")
-
-
-def wake(engine: Engine, record: RunRecord, owner: str, task_id: str) -> None:
-    """Send the message that continues ``owner``: a coordinator pass or one branch."""
-    if owner == "m":
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
-    else:
-        call, _, branch = owner.rpartition("/")
-        engine.send_branch(record.run_id, record.epoch, record.workflow, call, int(branch), task_id)
+        engine.wake(record.run_id, record.epoch, record.workflow, waiter, f"{prefix}-{n}")
 
 
 def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:

@@ -246,10 +246,13 @@ class RecoverySweep:
 
     def _look_at(self, run_id: str, room: str) -> None:
         store = self.engine.store
-        examined = store.examine(run_id, room)
+        prefix = new_task_id()
+        examined = store.examine(run_id, room, fire_prefix=prefix)
         if examined is None or not examined.verdict:
             store.unschedule(run_id)  # gone, or settled: nothing to watch
             return
+        for n, owner in enumerate(examined.woken, start=1):  # timers that fell due
+            self.engine.wake(run_id, examined.epoch, examined.workflow, owner, f"{prefix}-{n}")
         if examined.verdict != "dead":
             if examined.next_check is None:
                 store.unschedule(run_id)  # waits for a signal: whoever sends it schedules a look

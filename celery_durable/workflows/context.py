@@ -10,11 +10,12 @@ import copy
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
+from celery_durable.workflows.waits import Signal
 
 
 class WorkflowContext:
@@ -69,6 +70,21 @@ class WorkflowContext:
     def pipeline(self, items: Iterable[Any], *stages: Callable[[Any, Any, int], Any]) -> list[Any]:
         """Each item through ``stage(previous, item, index)``; no barrier between items."""
         return self._replay.fanout.pipeline(items, stages)
+
+    def sleep(self, seconds: float | timedelta) -> None:
+        """Wait ``seconds`` (or a ``timedelta``) without holding a worker; the run
+        continues on any worker once it is due, within about a second."""
+        self._replay.waits.sleep(seconds)
+
+    def sleep_until(self, when: datetime) -> None:
+        """Wait until ``when``, an aware datetime, without holding a worker."""
+        self._replay.waits.sleep_until(when)
+
+    def wait_for_signal(self, name: str, timeout: float | timedelta | None = None) -> Signal:
+        """Wait for the next signal ``name`` sent with ``signal_workflow_run``
+        (one sent earlier counts, in arrival order); ``received`` is false when
+        ``timeout`` seconds passed first."""
+        return self._replay.waits.wait_for_signal(name, timeout)
 
     def now(self) -> datetime:
         """Replay-safe clock: an aware UTC datetime, journaled."""

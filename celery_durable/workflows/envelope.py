@@ -22,6 +22,14 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def _waiting_for(record: RunRecord) -> dict[str, Any] | None:
+    """SPEC §5: {"kind", "name", "until"}, ``until`` ISO 8601 text or None; only while running."""
+    waiting = record.waiting_for
+    if waiting is None or record.status != "running":
+        return None
+    return {"kind": waiting["kind"], "name": waiting["name"], "until": _iso(from_ms(waiting["until"]))}
+
+
 @dataclass(frozen=True, slots=True)
 class RunEnvelope:
     """The durable state of one run, as the seed API's envelope."""
@@ -53,7 +61,7 @@ class RunEnvelope:
             "agents_running": record.agents_running,
             "subagents_used": record.subagents_used,
             "ai_credits": record.credits_nano / 1e9,
-            "waiting_for": None,
+            "waiting_for": _waiting_for(record),
         }
         snapshot.update(snapshot_extra or {})
         return cls(

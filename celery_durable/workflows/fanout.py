@@ -119,6 +119,11 @@ class FanoutOps:
         if result.cut:
             cursor.cut_here()
         if cursor.is_main and replay.send_branches is not None:
+            if result.pending and result.in_flight <= 1:
+                # No branch runs or waits in a queue: those left wait for the
+                # outside world (a timer, a signal, a task). A pause asked for
+                # settles the run now instead of waiting with them.
+                replay.check_pause(cursor)
             if result.pending or result.indices:
                 if result.indices:
                     replay.journal.mark_sent(call, self._send(call, result.indices))

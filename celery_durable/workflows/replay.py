@@ -34,6 +34,7 @@ from celery_durable.broker.journal import (
     Journal,
     PendingCommit,
     Recorded,
+    WaitResult,
     Winner,
 )
 from celery_durable.broker.records import RunRecord
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.fanout import BranchTarget, FanoutOps
     from celery_durable.workflows.steps import StepOps
+    from celery_durable.workflows.waits import WaitOps
 
 MAIN = schema.MAIN
 MAX_KEY_LENGTH = 1024
@@ -144,6 +146,14 @@ class StickyJournal:
         )
         return result
 
+    def wait(
+        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
+    ) -> WaitResult | Conflict:
+        result: WaitResult | Conflict = self._guard(
+            lambda: self._inner.wait(seq, index, identity, kind, name, due_ms, owner)
+        )
+        return result
+
 
 class Replay:
     """One execution of a run's workflow function: a coordinator pass or a branch task."""
@@ -164,6 +174,7 @@ class Replay:
         from celery_durable.workflows.agent_ops import AgentOps
         from celery_durable.workflows.fanout import FanoutOps
         from celery_durable.workflows.steps import StepOps
+        from celery_durable.workflows.waits import WaitOps
 
         self.journal = StickyJournal(journal, self)
         self.run = run
@@ -191,6 +202,7 @@ class Replay:
         self.steps: StepOps = StepOps(self)
         self.fanout: FanoutOps = FanoutOps(self)
         self.agents: AgentOps = AgentOps(self)
+        self.waits: WaitOps = WaitOps(self)
 
     # -- sequences -------------------------------------------------------------
 
@@ -390,7 +402,8 @@ class Replay:
         cursor.advance()
         return result.winner
 
-    def step_row(self, started: int, outcome: Outcome) -> str:
+    def step_row(self, cursor: Cursor, started: int, outcome: Outcome) -> str:
         """The row a journaled step leaves: the run detail lists journaled
         steps as well as running ones (SPEC §3)."""
-        return schema.StepRow.running(self.run.attempt, started).settled(outcome, now_ms()).encode()
+        row = schema.StepRow.running(self.run.attempt, started, schema.call_id(cursor.seq, cursor.index))
+        return row.settled(outcome, now_ms()).encode()

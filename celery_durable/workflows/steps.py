@@ -60,7 +60,7 @@ class StepOps:
             cut = cursor.cut_here()
         replay.check_pause(cursor)
         started = now_ms()
-        running = schema.StepRow.running(replay.run.attempt, started).encode()
+        running = schema.StepRow.running(replay.run.attempt, started, schema.call_id(cursor.seq, cursor.index)).encode()
         existing = replay.flush(cursor, step_key=key, step_row=running, cut=cut)
         replay.check_pause(cursor)  # the flags that came back may ask for a pause
         replay.check_cancelled()
@@ -70,7 +70,9 @@ class StepOps:
             replay.commit(cursor, PendingCommit(cursor.index, identity))
             return outcome.step_result(key)
         outcome = self.produce(key, producer, retry)
-        commit = PendingCommit(cursor.index, identity, field, outcome.encode(), key, replay.step_row(started, outcome))
+        commit = PendingCommit(
+            cursor.index, identity, field, outcome.encode(), key, replay.step_row(cursor, started, outcome)
+        )
         if replay.defers_commits(cursor):
             cursor.pending = commit
             cursor.advance()

@@ -293,10 +293,12 @@ local function token_done(run_key, live_key, id, now)
   end
 end
 
--- A run's work is all gone: it settled, or a new attempt takes over.
+-- A run's work is all gone: it settled, or a new attempt takes over (whose
+-- replay registers again what it still waits for).
 local function tokens_clear(run_key, live_key, waits_key, now)
   clock_stop(run_key, now)
   redis.call('DEL', live_key, waits_key)
+  redis.call('HSET', run_key, 'waiting', '')
 end
 
 -- The queue a message of an owner goes to: the coordinator's, or a branch's.
@@ -350,20 +352,23 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
     end
     if not next_check or check < next_check then next_check = check end
   end
-  if next_check then return 'alive', next_check end
   local waits = redis.call('HVALS', waits_key)
-  if #waits == 0 then
-    if tonumber(redis.call('HGET', run_key, 'lease_until') or '0') > now then
-      return 'alive', tonumber(redis.call('HGET', run_key, 'lease_until'))
-    end
-    return 'dead', 'nothing of it is in flight'
-  end
   local due = nil
   for _, raw in ipairs(waits) do
     local ok, wait = pcall(cjson.decode, raw)
     if ok and type(wait) == 'table' and type(wait['until']) == 'number' then
       if not due or wait['until'] < due then due = wait['until'] end
     end
+  end
+  if next_check then
+    if due and due < next_check then next_check = due end
+    return 'alive', next_check
+  end
+  if #waits == 0 then
+    if tonumber(redis.call('HGET', run_key, 'lease_until') or '0') > now then
+      return 'alive', tonumber(redis.call('HGET', run_key, 'lease_until'))
+    end
+    return 'dead', 'nothing of it is in flight'
   end
   return 'waiting', due or ''
 end
@@ -473,4 +478,87 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
   end
   check_limits(run_key, tonumber(now))
   return outcome
+end
+
+-- == Durable waits: timers and signals ====================================
+-- A sequence that waits for the outside world (ctx.sleep, wait_for_signal)
+-- leaves an entry in the run's waits hash, by the op's "<seq>:<i>":
+-- {"owner", "kind" ('timer' or 'signal'), "name", "until" (ms, or absent)}.
+-- Its owner is woken (a queued message, see token_queued) when the timer is
+-- due (examine.lua) or the signal arrives (signal.lua), and its replay then
+-- journals the wait's outcome (wait.lua). The run hash's 'waiting' field
+-- sums the waits up for snapshot.waiting_for: the one due first, a wait
+-- without a time only when none has one.
+local function refresh_waiting(run_key, waits_key)
+  local best, best_due = nil, nil
+  for _, raw in ipairs(redis.call('HVALS', waits_key)) do
+    local ok, wait = pcall(cjson.decode, raw)
+    if ok and type(wait) == 'table' then
+      local due = type(wait['until']) == 'number' and wait['until'] or nil
+      if not best or (due and (not best_due or due < best_due)) then best, best_due = wait, due end
+    end
+  end
+  if not best then
+    redis.call('HSET', run_key, 'waiting', '')
+    return
+  end
+  local summary = {kind = best['kind'], name = best['name']}
+  if best_due then summary['until'] = best_due end
+  redis.call('HSET', run_key, 'waiting', cjson.encode(summary))
+end
+
+-- Signals of a run live in its signals hash, per name, in arrival order:
+-- 'n:<name>' how many arrived, 'p:<name>:<k>' the k-th one's JSON payload,
+-- 't:<name>:<k>' when it arrived, 'k:<name>:<k>' the wait op ("<seq>:<i>")
+-- that took it. A claim counts only while that op still stands in the
+-- journal as a live wait for <name> whose outcome names signal k: a wait
+-- abandoned by a newer attempt (a cut) gives its signal back, so no signal
+-- is ever lost to a future that did not happen.
+local function claim_alive(journal_key, at, name, k)
+  local colon = string.find(at, ':[^:]*$')
+  if not colon then return false end
+  local seq, index = string.sub(at, 1, colon - 1), string.sub(at, colon + 1)
+  local entry = redis.call('HGET', journal_key, 'o:' .. at)
+  if not entry then return false end
+  local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
+  if ident ~= 'g|' .. name or not entry_alive(journal_key, seq, index, entry) then return false end
+  local outcome = redis.call('HGET', journal_key, 'x:' .. at)
+  return outcome ~= false and outcome ~= nil and string.find(outcome, '"index":' .. k .. ',', 1, true) ~= nil
+end
+
+-- The first signal of <name> no live wait has taken, claimed for the wait
+-- op <at>: its outcome JSON, or nil when none is left.
+local function take_signal(journal_key, signals_key, name, at)
+  local received = tonumber(redis.call('HGET', signals_key, 'n:' .. name) or '0')
+  for k = 1, received do
+    local claim = redis.call('HGET', signals_key, 'k:' .. name .. ':' .. k)
+    if not claim or (claim ~= at and not claim_alive(journal_key, claim, name, k)) then
+      redis.call('HSET', signals_key, 'k:' .. name .. ':' .. k, at)
+      local payload = redis.call('HGET', signals_key, 'p:' .. name .. ':' .. k) or 'null'
+      return '{"received":true,"index":' .. k .. ',"payload":' .. payload .. '}'
+    end
+  end
+  return nil
+end
+
+-- Wakes the owners of the waits that <match> picks (removing the waits);
+-- each gets a queued coordinator or branch message "<prefix>-<n>". Returns
+-- the owners, in the order of their messages.
+local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
+  local entries = redis.call('HGETALL', waits_key)
+  local owners, seen = {}, {}
+  for i = 1, #entries, 2 do
+    local ok, wait = pcall(cjson.decode, entries[i + 1])
+    if ok and type(wait) == 'table' and match(wait) then
+      redis.call('HDEL', waits_key, entries[i])
+      local owner = tostring(wait['owner'])
+      if not seen[owner] then
+        seen[owner] = true
+        table.insert(owners, owner)
+        token_queued(run_key, live_key, prefix .. '-' .. #owners, owner_kind(owner), now, now)
+      end
+    end
+  end
+  if #owners > 0 then refresh_waiting(run_key, waits_key) end
+  return owners
 end

@@ -3,13 +3,14 @@
 -- this very execution, or by one that finished sending them (mark_sent.lua).
 -- A redelivered coordinator whose first execution died halfway through
 -- sending sends the missing ones again.
--- KEYS[1] run hash, KEYS[2] journal
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live
 -- ARGV[1] epoch, ARGV[2] sequence, ARGV[3] op index, ARGV[4] op identity,
 -- ARGV[5] branch count, ARGV[6] dispatcher token, ARGV[7] position the op
 -- began at (for a cut)
 -- Returns {'dispatch', cut, j1, j2, ...} (possibly no j: all are done; cut
 -- is 1 when branches that failed in an older attempt run again, which cuts
--- the sequence here), {'pending'}, {'conflict', identity}, or {refusal}.
+-- the sequence here), {'pending', messages of the run in flight (the
+-- caller's own included)}, {'conflict', identity}, or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local conflict, replaced = record_op(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
@@ -26,7 +27,7 @@ local stamp = ARGV[1] .. ':' .. ARGV[6]
 local previous = redis.call('HGET', KEYS[2], 'd:' .. call)
 if previous == stamp or (previous and string.sub(previous, 1, #ARGV[1] + 1) == ARGV[1] .. ':'
     and redis.call('HGET', KEYS[2], 's:' .. call) == ARGV[1]) then
-  return {'pending'}
+  return {'pending', redis.call('HLEN', KEYS[3])}
 end
 local missing = {'dispatch', 0}
 for j = 0, width - 1 do

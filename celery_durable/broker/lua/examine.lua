@@ -1,15 +1,26 @@
 -- Looks at one run for the recovery sweep, or for a resume deciding whether
--- the attempt is alive: its status and its liveness (see _prelude.lua).
+-- the attempt is alive: its status and its liveness (see _prelude.lua). For
+-- the sweep it also fires the run's timers that are due: their owners get a
+-- message each, and the sweeper sends them.
 -- KEYS[1] run hash, KEYS[2] live, KEYS[3] waits
 -- ARGV[1] now (ms), ARGV[2] lease ttl (ms), ARGV[3] when each queue was last
--- found empty ("c=<ms>,s=<ms>,a=<ms>")
--- Returns {status, epoch, verdict, detail}: verdict 'alive' or 'waiting'
--- with the ms to look again ('' for never by itself), or 'dead' with why;
--- verdict '' for a run that is not pending or running; {} when the run
--- does not exist.
-local f = redis.call('HMGET', KEYS[1], 'status', 'epoch')
+-- found empty ("c=<ms>,s=<ms>,a=<ms>"), ARGV[4] '1' to fire due timers,
+-- ARGV[5] prefix of the task ids that wake their owners ("<prefix>-<n>")
+-- Returns {status, epoch, workflow, verdict, detail, owner, owner, ...}: verdict
+-- 'alive' or 'waiting' with the ms to look again ('' for never by itself),
+-- or 'dead' with why; verdict '' for a run that is not pending or running;
+-- then the owners to wake. {} when the run does not exist.
+local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'workflow')
 if not f[1] then return {} end
-if f[1] ~= 'pending' and f[1] ~= 'running' then return {f[1], f[2], '', ''} end
-local verdict, detail = liveness(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), tonumber(ARGV[2]),
-  parse_empty(ARGV[3]))
-return {f[1], f[2], verdict, tostring(detail)}
+if f[1] ~= 'pending' and f[1] ~= 'running' then return {f[1], f[2], f[3] or '', '', ''} end
+local now = tonumber(ARGV[1])
+local woken = {}
+if ARGV[4] == '1' and f[1] == 'running' then
+  woken = wake_waits(KEYS[1], KEYS[3], KEYS[2], ARGV[5], now, function(wait)
+    return type(wait['until']) == 'number' and wait['until'] <= now
+  end)
+end
+local verdict, detail = liveness(KEYS[1], KEYS[2], KEYS[3], now, tonumber(ARGV[2]), parse_empty(ARGV[3]))
+local out = {f[1], f[2], f[3] or '', verdict, tostring(detail)}
+for _, owner in ipairs(woken) do table.insert(out, owner) end
+return out

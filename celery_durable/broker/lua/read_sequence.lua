@@ -17,7 +17,8 @@ for i = 0, count - 1 do
     value = redis.call('HGET', KEYS[1], 'v:' .. string.sub(ident, 3))
   elseif kind == 'a' then
     value = redis.call('HGET', KEYS[1], 'a:' .. string.sub(ident, 3))
-  elseif kind == 't' or kind == 'u' then
+  elseif kind == 't' or kind == 'u' or kind == 'z' or kind == 'g' then
+    -- now()/uuid4() values, and how a wait ended (false while it has not)
     value = redis.call('HGET', KEYS[1], 'x:' .. seq .. ':' .. i)
   end
   table.insert(out, entry)

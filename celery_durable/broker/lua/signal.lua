@@ -1,0 +1,29 @@
+-- Delivers a signal to a run: kept in the run's signals hash (in arrival
+-- order, whatever the run is doing now), and the sequences that wait for
+-- it are woken. A run that can no longer continue refuses it.
+-- KEYS[1] run hash, KEYS[2] signals, KEYS[3] waits, KEYS[4] live,
+-- KEYS[5] progress stream
+-- ARGV[1] now (ms), ARGV[2] name, ARGV[3] payload json, ARGV[4] prefix of
+-- the task ids that wake the waiters ("<prefix>-<n>"), ARGV[5] events channel
+-- Returns {'ok', epoch, owner, owner, ...} (the owners to wake, in the order
+-- of their messages), {'refused', status} or {'missing'}.
+local f = redis.call('HMGET', KEYS[1], 'status', 'can_resume', 'epoch', 'id')
+if not f[1] then return {'missing'} end
+local status = f[1]
+if status == 'completed' or status == 'cancelled' or (status == 'error' and f[2] ~= '1') then
+  return {'refused', status}
+end
+local name, now = ARGV[2], tonumber(ARGV[1])
+local n = redis.call('HINCRBY', KEYS[2], 'n:' .. name, 1)
+redis.call('HSET', KEYS[2], 'p:' .. name .. ':' .. n, ARGV[3], 't:' .. name .. ':' .. n, ARGV[1])
+append_progress(KEYS[1], KEYS[5], 'system', '', 'Signal ' .. name .. ' received', f[3], ARGV[1])
+local owners = {}
+if status == 'running' or status == 'pending' then
+  owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[4], now, function(wait)
+    return wait['kind'] == 'signal' and wait['name'] == name
+  end)
+end
+redis.call('PUBLISH', ARGV[5], f[4] .. ' signal')
+local out = {'ok', f[3]}
+for _, owner in ipairs(owners) do table.insert(out, owner) end
+return out

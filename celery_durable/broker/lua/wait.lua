@@ -1,0 +1,50 @@
+-- A sequence reaches a durable wait (ctx.sleep, ctx.wait_for_signal): the op
+-- is journaled, its due time fixed the first time it is reached, and the
+-- wait ends now (a signal that already arrived, a due time that passed) or
+-- is registered for its owner to be woken (see _prelude.lua).
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] signals
+-- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
+-- ARGV[5] op identity ("z|" or "g|<name>"), ARGV[6] kind ('timer' or
+-- 'signal'), ARGV[7] name, ARGV[8] due (ms) or '' for none, ARGV[9] owner,
+-- ARGV[10] events channel
+-- Returns {'done', cancel, pause, limit, outcome json}, {'wait', cancel,
+-- pause, limit, due or ''}, {'conflict', identity} or {refusal}.
+local refusal = fence(KEYS[1], ARGV[1])
+if refusal then return {refusal} end
+local conflict, replaced = record_op(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[1])
+if conflict then return {'conflict', conflict} end
+local at = ARGV[3] .. ':' .. ARGV[4]
+local outcome_field, due_field = 'x:' .. at, 'wd:' .. at
+-- What an abandoned op left at this index is not this wait's.
+if replaced then redis.call('HDEL', KEYS[2], outcome_field, due_field) end
+local f
+local done = redis.call('HGET', KEYS[2], outcome_field)
+if done then
+  f = flags(KEYS[1])
+  return {'done', f[1], f[2], f[3], done}
+end
+local due = redis.call('HGET', KEYS[2], due_field)
+if not due then
+  due = ARGV[8]
+  redis.call('HSET', KEYS[2], due_field, due)
+end
+local now = tonumber(ARGV[2])
+local outcome = nil
+if ARGV[6] == 'signal' then outcome = take_signal(KEYS[2], KEYS[4], ARGV[7], at) end
+if not outcome and due ~= '' and now >= tonumber(due) then
+  if ARGV[6] == 'signal' then outcome = '{"received":false,"payload":null}' else outcome = '{"fired":true}' end
+end
+if outcome then
+  redis.call('HSET', KEYS[2], outcome_field, outcome)
+  if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
+  made_progress(KEYS[1])
+  f = flags(KEYS[1])
+  return {'done', f[1], f[2], f[3], outcome}
+end
+local entry = {owner = ARGV[9], kind = ARGV[6], name = ARGV[7]}
+if due ~= '' then entry['until'] = tonumber(due) end
+redis.call('HSET', KEYS[3], at, cjson.encode(entry))
+refresh_waiting(KEYS[1], KEYS[3])
+redis.call('PUBLISH', ARGV[10], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
+f = flags(KEYS[1])
+return {'wait', f[1], f[2], f[3], due}
