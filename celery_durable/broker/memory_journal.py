@@ -12,6 +12,7 @@ fan-outs journal from several threads at once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from celery_durable.broker import schema
@@ -23,8 +24,10 @@ from celery_durable.broker.journal import (
     Dispatch,
     PendingCommit,
     Recorded,
+    WaitResult,
     Winner,
 )
+from celery_durable.broker.memory_liveness import refresh_waiting, take_signal, token_queued
 from celery_durable.broker.memory_prelude import (
     begin_call,
     check_limits,
@@ -74,11 +77,12 @@ class MemoryJournal:
                 entry = journal.get(schema.op_field(seq, i), "0:")
                 ident = entry.partition(":")[2]
                 value = None
-                if ident[:1] == "s":
+                if ident[:1] in ("s", "c"):  # a step, or a task call (its outcome under its key)
                     value = journal.get(schema.step_field(ident[2:]))
                 elif ident[:1] == "a":
                     value = journal.get(f"a:{ident[2:]}")
-                elif ident[:1] in ("t", "u"):
+                elif ident[:1] in ("t", "u", "z", "g"):
+                    # now()/uuid4() values, and how a wait ended (None while it has not)
                     value = journal.get(schema.value_field(seq, i))
                 reply += [entry, value]
         return schema.parse_sequence(self.run_id, seq, reply)
@@ -131,7 +135,7 @@ class MemoryJournal:
             if previous == stamp or (
                 previous is not None and previous.startswith(f"{e}:") and journal.get(f"s:{call}") == e
             ):
-                return Dispatch(pending=True)
+                return Dispatch(pending=True, in_flight=len(self._state.live))
             indices: list[int] = []
             cut = False
             for j in range(width):
@@ -150,7 +154,9 @@ class MemoryJournal:
         with self._run.lock:
             self._fence()
             self._state.journal[f"s:{call}"] = self._e
-            self._state.in_flight.update((message, f"branch of {call}") for message in messages)
+            now = self._run.clock()
+            for message in messages:
+                token_queued(self._state, message, "s", now, now)
 
     def branch_outcomes(self, call: str, count: int) -> list[str | None]:
         """The HMGET ``RedisJournal`` makes."""
@@ -174,8 +180,9 @@ class MemoryJournal:
                 journal[name] = outcome
                 made_progress(self._state)
                 woken = hincrby(journal, counter, -1) <= 0 or outcome[:1] == "f"
-            if woken and wake:
-                self._state.in_flight[wake] = "coordinator"
+            if woken:
+                now = self._run.clock()
+                token_queued(self._state, wake, "c", now, now)
             return woken
 
     def agent_call(
@@ -209,7 +216,8 @@ class MemoryJournal:
                 if f" {owner} " not in f" {waiters} ":
                     journal[f"w:{agent_id}"] = f"{waiters} {owner}"
                 return AgentCall("pending", flags(state))
-            reached = check_limits(state, self._run.clock())
+            now = self._run.clock()
+            reached = check_limits(state, now)
             if reached == "":
                 total = run.get("lim_total")
                 if total and int(run.get("subagents_used") or "0") >= int(total):
@@ -220,5 +228,46 @@ class MemoryJournal:
             hincrby(run, "subagents_used", 1)
             # One row per turn and attempt: a turn interrupted with its attempt keeps its row.
             state.agents[schema.agent_row_key(agent_id, self._epoch)] = row_json
-            state.in_flight[message] = f"agent turn {agent_id}"
+            token_queued(state, message, "a", now, now)
             return AgentCall("dispatch", flags(state))
+
+    def wait(
+        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
+    ) -> WaitResult | Conflict:
+        """wait.lua."""
+        with self._run.lock:
+            self._fence()
+            state, journal, e = self._state, self._state.journal, self._e
+            conflict, replaced = record_op(state, seq, index, identity, e)
+            if conflict is not None:
+                return Conflict(conflict)
+            at = schema.call_id(seq, index)
+            outcome_field, due_field = schema.value_field(seq, index), f"wd:{at}"
+            # What an abandoned op left at this index is not this wait's.
+            if replaced is not None:
+                journal.pop(outcome_field, None)
+                journal.pop(due_field, None)
+            done = journal.get(outcome_field)
+            if done is not None:
+                return WaitResult(True, flags(state), outcome=done)
+            due = journal.get(due_field)
+            if due is None:
+                due = "" if due_ms is None else str(due_ms)
+                journal[due_field] = due
+            now = self._run.clock()
+            outcome = take_signal(state, name, at) if kind == "signal" else None
+            if outcome is None and due != "" and now >= int(due):
+                outcome = '{"received":false,"payload":null}' if kind == "signal" else '{"fired":true}'
+            if outcome is not None:
+                journal[outcome_field] = outcome
+                if state.waits.pop(at, None) is not None:
+                    refresh_waiting(state)
+                made_progress(state)
+                return WaitResult(True, flags(state), outcome=outcome)
+            entry: dict[str, str | int] = {"owner": owner, "kind": kind, "name": name}
+            if due != "":
+                entry["until"] = int(due)
+            state.waits[at] = json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
+            refresh_waiting(state)
+            # (PUBLISH of "<run> waiting": nobody listens to an in-memory run.)
+            return WaitResult(False, flags(state), due=int(due) if due != "" else None)

@@ -40,9 +40,12 @@ class RunState:
     steps: dict[str, str] = field(default_factory=dict)
     running: dict[str, str] = field(default_factory=dict)
     agents: dict[str, str] = field(default_factory=dict)
-    in_flight: dict[str, str] = field(default_factory=dict)
-    """Task ids of messages the callers said they send, and what for; kept
-    for liveness as the Redis side will, never read by a verdict."""
+    live: dict[str, str] = field(default_factory=dict)
+    """The attempt's Celery messages in flight, by task id (``memory_liveness``)."""
+    waits: dict[str, str] = field(default_factory=dict)
+    """What the run's sequences wait for, by "<seq>:<i>" (JSON entries)."""
+    signals: dict[str, str] = field(default_factory=dict)
+    """Signals sent to the run, per name, in arrival order (``take_signal``)."""
 
 
 def hincrby(hash_: dict[str, str], name: str, amount: int) -> int:
@@ -233,12 +236,6 @@ def interrupt_agents(state: RunState) -> None:
             continue
         if isinstance(row, dict) and row.get("status") in ("running", "queued"):
             state.agents[key] = _with_status(raw, "interrupted") or raw
-
-
-def lease_ms(state: RunState, base_ms: int) -> int:
-    """``lease_ms()``: each take-over without journal progress doubles the lease, up to 32x."""
-    k = min(int(state.run.get("recoveries") or "0"), 5)
-    return base_ms << k
 
 
 def made_progress(state: RunState) -> None:

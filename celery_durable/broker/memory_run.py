@@ -7,25 +7,39 @@ ported line for line like the journal's, with the signatures of the
 ``RunStore`` methods that run them, so a driver written against one reads
 the same against the other. The journal itself is ``MemoryJournal(run, epoch)``.
 
-The scripts are ported as the journal seam's commit left them. The liveness
-bookkeeping being added to them (a hash of messages in flight, an active-time
-clock that runs only while one is) is not modelled: here active time runs
-from activation to settlement, and a lease is what marks an attempt alive.
+Every script that decides to send a Celery message takes that message's
+task id and counts it in flight in the run's live hash, as on Redis; the
+active-time clock runs only while something is (``memory_liveness``), so
+``timeout_seconds`` counts the same time in memory as in Redis and waiting
+is not active time. The fleet-wide scripts (``claim_due``,
+``claim_dead_workers``) have no run to live in and are not ported: an
+in-process driver knows which of its messages it lost.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Flags
+from celery_durable.broker.memory_liveness import (
+    clock_start,
+    liveness,
+    lua_number,
+    owner_kind,
+    parse_empty,
+    token_done,
+    token_queued,
+    token_running,
+    tokens_clear,
+    wake_waits,
+)
 from celery_durable.broker.memory_prelude import (
     INCARNATION,
     RunState,
-    active_ms,
     append_progress,
     check_limits,
     fence,
@@ -34,13 +48,13 @@ from celery_durable.broker.memory_prelude import (
     interrupt_agents,
     interrupt_steps,
     is_stale_failure,
-    lease_ms,
     made_progress,
     next_epoch,
 )
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.scripts import now_ms, refuse
+from celery_durable.broker.store import Examined, Signalled
 
 Clock = Callable[[], int]
 """Milliseconds since the epoch; the scripts' ``now`` argument."""
@@ -50,14 +64,23 @@ class MemoryRun:
     """One run's stored state, in memory; thread-safe."""
 
     def __init__(
-        self, fields: Mapping[str, str], *, clock: Clock = now_ms, lease_ms: int = 30_000, lock_ms: int = 30_000
+        self,
+        fields: Mapping[str, str],
+        *,
+        message: str = "",
+        clock: Clock = now_ms,
+        lease_ms: int = 30_000,
+        lock_ms: int = 30_000,
     ) -> None:
-        """create_run.lua: ``fields`` as ``schema.new_run_fields`` builds them."""
+        """create_run.lua: ``fields`` as ``schema.new_run_fields`` builds them;
+        ``message`` the task id of the run's first coordinator message."""
         self.state = RunState(run={**fields, "incarnation": INCARNATION, "attempt": "1"})
         self.lock = threading.RLock()
         self.clock = clock
         self.lease_ms = lease_ms
         self.lock_ms = lock_ms
+        now = clock()
+        token_queued(self.state, message, "c", now, now)
 
     @property
     def run_id(self) -> str:
@@ -106,30 +129,31 @@ class MemoryRun:
             reply += [[f"{seq}-0", [item for pair in stream[seq].items() for item in pair]] for seq in page]
         return parse_slice(self.run_id, reply)
 
-    # -- activation and liveness -----------------------------------------------------
+    # -- activation, heartbeats, task starts and ends ------------------------------------
 
-    def activate(self, epoch: int, token: str) -> Flags | int:
-        """activate.lua: the run's flags, or the ms another pass's lock has left."""
+    def activate(self, epoch: int, token: str, resend: str = "") -> Flags | int:
+        """activate.lua: the run's flags; or, when another pass holds the lock
+        (and was told to run once more), the ms until message ``resend`` is due."""
         with self.lock:
             self._fence(epoch)
-            run, now = self.state.run, self.clock()
+            state, run, now = self.state, self.state.run, self.clock()
             if run.get("status") == "paused":
                 refuse(self.run_id, ["settled"])
             lock, lock_until = run.get("lock"), int(run.get("lock_until") or "0")
             if lock and lock != token and lock_until > now:
                 run["wake"] = "1"
-                return lock_until - now
-            run.update(
-                lock=token,
-                lock_until=str(now + self.lock_ms),
-                lease_until=str(now + lease_ms(self.state, self.lease_ms)),
-                wake="0",
-            )
+                wait = lock_until - now + 100
+                token_done(state, token, now)
+                token_queued(state, resend, "c", now + wait, now)
+                return wait
+            run.update(lock=token, lock_until=str(now + self.lock_ms), wake="0")
             if run.get("status") == "pending":
-                run.update(status="running", started_at=str(now), updated_at=str(now), active_since=str(now))
+                run.update(status="running", started_at=str(now), updated_at=str(now), active_since="")
                 attempt = run.get("attempt") or "1"
-                append_progress(self.state, "system", "", f"Attempt {attempt} started", now, indexed=False)
-            return flags(self.state)
+                append_progress(state, "system", "", f"Attempt {attempt} started", now, indexed=False)
+                clock_start(state, now)
+            token_running(state, token, now + self.lease_ms, now)
+            return flags(state)
 
     def release(self, token: str, epoch: int) -> bool:
         """release.lua: True when an activation arrived meanwhile and the caller runs again."""
@@ -141,18 +165,89 @@ class MemoryRun:
                 run["wake"] = "0"
                 return True
             run.update(lock="", lock_until="0")
+            if run.get("epoch") == str(epoch):
+                token_done(self.state, token, self.clock())
             return False
 
-    def heartbeat(self, epoch: int, token: str = "") -> Flags:
-        """heartbeat.lua."""
+    def heartbeat(self, epoch: int, token: str, *, coordinator: bool = False, wake: str = "") -> tuple[Flags, bool]:
+        """heartbeat.lua: renew the running task ``token``; the flags, and whether a
+        ceiling was newly reached and the coordinator must be woken by message ``wake``."""
         with self.lock:
             self._fence(epoch)
-            run, now = self.state.run, self.clock()
-            run["lease_until"] = str(now + lease_ms(self.state, self.lease_ms))
-            if token and run.get("lock") == token:
+            state, run, now = self.state, self.state.run, self.clock()
+            # Only a task still in flight is renewed: a run that settled (a pause)
+            # or was taken over cleared the entries, and they must not come back.
+            if token in state.live:
+                token_running(state, token, now + self.lease_ms, now)
+            if coordinator and run.get("lock") == token:
                 run["lock_until"] = str(now + self.lock_ms)
+            before = run.get("limit") or ""
+            reached = check_limits(state, now)
+            woken = before == "" and reached != "" and wake != "" and not coordinator
+            if woken:
+                token_queued(state, wake, "c", now, now)
+            return flags(state), woken
+
+    def task_start(self, epoch: int, token: str) -> Flags:
+        """task_start.lua: a branch task's message runs, and its lease starts now."""
+        with self.lock:
+            self._fence(epoch)
+            now = self.clock()
+            token_running(self.state, token, now + self.lease_ms, now)
             check_limits(self.state, now)
             return flags(self.state)
+
+    def task_end(self, epoch: int, token: str) -> None:
+        """task_end.lua: a branch task's message is no longer in flight."""
+        with self.lock:
+            if self.state.run.get("epoch") == str(epoch):
+                token_done(self.state, token, self.clock())
+
+    def mark_lost(self, task_ids: Sequence[str]) -> int:
+        """mark_lost.lua: queued messages that died with their worker; how many were in flight."""
+        with self.lock:
+            now, live, marked = self.clock(), self.state.live, 0
+            for task_id in task_ids:
+                if (live.get(task_id) or "")[:2] == "q|":
+                    live[task_id] = f"l|{now}"
+                    marked += 1
+            return marked
+
+    def examine(self, room: str = "", *, fire_prefix: str = "") -> Examined:
+        """examine.lua: status and liveness; with ``fire_prefix`` its due timers
+        fire, the owners to wake in ``woken``, the n-th by message "<prefix>-<n>"."""
+        with self.lock:
+            state, run = self.state, self.state.run
+            status, epoch, workflow = run["status"], int(run["epoch"]), run.get("workflow") or ""
+            if status not in ("pending", "running"):
+                return Examined(status, epoch, workflow, "", "")
+            now = self.clock()
+            woken: list[str] = []
+            if fire_prefix and status == "running":
+                woken = wake_waits(state, fire_prefix, now, lambda wait: _due_by(wait, now))
+            verdict, detail = liveness(state, now, self.lease_ms, parse_empty(room))
+            return Examined(status, epoch, workflow, verdict, str(detail), woken)
+
+    # -- signals --------------------------------------------------------------------------
+
+    def signal(self, name: str, payload_json: str, wake_prefix: str) -> Signalled:
+        """signal.lua: keep the signal (in arrival order, whatever the run does now)
+        and wake what waits for it; a run that can no longer continue refuses it."""
+        with self.lock:
+            state, run = self.state, self.state.run
+            status = run["status"]
+            if status in ("completed", "cancelled") or (status == "error" and run.get("can_resume") != "1"):
+                return Signalled("refused", status=status)
+            now, signals = self.clock(), state.signals
+            n = hincrby(signals, f"n:{name}", 1)
+            signals.update({f"p:{name}:{n}": payload_json, f"t:{name}:{n}": str(now)})
+            append_progress(state, "system", "", f"Signal {name} received", now, indexed=False)
+            owners: list[str] = []
+            if status in ("running", "pending"):
+                owners = wake_waits(
+                    state, wake_prefix, now, lambda wait: wait.get("kind") == "signal" and wait.get("name") == name
+                )
+            return Signalled("ok", epoch=int(run["epoch"]), owners=owners)
 
     # -- settling, resuming, cancelling ------------------------------------------------
 
@@ -171,7 +266,7 @@ class MemoryRun:
         with self.lock:
             self._fence(epoch)
             run, now = self.state.run, self.clock()
-            run.update(active_ms=str(active_ms(self.state, now)), active_since="")
+            tokens_clear(self.state, now)
             run.update(
                 status=status,
                 reason=reason,
@@ -203,32 +298,35 @@ class MemoryRun:
         limits_json: str,
         message: str,
         code_hash: str,
-        require_expired: bool = False,
+        message_id: str = "",
+        recovery: bool = False,
         ceilings: str = "",
+        room: str = "",
     ) -> int | None:
-        """resume.lua: a compare-and-set on epoch and status; the new epoch, or None."""
+        """resume.lua: a compare-and-set on epoch and status (and for a
+        ``recovery``, the old attempt must be dead); the new epoch, or None.
+        The new attempt's first coordinator message is ``message_id``."""
         with self.lock:
             state, run, now = self.state, self.state.run, self.clock()
             if run.get("epoch") != str(record.epoch) or run.get("status") != record.status:
                 return None
-            if require_expired and int(run.get("lease_until") or "0") > now:
+            if recovery and liveness(state, now, self.lease_ms, parse_empty(room))[0] != "dead":
                 return None
-            if record.status in ("running", "pending"):
-                run["active_ms"] = str(active_ms(state, now))
+            tokens_clear(state, now)
             # A recovery takes over an attempt that died, not the requests made of it.
             cancel, pause = "0", "0"
-            if require_expired:
+            if recovery:
                 cancel, pause = run.get("cancel") or "0", run.get("pause") or "0"
             epoch = next_epoch(state, now)
-            if require_expired:
+            if recovery:
                 hincrby(run, "recoveries", 1)
             else:
-                made_progress(state)
+                made_progress(state)  # a resume by hand starts the count again
             run.update(
                 status="running", reason="", error="", can_resume="0", cancel=cancel, pause=pause,
-                lock="", lock_until="0", wake="0", lease_until=str(now + lease_ms(state, self.lease_ms)),
-                finished_at="", updated_at=str(now), limit="", active_since=str(now), agents_running="0",
-            )
+                lock="", lock_until="0", wake="0", lease_until=str(now + self.lease_ms), finished_at="",
+                updated_at=str(now), limit="", active_since="", agents_running="0",
+            )  # fmt: skip
             for pair in filter(None, ceilings.split(",")):
                 name, _, value = pair.partition("=")
                 run[name] = value
@@ -240,34 +338,35 @@ class MemoryRun:
             if code_hash:
                 run["code_hash"] = code_hash
             interrupt_steps(state)
+            token_queued(state, message_id, "c", now, now)
             append_progress(state, "system", "", f"{message} (attempt {run['attempt']})", now, indexed=False)
             return epoch
 
-    def halt(self, record: RunRecord) -> bool:
+    def halt(self, record: RunRecord, room: str = "") -> bool:
         """halt.lua: the attempt died and automatic recovery is off."""
         with self.lock:
             state, run, now = self.state, self.state.run, self.clock()
-            if (
-                run.get("epoch") != str(record.epoch)
-                or run.get("status") != record.status
-                or int(run.get("lease_until") or "0") > now
-            ):
+            if run.get("epoch") != str(record.epoch) or run.get("status") != record.status:
                 return False
-            run.update(active_ms=str(active_ms(state, now)), active_since="", agents_running="0")
+            if liveness(state, now, self.lease_ms, parse_empty(room))[0] != "dead":
+                return False
+            tokens_clear(state, now)
+            run["agents_running"] = "0"
             next_epoch(state, now)
             hincrby(run, "attempt", -1)  # no new attempt runs: the count stays
             run.update(
                 status="halted", reason="interrupted",
                 error="The attempt driving this run died and automatic recovery is off; resume it to continue",
                 can_resume="1", finished_at=str(now), updated_at=str(now), lock="", lock_until="0",
-            )
+            )  # fmt: skip
             interrupt_steps(state)
             interrupt_agents(state)
             append_progress(state, "system", "", "Run halted: its attempt died", now, indexed=False)
             return True
 
-    def cancel(self) -> tuple[str, int | None]:
-        """cancel.lua: ('requested', epoch), ('cancelled', None) or ('settled', None)."""
+    def cancel(self, message: str = "") -> tuple[str, int | None]:
+        """cancel.lua: ('requested', epoch) — the caller sends coordinator message
+        ``message`` —, ('cancelled', None) or ('settled', None)."""
         with self.lock:
             state, run, now = self.state, self.state.run, self.clock()
             status = run.get("status", "")
@@ -275,51 +374,64 @@ class MemoryRun:
                 return "settled", None
             if status in ("pending", "running"):
                 run.update(cancel="1", updated_at=str(now))
+                token_queued(state, message, "c", now, now)
                 return "requested", int(run["epoch"])
             next_epoch(state, now)
             hincrby(run, "attempt", -1)  # fencing only: no new attempt runs
             run.update(
                 status="cancelled", reason="cancelled", error=f"Cancelled while {status}", can_resume="0",
                 finished_at=str(now), updated_at=str(now), cancel="1",
-            )
+            )  # fmt: skip
+            tokens_clear(state, now)
             append_progress(state, "system", "", "Run cancelled", now, indexed=False)
             return "cancelled", None
 
-    def pause(self) -> tuple[str, int | None]:
-        """pause.lua: ('requested', epoch) or ('settled', None)."""
+    def pause(self, message: str = "") -> tuple[str, int | None]:
+        """pause.lua: ('requested', epoch) — the caller sends coordinator message
+        ``message`` — or ('settled', None)."""
         with self.lock:
             run = self.state.run
             if run.get("status") not in ("pending", "running"):
                 return "settled", None
             run["pause"] = "1"
+            now = self.clock()
+            token_queued(self.state, message, "c", now, now)
             return "requested", int(run["epoch"])
 
     # -- agent turns -----------------------------------------------------------------
 
-    def agent_start(self, epoch: int, agent_id: str) -> tuple[str, str | None]:
-        """agent_start.lua: ('go', request json), ('wait', None) or ('done', None);
-        a turn this attempt did not ask for is refused (``StaleAttemptError``)."""
+    def agent_start(
+        self, epoch: int, agent_id: str, token: str, resend: str = "", delay_ms: int = 0
+    ) -> tuple[str, str | None]:
+        """agent_start.lua: ('go', request json), ('wait', None) — the turn comes
+        back as message ``resend`` in ``delay_ms`` — or ('done', None); a turn this
+        attempt did not ask for is refused (``StaleAttemptError``) as on Redis."""
         with self.lock:
             self._fence(epoch)
             state, run, journal, e = self.state, self.state.run, self.state.journal, str(epoch)
+            now = self.clock()
             outcome = journal.get(f"a:{agent_id}")
             if outcome is not None and not is_stale_failure(outcome, e):
+                token_done(state, token, now)
                 return "done", None
             request = journal.get(f"q:{agent_id}")
             if request is None or journal.get(f"qe:{agent_id}") != e:
+                token_done(state, token, now)
                 refuse(self.run_id, ["stale"])
             assert request is not None
             row_key = schema.agent_row_key(agent_id, epoch)
             row = json.loads(state.agents.get(row_key) or "{}")
-            if row.get("status") == "running":
-                # A second delivery of a running turn: never run one turn twice at once.
-                return "wait", None
             ceiling = run.get("lim_concurrent")
-            if ceiling and int(run.get("agents_running") or "0") >= int(ceiling):
+            # A second delivery of a running turn never runs one turn twice at
+            # once; at the ceiling, a turn waits for a slot.
+            if row.get("status") == "running" or (ceiling and int(run.get("agents_running") or "0") >= int(ceiling)):
+                token_done(state, token, now)
+                token_queued(state, resend, "a", now + delay_ms, now)
                 return "wait", None
             hincrby(run, "agents_running", 1)
-            row.update(status="running", started_at=self.clock())
+            row.update(status="running", started_at=now)
             state.agents[row_key] = json.dumps(row, separators=(",", ":"), ensure_ascii=False)
+            token_running(state, token, now + self.lease_ms, now)
             return "go", request
 
     def agent_finish(
@@ -328,14 +440,17 @@ class MemoryRun:
         agent_id: str,
         outcome: str,
         row_json: str,
-        credits_nano: int,
-        prompt_tokens: int,
-        completion_tokens: int,
+        usage: tuple[int, int, int],
+        token: str,
+        wake_prefix: str,
     ) -> list[str]:
-        """agent_finish.lua: journal the turn's outcome; the owners to wake."""
+        """agent_finish.lua: journal the turn's outcome with its usage (nano-credits,
+        prompt and completion tokens); the owners to wake, the n-th (from 1) by
+        message "<wake_prefix>-<n>"."""
         with self.lock:
             self._fence(epoch)
             state, run, journal, e = self.state, self.state.run, self.state.journal, str(epoch)
+            now = self.clock()
             current = journal.get(f"a:{agent_id}")
             if current is None or is_stale_failure(current, e):
                 journal[f"a:{agent_id}"] = outcome
@@ -343,12 +458,20 @@ class MemoryRun:
             if int(run.get("agents_running") or "0") > 0:
                 hincrby(run, "agents_running", -1)
             hincrby(run, "agents_done", 1)
-            hincrby(run, "credits_nano", credits_nano)
-            hincrby(run, "prompt_tokens", prompt_tokens)
-            hincrby(run, "completion_tokens", completion_tokens)
+            for name, amount in zip(("credits_nano", "prompt_tokens", "completion_tokens"), usage, strict=True):
+                hincrby(run, name, amount)
             state.agents[schema.agent_row_key(agent_id, epoch)] = row_json
-            check_limits(state, self.clock())
-            waiters = journal.get(f"w:{agent_id}") or ""
+            check_limits(state, now)
+            waiters = [owner for owner in (journal.get(f"w:{agent_id}") or "").split() if owner]
             for prefix in ("q:", "qe:", "w:"):
                 journal.pop(prefix + agent_id, None)
-            return [owner for owner in waiters.split() if owner]
+            for n, owner in enumerate(waiters, start=1):
+                token_queued(state, f"{wake_prefix}-{n}", owner_kind(owner), now, now)
+            token_done(state, token, now)
+            return waiters
+
+
+def _due_by(wait: dict[str, Any], now: int) -> bool:
+    """examine.lua's match: a wait with a due time that has come."""
+    until = lua_number(wait.get("until"))
+    return until is not None and until <= now

@@ -12,7 +12,8 @@ run does and does not run again::
     assert env.resume(run_id).status == "completed"               # charge-card not run again
 """
 
+from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
-from celery_durable.testing.environment import VirtualClock, WorkflowTestEnvironment
+from celery_durable.testing.environment import WorkflowTestEnvironment
 
 __all__ = ["SimulatedCrash", "VirtualClock", "WorkflowTestEnvironment"]

@@ -24,9 +24,11 @@ from celery_durable.broker.journal import (
     Dispatch,
     PendingCommit,
     Recorded,
+    WaitResult,
     Winner,
 )
-from celery_durable.broker.memory import MemoryJournal, MemoryRun
+from celery_durable.broker.memory import MemoryRun
+from celery_durable.testing.clock import VirtualClock, VirtualTimeJournal
 
 
 class SimulatedCrash(BaseException):
@@ -77,15 +79,16 @@ class CrashPlan:
         raise SimulatedCrash(f"simulated crash {moment} step {key!r}")
 
 
-class CrashingJournal(MemoryJournal):
-    """A ``MemoryJournal`` that dies at the plan's crash points.
+class CrashingJournal(VirtualTimeJournal):
+    """The environment's journal: a ``MemoryJournal`` on virtual time that dies
+    at the plan's crash points.
 
     It subclasses the journal, so a method the protocol gains later is there
     at once (journaling on, with no crash check until one is added here).
     """
 
-    def __init__(self, run: MemoryRun, epoch: int, plan: CrashPlan) -> None:
-        super().__init__(run, epoch)
+    def __init__(self, run: MemoryRun, epoch: int, plan: CrashPlan, clock: VirtualClock) -> None:
+        super().__init__(run, epoch, clock)
         self._plan = plan
 
     def begin(self, seq: str, call: BeginCall) -> Began:
@@ -139,3 +142,9 @@ class CrashingJournal(MemoryJournal):
     ) -> AgentCall | Conflict:
         self._plan.check_alive()
         return super().agent_call(seq, index, agent_id, request_json, owner, row_json, cut, message)
+
+    def wait(
+        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
+    ) -> WaitResult | Conflict:
+        self._plan.check_alive()
+        return super().wait(seq, index, identity, kind, name, due_ms, owner)

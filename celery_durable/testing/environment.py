@@ -5,59 +5,49 @@ gets back what a real client would return (a ``RunEnvelope``), with the
 engine's real semantics underneath: the journal is a ``MemoryJournal``,
 which passes the same contract tests as the Redis one, and runs are driven
 through the same replay passes as on workers (``testing.fleet``). Calls are
-synchronous: each one drives the run as far as it goes — to its settlement,
-or to a simulated crash — before it returns.
+synchronous: each one drives the run as far as it goes before it returns.
 
-Extension points for what is not here yet: durable waits and task calls
-will be driven by ``clock`` (a ``VirtualClock``: ``advance`` is how a test
-makes a timer due) and by ``signal``.
+Time is virtual and skips, as with Temporal's time-skipping test server: a
+run that sleeps for a day completes in milliseconds. ``clock.advance(...)``
+moves the environment's clock on and fires every timer it passes (the
+recovery sweep's part). The calls that block on a real client until a run
+settles — ``run``, ``resume`` and ``wait`` — also skip time by themselves:
+whenever nothing else can make progress, the clock jumps to the next timer.
+They stop skipping where waiting longer could change nothing: a run that
+waits only for a signal is returned as it is (``running``, with
+``snapshot["waiting_for"]`` saying for what), and ``signal`` delivers one.
+``start`` and ``signal`` never move the clock, so a test can act on a run
+while it waits (signal it before its timeout, look at its reminders).
+Workflow code itself still reads the wall clock: ``ctx.now()`` does not
+jump, and a ``ctx.sleep_until`` time is taken on the wall clock as
+``ctx.now()`` gives it (``testing.clock``).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from celery_durable.agents import AgentRunner
-from celery_durable.broker import now_ms
 from celery_durable.broker.memory import MemoryRun
 from celery_durable.client import _agent_row, _phase_rows, _resume_verdict, _step_row
 from celery_durable.config import Settings
 from celery_durable.errors import RunNotFoundError, WorkflowDefinitionError, WorkflowResumeError
 from celery_durable.progress import check_phase_id, check_query, to_page
+from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import CrashPlan, CrashPoint
 from celery_durable.testing.fleet import FanoutMode, Fleet, Message, new_memory_run, new_task_id
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, check_unique_names
 from celery_durable.workflows.envelope import ProgressPage, RunDetail, RunEnvelope
 from celery_durable.workflows.limits import ceilings_argument, merge_limits, validate_limits
+from celery_durable.workflows.waits import check_signal_name
 
 _EPOCH = datetime.fromtimestamp(0, tz=UTC)
-
-
-class VirtualClock:
-    """The environment's time: the wall clock plus what ``advance`` added.
-
-    Every stored time of a run reads it (leases, active time and so
-    ``timeout_seconds``, progress records), so a test can move a run past a
-    ceiling without waiting; durable timers will fire against it.
-    """
-
-    def __init__(self) -> None:
-        self._offset_ms = 0
-        self._lock = threading.Lock()
-
-    def now_ms(self) -> int:
-        with self._lock:
-            return now_ms() + self._offset_ms
-
-    def advance(self, seconds: float) -> None:
-        if not seconds >= 0:
-            raise ValueError(f"advance takes a number of seconds >= 0, got {seconds!r}")
-        with self._lock:
-            self._offset_ms += round(seconds * 1000)
+MAX_SKIPPED_TIMERS = 10_000
+"""``wait`` gives up on a run that keeps setting timers (a loop that sleeps
+forever) after firing this many, rather than hang the test suite."""
 
 
 class WorkflowTestEnvironment:
@@ -88,16 +78,17 @@ class WorkflowTestEnvironment:
         base = settings or Settings()
         self.settings = base if max_fanout is None else base.model_copy(update={"max_fanout": max_fanout})
         self.namespace = namespace
-        self.clock = VirtualClock()
+        self.clock = VirtualClock(on_advance=self._time_passed)
         self.workflows = check_unique_names(workflows)
         self._plan = CrashPlan()
-        self._fleet = Fleet(self.workflows, self.settings, agent_runner, fanout, self._plan)
+        self._fleet = Fleet(self.workflows, self.settings, agent_runner, fanout, self._plan, self.clock)
 
     # -- starting and resuming ------------------------------------------------------
 
     def start(self, name_or_handle: str | Workflow, args: Any = None, limits: dict[str, Any] | None = None) -> str:
-        """Start a run and drive it until it settles (or an armed crash kills
-        its attempt); its run id."""
+        """Start a run and drive it as far as it goes without time passing: until
+        it settles, waits (a timer, a signal) or an armed crash kills its
+        attempt; its run id."""
         definition = self._workflow(name_or_handle)
         args = {} if args is None else args
         args_json = jsonvalue.encode_payload(
@@ -109,7 +100,8 @@ class WorkflowTestEnvironment:
         definition.validate_args(args)
         if limits is not None:
             validate_limits(limits, allow_none=True)
-        run_id, lease_ms = new_task_id(), int(self.settings.lease_seconds * 1000)
+        run_id, message = new_task_id(), new_task_id()
+        lease_ms = int(self.settings.lease_seconds * 1000)
         self._fleet.runs[run_id] = new_memory_run(
             definition,
             run_id=run_id,
@@ -120,16 +112,40 @@ class WorkflowTestEnvironment:
             lease_ms=lease_ms,
             progress_max=self.settings.progress_max_records,
             clock=self.clock.now_ms,
+            message=message,
         )
-        self._fleet.send(Message("coordinator", run_id, 1, new_task_id()))
+        self._fleet.send(Message("coordinator", run_id, 1, message))
         self._fleet.drive()
         return run_id
 
     def run(
         self, name_or_handle: str | Workflow, args: Any = None, limits: dict[str, Any] | None = None
     ) -> RunEnvelope:
-        """Start a run and return its envelope once it has settled (or crashed)."""
-        return self.get(self.start(name_or_handle, args=args, limits=limits))
+        """Start a run and ``wait`` for it: its envelope once it has settled,
+        crashed, or waits for a signal only, time skipped over its timers."""
+        return self.wait(self.start(name_or_handle, args=args, limits=limits))
+
+    def wait(self, run_id: str) -> RunEnvelope:
+        """Drive the run, skipping time to its next timer whenever nothing else
+        can make progress (a sleep of a day takes milliseconds; waiting is not
+        active time, so ``timeout_seconds`` does not count it). Returns the
+        envelope once the run has settled, its attempt crashed, or it waits
+        only for a signal: still ``running``, ``snapshot["waiting_for"]``
+        naming the signal. Like the client's wait, it never sends a signal."""
+        run = self._stored(run_id)
+        for _ in range(MAX_SKIPPED_TIMERS):
+            self._fleet.drive()
+            record = run.record()
+            waiting = record.waiting_for
+            if record.status != "running" or not self._fleet.alive(run) or waiting is None:
+                return RunEnvelope.from_record(record)
+            if waiting["until"] is None:
+                return RunEnvelope.from_record(record)  # a signal without a timeout: only signal() helps
+            self.clock.advance_to(waiting["until"])
+        raise RuntimeError(
+            f"Run {run_id} kept setting timers: {MAX_SKIPPED_TIMERS} fired and it has not settled "
+            "(a loop that sleeps forever?); use start() and clock.advance() to step through it"
+        )
 
     def resume(
         self,
@@ -140,8 +156,8 @@ class WorkflowTestEnvironment:
         allow_code_change: bool = False,
     ) -> RunEnvelope:
         """Give the run a new attempt (as ``Client.resume_workflow``: same rules,
-        same codes) and drive it; a run whose attempt crashed continues from
-        its journal."""
+        same codes) and ``wait`` for it; a run whose attempt crashed continues
+        from its journal, a wait that already ended is not waited for again."""
         if limits is not None:
             try:
                 validate_limits(limits, allow_none=True)
@@ -159,44 +175,62 @@ class WorkflowTestEnvironment:
                 f"Workflow {record.workflow!r} code changed since run {run_id} started", code="workflow_code_changed"
             )
         merged = merge_limits(record.limits, limits)
-        # A crashed attempt's lease has run out (Fleet._crashed): it is not alive.
-        alive = record.lease_until > self.clock.now_ms()
+        # Alive as the client judges it: work in flight, or waits for the outside
+        # world. A crashed attempt's messages died with it (Fleet._crashed).
+        alive = record.status in ("pending", "running") and run.examine().verdict in ("alive", "waiting")
+        message = new_task_id()
         epoch = run.resume(
             record,
             limits_json=jsonvalue.dumps(merged),
             message=_resume_verdict(record, alive=alive, force=force, code_changed=code_changed),
             code_hash=definition.code_hash if code_changed else "",
+            message_id=message,
             ceilings=ceilings_argument(merged),
         )
         if epoch is None:
             raise WorkflowResumeError(f"Run {run_id} changed while resuming it", code="already_active")
-        self._fleet.send(Message("coordinator", run_id, epoch, new_task_id()))
-        self._fleet.drive()
-        return self.get(run_id)
+        self._fleet.send(Message("coordinator", run_id, epoch, message))
+        return self.wait(run_id)
 
     def cancel(self, run_id: str) -> RunEnvelope:
-        """Request cancellation (``cancel.lua``) and drive the run until it settles."""
+        """Request cancellation (``cancel.lua``) and drive the run until it settles;
+        a waiting run settles at once, without waiting for its timer or signal."""
         return self._request(run_id, self._stored(run_id).cancel)
 
     def pause(self, run_id: str) -> RunEnvelope:
-        """Request a pause (``pause.lua``) and drive the run until it settles as paused."""
+        """Request a pause (``pause.lua``) and drive the run until it settles as
+        paused; a waiting run pauses at once, and ``resume`` continues its wait
+        with the original due time."""
         return self._request(run_id, self._stored(run_id).pause)
 
-    def _request(self, run_id: str, request: Callable[[], tuple[str, int | None]]) -> RunEnvelope:
-        verdict, epoch = request()
+    def _request(self, run_id: str, request: Callable[[str], tuple[str, int | None]]) -> RunEnvelope:
+        message = new_task_id()
+        verdict, epoch = request(message)
         if verdict == "requested" and epoch is not None:
-            self._fleet.send(Message("coordinator", run_id, epoch, new_task_id()))
+            self._fleet.send(Message("coordinator", run_id, epoch, message))
             self._fleet.drive()
         return self.get(run_id)
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> RunEnvelope:
-        """Deliver a signal: not yet. Durable waits are being added to the
-        engine; here a signal will be kept in the run and the run driven, as
-        ``cancel`` does."""
-        raise NotImplementedError(
-            "WorkflowTestEnvironment does not support durable waits yet (ctx.wait_for_signal, ctx.sleep): "
-            "signal() will deliver to the run and drive it, and clock.advance() will fire its timers"
-        )
+        """Deliver signal ``name`` with a JSON ``payload`` (``signal.lua``), as
+        ``Client.signal_workflow_run`` does — the same checks and refusals —
+        and drive the run as far as it goes without time passing.
+
+        A signal sent before the run reaches its ``wait_for_signal`` is kept
+        for it, in arrival order; a completed, cancelled or non-resumable run
+        refuses it with a ``ValueError`` naming its status."""
+        check_signal_name(name)
+        payload_json = jsonvalue.encode_payload(payload, self.settings.max_payload_bytes, noun="Signal payload")
+        run = self._stored(run_id)
+        prefix = new_task_id()
+        answer = run.signal(name, payload_json, prefix)
+        if answer.verdict == "refused":
+            detail = " and cannot be resumed" if answer.status == "error" else ""
+            raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
+        for n, owner in enumerate(answer.owners, start=1):
+            self._fleet.wake(run_id, answer.epoch, owner, f"{prefix}-{n}")
+        self._fleet.drive()
+        return self.get(run_id)
 
     # -- crashes ------------------------------------------------------------------------
 
@@ -258,6 +292,12 @@ class WorkflowTestEnvironment:
         return self._stored(run_id)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _time_passed(self) -> None:
+        """The clock moved: fire the timers now due and drive what they woke
+        (from inside a delivery, ``drive`` leaves that to the delivery under way)."""
+        self._fleet.fire_timers()
+        self._fleet.drive()
 
     def _stored(self, run_id: str) -> MemoryRun:
         run = self._fleet.runs.get(run_id) if isinstance(run_id, str) else None

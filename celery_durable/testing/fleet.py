@@ -5,12 +5,18 @@ A run is driven exactly as workers drive it — coordinator passes through
 turns through ``tasks.agent.run_turn`` — but the messages go to a deque
 instead of a broker, and the storage is a ``MemoryRun``. Each task below
 mirrors its namesake in ``celery_durable/tasks/`` minus what only a fleet
-needs (heartbeat threads, retries on a storage outage, message parsing).
+needs (heartbeat threads, retries on a storage outage, message parsing),
+and like it tells the run which of its messages are in flight (the live
+hash), so active time and ``timeout_seconds`` count as on a real fleet.
+
+The recovery sweep's part is ``fire_timers``: the due timers of every run
+fire (``examine.lua``) and their owners are sent their messages.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -27,6 +33,7 @@ from celery_durable.broker.memory import Clock, MemoryRun
 from celery_durable.broker.schema import Outcome
 from celery_durable.config import Settings
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
+from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import CrashingJournal, CrashPlan, SimulatedCrash
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow
@@ -79,9 +86,11 @@ def new_memory_run(
     lease_ms: int = 30_000,
     progress_max: int = 0,
     clock: Clock = now_ms,
+    message: str = "",
 ) -> MemoryRun:
     """A run as ``Client.start_workflow`` creates one (``limits`` over the
-    workflow's, as checked overrides), held in memory."""
+    workflow's, as checked overrides), held in memory; ``message`` is the
+    task id of its first coordinator message."""
     effective = merge_limits(dict(definition.limits), limits)
     fields = schema.new_run_fields(
         run_id=run_id,
@@ -96,7 +105,7 @@ def new_memory_run(
         progress_max=progress_max,
         ceilings=ceiling_fields(effective),
     )
-    return MemoryRun(fields, clock=clock, lease_ms=lease_ms, lock_ms=lease_ms)
+    return MemoryRun(fields, message=message, clock=clock, lease_ms=lease_ms, lock_ms=lease_ms)
 
 
 class Fleet:
@@ -109,14 +118,18 @@ class Fleet:
         agent_runner: AgentRunner | None,
         fanout: FanoutMode,
         plan: CrashPlan,
+        clock: VirtualClock,
     ) -> None:
         self.workflows = workflows
+        self.clock = clock
         self.settings = settings
         self.turns = TurnConfig(agent_runner, settings)
         self.fanout = fanout
         self.plan = plan
         self.runs: dict[str, MemoryRun] = {}
         self.queue: deque[Message] = deque()
+        self.crashed: set[tuple[str, int]] = set()
+        """Attempts (run id, epoch) that died: nothing of theirs runs again."""
         self._driving = threading.Lock()
 
     def send(self, message: Message) -> None:
@@ -162,14 +175,44 @@ class Fleet:
 
     def _crashed(self, run_id: str) -> None:
         """Every process of the attempt died: its queued messages are lost
-        with it (a later attempt's fence would refuse them anyway), and its
-        lock and lease run out."""
+        with it (a later attempt's fence would refuse them anyway), its lock
+        runs out, and every message it had in flight is lost, as the sweep
+        finds them once their workers stop beating (``liveness``: dead)."""
         remaining = [message for message in self.queue if message.run_id != run_id]
         self.queue.clear()
         self.queue.extend(remaining)
         run = self.runs[run_id]
         with run.lock:
+            self.crashed.add((run_id, int(run.state.run["epoch"])))
             run.state.run.update(lock="", lock_until="0", lease_until="0")
+            now = run.clock()
+            for task_id in run.state.live:
+                run.state.live[task_id] = f"l|{now}"
+
+    def alive(self, run: MemoryRun) -> bool:
+        """The run's current attempt did not crash."""
+        with run.lock:
+            return (run.run_id, int(run.state.run["epoch"])) not in self.crashed
+
+    def wake(self, run_id: str, epoch: int, owner: str, task_id: str) -> None:
+        """``Engine.wake``: the message that continues ``owner`` of a run."""
+        if owner == schema.MAIN:
+            self.send(Message("coordinator", run_id, epoch, task_id))
+        else:
+            call, _, branch = owner.rpartition("/")
+            self.send(Message("branch", run_id, epoch, task_id, call=call, indices=(int(branch),)))
+
+    def fire_timers(self) -> None:
+        """The recovery sweep's part (``tasks/recovery.py``): every due timer fires,
+        its owner is sent its message. A crashed attempt's timers stay put: it is
+        dead until the test resumes it."""
+        for run in list(self.runs.values()):
+            if not self.alive(run):
+                continue
+            prefix = new_task_id()
+            examined = run.examine(fire_prefix=prefix)
+            for n, owner in enumerate(examined.woken, start=1):
+                self.wake(run.run_id, examined.epoch, owner, f"{prefix}-{n}")
 
     # -- the coordinator task (tasks/coordinator.py) ------------------------------------
 
@@ -179,13 +222,14 @@ class Fleet:
         if record.epoch != message.epoch:
             return
         definition = self.workflows[record.workflow]
+        resend = new_task_id()
         try:
-            activation = run.activate(record.epoch, message.task_id)
+            activation = run.activate(record.epoch, message.task_id, resend)
         except StaleAttemptError:
             return
         if isinstance(activation, int):
             # Another pass holds the lock and was told to run once more.
-            self.send(Message("coordinator", run.run_id, record.epoch, new_task_id()))
+            self.send(Message("coordinator", run.run_id, record.epoch, resend))
             return
         execution = new_task_id()
         replay = self._replay(run, record, definition, execution)
@@ -195,15 +239,14 @@ class Fleet:
                 settlement = main_pass(replay)
                 if settlement is not None:
                     settle(run, record.epoch, settlement)
-                if replay.rerun:
-                    self.send(Message("coordinator", run.run_id, record.epoch, new_task_id()))
             except StaleAttemptError:
                 return
             except StorageCorruptError as exc:
                 with contextlib.suppress(StaleAttemptError):
                     settle(run, record.epoch, corrupt(exc))
                 return
-            if not run.release(message.task_id, record.epoch):
+            # A pass that lost a first-write race runs again at once, holding the lock.
+            if not replay.rerun and not run.release(message.task_id, record.epoch):
                 return
             fresh = run.record()
             if fresh.epoch != record.epoch:
@@ -220,7 +263,7 @@ class Fleet:
             return ids
 
         return Replay(
-            journal=CrashingJournal(run, record.epoch, self.plan),
+            journal=CrashingJournal(run, record.epoch, self.plan, self.clock),
             run=record,
             workflow=definition,
             max_fanout=self.settings.max_fanout,
@@ -243,7 +286,7 @@ class Fleet:
         record = run.record()
         if record.epoch != message.epoch or record.status not in ("running", "paused"):
             return
-        journal = CrashingJournal(run, record.epoch, self.plan)
+        journal = CrashingJournal(run, record.epoch, self.plan, self.clock)
 
         def on_outcome(index: int, outcome: Outcome) -> None:
             wake = new_task_id()
@@ -260,8 +303,16 @@ class Fleet:
             send_agent=self._agent_sender(record),
         )
         try:
-            replay.apply_flags(run.heartbeat(record.epoch))
-            branch_pass(replay, on_outcome)
+            replay.apply_flags(run.task_start(record.epoch, message.task_id))
+            died = False
+            try:
+                branch_pass(replay, on_outcome)
+            except SimulatedCrash:
+                died = True  # its worker died with the message in flight: nothing ends it
+                raise
+            finally:
+                if not died:
+                    run.task_end(record.epoch, message.task_id)  # however it ends, it is no longer in flight
         except StaleAttemptError:
             return
         except StorageCorruptError:
@@ -278,10 +329,12 @@ class Fleet:
         record = run.record()
         if record.epoch != message.epoch:
             return
+        resend = new_task_id()
         try:
-            verdict, request_json = run.agent_start(record.epoch, message.agent)
+            verdict, request_json = run.agent_start(record.epoch, message.agent, message.task_id, resend)
             if verdict == "wait":
-                self.send(message)  # at the concurrency ceiling: come back later
+                # At the concurrency ceiling: come back later without holding a worker.
+                self.send(dataclasses.replace(message, task_id=resend))
                 return
             if verdict != "go" or request_json is None:
                 return
@@ -297,23 +350,19 @@ class Fleet:
                 error=turn.error,
             )
             usage: dict[str, Any] = turn.usage
-            waiters = run.agent_finish(
-                record.epoch,
-                message.agent,
-                turn.outcome.encode(),
-                row,
+            credits = (
                 nano_credits(usage.get("ai_credits") or 0),
                 int(usage.get("prompt_tokens") or 0),
                 int(usage.get("completion_tokens") or 0),
             )
+            prefix = new_task_id()
+            waiters = run.agent_finish(
+                record.epoch, message.agent, turn.outcome.encode(), row, credits, message.task_id, prefix
+            )
         except StaleAttemptError:
             return
-        for owner in waiters:
-            if owner == schema.MAIN:
-                self.send(Message("coordinator", run.run_id, record.epoch, new_task_id()))
-            else:
-                call, _, branch = owner.rpartition("/")
-                self.send(Message("branch", run.run_id, record.epoch, new_task_id(), call=call, indices=(int(branch),)))
+        for n, owner in enumerate(waiters, start=1):
+            self.wake(run.run_id, record.epoch, owner, f"{prefix}-{n}")
 
 
 def settle(run: MemoryRun, epoch: int, settlement: Settlement) -> None:

@@ -1,14 +1,17 @@
 """The two journals the contract tests run against, behind one small interface.
 
-A ``Backend`` is one run, created as the client creates it, and what the
-tests need around its journal: the run's journal for an epoch, and direct
-writes of the few fields a lifecycle script leaves (a newer epoch after a
-resume, a settled status, an agent turn's outcome) — so that the contract
-covers exactly the ``Journal`` protocol, not scripts under change elsewhere.
+A ``Backend`` is one run, created as the client creates it (with its first
+coordinator message in flight), and what the tests need around its journal:
+the run's journal for an epoch; direct writes of the few fields a lifecycle
+script leaves (a newer epoch after a resume, a settled status, an agent
+turn's outcome), so that the journal tests cover exactly the ``Journal``
+protocol; and the two run scripts that end durable waits from outside,
+``signal`` and ``examine`` (which fires due timers), with time passing.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -16,9 +19,11 @@ from typing import Any, Literal
 import pytest
 
 from celery_durable import Engine, Settings, define_workflow
-from celery_durable.broker import Journal, RunStore
+from celery_durable.broker import Flags, Journal, RunRecord, RunStore
 from celery_durable.broker.memory import MemoryJournal
 from celery_durable.broker.progress import ProgressSlice
+from celery_durable.broker.store import Examined, Signalled
+from celery_durable.testing import VirtualClock
 from celery_durable.testing.fleet import new_memory_run
 
 WORKFLOW = define_workflow(
@@ -57,6 +62,37 @@ class Backend:
         raise NotImplementedError
 
     def agent_rows(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def record(self) -> RunRecord:
+        raise NotImplementedError
+
+    def live(self) -> dict[str, str]:
+        """The run's messages in flight (the live hash)."""
+        raise NotImplementedError
+
+    def waits(self) -> dict[str, dict[str, Any]]:
+        """The registered waits, decoded, by "<seq>:<i>"."""
+        raise NotImplementedError
+
+    def signal(self, name: str, payload_json: str = "null", prefix: str = "sig") -> Signalled:
+        """signal.lua: deliver a signal."""
+        raise NotImplementedError
+
+    def examine(self, fire_prefix: str = "") -> Examined:
+        """examine.lua; with ``fire_prefix`` the due timers fire."""
+        raise NotImplementedError
+
+    def pass_time(self, ms: int) -> None:
+        """``ms`` pass for the run's waits: every due time that was ``ms`` away is now."""
+        raise NotImplementedError
+
+    def activate(self, token: str) -> Flags | int:
+        """activate.lua for attempt 1's pass whose message is ``token``."""
+        raise NotImplementedError
+
+    def release(self, token: str) -> bool:
+        """release.lua for that pass."""
         raise NotImplementedError
 
     def refused(self) -> int:
@@ -112,13 +148,58 @@ class RedisBackend(Backend):
     def agent_rows(self) -> dict[str, str]:
         return self.store.agent_rows(self.run_id)
 
+    def record(self) -> RunRecord:
+        record = self.store.load_run(self.run_id)
+        assert record is not None
+        return record
+
+    def live(self) -> dict[str, str]:
+        return dict(self.store.client.hgetall(self.keys.live))
+
+    def waits(self) -> dict[str, dict[str, Any]]:
+        return {at: json.loads(raw) for at, raw in self.store.client.hgetall(self.keys.waits).items()}
+
+    def signal(self, name: str, payload_json: str = "null", prefix: str = "sig") -> Signalled:
+        return self.store.signal(self.run_id, "default", name, payload_json, prefix)
+
+    def examine(self, fire_prefix: str = "") -> Examined:
+        examined = self.store.examine(self.run_id, "", fire_prefix=fire_prefix)
+        assert examined is not None
+        return examined
+
+    def activate(self, token: str) -> Flags | int:
+        return self.store.activate(self.run_id, 1, token, "default", "resend")
+
+    def release(self, token: str) -> bool:
+        return self.store.release(self.run_id, token, 1)
+
+    def pass_time(self, ms: int) -> None:
+        """The scripts take ``now`` from this process's clock, which a test does
+        not move: the stored due times move back instead (the op's ``wd:``, its
+        waits entry, the run's summary), which is the same to every script."""
+        client = self.store.client
+        for name, value in client.hgetall(self.keys.journal).items():
+            if name.startswith("wd:") and value:
+                client.hset(self.keys.journal, name, int(value) - ms)
+        for at, wait in self.waits().items():
+            if isinstance(wait.get("until"), int):
+                client.hset(self.keys.waits, at, json.dumps({**wait, "until": wait["until"] - ms}))
+        waiting = self.field("run", "waiting")
+        if waiting:
+            summary = json.loads(waiting)
+            if isinstance(summary.get("until"), int):
+                self.write("run", {"waiting": json.dumps({**summary, "until": summary["until"] - ms})})
+
 
 class MemoryBackend(Backend):
     name = "memory"
 
     def __init__(self, limits: dict[str, Any] | None) -> None:
         self.run_id = uuid.uuid4().hex
-        self.run = new_memory_run(WORKFLOW, run_id=self.run_id, limits=limits)
+        self.clock = VirtualClock()
+        self.run = new_memory_run(
+            WORKFLOW, run_id=self.run_id, limits=limits, clock=self.clock.now_ms, message=uuid.uuid4().hex
+        )
         self.state = self.run.state
 
     def _hash(self, where: Where) -> dict[str, str]:
@@ -147,6 +228,33 @@ class MemoryBackend(Backend):
 
     def agent_rows(self) -> dict[str, str]:
         return self.run.agent_rows()
+
+    def record(self) -> RunRecord:
+        return self.run.record()
+
+    def live(self) -> dict[str, str]:
+        with self.run.lock:
+            return dict(self.state.live)
+
+    def waits(self) -> dict[str, dict[str, Any]]:
+        with self.run.lock:
+            return {at: json.loads(raw) for at, raw in self.state.waits.items()}
+
+    def signal(self, name: str, payload_json: str = "null", prefix: str = "sig") -> Signalled:
+        return self.run.signal(name, payload_json, prefix)
+
+    def examine(self, fire_prefix: str = "") -> Examined:
+        return self.run.examine(fire_prefix=fire_prefix)
+
+    def activate(self, token: str) -> Flags | int:
+        return self.run.activate(1, token, "resend")
+
+    def release(self, token: str) -> bool:
+        return self.run.release(token, 1)
+
+    def pass_time(self, ms: int) -> None:
+        """The run's clock moves on."""
+        self.clock.advance(ms / 1000)
 
 
 BackendFactory = Callable[..., Backend]

@@ -282,11 +282,14 @@ def test_dispatch_sends_each_branch_once_per_execution_and_again_after_a_failure
     journal = backend.journal(1)
     at = position(0, 0)
     assert journal.dispatch("m", 0, "p|3", 3, "x1", at) == Dispatch(indices=[0, 1, 2])
-    assert journal.dispatch("m", 0, "p|3", 3, "x1", at) == Dispatch(pending=True)
+    # Pending: with the run's messages in flight (here the first coordinator message).
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", at) == Dispatch(pending=True, in_flight=1)
     # Another execution before the first said it sent them: it died halfway, send again.
     assert journal.dispatch("m", 0, "p|3", 3, "x2", at) == Dispatch(indices=[0, 1, 2])
     journal.mark_sent("m:0", ["t0", "t1", "t2"])
-    assert journal.dispatch("m", 0, "p|3", 3, "x3", at) == Dispatch(pending=True)
+    live = backend.live()
+    assert len(live) == 4 and all(live[task].startswith("q|s|") for task in ("t0", "t1", "t2"))
+    assert journal.dispatch("m", 0, "p|3", 3, "x3", at) == Dispatch(pending=True, in_flight=4)
     assert journal.complete_branch("m:0", 0, ok(0), "w0") is False
     assert journal.complete_branch("m:0", 1, failed(1), "w1") is False
     assert journal.complete_branch("m:0", 2, ok(2), "w2") is True  # the last one out wakes
@@ -300,6 +303,22 @@ def test_dispatch_sends_each_branch_once_per_execution_and_again_after_a_failure
     assert second.complete_branch("m:0", 1, ok(1), "w5") is True
     assert second.branch_outcomes("m:0", 3) == [ok(0), ok(1), ok(2)]
     assert second.dispatch("m", 0, "p|3", 3, "x5", at) == Dispatch(indices=[])  # all done: nothing to send
+
+
+def test_the_messages_the_journal_is_told_about_are_counted_in_flight(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    (first,) = backend.live()  # the run's first coordinator message, queued at creation
+    journal.dispatch("m", 0, "p|2", 2, "x", position(0, 0))
+    journal.mark_sent("m:0", ["b0", "b1"])
+    assert journal.complete_branch("m:0", 0, ok(0), "w0") is False
+    assert journal.complete_branch("m:0", 1, ok(1), "w1") is True
+    assert ask(journal, "m", 1, message="turn") == AgentCall("dispatch", NO_FLAGS)
+    live = backend.live()
+    # Only the wake-up that is sent counts; each sits in its queue ('c', 's', 'a').
+    assert sorted(live) == sorted([first, "b0", "b1", "w1", "turn"])
+    assert [live[task][:4] for task in (first, "b0", "w1", "turn")] == ["q|c|", "q|s|", "q|c|", "q|a|"]
+    assert journal.dispatch("m", 0, "p|2", 2, "y", position(0, 0)) == Dispatch(pending=True, in_flight=5)
 
 
 def test_a_fatal_branch_wakes_at_once_and_all_done_dispatches_nothing(make_backend: BackendFactory) -> None:

@@ -2,19 +2,25 @@
 
 ``Driver`` plays the fleet's part one message at a time, so a test decides
 what happens between passes: which branch task runs when, twice, or never;
-when an attempt is taken over. Every pass is ``passes.main_pass`` and every
-branch task ``passes.branch_pass`` over a real ``Replay``.
+when an attempt is taken over; when a timer fires or a signal arrives. Every
+pass is ``passes.main_pass`` and every branch task ``passes.branch_pass``
+over a real ``Replay``, and every message carries the task id the run counts
+in flight (its live hash), as on a real fleet. Time is a ``VirtualClock``
+the test moves (``advance``), as in ``celery_durable.testing``.
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable import Workflow
-from celery_durable.broker import schema
-from celery_durable.broker.memory import MemoryJournal, MemoryRun
+from celery_durable.broker import Flags, schema
+from celery_durable.broker.memory import MemoryRun
+from celery_durable.broker.store import Signalled
+from celery_durable.testing.clock import VirtualClock, VirtualTimeJournal
 from celery_durable.testing.fleet import new_memory_run, settle
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.fanout import BranchTarget
@@ -22,11 +28,22 @@ from celery_durable.workflows.passes import Settlement, branch_pass, main_pass
 from celery_durable.workflows.replay import Replay
 
 MAX_PAYLOAD = 1 << 20
+_ids = itertools.count(1)
 
 
-def new_run(workflow: Workflow, args: Any = None, limits: dict[str, Any] | None = None) -> MemoryRun:
+def new_id(kind: str) -> str:
+    return f"{kind}-{next(_ids)}"
+
+
+def new_run(
+    workflow: Workflow, args: Any = None, limits: dict[str, Any] | None = None, clock: VirtualClock | None = None
+) -> MemoryRun:
     return new_memory_run(
-        workflow, run_id=uuid.uuid4().hex, args_json=jsonvalue.dumps({} if args is None else args), limits=limits
+        workflow,
+        run_id=uuid.uuid4().hex,
+        args_json=jsonvalue.dumps({} if args is None else args),
+        limits=limits,
+        clock=(clock or VirtualClock()).now_ms,
     )
 
 
@@ -36,37 +53,43 @@ class Driver:
 
     workflow: Workflow
     run: MemoryRun
+    clock: VirtualClock
     branches: list[tuple[str, int]] = field(default_factory=list)
     """Branch tasks sent: (call, branch index)."""
     turns: list[tuple[str, str]] = field(default_factory=list)
     """Agent tasks sent: (agent id, owner)."""
+    coordinator: list[str] = field(default_factory=list)
+    """Coordinator messages sent (their task ids): each ``main`` takes the first."""
+    task_ids: dict[tuple[str, int] | str, str] = field(default_factory=dict)
+    """The task id of the last message sent for a branch (call, index) or an agent turn."""
     execution: str = "execution-1"
     last: Replay | None = None
 
     @classmethod
     def of(cls, workflow: Workflow, **options: Any) -> Driver:
-        return cls(workflow, new_run(workflow, **options))
+        clock = VirtualClock()
+        return cls(workflow, new_run(workflow, clock=clock, **options), clock)
 
     @property
     def epoch(self) -> int:
         return self.run.record().epoch
 
-    def journal(self) -> MemoryJournal:
-        return MemoryJournal(self.run, self.epoch)
+    def journal(self) -> VirtualTimeJournal:
+        return VirtualTimeJournal(self.run, self.epoch, self.clock)
 
     def replay(self, **extra: Any) -> Replay:
         record = self.run.record()
 
         def send_branches(call: str, indices: list[int]) -> list[str]:
-            self.branches.extend((call, j) for j in indices)
-            return [f"branch-{call}-{j}" for j in indices]
+            return [self._send_branch(call, j, new_id("branch")) for j in indices]
 
         def send_agent(agent: str, owner: str, task_id: str) -> None:
             self.turns.append((agent, owner))
+            self.task_ids[agent] = task_id
 
         options: dict[str, Any] = {"send_branches": send_branches, "token": self.execution, **extra}
         self.last = Replay(
-            journal=MemoryJournal(self.run, record.epoch),
+            journal=VirtualTimeJournal(self.run, record.epoch, self.clock),
             run=record,
             workflow=self.workflow,
             max_fanout=4096,
@@ -76,26 +99,54 @@ class Driver:
         )
         return self.last
 
+    def _send_branch(self, call: str, index: int, task_id: str) -> str:
+        self.branches.append((call, index))
+        self.task_ids[(call, index)] = task_id
+        return task_id
+
+    def wake(self, owner: str, task_id: str) -> None:
+        """``Engine.wake``: the coordinator, or a top-level branch's task."""
+        if owner == schema.MAIN:
+            self.coordinator.append(task_id)
+        else:
+            call, _, branch = owner.rpartition("/")
+            self._send_branch(call, int(branch), task_id)
+
     def main(self) -> Settlement | None:
-        """One coordinator pass; a settlement is written as the coordinator writes it."""
+        """One coordinator pass, as the coordinator task runs it: its message
+        (the first one sent, or a new one) takes the lock, and a settlement is
+        written as the coordinator writes it."""
         epoch = self.epoch
-        self.run.activate(epoch, self.execution)
-        settlement = main_pass(self.replay())
+        token = self.coordinator.pop(0) if self.coordinator else new_id("pass")
+        activation = self.run.activate(epoch, token, new_id("resend"))
+        assert isinstance(activation, Flags), "another pass holds the lock"
+        replay = self.replay()
+        replay.apply_flags(activation)
+        settlement = main_pass(replay)
         if settlement is not None:
             settle(self.run, epoch, settlement)
-        self.run.release(self.execution, epoch)
+        self.run.release(token, epoch)
         return settlement
 
     def branch(self, call: str, index: int) -> bool:
-        """One branch task; True when its outcome woke the coordinator."""
+        """One branch task (its message the last one sent for it); True when
+        its outcome woke the coordinator."""
         journal = self.journal()
+        token = self.task_ids.get((call, index), new_id("branch"))
         woke: list[bool] = []
 
         def on_outcome(j: int, outcome: schema.Outcome) -> None:
-            woke.append(journal.complete_branch(call, j, outcome.encode(), "wake"))
+            wake = new_id("wake")
+            woke.append(journal.complete_branch(call, j, outcome.encode(), wake))
+            if woke[-1]:
+                self.coordinator.append(wake)
 
         replay = self.replay(target=BranchTarget(call, (index,), on_outcome), send_branches=None)
-        branch_pass(replay, on_outcome)
+        replay.apply_flags(self.run.task_start(self.epoch, token))
+        try:
+            branch_pass(replay, on_outcome)
+        finally:
+            self.run.task_end(journal.epoch, token)
         return any(woke)
 
     def deliver_branches(self) -> list[bool]:
@@ -107,13 +158,16 @@ class Driver:
         """Every agent turn sent, answered with ``answer`` as the agent task journals it."""
         sent, self.turns = self.turns, []
         for agent, _owner in sent:
-            verdict, _ = self.run.agent_start(self.epoch, agent)
+            token = self.task_ids[agent]
+            verdict, _ = self.run.agent_start(self.epoch, agent, token, new_id("resend"), 100)
             assert verdict == "go", verdict
             outcome = schema.value_outcome(answer).encode()
             row = schema.finished_agent_row(
                 None, failed=False, started_at=1, completed_at=2, active_ms=1, usage={}, error=None
             )
-            self.run.agent_finish(self.epoch, agent, outcome, row, 0, 0, 0)
+            prefix = new_id("turn")
+            for n, owner in enumerate(self.run.agent_finish(self.epoch, agent, outcome, row, (0, 0, 0), token, prefix)):
+                self.wake(owner, f"{prefix}-{n + 1}")
 
     def settle(self, limit: int = 20) -> Settlement:
         """Passes and branch tasks until the run settles."""
@@ -126,11 +180,41 @@ class Driver:
 
     def resume(self, message: str = "Run resumed") -> int:
         """A new attempt takes the run (resume.lua), with a new execution."""
-        epoch = self.run.resume(self.run.record(), limits_json="", message=message, code_hash="")
+        first = new_id("resumed")
+        epoch = self.run.resume(self.run.record(), limits_json="", message=message, code_hash="", message_id=first)
         assert epoch is not None
         self.execution = f"execution-{epoch}"
-        self.branches, self.turns = [], []
+        self.branches, self.turns, self.coordinator = [], [], [first]
         return epoch
+
+    # -- the outside world: time, signals, requests ------------------------------------
+
+    def advance(self, seconds: float) -> list[str]:
+        """Time passes and the sweep fires the timers now due; the owners woken."""
+        self.clock.advance(seconds)
+        prefix = new_id("fire")
+        woken = self.run.examine(fire_prefix=prefix).woken
+        for n, owner in enumerate(woken, start=1):
+            self.wake(owner, f"{prefix}-{n}")
+        return woken
+
+    def signal(self, name: str, payload: Any = None) -> Signalled:
+        """``signal_workflow_run``: kept for the run, and what waits for it woken."""
+        prefix = new_id("signal")
+        answer = self.run.signal(name, jsonvalue.dumps(payload), prefix)
+        for n, owner in enumerate(answer.owners, start=1):
+            self.wake(owner, f"{prefix}-{n}")
+        return answer
+
+    def pause(self) -> None:
+        message = new_id("pause")
+        if self.run.pause(message)[0] == "requested":
+            self.coordinator.append(message)
+
+    def cancel(self) -> None:
+        message = new_id("cancel")
+        if self.run.cancel(message)[0] == "requested":
+            self.coordinator.append(message)
 
     def progress(self) -> list[tuple[str, str]]:
         page = self.run.progress_page("", "after", 0, 500)

@@ -200,7 +200,7 @@ def test_what_the_environment_refuses(env: WorkflowTestEnvironment) -> None:
     with pytest.raises(WorkflowResumeError) as missing:
         env.resume("0" * 32)
     assert missing.value.code == "not_found"
-    with pytest.raises(NotImplementedError, match="durable waits"):
+    with pytest.raises(ValueError, match=f"Run {done.run_id} is completed: it takes no more signals"):
         env.signal(done.run_id, "approval", {"approved": True})
 
 

@@ -1,6 +1,7 @@
 """The run-level scripts of ``MemoryRun``, as the Lua they port behaves.
 
-(The journal scripts are held to Redis itself by ``tests/contract``.)
+(The journal scripts, signal and examine are held to Redis itself by
+``tests/contract``.)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import schema
 from celery_durable.broker.journal import BeginCall, Flags
 from celery_durable.broker.memory import MemoryJournal, MemoryRun
+from celery_durable.broker.store import Examined
 from celery_durable.testing.fleet import new_memory_run
 
 
@@ -28,8 +30,11 @@ class Clock:
 
 
 def running(clock: Clock | None = None, **options: Any) -> MemoryRun:
-    run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock or Clock(), **options)
-    assert run.activate(1, "pass-1") == Flags()
+    """A run whose first pass (message "pass-1") holds the lock."""
+    run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock or Clock(), message="pass-1", **options)
+    assert run.state.live == {"pass-1": "q|c|10000"}
+    assert run.activate(1, "pass-1", "resend") == Flags()
+    assert run.state.live == {"pass-1": "x|40000"}
     return run
 
 
@@ -51,20 +56,42 @@ def test_resume_bumps_the_epoch_and_interrupts_what_the_old_attempt_left_running
     assert system_records(run) == ["Attempt 1 started", "Run recovered (attempt 2)"]
 
 
-def test_a_recovery_requires_an_expired_lease_and_keeps_the_requests() -> None:
+def test_a_recovery_requires_a_dead_attempt_and_keeps_the_requests() -> None:
     clock = Clock()
     run = running(clock)
-    run.cancel()
-    assert run.resume(run.record(), limits_json="", message="m", code_hash="", require_expired=True) is None
-    clock.now += 60_000
-    assert run.resume(run.record(), limits_json="", message="m", code_hash="", require_expired=True) == 2
+    run.cancel("cancel-1")
+    recover = {"limits_json": "", "message": "m", "code_hash": "", "message_id": "first-2", "recovery": True}
+    assert run.resume(run.record(), **recover) is None  # its pass still renews its message
+    clock.now += 30_001  # the pass's heartbeat stopped a lease ago
+    assert run.examine().verdict == "dead"
+    assert run.resume(run.record(), **recover) == 2
     assert run.record().cancel_requested
     assert run.state.run["recoveries"] == "1"
+    assert run.state.live == {"first-2": f"q|c|{clock.now}"}  # the old attempt's messages are forgotten
+
+
+def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -> None:
+    clock = Clock()
+    run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock, message="first")
+    assert run.examine("c=9000").verdict == "alive"  # the queue was last empty before the message was sent
+    assert run.examine("c=10500").verdict == "alive"  # emptied since: some worker took it, give it time to start
+    clock.now += 2_000
+    examined = run.examine("c=10500")
+    assert (examined.verdict, examined.detail) == ("dead", "task first left its queue and never started")
+
+
+def test_a_message_held_by_a_dead_worker_is_lost() -> None:
+    run = new_memory_run(lifecycle, run_id="r" * 32, clock=Clock(), message="first")
+    assert run.mark_lost(["first", "unknown"]) == 1
+    assert run.examine() == Examined("pending", 1, "lifecycle", "dead", "the worker holding task first died")
+    running_run = running()
+    assert running_run.mark_lost(["pass-1"]) == 0  # a running message is judged by its own heartbeat
 
 
 def test_finish_settles_and_fences_everything_after() -> None:
     run = running()
     run.finish(1, "error", reason="exception", error="boom", can_resume=True, message="Run failed: boom")
+    assert run.state.live == {} and run.examine().verdict == ""
     record = run.record()
     assert (record.status, record.reason, record.can_resume, record.has_result) == ("error", "exception", True, False)
     assert system_records(run)[-1] == "Run failed: boom"
@@ -78,7 +105,7 @@ def test_finish_settles_and_fences_everything_after() -> None:
 def test_halt_stops_a_run_whose_attempt_died() -> None:
     clock = Clock()
     run = running(clock)
-    assert run.halt(run.record()) is False  # its lease is still alive
+    assert run.halt(run.record()) is False  # its pass still renews its message
     clock.now += 60_000
     assert run.halt(run.record()) is True
     halted = run.record()
@@ -89,10 +116,35 @@ def test_halt_stops_a_run_whose_attempt_died() -> None:
 
 def test_the_activation_lock_and_its_wake_flag() -> None:
     run = running()
-    assert run.activate(1, "pass-2") == 30_000  # busy: the holder is told to run once more
+    run.state.live["pass-2"] = "q|c|10000"
+    # Busy: the holder is told to run once more; this message comes back when the lock would expire.
+    assert run.activate(1, "pass-2", "pass-3") == 30_100
+    assert run.state.live == {"pass-1": "x|40000", "pass-3": "q|c|40100"}
     assert run.release("pass-1", 1) is True
     assert run.release("pass-1", 1) is False
-    assert run.activate(1, "pass-2") == Flags()
+    assert run.state.live == {"pass-3": "q|c|40100"}
+    assert run.activate(1, "pass-3", "pass-4") == Flags()
+
+
+def test_active_time_runs_only_while_a_message_is_in_flight() -> None:
+    clock = Clock()
+    run = running(clock, limits={"timeout_seconds": 60})
+    clock.now += 10_000
+    assert run.release("pass-1", 1) is False
+    assert (run.state.run["active_ms"], run.state.run["active_since"]) == ("10000", "")
+    clock.now += 3_600_000  # an hour with nothing in flight: a wait, not work
+    assert run.task_start(1, "branch-1") == Flags()  # a wake-up (here a branch task) starts the clock again
+    clock.now += 5_000
+    run.task_end(1, "branch-1")
+    assert run.state.run["active_ms"] == "15000"
+    assert run.heartbeat(1, "gone", wake="wake-1") == (Flags(), False)  # not in flight: not renewed
+    assert run.state.live == {}
+    run.task_start(1, "branch-2")
+    clock.now += 50_000
+    # A ceiling newly reached by a task other than the coordinator wakes the coordinator.
+    assert run.heartbeat(1, "branch-2", wake="wake-2") == (Flags(limit="timeout_seconds"), True)
+    assert run.state.live["wake-2"] == f"q|c|{clock.now}"
+    assert run.heartbeat(1, "branch-2", wake="wake-3") == (Flags(limit="timeout_seconds"), False)
 
 
 def test_agent_turns_take_a_slot_under_the_concurrency_ceiling() -> None:
@@ -100,13 +152,18 @@ def test_agent_turns_take_a_slot_under_the_concurrency_ceiling() -> None:
     journal = MemoryJournal(run, 1)
     for index, agent in enumerate(("x" * 32, "y" * 32)):
         row = schema.queued_agent_row(agent, None, None, 1, 5)
-        journal.agent_call("m", index, agent, '{"prompt":"p"}', "m", row, None, f"message-{index}")
-    assert run.agent_start(1, "x" * 32) == ("go", '{"prompt":"p"}')
-    assert run.agent_start(1, "x" * 32) == ("wait", None)  # the same turn, delivered twice
-    assert run.agent_start(1, "y" * 32) == ("wait", None)  # the ceiling
-    assert run.agent_finish(1, "x" * 32, 'o"ok"', "{}", 7, 1, 2) == ["m"]
-    assert run.agent_start(1, "x" * 32) == ("done", None)
-    assert run.agent_start(1, "y" * 32)[0] == "go"
+        journal.agent_call("m", index, agent, '{"prompt":"p"}', "m", row, None, f"turn-{agent[0]}")
+    assert run.agent_start(1, "x" * 32, "turn-x") == ("go", '{"prompt":"p"}')
+    assert run.agent_start(1, "x" * 32, "again-x", "later-x", 200) == ("wait", None)  # the same turn, twice
+    assert run.agent_start(1, "y" * 32, "turn-y", "later-y", 200) == ("wait", None)  # the ceiling
+    assert {task: value[:2] for task, value in run.state.live.items() if task != "pass-1"} == {
+        "turn-x": "x|", "later-x": "q|", "later-y": "q|",
+    }  # fmt: skip
+    assert run.state.live["later-y"] == "q|a|10200"
+    assert run.agent_finish(1, "x" * 32, 'o"ok"', "{}", (7, 1, 2), "turn-x", "woken") == ["m"]
+    assert "turn-x" not in run.state.live and run.state.live["woken-1"] == "q|c|10000"
+    assert run.agent_start(1, "x" * 32, "later-x") == ("done", None)
+    assert run.agent_start(1, "y" * 32, "later-y")[0] == "go"
     record = run.record()
     assert (record.agents_done, record.agents_running, record.credits_nano) == (1, 1, 7)
 

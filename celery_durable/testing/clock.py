@@ -1,0 +1,86 @@
+"""Virtual time for in-process runs: a clock a test moves, and due times that follow it.
+
+A run held in memory reads ``VirtualClock.now_ms`` wherever a script reads
+``now`` on Redis (active time and so ``timeout_seconds``, liveness, progress
+times, whether a timer is due). Replay itself computes a wait's due time on
+the wall clock, as ``ctx.now()`` reads it (``workflows/waits.py`` calls
+``scripts.now_ms``), so ``VirtualTimeJournal`` moves each due time it is
+given by the time the test has skipped so far: ``ctx.sleep(60)`` is due 60
+seconds of virtual time after the call, however far the clock has jumped.
+A ``ctx.sleep_until`` time is taken on the wall clock too, like the
+``ctx.now()`` it is usually computed from.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from celery_durable.broker.journal import Conflict, WaitResult
+from celery_durable.broker.memory import MemoryJournal, MemoryRun
+from celery_durable.broker.scripts import now_ms
+
+
+class VirtualClock:
+    """The environment's time: the wall clock plus what ``advance`` added.
+
+    Every stored time of a run reads it (leases, active time and so
+    ``timeout_seconds``, progress records, durable timers), so a test moves a
+    run past a ceiling or a timer without waiting. Moving it fires the timers
+    it passes and drives the runs they wake (``on_advance``).
+    """
+
+    def __init__(self, on_advance: Callable[[], None] | None = None) -> None:
+        self._offset_ms = 0
+        self._lock = threading.Lock()
+        self._on_advance = on_advance
+
+    @property
+    def offset_ms(self) -> int:
+        """How far the virtual time is ahead of the wall clock: the time skipped so far."""
+        with self._lock:
+            return self._offset_ms
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return now_ms() + self._offset_ms
+
+    def now(self) -> datetime:
+        """The virtual time, an aware UTC datetime."""
+        return datetime.fromtimestamp(self.now_ms() / 1000, tz=UTC)
+
+    def advance(self, seconds: float | timedelta) -> None:
+        """Move time on by ``seconds`` (or a ``timedelta``); the timers due by then
+        fire. Called from inside a step, that step's time counts as active time,
+        and the runs it wakes go on once the step's task ends."""
+        amount = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
+            raise ValueError(f"advance takes a number of seconds >= 0 or a timedelta, got {seconds!r}")
+        self._move(round(amount * 1000))
+
+    def advance_to(self, at_ms: int) -> None:
+        """Move time on to ``at_ms`` (virtual ms since the epoch), if it is not there yet."""
+        with self._lock:
+            ahead = at_ms - (now_ms() + self._offset_ms)
+        self._move(max(ahead, 0))
+
+    def _move(self, ms: int) -> None:
+        with self._lock:
+            self._offset_ms += ms
+        if self._on_advance is not None:
+            self._on_advance()
+
+
+class VirtualTimeJournal(MemoryJournal):
+    """A ``MemoryJournal`` whose waits are due on the run's virtual clock (module docstring)."""
+
+    def __init__(self, run: MemoryRun, epoch: int, clock: VirtualClock) -> None:
+        super().__init__(run, epoch)
+        self._clock = clock
+
+    def wait(
+        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
+    ) -> WaitResult | Conflict:
+        due = None if due_ms is None else due_ms + self._clock.offset_ms
+        return super().wait(seq, index, identity, kind, name, due, owner)

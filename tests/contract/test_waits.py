@@ -1,0 +1,334 @@
+"""Durable waits on both journals: ``Journal.wait`` (wait.lua), delivering a
+signal (signal.lua) and firing due timers (examine.lua), with the same calls
+and the same answers on a real Redis and in memory.
+
+Time passes through ``Backend.pass_time``: in memory the run's clock moves
+on; on Redis, whose scripts read this process's clock, the stored due times
+move back by as much, which is the same to every script.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_durable.broker.journal import BeginCall, Conflict, Flags, Journal, WaitResult
+from celery_durable.broker.schema import Identity, cut_argument, position
+from celery_durable.broker.scripts import now_ms
+from celery_durable.broker.store import Signalled
+from celery_durable.errors import StaleAttemptError
+from tests.contract.conftest import Backend, BackendFactory
+from tests.contract.test_journal import RUNNING, failed, ok, step
+
+NO_FLAGS = Flags()
+HOUR = 3_600_000
+FIRED = '{"fired":true}'
+TIMED_OUT = '{"received":false,"payload":null}'
+
+
+def received(index: int, payload: str) -> str:
+    return f'{{"received":true,"index":{index},"payload":{payload}}}'
+
+
+def sleep(journal: Journal, seq: str, index: int, due: int | None, owner: str = "m") -> WaitResult | Conflict:
+    return journal.wait(seq, index, Identity.SLEEP, "timer", "", due, owner)
+
+
+def wait_for(
+    journal: Journal, seq: str, index: int, name: str, due: int | None = None, owner: str = "m"
+) -> WaitResult | Conflict:
+    return journal.wait(seq, index, Identity.signal(name), "signal", name, due, owner)
+
+
+def started(make_backend: BackendFactory) -> Backend:
+    """A run its first pass has activated: the sweep fires the timers of running runs only."""
+    backend = make_backend()
+    backend.settle("running")
+    return backend
+
+
+def fire(backend: Backend, prefix: str = "fire") -> list[str]:
+    """The sweep's look at the run: the owners whose timers fired."""
+    return backend.examine(fire_prefix=prefix).woken
+
+
+# -- timers ---------------------------------------------------------------------------------
+
+
+def test_a_timer_waits_before_its_due_time_and_ends_after_it(make_backend: BackendFactory) -> None:
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    assert sleep(journal, "m", 0, due) == WaitResult(False, NO_FLAGS, due=due)
+    assert journal.read_sequence("m").live_entries() == [("z|", None)]
+    assert backend.waits() == {"m:0": {"owner": "m", "kind": "timer", "name": "", "until": due}}
+    assert backend.record().waiting_for == {"kind": "timer", "name": "", "until": due}
+    # Reached again before it is due (a replay): it still waits, and the sweep fires nothing.
+    assert sleep(journal, "m", 0, due) == WaitResult(False, NO_FLAGS, due=due)
+    assert fire(backend) == []
+
+    backend.pass_time(HOUR)
+    examined = backend.examine(fire_prefix="fire")
+    assert (examined.woken, examined.verdict) == (["m"], "alive")
+    assert backend.live()["fire-1"].startswith("q|c|")  # the coordinator's wake-up is in flight
+    assert backend.waits() == {} and backend.record().waiting_for is None
+    assert fire(backend, "again") == []  # fired once
+    assert sleep(journal, "m", 0, due) == WaitResult(True, NO_FLAGS, outcome=FIRED)
+    assert journal.read_sequence("m").live_entries() == [("z|", FIRED)]
+    # A timer already due when first reached ends there and then, never registered.
+    assert sleep(journal, "m", 1, now_ms() - 1) == WaitResult(True, NO_FLAGS, outcome=FIRED)
+    assert backend.waits() == {}
+
+
+def test_the_due_time_is_fixed_when_the_wait_is_first_reached(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    first = now_ms() + HOUR
+    assert sleep(journal, "m", 0, first) == WaitResult(False, NO_FLAGS, due=first)
+    # A replay computes its due time again, later: the first one stands.
+    assert sleep(journal, "m", 0, first + HOUR) == WaitResult(False, NO_FLAGS, due=first)
+    assert backend.waits()["m:0"]["until"] == first
+    assert wait_for(journal, "m", 1, "approval", first + 2 * HOUR) == WaitResult(False, NO_FLAGS, due=first + 2 * HOUR)
+    assert wait_for(journal, "m", 1, "approval", first + 5 * HOUR) == WaitResult(False, NO_FLAGS, due=first + 2 * HOUR)
+    # The run shows the wait due first.
+    assert backend.record().waiting_for == {"kind": "timer", "name": "", "until": first}
+
+
+def test_the_run_shows_the_wait_due_first_and_a_signal_without_timeout_last(make_backend: BackendFactory) -> None:
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    wait_for(journal, "m.0.0", 0, "go", owner="m:0/0")
+    assert backend.record().waiting_for == {"kind": "signal", "name": "go", "until": None}
+    sleep(journal, "m.0.1", 0, due + HOUR, owner="m:0/1")
+    wait_for(journal, "m.0.2", 0, "stop", due, owner="m:0/2")
+    assert backend.record().waiting_for == {"kind": "signal", "name": "stop", "until": due}
+    backend.pass_time(HOUR)
+    assert fire(backend) == ["m:0/2"]
+    assert backend.live()["fire-1"].startswith("q|s|")  # a branch's wake-up goes to the steps queue
+    assert backend.record().waiting_for is not None and backend.record().waiting_for["kind"] == "timer"
+
+
+# -- signals ------------------------------------------------------------------------------------
+
+
+def test_a_signal_sent_before_the_wait_is_kept_and_consumed_by_it(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert backend.signal("approval", '{"approved":true}') == Signalled("ok", epoch=1)
+    assert backend.progress() == [("system", None, "Signal approval received")]
+    outcome = received(1, '{"approved":true}')
+    assert wait_for(journal, "m", 0, "approval") == WaitResult(True, NO_FLAGS, outcome=outcome)
+    assert journal.read_sequence("m").live_entries() == [("g|approval", outcome)]
+    # Consumed: the next wait for it waits.
+    assert wait_for(journal, "m", 1, "approval") == WaitResult(False, NO_FLAGS)
+    assert backend.waits() == {"m:1": {"owner": "m", "kind": "signal", "name": "approval"}}
+    # A replay of the first wait gets the same signal back, whatever arrived since.
+    backend.signal("approval", '"late"')
+    assert wait_for(journal, "m", 0, "approval") == WaitResult(True, NO_FLAGS, outcome=outcome)
+
+
+def test_two_signals_are_consumed_in_order_by_two_waits(make_backend: BackendFactory) -> None:
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    backend.signal("step", "1")
+    backend.signal("other", "0")
+    backend.signal("step", "2")
+    assert wait_for(journal, "m", 0, "step") == WaitResult(True, NO_FLAGS, outcome=received(1, "1"))
+    assert wait_for(journal, "m", 1, "step") == WaitResult(True, NO_FLAGS, outcome=received(2, "2"))
+    assert wait_for(journal, "m", 2, "step") == WaitResult(False, NO_FLAGS)
+    assert backend.record().waiting_for == {"kind": "signal", "name": "step", "until": None}
+    # One arriving now wakes the waiting owner, whose replay then takes it.
+    assert backend.signal("step", "3", prefix="sig") == Signalled("ok", epoch=1, owners=["m"])
+    assert backend.live()["sig-1"].startswith("q|c|")
+    assert backend.waits() == {} and backend.record().waiting_for is None
+    assert wait_for(journal, "m", 2, "step") == WaitResult(True, NO_FLAGS, outcome=received(3, "3"))
+
+
+def test_a_signal_wakes_every_owner_waiting_for_it_and_the_first_to_reach_takes_it(
+    make_backend: BackendFactory,
+) -> None:
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    wait_for(journal, "m.0.0", 0, "go", owner="m:0/0")
+    wait_for(journal, "m.0.1", 0, "go", owner="m:0/1")
+    answer = backend.signal("go", '"once"', prefix="sig")
+    assert sorted(answer.owners) == ["m:0/0", "m:0/1"]
+    assert {task for task in backend.live() if task.startswith("sig-")} == {"sig-1", "sig-2"}
+    assert wait_for(journal, "m.0.1", 0, "go", owner="m:0/1") == WaitResult(True, NO_FLAGS, received(1, '"once"'))
+    assert wait_for(journal, "m.0.0", 0, "go", owner="m:0/0") == WaitResult(False, NO_FLAGS)  # waits again
+
+
+def test_a_signal_wait_with_a_timeout_ends_not_received(make_backend: BackendFactory) -> None:
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    assert wait_for(journal, "m", 0, "approval", due) == WaitResult(False, NO_FLAGS, due=due)
+    assert backend.record().waiting_for == {"kind": "signal", "name": "approval", "until": due}
+    backend.pass_time(HOUR)
+    assert fire(backend) == ["m"]
+    assert wait_for(journal, "m", 0, "approval", due) == WaitResult(True, NO_FLAGS, outcome=TIMED_OUT)
+    # A signal sent after the time-out is not that wait's: the next one takes it.
+    assert backend.signal("approval", "null") == Signalled("ok", epoch=1)
+    assert wait_for(journal, "m", 0, "approval", due) == WaitResult(True, NO_FLAGS, outcome=TIMED_OUT)
+    assert wait_for(journal, "m", 1, "approval", due) == WaitResult(True, NO_FLAGS, outcome=received(1, "null"))
+
+
+def test_what_a_run_that_cannot_continue_does_with_a_signal(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    wait_for(journal, "m", 0, "go")
+    backend.settle("paused")
+    # Kept, not woken: the resumed attempt's replay takes it.
+    assert backend.signal("go", "1") == Signalled("ok", epoch=1)
+    for status in ("completed", "cancelled"):
+        backend.settle(status)
+        assert backend.signal("go", "2") == Signalled("refused", status=status)
+    backend.settle("error")
+    backend.write("run", {"can_resume": "0"})
+    assert backend.signal("go", "3") == Signalled("refused", status="error")
+    backend.write("run", {"can_resume": "1"})
+    assert backend.signal("go", "4").verdict == "ok"
+    assert [message for _, _, message in backend.progress()] == ["Signal go received"] * 2
+
+
+# -- non-determinism, fencing, cuts -----------------------------------------------------------------
+
+
+def test_a_wait_where_the_journal_holds_another_op_is_a_conflict(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    backend.signal("go", "1")
+    journal.record("m", step(0, "a", ok(1)))
+    assert wait_for(journal, "m", 0, "go") == Conflict("s|a")
+    due = now_ms() + HOUR
+    assert sleep(journal, "m", 1, due) == WaitResult(False, NO_FLAGS, due=due)
+    assert wait_for(journal, "m", 1, "go") == Conflict("z|")
+    assert wait_for(journal, "m", 2, "go") == WaitResult(True, NO_FLAGS, received(1, "1"))
+    assert wait_for(journal, "m", 2, "stop") == Conflict("g|go")  # a signal's name is part of the op
+    assert list(backend.waits()) == ["m:1"]
+
+
+def test_waits_of_an_older_epoch_are_fenced(make_backend: BackendFactory) -> None:
+    backend = started(make_backend)
+    old = backend.journal(1)
+    due = now_ms() + HOUR
+    assert sleep(old, "m", 0, due) == WaitResult(False, NO_FLAGS, due=due)
+    new = backend.journal(backend.take_over())
+    backend.pass_time(HOUR)
+    for write in (lambda: sleep(old, "m", 0, due), lambda: wait_for(old, "m", 1, "go")):
+        with pytest.raises(StaleAttemptError, match=r"\(stale\)"):
+            write()
+    assert backend.refused() == 2
+    assert old.read_sequence("m").live_entries() == [("z|", None)]  # the old attempt ended nothing
+    assert sleep(new, "m", 0, due + HOUR) == WaitResult(True, NO_FLAGS, outcome=FIRED)  # the first due time holds
+    backend.settle("completed")
+    with pytest.raises(StaleAttemptError, match=r"\(settled\)"):
+        wait_for(new, "m", 1, "go")
+
+
+YES = received(1, '"yes"')
+
+
+def abandon(backend: Backend, wait_at: str = "m") -> Journal:
+    """Attempt 1 fails step a, then a wait at op 1 of ``wait_at`` (the main body,
+    or the branch of a fan-out at op 1) takes the signal "yes"; attempt 2 runs
+    a again, which cuts the main body after it. Returns attempt 2's journal."""
+    first = backend.journal(1)
+    first.record("m", step(0, "a", failed(1)))
+    backend.signal("approval", '"yes"')
+    if wait_at == "m":
+        assert wait_for(first, "m", 1, "approval") == WaitResult(True, NO_FLAGS, outcome=YES)
+    else:
+        first.dispatch("m", 1, "p|1", 1, "x1", position(1, 0))
+        assert wait_for(first, wait_at, 0, "approval", owner="m:1/0") == WaitResult(True, NO_FLAGS, outcome=YES)
+    second = backend.journal(backend.take_over())
+    second.begin("m", BeginCall(cut=cut_argument(0, position(0, 0)), step_key="a", step_row=RUNNING))
+    # Until the new attempt writes over it, what followed the failure is dead.
+    assert second.read_sequence("m").live_entries() == [("s|a", failed(1))]
+    second.record("m", step(0, "a", ok("a")))
+    return second
+
+
+def test_a_wait_abandoned_by_a_cut_gives_its_signal_back(make_backend: BackendFactory) -> None:
+    second = abandon(make_backend())
+    second.record("m", step(1, "b", ok("b")))  # the new path: another op where the wait stood
+    assert wait_for(second, "m", 2, "approval") == WaitResult(True, NO_FLAGS, outcome=YES)
+
+
+def test_a_wait_in_a_fanout_a_cut_abandoned_gives_its_signal_back(make_backend: BackendFactory) -> None:
+    second = abandon(make_backend(), wait_at="m.1.0")
+    second.record("m", step(1, "b", ok("b")))  # where the fan-out stood: its branches are forgotten
+    assert second.read_sequence("m.1.0").live_entries() == []
+    assert wait_for(second, "m", 2, "approval") == WaitResult(True, NO_FLAGS, outcome=YES)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="take_signal in _prelude.lua skips a signal claimed at the same op position ('claim ~= at'), "
+    "so a wait re-reached where its abandoned predecessor stood never gets that signal back",
+)
+def test_a_wait_abandoned_by_a_cut_gives_its_signal_back_to_the_wait_in_its_place(
+    make_backend: BackendFactory,
+) -> None:
+    second = abandon(make_backend())
+    # The same path again: the wait stands where the abandoned one stood.
+    assert wait_for(second, "m", 1, "approval") == WaitResult(True, NO_FLAGS, outcome=YES)
+
+
+# -- liveness: waiting is not active time ----------------------------------------------------------
+
+
+def test_waiting_with_nothing_in_flight_stops_the_active_clock(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    (first,) = backend.live()  # the run's first coordinator message
+    assert backend.activate(first) == NO_FLAGS
+    assert backend.field("run", "active_since")  # the clock runs while the pass does
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    sleep(journal, "m", 0, due)
+    assert backend.release(first) is False
+    assert backend.live() == {}
+    assert backend.field("run", "active_since") == "" and int(backend.field("run", "active_ms") or "-1") >= 0
+    examined = backend.examine()
+    assert (examined.verdict, examined.next_check) == ("waiting", due)
+    backend.pass_time(HOUR)
+    assert fire(backend) == ["m"]
+    assert backend.field("run", "active_since")  # the wake-up is work in flight: the clock runs again
+    assert backend.examine().verdict == "alive"
+
+
+def test_both_journals_give_the_same_wait_transcript(both: Any) -> None:
+    on_redis, in_memory = both()
+    on_redis.settle("running")
+    in_memory.settle("running")
+    due = now_ms() + 24 * HOUR
+    expected = transcript(on_redis, due)
+    assert transcript(in_memory, due) == expected
+
+
+def transcript(backend: Backend, due: int) -> list[Any]:
+    out: list[Any] = []
+    journal = backend.journal(1)
+    out.append(backend.signal("early", '{"n":1}', prefix="s1"))
+    out.append(sleep(journal, "m", 0, due))
+    out.append(wait_for(journal, "m.1.0", 0, "early", owner="m:1/0"))
+    out.append(wait_for(journal, "m.1.1", 0, "late", due - HOUR, owner="m:1/1"))
+    out.append(wait_for(journal, "m.1.2", 0, "late", owner="m:1/2"))
+    out.append(backend.record().waiting_for)
+    backend.pass_time(23 * HOUR)
+    out.append(fire(backend, "f1"))
+    signalled = backend.signal("late", '"x"', prefix="s2")
+    out.append((signalled.verdict, signalled.epoch, sorted(signalled.owners)))  # in the waits hash's order
+    out.append(wait_for(journal, "m.1.2", 0, "late", owner="m:1/2"))
+    out.append(wait_for(journal, "m.1.1", 0, "late", due - HOUR, owner="m:1/1"))
+    backend.pass_time(HOUR)
+    out.append(fire(backend, "f2"))
+    out.append(sleep(journal, "m", 0, due))
+    out.append(journal.read_sequence("m"))
+    out.append(
+        sorted((task, value[:4]) for task, value in backend.live().items() if task[:2] in ("s1", "s2", "f1", "f2"))
+    )
+    out.append((backend.waits(), backend.record().waiting_for, backend.progress()))
+    return out
