@@ -9,27 +9,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from celery import Celery
 
 from celery_durable.agents import AgentRunner, load_runner
-from celery_durable.broker import RunStore
+from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.schema import MAIN
 from celery_durable.client import Client
 from celery_durable.config import Settings
-from celery_durable.tasks.app import (
-    build_celery_app,
-    register_tasks,
-    send_agent,
-    send_branch,
-    send_branches,
-    send_coordinator,
-)
+from celery_durable.tasks.app import build_celery_app, mount
+from celery_durable.tasks.calls import publish_call
 from celery_durable.tasks.recovery import install as install_recovery
+from celery_durable.tasks.sending import send_agent, send_branch, send_branches, send_coordinator
+from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
 
 class Engine:
-    """Workflows, settings and a Celery app configured for durability.
+    """Workflows, settings and the Celery app that runs them.
 
-    Workers run ``engine.celery``; clients come from ``engine.client()``. The
-    Redis client is made per process, after a prefork worker forks.
+    Workers run ``engine.celery``; clients come from ``engine.client()``.
+    ``celery_app`` mounts the engine on an app the user already has (SPEC
+    §5a): its tasks, queues and their per-task options are added, and
+    nothing that affects the app's other tasks changes; the app's broker is
+    the one used. Without it the engine builds its own app. The Redis client
+    is made per process, after a prefork worker forks.
     """
 
     def __init__(
@@ -37,14 +37,17 @@ class Engine:
         workflows: Iterable[Workflow],
         settings: Settings | None = None,
         agent_runner: AgentRunner | None = None,
+        celery_app: Celery | None = None,
     ) -> None:
         self.settings = settings or Settings()
         if agent_runner is not None and not isinstance(agent_runner, AgentRunner):
             raise ValueError(f"agent_runner must have a run(request) method, got {type(agent_runner).__name__}")
+        if celery_app is not None and not isinstance(celery_app, Celery):
+            raise ValueError(f"celery_app must be a Celery app, got {type(celery_app).__name__}")
         self._agent_runner = agent_runner
         self.workflows: Mapping[str, Workflow] = check_unique_names(workflows)
-        self.celery: Celery = build_celery_app(self.settings)
-        register_tasks(self.celery, self)
+        self.celery: Celery = celery_app if celery_app is not None else build_celery_app(self.settings)
+        mount(self.celery, self)
         self._store: RunStore | None = None
         self._store_pid = 0
         self._lock = threading.Lock()
@@ -98,6 +101,9 @@ class Engine:
 
     def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> list[str]:
         return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)
+
+    def send_call(self, record: RunRecord, request: CallRequest) -> None:
+        publish_call(self.celery, self, record, request)
 
     def wake(self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
         """Send the message that continues ``owner`` of a run: a coordinator

@@ -60,6 +60,7 @@ def test_every_block_is_claimed_by_a_test() -> None:
         "Define a workflow": "python",
         "Run it": "python",
         "Testing your workflows": "python",
+        "Using your Celery tasks": "python",
         "Agents and limits": "python",
         "The determinism rules": "python",
         "Examples": "bash",

@@ -32,6 +32,7 @@ VALUES = {
     "waiting",
     "dead",
     "null",  # a signal's payload when it has none
+    "o",  # an outcome's tag
 }
 """Literals a hash command may carry that are values, not field names."""
 

@@ -123,6 +123,17 @@ class WaitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskCall:
+    """The answer to a task call (``ctx.call``): ``hit`` (``outcome`` journaled:
+    the task's result, or how it failed or timed out), ``publish`` (send the
+    task now) or ``pending`` (it is in flight; the caller waits too)."""
+
+    verdict: str
+    flags: Flags
+    outcome: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AgentCall:
     """The answer to an agent turn request: ``hit`` (``outcome`` journaled),
     ``pending`` (the turn is in flight; the caller waits too), ``dispatch``
@@ -194,4 +205,12 @@ class Journal(Protocol):
         """Reach a durable wait (``kind`` 'timer' or 'signal'): it ends now or
         is registered for ``owner`` to be woken. ``due_ms`` counts only the
         first time the op is reached; later calls keep that due time."""
+        ...
+
+    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+             running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
+        """Call a task of the fleet under ``key`` (``call.lua``): answered from
+        the journal, published once per attempt (showing ``running_row``), or
+        waited for until ``due_ms`` (fixed when first reached), past which
+        ``timeout_outcome`` is journaled."""
         ...

@@ -24,6 +24,7 @@ from celery_durable.broker.journal import (
     Dispatch,
     PendingCommit,
     Recorded,
+    TaskCall,
     WaitResult,
     Winner,
 )
@@ -39,6 +40,7 @@ from celery_durable.broker.memory_prelude import (
     is_stale_failure,
     made_progress,
     record_op,
+    settle_row,
 )
 from celery_durable.broker.memory_run import MemoryRun
 from celery_durable.broker.schema import SequenceHistory
@@ -271,3 +273,67 @@ class MemoryJournal:
             refresh_waiting(state)
             # (PUBLISH of "<run> waiting": nobody listens to an in-memory run.)
             return WaitResult(False, flags(state), due=int(due) if due != "" else None)
+
+    def call(
+        self,
+        seq: str,
+        index: int,
+        key: str,
+        owner: str,
+        due_ms: int | None,
+        cut: str | None,
+        running_row: str,
+        timeout_outcome: str,
+    ) -> TaskCall | Conflict:
+        """call.lua."""
+        with self._run.lock:
+            self._fence()
+            state, e = self._state, self._e
+            run, journal = state.run, state.journal
+            if cut:
+                cut_index, _, position = cut.partition(":")
+                cut_sequence(state, seq, cut_index, e, position)
+            conflict, replaced = record_op(state, seq, index, schema.Identity.call(key), e)
+            if conflict is not None:
+                return Conflict(conflict)
+            at = schema.call_id(seq, index)
+            due_field = f"wd:{at}"
+            if replaced is not None:
+                journal.pop(due_field, None)
+            outcome = journal.get(schema.step_field(key))
+            if outcome is not None and not is_stale_failure(outcome, e):
+                if state.waits.pop(at, None) is not None:
+                    refresh_waiting(state)
+                return TaskCall("hit", flags(state), outcome)
+            due = journal.get(due_field)
+            if due is None:
+                due = "" if due_ms is None else str(due_ms)
+                journal[due_field] = due
+            now = self._run.clock()
+            if due != "" and now >= int(due):
+                # No result within the time-out: the call fails in this attempt.
+                journal[schema.step_field(key)] = timeout_outcome
+                error = f"TaskTimeout: {schema.decode_outcome(timeout_outcome).message}"
+                row = settle_row(state.running.get(key) or running_row, "failed", now, error)
+                if state.running.pop(key, None) is not None:
+                    hincrby(run, "steps_running", -1)
+                state.steps[key] = row
+                if state.waits.pop(at, None) is not None:
+                    refresh_waiting(state)
+                made_progress(state)
+                return TaskCall("hit", flags(state), timeout_outcome)
+            entry: dict[str, str | int] = {"owner": owner, "kind": "call", "name": key}
+            if due != "":
+                entry["until"] = int(due)
+            state.waits[at] = json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
+            refresh_waiting(state)
+            verdict = "pending"
+            if journal.get(f"ce:{key}") != e:
+                # Not published by this attempt yet: publish now, and show it running.
+                journal[f"ce:{key}"] = e
+                if key not in state.running:
+                    hincrby(run, "steps_running", 1)
+                state.running[key] = running_row
+                verdict = "publish"
+            return TaskCall(verdict, flags(state))
+

@@ -215,7 +215,7 @@ def take_signal(state: RunState, name: str, at: str) -> str | None:
     signals = state.signals
     for k in range(1, int(signals.get(f"n:{name}") or "0") + 1):
         claim = signals.get(f"k:{name}:{k}")
-        if claim is None or (claim != at and not claim_alive(state, claim, name, k)):
+        if claim is None or claim == at or not claim_alive(state, claim, name, k):
             signals[f"k:{name}:{k}"] = at
             payload = signals.get(f"p:{name}:{k}") or "null"
             return f'{{"received":true,"index":{k},"payload":{payload}}}'

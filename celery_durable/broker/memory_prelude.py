@@ -313,3 +313,17 @@ def begin_call(state: RunState, epoch: str, now: int, seq: str, call: BeginCall)
     # (PUBLISH of "<run> progress": nobody listens to an in-memory run.)
     check_limits(state, now)
     return outcome
+
+
+def settle_row(raw: str, status: str, now: int, error: str | None) -> str:
+    """A step row of a call, settled: as call.lua and call_done.lua patch it (cjson)."""
+    try:
+        row = json.loads(raw)
+    except ValueError:
+        row = {}
+    if not isinstance(row, dict):
+        row = {}
+    row.update(status=status, finished_at=now)
+    if error is not None:
+        row["error"] = error
+    return json.dumps(row, separators=(",", ":"), ensure_ascii=False)

@@ -50,11 +50,13 @@ from celery_durable.broker.memory_prelude import (
     is_stale_failure,
     made_progress,
     next_epoch,
+    settle_row,
 )
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.scripts import now_ms, refuse
 from celery_durable.broker.store import Examined, Signalled
+from celery_durable.errors import StaleAttemptError
 
 Clock = Callable[[], int]
 """Milliseconds since the epoch; the scripts' ``now`` argument."""
@@ -197,11 +199,19 @@ class MemoryRun:
             check_limits(self.state, now)
             return flags(self.state)
 
-    def task_end(self, epoch: int, token: str) -> None:
-        """task_end.lua: a branch task's message is no longer in flight."""
+    def task_end(self, epoch: int, token: str, wake: str = "") -> bool:
+        """task_end.lua: a branch task's message is no longer in flight; True
+        when a pause waits for it and the coordinator is woken by ``wake``."""
         with self.lock:
-            if self.state.run.get("epoch") == str(epoch):
-                token_done(self.state, token, self.clock())
+            run = self.state.run
+            if run.get("epoch") != str(epoch):
+                return False
+            now = self.clock()
+            token_done(self.state, token, now)
+            if run.get("status") == "running" and run.get("pause") == "1" and wake:
+                token_queued(self.state, wake, "c", now, now)
+                return True
+            return False
 
     def mark_lost(self, task_ids: Sequence[str]) -> int:
         """mark_lost.lua: queued messages that died with their worker; how many were in flight."""
@@ -248,6 +258,33 @@ class MemoryRun:
                     state, wake_prefix, now, lambda wait: wait.get("kind") == "signal" and wait.get("name") == name
                 )
             return Signalled("ok", epoch=int(run["epoch"]), owners=owners)
+
+    # -- task calls -------------------------------------------------------------------
+
+    def call_done(self, epoch: int, key: str, outcome: str, error: str, wake_prefix: str) -> list[str] | None:
+        """call_done.lua: a called task's outcome, journaled by the attempt that
+        published it (first write wins); the owners to wake, None when late."""
+        with self.lock:
+            self._fence(epoch)
+            state, run, journal, e = self.state, self.state.run, self.state.journal, str(epoch)
+            if journal.get(f"ce:{key}") != e:
+                raise StaleAttemptError(f"Run {self.run_id}: this attempt no longer owns the run (stale)")
+            current = journal.get(schema.step_field(key))
+            if current is not None and not is_stale_failure(current, e):
+                return None
+            journal[schema.step_field(key)] = outcome
+            made_progress(state)
+            if outcome.startswith("o"):
+                hincrby(run, "steps_done", 1)
+            now = self.clock()
+            status = "failed" if error else "completed"
+            row = settle_row(state.running.get(key) or "{}", status, now, error or None)
+            if state.running.pop(key, None) is not None:
+                hincrby(run, "steps_running", -1)
+            state.steps[key] = row
+            return wake_waits(
+                state, wake_prefix, now, lambda wait: wait.get("kind") == "call" and wait.get("name") == key
+            )
 
     # -- settling, resuming, cancelling ------------------------------------------------
 

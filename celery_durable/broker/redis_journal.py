@@ -21,6 +21,7 @@ from celery_durable.broker.journal import (
     Flags,
     PendingCommit,
     Recorded,
+    TaskCall,
     WaitResult,
     Winner,
 )
@@ -179,3 +180,19 @@ class RedisJournal:
         if due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the timer then
         return WaitResult(False, flags_of(reply), due=due_ms)
+
+    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+             running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
+        k = self._keys
+        identity = schema.Identity.call(key)
+        due = "" if due_ms is None else due_ms
+        args = [self._epoch, now_ms(), seq, index, identity, key, owner, due, cut or ""]
+        error = schema.decode_outcome(timeout_outcome).message
+        args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel]
+        reply = self._run("call", [k.run, k.journal, k.waits, k.running, k.steps], args)
+        if reply and reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        refuse(self._run_id, reply)
+        if reply[0] != "hit" and due_ms is not None:
+            self._look_at(due_ms)  # the sweep fires the time-out then
+        return TaskCall(str(reply[0]), flags_of(reply), str(reply[4]) if reply[0] == "hit" else None)

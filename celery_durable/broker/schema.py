@@ -259,7 +259,8 @@ JOURNAL_FIELDS: dict[str, str] = {
     "q:": "q:<id>: agent turn request",
     "qe:": "qe:<id>: epoch that asked for the turn",
     "w:": "w:<id>: owners waiting for the turn",
-    "wd:": "wd:<seq>:<i>: due time (ms) of a wait op, fixed when first reached ('' for none)",
+    "wd:": "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none)",
+    "ce:": "ce:<key>: the epoch that published the task call <key>",
 }
 """Every field prefix of the journal hash (see the module docstring)."""
 
@@ -342,6 +343,10 @@ class Identity:
     def signal(name: str) -> str:
         return f"g|{name}"
 
+    @staticmethod
+    def call(key: str) -> str:
+        return f"c|{key}"
+
 
 def describe(identity: str) -> str:
     """An op identity as users read it in errors."""
@@ -355,6 +360,7 @@ def describe(identity: str) -> str:
         "a": f"agent turn {rest}",
         "z": "sleep()",
         "g": f"wait_for_signal({rest!r})",
+        "c": f"call {rest}",
     }.get(kind, identity)
 
 

@@ -51,6 +51,8 @@ SCRIPT_NAMES = (
     "task_start",
     "wait",
     "signal",
+    "call",
+    "call_done",
 )
 
 

@@ -292,9 +292,12 @@ class RunStore:
         refuse(run_id, reply)
         return flags_of(reply)
 
-    def task_end(self, run_id: str, epoch: int, token: str) -> None:
+    def task_end(self, run_id: str, epoch: int, token: str, wake: str = "") -> bool:
+        """A branch task ended; True when a pause waits for it and the
+        coordinator must be woken by message ``wake``."""
         k = self.run_keys(run_id)
-        self._run("task_end", [k.run, k.live], [epoch, token, now_ms()])
+        reply = self._run("task_end", [k.run, k.live], [epoch, token, now_ms(), wake])
+        return bool(reply and len(reply) > 1 and reply[1] == 1)
 
     # -- the journal -------------------------------------------------------------
 
@@ -499,6 +502,23 @@ class RunStore:
             )
         except (ValueError, IndexError) as exc:
             raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
+
+    def call_done(
+        self, run_id: str, epoch: int, key: str, outcome: str, error: str, wake_prefix: str
+    ) -> list[str] | None:
+        """Journal a called task's outcome (``call_done.lua``): the owners to
+        wake, the n-th by message ``f"{wake_prefix}-{n}"``; None when the call
+        already had an outcome (a late or second delivery)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "call_done",
+            [k.run, k.journal, k.waits, k.live, k.running, k.steps],
+            [epoch, now_ms(), key, outcome, error, wake_prefix],
+        )
+        if reply and reply[0] == "late":
+            return None
+        refuse(run_id, reply)
+        return [str(owner) for owner in reply[1:]]
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
         """Keep a signal for the run and wake what waits for it (``signal.lua``)."""

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_KEY_PREFIX = "cd"
 
 
 class Settings(BaseSettings):
@@ -25,7 +26,7 @@ class Settings(BaseSettings):
     redis_url: str = Field(default="redis://localhost:6379/0", description="The journal store.")
     broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url.")
     namespace: str = Field(default="default", description="The namespace a client uses when none is given.")
-    key_prefix: str = Field(default="cd", description="Prefix of every Redis key celery-durable writes.")
+    key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every Redis key celery-durable writes.")
     coordinator_queue: str = "durable.coordinator"
     steps_queue: str = "durable.steps"
     agents_queue: str = "durable.agents"
@@ -115,6 +116,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _queues_distinct(self) -> Settings:
+        # Queue names follow the key prefix, so two engines on one broker
+        # (two CELERY_DURABLE_KEY_PREFIX values) never take each other's
+        # messages: "durable.steps" for the default prefix, "durable.<prefix>.steps"
+        # for any other. A name set explicitly wins.
+        if self.key_prefix != DEFAULT_KEY_PREFIX:
+            for field in ("coordinator_queue", "steps_queue", "agents_queue"):
+                if field not in self.model_fields_set:
+                    kind = str(getattr(self, field)).rpartition(".")[2]
+                    object.__setattr__(self, field, f"durable.{self.key_prefix}.{kind}")
         queues = {self.coordinator_queue, self.steps_queue, self.agents_queue}
         if len(queues) != 3:
             raise ValueError("coordinator_queue, steps_queue and agents_queue must differ")

@@ -1,4 +1,11 @@
-"""The Celery app the engine builds, configured for durability, and its tasks.
+"""The Celery app the engine runs on, its own or the user's, and its tasks.
+
+An engine either builds its own app (``build_celery_app``) or is mounted on
+one the user already has (``Engine(..., celery_app=app)``). Either way
+``mount`` adds the durable tasks, their queues and their per-task options —
+JSON only, acknowledged late, rejected and redelivered when their worker is
+lost — and changes nothing that affects the app's other tasks: no global
+serializer, result backend, ``ignore_result``, ack mode or route.
 
 Task names say what a task is, and arguments are keyword arguments naming
 the run, so a person can follow a run in Flower.
@@ -8,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from celery import Celery, Task
+from celery.worker.request import Request
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from celery_durable.config import Settings
@@ -27,39 +34,21 @@ logger = logging.getLogger(__name__)
 COORDINATOR_TASK = "celery_durable.coordinator"
 BRANCH_TASK = "celery_durable.branch"
 AGENT_TASK = "celery_durable.agent"
+CALL_RESULT_TASK = "celery_durable.call_result"
+CALL_FAILED_TASK = "celery_durable.call_failed"
+JSON = "application/json"
 
 
 def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery:
-    """A Celery app that accepts JSON only and never loses a task to a dying worker."""
+    """The engine's own app: Celery's defaults (JSON, results as configured),
+    plus what a worker of durable tasks needs of its consumer."""
     app = Celery(main, broker=settings.effective_broker_url, set_as_current=False)
     app.conf.update(
-        # JSON only: a worker never unpickles what a message says.
-        task_serializer="json",
-        result_serializer="json",
-        event_serializer="json",
-        accept_content=["json"],
-        result_accept_content=["json"],
-        # The journal is the result store; Celery's results are not used.
-        task_ignore_result=True,
-        task_store_errors_even_if_ignored=False,
-        # A task is acknowledged after it ran, and re-queued if its worker died.
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
+        # A worker takes a message only when it has a slot for it: a message
+        # it holds without running is one a crash can lose (see liveness).
         worker_prefetch_multiplier=1,
-        task_default_queue=settings.coordinator_queue,
-        # Each queue its own direct exchange and routing key: left to Celery's
-        # defaults, all three would bind the default key and every message
-        # would be delivered to every queue.
-        task_queues=[_queue(settings.coordinator_queue), _queue(settings.steps_queue), _queue(settings.agents_queue)],
-        task_default_exchange=settings.coordinator_queue,
-        task_default_routing_key=settings.coordinator_queue,
-        task_routes={
-            COORDINATOR_TASK: {"queue": settings.coordinator_queue},
-            BRANCH_TASK: {"queue": settings.steps_queue},
-            AGENT_TASK: {"queue": settings.agents_queue},
-        },
         # Redelivery of an unacknowledged message after this long; keep it
-        # above the longest step. Leases, not this, decide crash recovery.
+        # above the longest step. Liveness, not this, decides crash recovery.
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
@@ -72,42 +61,102 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
     return app
 
 
+def durable_queues(settings: Settings) -> list[Queue]:
+    """Each queue its own direct exchange and routing key: on one shared
+    exchange with the default key, every message would reach every queue."""
+    return [_queue(name) for name in (settings.coordinator_queue, settings.steps_queue, settings.agents_queue)]
+
+
+def _default_queue(app: Celery) -> Queue:
+    """The queue Celery consumes by default when ``task_queues`` is unset, as Celery builds it."""
+    conf = app.conf
+    name = conf.task_default_queue
+    exchange = Exchange(conf.task_default_exchange or name, type=conf.task_default_exchange_type)
+    return Queue(name, exchange, routing_key=conf.task_default_routing_key or name)
+
+
 def _queue(name: str) -> Queue:
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
-def register_tasks(app: Celery, engine: Engine) -> None:
-    """Bind the coordinator and branch tasks to ``engine``'s workflows and store.
+def mount(app: Celery, engine: Engine) -> None:
+    """Add the durable tasks and queues to ``app`` (see the module docstring).
 
-    ``shared=False``: Celery's default registers a decorated task on *every*
-    app in the process when it finalizes, so a second engine's tasks (bound
-    to the second engine's store and workflows) would leak into the first
-    engine's app and run its messages against the wrong key prefix.
+    The queues join ``task_queues``, beside the app's own: a worker started
+    without ``-Q`` consumes them all, as before plus ours. An app that had no
+    ``task_queues`` consumed its default queue: that one is kept.
     """
+    existing = list(app.conf.task_queues or [_default_queue(app)])
+    names = {queue.name for queue in existing}
+    app.conf.task_queues = existing + [q for q in durable_queues(engine.settings) if q.name not in names]
+    if "pickle" in (app.conf.accept_content or ()):
+        logger.warning(
+            "the Celery app accepts pickle: its workers unpickle what a message says before any task sees it. "
+            "celery-durable's own tasks refuse every message that is not JSON, but yours are exposed"
+        )
+    _register(app, engine)
+
+
+class JsonOnlyRequest(Request):  # type: ignore[misc]
+    """A durable task's request refuses a message that is not JSON before
+    the pool decodes its body, whatever ``accept_content`` the app allows.
+
+    ``revoked()`` is where: Celery asks it before handing the request to the
+    pool (the request class Celery derives per task overrides
+    ``execute_using_pool`` itself), and a revoked request is dropped.
+    """
+
+    _already_revoked: bool
+
+    def revoked(self) -> bool:
+        if self.content_type != JSON and not self._already_revoked:
+            logger.error("rejected %s message %s: content type %r, not JSON", self.name, self.id, self.content_type)
+            self._already_revoked = True
+            self.reject(requeue=False)
+        return self._already_revoked or bool(super().revoked())
+
+
+DURABLE_OPTIONS: dict[str, Any] = {
+    "ignore_result": True,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "serializer": "json",
+    "shared": False,
+    "bind": True,
+    "Request": JsonOnlyRequest,
+    # Only a worker that is shutting down hands a task back to the broker
+    # (tasks/retrying.py); a running one retries in place.
+    "autoretry_for": (StorageUnavailableError,),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": None,
+}
+"""Every durable task's options. ``shared=False``: Celery's default registers a
+decorated task on *every* app in the process when it finalizes, so a second
+engine's tasks (bound to its own store and workflows) would leak into the
+first engine's app and run its messages against the wrong key prefix."""
+
+
+def _register(app: Celery, engine: Engine) -> None:
     from celery_durable.tasks.agent import run_agent_task
     from celery_durable.tasks.branch import run_branch_task
+    from celery_durable.tasks.calls import call_failed, call_succeeded
     from celery_durable.tasks.coordinator import run_coordinator_task
-
-    retry_storage = {
-        "autoretry_for": (StorageUnavailableError,),
-        "retry_backoff": 1,
-        "retry_backoff_max": 30,
-        "retry_jitter": True,
-        "max_retries": None,
-    }
 
     # Every field is keyword-only: celery-durable sends keyword arguments, so
     # a message with positional ones was not sent by it (see _positional).
-    @app.task(name=COORDINATOR_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
+    @app.task(name=COORDINATOR_TASK, **DURABLE_OPTIONS)
     def coordinator(
         task: Task, *args: Any, run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any
     ) -> None:
         if _positional("coordinator", args):
             return
-        task_id = str(task.request.id or "")
-        run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra=extra)
+        run_coordinator_task(
+            engine, task_id=_task_id(task), run_id=run_id, epoch=epoch, workflow=workflow, extra=extra
+        )
 
-    @app.task(name=AGENT_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
+    @app.task(name=AGENT_TASK, **DURABLE_OPTIONS)
     def agent(
         task: Task,
         *args: Any,
@@ -122,7 +171,7 @@ def register_tasks(app: Celery, engine: Engine) -> None:
             return
         run_agent_task(
             engine,
-            task_id=str(task.request.id or ""),
+            task_id=_task_id(task),
             run_id=run_id,
             epoch=epoch,
             workflow=workflow,
@@ -131,7 +180,7 @@ def register_tasks(app: Celery, engine: Engine) -> None:
             extra=extra,
         )
 
-    @app.task(name=BRANCH_TASK, ignore_result=True, shared=False, bind=True, **retry_storage)
+    @app.task(name=BRANCH_TASK, **DURABLE_OPTIONS)
     def branch(
         task: Task,
         *args: Any,
@@ -146,7 +195,7 @@ def register_tasks(app: Celery, engine: Engine) -> None:
             return
         run_branch_task(
             engine,
-            task_id=str(task.request.id or ""),
+            task_id=_task_id(task),
             run_id=run_id,
             epoch=epoch,
             workflow=workflow,
@@ -154,6 +203,23 @@ def register_tasks(app: Celery, engine: Engine) -> None:
             branches=branches,
             extra=extra,
         )
+
+    # A called task's link: the worker that ran it sends its return value as
+    # the one positional argument.
+    @app.task(name=CALL_RESULT_TASK, **DURABLE_OPTIONS)
+    def call_result(this: Task, *args: Any, **fields: Any) -> None:
+        call_succeeded(engine, args, fields)
+
+    # Its link_error: called in place with (request, exception, traceback)
+    # on a worker that has this task, else sent with the failed task's id.
+    # Not bound: Celery calls a bound errback the old way, with the id only.
+    @app.task(name=CALL_FAILED_TASK, **{**DURABLE_OPTIONS, "bind": False})
+    def call_error(*args: Any, **fields: Any) -> None:
+        call_failed(engine, args, fields)
+
+
+def _task_id(task: Task) -> str:
+    return str(task.request.id or "")
 
 
 def _positional(kind: str, args: tuple[Any, ...]) -> bool:
@@ -167,90 +233,3 @@ def new_task_id() -> str:
     """A task id chosen before the message is sent, so the run can count the
     message as in flight in the same script that decides to send it."""
     return uuid.uuid4().hex
-
-
-def send_agent(
-    app: Celery,
-    settings: Settings,
-    run_id: str,
-    epoch: int,
-    workflow: str,
-    agent: str,
-    owner: str,
-    countdown: float | None = None,
-    task_id: str | None = None,
-) -> str:
-    task_id = task_id or new_task_id()
-    app.send_task(
-        AGENT_TASK,
-        kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "agent": agent, "owner": owner},
-        queue=settings.agents_queue,
-        countdown=countdown,
-        task_id=task_id,
-    )
-    return task_id
-
-
-def send_coordinator(
-    app: Celery,
-    settings: Settings,
-    run_id: str,
-    epoch: int,
-    workflow: str,
-    countdown: float | None = None,
-    task_id: str | None = None,
-) -> str:
-    task_id = task_id or new_task_id()
-    app.send_task(
-        COORDINATOR_TASK,
-        kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow},
-        queue=settings.coordinator_queue,
-        countdown=countdown,
-        task_id=task_id,
-    )
-    return task_id
-
-
-def send_branch(
-    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, branch: int, task_id: str
-) -> None:
-    """Send one branch again: a branch that waited (for an agent turn, a timer...) continues."""
-    app.send_task(
-        BRANCH_TASK,
-        kwargs={"run_id": run_id, "epoch": epoch, "workflow": workflow, "call": call, "branches": [branch]},
-        queue=settings.steps_queue,
-        task_id=task_id,
-    )
-
-
-def send_branches(
-    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]
-) -> list[str]:
-    """Publish the branches as at most ``settings.fanout_tasks`` tasks, on one
-    connection; returns their task ids.
-
-    A branch task replays the main body before it runs its thunks, and that
-    replay rebuilds the whole list of thunks: one task per branch would make
-    a fan-out of n cost n replays of size n. Chunks keep the total linear,
-    and up to ``fanout_tasks`` branches still run at once across the fleet.
-    """
-    chunks = min(len(indices), settings.fanout_tasks)
-    sent: list[str] = []
-    with app.producer_or_acquire() as producer:
-        for chunk in range(chunks):
-            task_id = new_task_id()
-            app.send_task(
-                BRANCH_TASK,
-                kwargs={
-                    "run_id": run_id,
-                    "epoch": epoch,
-                    "workflow": workflow,
-                    "call": call,
-                    "branches": list(indices[chunk::chunks]),
-                },
-                queue=settings.steps_queue,
-                producer=producer,
-                task_id=task_id,
-            )
-            sent.append(task_id)
-    return sent

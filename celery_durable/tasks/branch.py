@@ -8,10 +8,11 @@ outcome and, when it was the last one out, wakes the coordinator.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.broker import RunRecord, RunStore
+from celery_durable.broker import RunRecord
 from celery_durable.broker.schema import Outcome
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
@@ -88,6 +89,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         max_payload_bytes=engine.settings.max_payload_bytes,
         target=BranchTarget(call_id, indices, journal),
         send_agent=send_agent,
+        send_call=functools.partial(engine.send_call, record),
     )
     try:
         # Its message runs from now: a branch that waited in a busy queue
@@ -99,7 +101,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.
-            _end_quietly(store, record, token)
+            _end_quietly(engine, record, token)
     except StaleAttemptError:
         engine.count_refused()
         logger.info("run %s: branches %s of %s belong to an older attempt", record.run_id, indices, call_id)
@@ -111,6 +113,8 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         engine.send_coordinator(record.run_id, record.epoch, record.workflow)
 
 
-def _end_quietly(store: RunStore, record: RunRecord, token: str) -> None:
+def _end_quietly(engine: Engine, record: RunRecord, token: str) -> None:
+    wake = new_task_id()
     with contextlib.suppress(StorageError):
-        store.task_end(record.run_id, record.epoch, token)
+        if engine.store.task_end(record.run_id, record.epoch, token, wake):
+            engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)

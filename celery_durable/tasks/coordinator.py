@@ -8,6 +8,7 @@ holder runs one more pass before it lets go (see ``release.lua``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -138,6 +139,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
 
     return Replay(
+        send_call=functools.partial(engine.send_call, record),
         journal=engine.store.journal(record.run_id, record.epoch, record.namespace),
         run=record,
         workflow=definition,

@@ -25,7 +25,7 @@ jump, and a ``ctx.sleep_until`` time is taken on the wall clock as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,7 +58,10 @@ class WorkflowTestEnvironment:
     at once, as a fleet would. Fan-outs nested inside a branch always run in
     threads, as on a worker. ``agent_runner`` answers ``ctx.agent`` (a
     ``FunctionRunner`` in most tests), with the schema check and the one
-    retry of a real agent task.
+    retry of a real agent task. ``tasks`` answers ``ctx.call``: task name ->
+    a function or a Celery task, run in this process (a fake of the GPU job,
+    or the real task's body); a call to a name it lacks fails at once with
+    ``TaskNotRegistered``.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class WorkflowTestEnvironment:
         max_fanout: int | None = None,
         settings: Settings | None = None,
         namespace: str = "default",
+        tasks: Mapping[str, Any] | None = None,
     ) -> None:
         if fanout not in ("serial", "threads"):
             raise ValueError(f"fanout must be 'serial' or 'threads', got {fanout!r}")
@@ -81,7 +85,9 @@ class WorkflowTestEnvironment:
         self.clock = VirtualClock(on_advance=self._time_passed)
         self.workflows = check_unique_names(workflows)
         self._plan = CrashPlan()
-        self._fleet = Fleet(self.workflows, self.settings, agent_runner, fanout, self._plan, self.clock)
+        self._fleet = Fleet(
+            self.workflows, self.settings, agent_runner, fanout, self._plan, self.clock, _callables(tasks or {})
+        )
 
     # -- starting and resuming ------------------------------------------------------
 
@@ -311,3 +317,15 @@ class WorkflowTestEnvironment:
         if registered is None or (isinstance(name_or_handle, Workflow) and registered is not name_or_handle):
             raise ValueError(f"Workflow {jsonvalue.short_repr(name)} is not registered with this environment")
         return registered
+
+
+def _callables(tasks: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
+    """What ``ctx.call`` runs in the environment, by task name: a function, or
+    a Celery task (its ``run``, the task's own body, called in this process)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for name, task in tasks.items():
+        body = getattr(task, "run", task)
+        if not isinstance(name, str) or not callable(body):
+            raise ValueError(f"tasks maps task names to functions or Celery tasks, got {name!r}: {task!r:.80}")
+        found[name] = body
+    return found

@@ -32,10 +32,11 @@ from celery_durable.broker import Flags, RunRecord, now_ms, schema
 from celery_durable.broker.memory import Clock, MemoryRun
 from celery_durable.broker.schema import Outcome
 from celery_durable.config import Settings
-from celery_durable.errors import StaleAttemptError, StorageCorruptError
+from celery_durable.errors import StaleAttemptError, StepFailed, StorageCorruptError
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import CrashingJournal, CrashPlan, SimulatedCrash
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.fanout import NESTED_FANOUT_THREADS, BranchTarget
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, nano_credits
@@ -52,7 +53,7 @@ FanoutMode = Literal["serial", "threads"]
 class Message:
     """One task message: a coordinator pass, branch tasks, or an agent turn."""
 
-    kind: Literal["coordinator", "branch", "agent"]
+    kind: Literal["coordinator", "branch", "agent", "call"]
     run_id: str
     epoch: int
     task_id: str
@@ -60,6 +61,8 @@ class Message:
     indices: tuple[int, ...] = ()
     agent: str = ""
     owner: str = ""
+    request: CallRequest | None = None
+    """For a task call (``ctx.call``): what to run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +122,10 @@ class Fleet:
         fanout: FanoutMode,
         plan: CrashPlan,
         clock: VirtualClock,
+        tasks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.workflows = workflows
+        self.tasks = dict(tasks or {})
         self.clock = clock
         self.settings = settings
         self.turns = TurnConfig(agent_runner, settings)
@@ -171,7 +176,8 @@ class Fleet:
             future.result()
 
     def _deliver(self, message: Message) -> None:
-        {"coordinator": self._coordinator, "branch": self._branch, "agent": self._agent}[message.kind](message)
+        handlers = {"coordinator": self._coordinator, "branch": self._branch, "agent": self._agent, "call": self._call}
+        handlers[message.kind](message)
 
     def _crashed(self, run_id: str) -> None:
         """Every process of the attempt died: its queued messages are lost
@@ -271,7 +277,48 @@ class Fleet:
             send_branches=send_branches,
             token=execution,
             send_agent=self._agent_sender(record),
+            send_call=self._call_sender(record),
         )
+
+    def _call_sender(self, record: RunRecord) -> Callable[[CallRequest], None]:
+        def send_call(request: CallRequest) -> None:
+            self.send(Message("call", record.run_id, record.epoch, request.task_id, request=request))
+
+        return send_call
+
+    # -- a called task (tasks/calls.py): run here, from the environment's tasks ------------
+
+    def _call(self, message: Message) -> None:
+        """The called task runs in this process: the function the environment
+        was given for its name (a Celery task's own ``run`` when it was given
+        the task). Its return value or exception answers the call, as the
+        link and link_error of tasks/calls.py do."""
+        request = message.request
+        assert request is not None
+        run = self.runs[message.run_id]
+        task = self.tasks.get(request.task_name)
+        if task is None:
+            failure = StepFailed(
+                request.key,
+                "TaskNotRegistered",
+                f"No task {request.task_name!r} in the test environment: give it with "
+                f"WorkflowTestEnvironment(tasks={{{request.task_name!r}: function}})",
+            )
+            outcome = schema.failure_outcome(message.epoch, failure)
+        else:
+            try:
+                result = task(*request.args, **request.kwargs)
+            except Exception as exc:
+                outcome = schema.failure_outcome(message.epoch, StepFailed(request.key, type(exc).__name__, str(exc)))
+            else:
+                outcome = result_outcome(request.key, result, message.epoch, self.settings.max_payload_bytes)
+        prefix = new_task_id()
+        try:
+            owners = run.call_done(message.epoch, request.key, outcome.encode(), failure_error(outcome), prefix)
+        except StaleAttemptError:
+            return
+        for n, owner in enumerate(owners or [], start=1):
+            self.wake(message.run_id, message.epoch, owner, f"{prefix}-{n}")
 
     def _agent_sender(self, record: RunRecord) -> Callable[[str, str, str], None]:
         def send_agent(agent: str, owner: str, task_id: str) -> None:
@@ -301,6 +348,7 @@ class Fleet:
             max_payload_bytes=self.settings.max_payload_bytes,
             target=BranchTarget(message.call, message.indices, on_outcome),
             send_agent=self._agent_sender(record),
+            send_call=self._call_sender(record),
         )
         try:
             replay.apply_flags(run.task_start(record.epoch, message.task_id))
@@ -311,8 +359,10 @@ class Fleet:
                 died = True  # its worker died with the message in flight: nothing ends it
                 raise
             finally:
-                if not died:
-                    run.task_end(record.epoch, message.task_id)  # however it ends, it is no longer in flight
+                wake = new_task_id()
+                # However it ends, it is no longer in flight; a pause waiting for it is woken.
+                if not died and run.task_end(record.epoch, message.task_id, wake):
+                    self.send(Message("coordinator", run.run_id, record.epoch, wake))
         except StaleAttemptError:
             return
         except StorageCorruptError:

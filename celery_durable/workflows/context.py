@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
@@ -85,6 +85,21 @@ class WorkflowContext:
         (one sent earlier counts, in arrival order); ``received`` is false when
         ``timeout`` seconds passed first."""
         return self._replay.waits.wait_for_signal(name, timeout)
+
+    def call(
+        self,
+        key: str,
+        task: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run an existing Celery task (an object, a name or a signature) as a
+        journaled step under ``key``: on any worker that has it, holding no
+        slot here while it runs; its JSON result, or ``StepFailed``."""
+        return self._replay.calls.call(key, task, args, kwargs, queue=queue, timeout=timeout)
 
     def now(self) -> datetime:
         """Replay-safe clock: an aware UTC datetime, journaled."""

@@ -34,6 +34,7 @@ from celery_durable.broker.journal import (
     Journal,
     PendingCommit,
     Recorded,
+    TaskCall,
     WaitResult,
     Winner,
 )
@@ -55,6 +56,7 @@ from celery_durable.workflows.unwind import BranchSuspended, PauseRequested, Sus
 
 if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
+    from celery_durable.workflows.calls import CallOps, CallSender
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.fanout import BranchTarget, FanoutOps
     from celery_durable.workflows.steps import StepOps
@@ -146,6 +148,13 @@ class StickyJournal:
         )
         return result
 
+    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+             running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
+        result: TaskCall | Conflict = self._guard(
+            lambda: self._inner.call(seq, index, key, owner, due_ms, cut, running_row, timeout_outcome)
+        )
+        return result
+
     def wait(
         self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
     ) -> WaitResult | Conflict:
@@ -170,8 +179,10 @@ class Replay:
         target: BranchTarget | None = None,
         token: str = "",
         send_agent: AgentSender | None = None,
+        send_call: CallSender | None = None,
     ) -> None:
         from celery_durable.workflows.agent_ops import AgentOps
+        from celery_durable.workflows.calls import CallOps
         from celery_durable.workflows.fanout import FanoutOps
         from celery_durable.workflows.steps import StepOps
         from celery_durable.workflows.waits import WaitOps
@@ -184,6 +195,7 @@ class Replay:
         self.max_payload_bytes = max_payload_bytes
         self.send_branches = send_branches
         self.send_agent = send_agent
+        self.send_call = send_call
         self.target = target
         self.token = token
         self.cancel_event = threading.Event()
@@ -203,6 +215,7 @@ class Replay:
         self.fanout: FanoutOps = FanoutOps(self)
         self.agents: AgentOps = AgentOps(self)
         self.waits: WaitOps = WaitOps(self)
+        self.calls: CallOps = CallOps(self)
 
     # -- sequences -------------------------------------------------------------
 

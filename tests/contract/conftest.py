@@ -83,6 +83,10 @@ class Backend:
         """examine.lua; with ``fire_prefix`` the due timers fire."""
         raise NotImplementedError
 
+    def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
+        """call_done.lua: a called task's answer."""
+        raise NotImplementedError
+
     def pass_time(self, ms: int) -> None:
         """``ms`` pass for the run's waits: every due time that was ``ms`` away is now."""
         raise NotImplementedError
@@ -167,6 +171,9 @@ class RedisBackend(Backend):
         assert examined is not None
         return examined
 
+    def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
+        return self.store.call_done(self.run_id, epoch, key, outcome, error, prefix)
+
     def activate(self, token: str) -> Flags | int:
         return self.store.activate(self.run_id, 1, token, "default", "resend")
 
@@ -245,6 +252,9 @@ class MemoryBackend(Backend):
 
     def examine(self, fire_prefix: str = "") -> Examined:
         return self.run.examine(fire_prefix=fire_prefix)
+
+    def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
+        return self.run.call_done(epoch, key, outcome, error, prefix)
 
     def activate(self, token: str) -> Flags | int:
         return self.run.activate(1, token, "resend")

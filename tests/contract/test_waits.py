@@ -264,11 +264,6 @@ def test_a_wait_in_a_fanout_a_cut_abandoned_gives_its_signal_back(make_backend: 
     assert wait_for(second, "m", 2, "approval") == WaitResult(True, NO_FLAGS, outcome=YES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="take_signal in _prelude.lua skips a signal claimed at the same op position ('claim ~= at'), "
-    "so a wait re-reached where its abandoned predecessor stood never gets that signal back",
-)
 def test_a_wait_abandoned_by_a_cut_gives_its_signal_back_to_the_wait_in_its_place(
     make_backend: BackendFactory,
 ) -> None:

@@ -146,7 +146,9 @@ class Driver:
         try:
             branch_pass(replay, on_outcome)
         finally:
-            self.run.task_end(journal.epoch, token)
+            wake = new_id("wake")
+            if self.run.task_end(journal.epoch, token, wake):
+                self.coordinator.append(wake)
         return any(woke)
 
     def deliver_branches(self) -> list[bool]:

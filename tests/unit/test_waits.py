@@ -215,12 +215,6 @@ def test_pause_while_only_waiting_branches_are_left_settles_paused_at_once() -> 
     assert settlement is not None and settlement.result_json == '[null,true,"worked"]'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: the pass a pause wakes suspends while a branch is in flight (Dispatch.in_flight > 1), "
-    "and when that branch then ends without being the last out (or suspends on a wait) nothing wakes "
-    "the coordinator again, so the pause never settles",
-)
 def test_pause_while_a_branch_is_in_flight_settles_once_it_ends() -> None:
     driver = Driver.of(branches_wait)
     driver.main()

@@ -481,9 +481,11 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
 end
 
 -- == Durable waits: timers and signals ====================================
--- A sequence that waits for the outside world (ctx.sleep, wait_for_signal)
+-- A sequence that waits for the outside world (ctx.sleep, wait_for_signal,
+-- ctx.call: a task of the fleet, whose worker may know nothing of runs)
 -- leaves an entry in the run's waits hash, by the op's "<seq>:<i>":
--- {"owner", "kind" ('timer' or 'signal'), "name", "until" (ms, or absent)}.
+-- {"owner", "kind" ('timer', 'signal' or 'call'), "name", "until" (ms, or
+-- absent)}.
 -- Its owner is woken (a queued message, see token_queued) when the timer is
 -- due (examine.lua) or the signal arrives (signal.lua), and its replay then
 -- journals the wait's outcome (wait.lua). The run hash's 'waiting' field
@@ -493,7 +495,9 @@ local function refresh_waiting(run_key, waits_key)
   local best, best_due = nil, nil
   for _, raw in ipairs(redis.call('HVALS', waits_key)) do
     local ok, wait = pcall(cjson.decode, raw)
-    if ok and type(wait) == 'table' then
+    -- A task call (kind 'call') is work of the fleet, not a wait for the
+    -- outside world: it has its own step row, and no place in waiting_for.
+    if ok and type(wait) == 'table' and wait['kind'] ~= 'call' then
       local due = type(wait['until']) == 'number' and wait['until'] or nil
       if not best or (due and (not best_due or due < best_due)) then best, best_due = wait, due end
     end
@@ -532,7 +536,9 @@ local function take_signal(journal_key, signals_key, name, at)
   local received = tonumber(redis.call('HGET', signals_key, 'n:' .. name) or '0')
   for k = 1, received do
     local claim = redis.call('HGET', signals_key, 'k:' .. name .. ':' .. k)
-    if not claim or (claim ~= at and not claim_alive(journal_key, claim, name, k)) then
+    -- A claim naming this very op is a replaced op's (wait.lua takes a
+    -- signal only for an op without an outcome, and writes both together).
+    if not claim or claim == at or not claim_alive(journal_key, claim, name, k) then
       redis.call('HSET', signals_key, 'k:' .. name .. ':' .. k, at)
       local payload = redis.call('HGET', signals_key, 'p:' .. name .. ':' .. k) or 'null'
       return '{"received":true,"index":' .. k .. ',"payload":' .. payload .. '}'

@@ -13,7 +13,7 @@ for i = 0, count - 1 do
   local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
   local kind = string.sub(ident, 1, 1)
   local value = false
-  if kind == 's' then
+  if kind == 's' or kind == 'c' then
     value = redis.call('HGET', KEYS[1], 'v:' .. string.sub(ident, 3))
   elseif kind == 'a' then
     value = redis.call('HGET', KEYS[1], 'a:' .. string.sub(ident, 3))

@@ -1,0 +1,67 @@
+-- A sequence calls a Celery task of the fleet (ctx.call): the op is journaled
+-- under its key, exactly as a step's, and the call is answered from the
+-- journal, or published once per attempt, or waited for. Its due time (the
+-- call's timeout) is fixed the first time it is reached; past it, with no
+-- result, the call fails as a time-out (journaled like a step's failure).
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] running steps,
+-- KEYS[5] steps
+-- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
+-- ARGV[5] op identity "c|<key>", ARGV[6] key, ARGV[7] owner, ARGV[8] due
+-- (ms) or '', ARGV[9] '' or "<op index>:<position>" when this op re-runs an
+-- older attempt's failure (see cut_sequence), ARGV[10] running step row,
+-- ARGV[11] the outcome to journal on a time-out, ARGV[12] the step row's
+-- error then, ARGV[13] events channel
+-- Returns {'hit', cancel, pause, limit, outcome}, {'publish', ...flags}
+-- (send the task now), {'pending', ...flags} (it is in flight already),
+-- {'conflict', identity} or {refusal}.
+local refusal = fence(KEYS[1], ARGV[1])
+if refusal then return {refusal} end
+local seq, index, key, now = ARGV[3], ARGV[4], ARGV[6], tonumber(ARGV[2])
+if ARGV[9] ~= '' then
+  local colon = string.find(ARGV[9], ':', 1, true)
+  cut_sequence(KEYS[2], seq, string.sub(ARGV[9], 1, colon - 1), ARGV[1], string.sub(ARGV[9], colon + 1))
+end
+local conflict, replaced = record_op(KEYS[2], seq, index, ARGV[5], ARGV[1])
+if conflict then return {'conflict', conflict} end
+local at = seq .. ':' .. index
+if replaced then redis.call('HDEL', KEYS[2], 'wd:' .. at) end
+local f
+local outcome = redis.call('HGET', KEYS[2], 'v:' .. key)
+if outcome and not is_stale_failure(outcome, ARGV[1]) then
+  if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
+  f = flags(KEYS[1])
+  return {'hit', f[1], f[2], f[3], outcome}
+end
+local due = redis.call('HGET', KEYS[2], 'wd:' .. at)
+if not due then
+  due = ARGV[8]
+  redis.call('HSET', KEYS[2], 'wd:' .. at, due)
+end
+if due ~= '' and now >= tonumber(due) then
+  -- No result within the time-out: the call fails, in this attempt (a
+  -- later one calls again; a result that comes late is refused).
+  redis.call('HSET', KEYS[2], 'v:' .. key, ARGV[11])
+  local ok, row = pcall(cjson.decode, redis.call('HGET', KEYS[4], key) or ARGV[10])
+  if not ok or type(row) ~= 'table' then row = {} end
+  row['status'], row['finished_at'], row['error'] = 'failed', now, ARGV[12]
+  if redis.call('HDEL', KEYS[4], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
+  redis.call('HSET', KEYS[5], key, cjson.encode(row))
+  if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
+  made_progress(KEYS[1])
+  f = flags(KEYS[1])
+  return {'hit', f[1], f[2], f[3], ARGV[11]}
+end
+local entry = {owner = ARGV[7], kind = 'call', name = key}
+if due ~= '' then entry['until'] = tonumber(due) end
+redis.call('HSET', KEYS[3], at, cjson.encode(entry))
+refresh_waiting(KEYS[1], KEYS[3])
+local verdict = 'pending'
+if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then
+  -- Not published by this attempt yet: publish now, and show it running.
+  redis.call('HSET', KEYS[2], 'ce:' .. key, ARGV[1])
+  if redis.call('HSET', KEYS[4], key, ARGV[10]) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', 1) end
+  verdict = 'publish'
+end
+redis.call('PUBLISH', ARGV[13], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
+f = flags(KEYS[1])
+return {verdict, f[1], f[2], f[3]}

@@ -1,0 +1,34 @@
+-- A called task finished (its link or link_error reached an engine worker):
+-- its outcome is journaled under the call's key, first write wins, by the
+-- attempt that published it only (a stale attempt's result is refused), and
+-- what waits for the call is woken.
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] live,
+-- KEYS[5] running steps, KEYS[6] steps
+-- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] key, ARGV[4] outcome
+-- ("o<json>" or "e<epoch>|<json>"), ARGV[5] the step row's error ('' for a
+-- result), ARGV[6] prefix of the task ids that wake the waiters ("<prefix>-<n>")
+-- Returns {'ok', owner, owner, ...}, {'late'} (the call already has a live
+-- outcome) or {refusal}.
+local refusal = fence(KEYS[1], ARGV[1])
+if refusal then return {refusal} end
+local key = ARGV[3]
+if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then return {'stale'} end
+local current = redis.call('HGET', KEYS[2], 'v:' .. key)
+if current and not is_stale_failure(current, ARGV[1]) then return {'late'} end
+redis.call('HSET', KEYS[2], 'v:' .. key, ARGV[4])
+made_progress(KEYS[1])
+if string.sub(ARGV[4], 1, 1) == 'o' then redis.call('HINCRBY', KEYS[1], 'steps_done', 1) end
+-- The running row call.lua wrote, settled (schema.StepRow).
+local ok, row = pcall(cjson.decode, redis.call('HGET', KEYS[5], key) or '{}')
+if not ok or type(row) ~= 'table' then row = {} end
+row['status'] = ARGV[5] == '' and 'completed' or 'failed'
+row['finished_at'] = tonumber(ARGV[2])
+if ARGV[5] ~= '' then row['error'] = ARGV[5] end
+if redis.call('HDEL', KEYS[5], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
+redis.call('HSET', KEYS[6], key, cjson.encode(row))
+local owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), function(wait)
+  return wait['kind'] == 'call' and wait['name'] == key
+end)
+local out = {'ok'}
+for _, owner in ipairs(owners) do table.insert(out, owner) end
+return out

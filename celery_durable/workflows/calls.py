@@ -1,0 +1,223 @@
+"""``ctx.call``: a Celery task of the fleet, run as a journaled step (SPEC §5a).
+
+The key is the call's identity, exactly as a step's: a hit returns the
+journaled result without sending anything. A miss publishes the task with a
+task id derived from the run and the key (stable across attempts, so the
+task can deduplicate on ``self.request.id``), linked to the engine's result
+and error tasks, and suspends the sequence: no worker slot is held while the
+task runs, on whatever worker has it — a plain Celery worker knows nothing
+of runs and needs nothing of celery-durable. Its result comes back through
+the link and is journaled (``call_done.lua``); an exception, through the
+link_error, as ``StepFailed`` with the task's exception type and message; no
+answer within ``timeout`` seconds, as ``StepFailed(error_type="TaskTimeout")``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import Conflict
+from celery_durable.broker.schema import Identity
+from celery_durable.broker.scripts import now_ms
+from celery_durable.errors import StaleAttemptError, StepFailed
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.replay import MAX_KEY_LENGTH
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.replay import Replay
+
+MAX_TASK_NAME = 256
+MAX_TIMEOUT_SECONDS = 10 * 365 * 86_400
+TASK_ID_NAMESPACE = uuid.UUID("6f1c2a52-4b8e-4c1f-9d3a-0c8f3e6b2d71")
+"""The namespace of call task ids: uuid5 of "<run_id>:<key>" in it."""
+
+
+def call_task_id(run_id: str, key: str) -> str:
+    """The task id of a call: the same for every attempt of the run."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{run_id}:{key}"))
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """A task to publish for a call, and whom its result answers."""
+
+    key: str
+    task_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str | None
+    options: dict[str, Any]
+    task_id: str
+
+
+CallSender = Callable[[CallRequest], None]
+
+
+class CallOps:
+    """``ctx.call`` of one execution."""
+
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
+
+    def call(
+        self,
+        key: str,
+        task: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        replay = self._replay
+        request = self._request(key, task, args, kwargs, queue)
+        due_from = _due(key, timeout)
+        cursor = replay.current()
+        replay.check_cancelled()
+        identity = Identity.call(key)
+        journaled, raw = replay.expect(cursor, identity)
+        cut: str | None = None
+        if journaled and raw is not None:
+            outcome = replay.decode(raw)
+            if outcome.is_live(replay.epoch):
+                replay.flush(cursor)
+                cursor.advance()
+                return outcome.step_result(key)
+            if not cursor.writes:
+                raise StaleAttemptError(f"Run {replay.run.run_id}: call {key!r} holds an older attempt's failure")
+            cut = cursor.cut_here()
+        elif journaled and not cursor.writes:
+            raise StaleAttemptError(f"Run {replay.run.run_id}: call {key!r} has not returned yet")
+        replay.flush(cursor)
+        if not journaled:
+            replay.check_pause(cursor)
+        now = now_ms()
+        due = due_from(now)
+        op = schema.call_id(cursor.seq, cursor.index)
+        running = schema.StepRow.running(replay.run.attempt, now, op)
+        within = f"within {timeout:g} s" if timeout is not None else "in time"
+        where = f" (queue {request.queue})" if request.queue else ""
+        message = f"Task {request.task_name} (call {key}) did not finish {within}{where}"
+        timed_out = StepFailed(key, "TaskTimeout", message, found_by_engine=True)
+        failure = schema.failure_outcome(replay.epoch, timed_out)
+        result = replay.journal.call(
+            cursor.seq, cursor.index, key, cursor.owner, due, cut, running.encode(), failure.encode()
+        )
+        if isinstance(result, Conflict):
+            replay.conflict(cursor, result, identity)
+        replay.apply_flags(result.flags)
+        if result.verdict == "hit" and result.outcome is not None:
+            cursor.advance()
+            return replay.decode(result.outcome).step_result(key)
+        if result.verdict == "publish":
+            if replay.send_call is None:
+                raise RuntimeError("this execution cannot call tasks")
+            replay.send_call(request)
+        replay.wait_for_wake(cursor)
+
+    def _request(
+        self, key: str, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, queue: str | None
+    ) -> CallRequest:
+        """The call checked and made JSON, before anything is journaled: a bad
+        call is a ``ValueError`` naming its key, and the run is unharmed."""
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise ValueError(f"Call key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
+        name, args, kwargs, options = _unpack(key, task, args, kwargs)
+        if queue is not None and (not isinstance(queue, str) or not queue):
+            raise ValueError(f"ctx.call {key!r}: queue must be a non-empty queue name or None, got {queue!r}")
+        if isinstance(args, str | bytes | Mapping) or not isinstance(args, Sequence):
+            raise ValueError(f"ctx.call {key!r}: args must be a list or tuple, got {type(args).__name__}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ValueError(f"ctx.call {key!r}: kwargs must be a dict, got {type(kwargs).__name__}")
+        payload = {"args": list(args), "kwargs": dict(kwargs or {})}
+        encoded = jsonvalue.encode_payload(
+            payload, self._replay.max_payload_bytes, noun=f"ctx.call {key!r} arguments",
+            not_json="{noun} must be JSON values: {problem}",
+            too_large="{noun} are {size} bytes, above max_payload_bytes ({limit})",
+        )
+        plain = jsonvalue.loads(encoded)
+        return CallRequest(
+            key=key,
+            task_name=name,
+            args=plain["args"],
+            kwargs=plain["kwargs"],
+            queue=queue or options.pop("queue", None),
+            options=options,
+            task_id=call_task_id(self._replay.run.run_id, key),
+        )
+
+
+def _unpack(
+    key: str, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+) -> tuple[str, Sequence[Any], Mapping[str, Any] | None, dict[str, Any]]:
+    """The task's name, arguments and options, from a task object, a name or a ``Signature``."""
+    if isinstance(task, str):
+        name = task
+        options: dict[str, Any] = {}
+    elif _is_signature(task):
+        name = task.task
+        options = dict(task.options or {})
+        for own in ("link", "link_error", "task_id", "chain", "chord"):
+            if options.get(own):
+                raise ValueError(
+                    f"ctx.call {key!r}: the signature carries its own {own}; celery-durable sets the task id and "
+                    "links of a call itself"
+                )
+        if task.args or task.kwargs:
+            if args or kwargs:
+                raise ValueError(f"ctx.call {key!r}: give the arguments in the signature or to ctx.call, not both")
+            args, kwargs = tuple(task.args or ()), dict(task.kwargs or {})
+        options = {k: v for k, v in options.items() if k in ("queue", "priority", "expires")}
+    elif callable(getattr(task, "apply_async", None)) and isinstance(getattr(task, "name", None), str):
+        name = task.name
+        options = {}
+    else:
+        raise ValueError(
+            f"ctx.call {key!r}: task must be a Celery task, a task name or a signature, got {type(task).__name__}"
+        )
+    if not isinstance(name, str) or not name or len(name) > MAX_TASK_NAME:
+        raise ValueError(f"ctx.call {key!r}: the task name must be a non-empty string of at most {MAX_TASK_NAME}")
+    return name, args, kwargs, options
+
+
+def _is_signature(task: Any) -> bool:
+    """A Celery ``Signature`` (a dict with task, args, kwargs and options),
+    told by its shape: replay imports nothing of Celery."""
+    return isinstance(task, dict) and isinstance(task.get("task"), str) and hasattr(task, "options")
+
+
+def _due(key: str, timeout: float | None) -> Callable[[int], int | None]:
+    if timeout is None:
+        return lambda now: None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+        raise ValueError(f"ctx.call {key!r}: timeout must be a finite number of seconds or None, got {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"ctx.call {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
+    return lambda now: now + math.ceil(timeout * 1000)
+
+
+def result_outcome(key: str, result: Any, epoch: int, max_bytes: int) -> schema.Outcome:
+    """A called task's return value as the call's outcome: a JSON value, or why not."""
+    try:
+        encoded = jsonvalue.encode_payload(
+            result,
+            max_bytes,
+            noun="Step result",
+            key=key,
+            not_json="{noun} must be a JSON value: {key}",
+            too_large=jsonvalue.TOO_LARGE + ": {key}",
+        )
+    except jsonvalue.PayloadError as exc:
+        kind = "TypeError" if exc.reason == "not_json" else "PayloadTooLarge"
+        return schema.failure_outcome(epoch, StepFailed(key, kind, str(exc), found_by_engine=True))
+    return schema.value_outcome(jsonvalue.loads(encoded))
+
+
+def failure_error(outcome: schema.Outcome) -> str:
+    """The error a settled call's step row shows ('' for a result)."""
+    return "" if outcome.kind == "o" else f"{outcome.error_type}: {outcome.message}"

@@ -1,0 +1,64 @@
+"""A plain Celery app, as a team already has one: nothing of celery-durable.
+
+Its worker process runs only this module (``celery -A tests.apps.gpu worker
+-Q <queue>``), configured from the environment the tests give it. The tests
+read what it did from Redis: ``gpu:runs:<task id>`` counts how many times a
+task id ran. ``make_app`` builds the same app in the test process, on the
+test's Redis, for an engine to mount.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+
+def make_app(broker: str, queue: str, *, accept_pickle: bool = False) -> Celery:
+    store = redis.Redis.from_url(broker, decode_responses=True)
+    app = Celery("gpu", broker=broker, backend=broker, set_as_current=False)
+    app.conf.update(
+        task_routes={"gpu.*": {"queue": queue}},
+        # The team's own settings, none of them celery-durable's: results
+        # kept, early acks for its other tasks, pickle accepted if asked (a
+        # worker process refuses to start as root with it).
+        task_serializer="json",
+        accept_content=["json", "pickle"] if accept_pickle else ["json"],
+        task_acks_late=False,
+        worker_prefetch_multiplier=4,
+        broker_connection_retry_on_startup=True,
+        # A killed worker's message comes back within seconds, not hours.
+        broker_transport_options={
+            "visibility_timeout": 4,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+    )
+
+    @app.task(name="gpu.render", bind=True, acks_late=True, reject_on_worker_lost=True, shared=False)
+    def render(self: Any, item: str, seconds: float = 0.0) -> dict[str, Any]:
+        runs = store.incr(f"gpu:runs:{self.request.id}")
+        time.sleep(seconds)
+        return {"item": item, "rendered": f"{item}.png", "runs": runs}
+
+    @app.task(name="gpu.broken", shared=False)
+    def broken(why: str) -> None:
+        raise KeyError(why)
+
+    @app.task(name="gpu.not_json", shared=False)
+    def not_json() -> Any:
+        return float("nan")
+
+    @app.task(name="gpu.add", shared=False)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    return app
+
+
+app = make_app(
+    os.environ.get("CELERY_DURABLE_REDIS_URL", "redis://localhost:6379/0"), os.environ.get("GPU_QUEUE", "gpu")
+)

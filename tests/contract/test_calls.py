@@ -1,0 +1,86 @@
+"""Task calls (``ctx.call``) on both journals: call.lua and call_done.lua."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import Conflict, Flags, Journal, TaskCall
+from celery_durable.broker.schema import Identity, StepRow
+from celery_durable.broker.scripts import now_ms
+from celery_durable.errors import StaleAttemptError, StepFailed
+from tests.contract.conftest import BackendFactory
+from tests.contract.test_journal import ok
+
+NO_FLAGS = Flags()
+RUNNING = StepRow.running(1, 1000, "m:0").encode()
+
+
+def failed(epoch: int, error_type: str, message: str) -> str:
+    return schema.failure_outcome(epoch, StepFailed("k", error_type, message, found_by_engine=True)).encode()
+
+
+TIMED_OUT = failed(1, "TaskTimeout", "did not finish within 5 s")
+
+
+def call(journal: Journal, key: str, *, due: int | None = None) -> TaskCall | Conflict:
+    return journal.call("m", 0, key, "m", due, None, RUNNING, TIMED_OUT)
+
+
+def test_a_call_is_published_once_per_attempt_then_answered_from_the_journal(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    first = backend.journal(1)
+    assert call(first, "render") == TaskCall("publish", NO_FLAGS)
+    assert backend.step_rows()["render"] == RUNNING
+    assert call(first, "render") == TaskCall("pending", NO_FLAGS), "in flight: waited for, not sent again"
+    assert backend.waits()["m:0"] == {"owner": "m", "kind": "call", "name": "render"}
+    assert backend.record().waiting_for is None, "a call is work of the fleet, not a wait for the outside"
+    assert backend.call_done(1, "render", ok({"png": 1})) == ["m"]
+    assert call(first, "render") == TaskCall("hit", NO_FLAGS, ok({"png": 1}))
+    assert backend.waits() == {}
+    assert backend.call_done(1, "render", ok("again")) is None, "a second answer is late"
+    assert StepRow.parse("render", backend.step_rows()["render"]).status == "completed"
+    assert first.read_sequence("m").live_entries() == [(Identity.call("render"), ok({"png": 1}))]
+
+
+def test_a_call_past_its_time_out_fails_and_a_late_answer_is_refused(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    due = now_ms() + 60_000
+    assert call(journal, "slow", due=due).verdict == "publish"
+    backend.pass_time(120_000)
+    assert call(journal, "slow", due=due) == TaskCall("hit", NO_FLAGS, TIMED_OUT)
+    row = StepRow.parse("slow", backend.step_rows()["slow"])
+    assert (row.status, row.error) == ("failed", "TaskTimeout: did not finish within 5 s")
+    assert backend.call_done(1, "slow", ok("too late")) is None
+
+
+def test_an_answer_for_an_older_attempt_is_refused_by_the_fence(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    assert call(backend.journal(1), "render").verdict == "publish"
+    epoch = backend.take_over()
+    with pytest.raises(StaleAttemptError):
+        backend.call_done(1, "render", ok("old"))
+    assert call(backend.journal(epoch), "render").verdict == "publish", "the new attempt publishes again"
+    with pytest.raises(StaleAttemptError):
+        backend.call_done(1, "render", ok("old"))
+    assert backend.call_done(epoch, "render", ok("new")) == ["m"]
+
+
+def test_a_failed_call_is_retried_by_the_next_attempt(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    assert call(backend.journal(1), "flaky").verdict == "publish"
+    boom = failed(1, "KeyError", "'x'")
+    assert backend.call_done(1, "flaky", boom, "KeyError: 'x'") == ["m"]
+    assert call(backend.journal(1), "flaky") == TaskCall("hit", NO_FLAGS, boom)
+    epoch = backend.take_over()
+    second = backend.journal(epoch)
+    assert isinstance(second.call("m", 0, "flaky", "m", None, "0:0", RUNNING, TIMED_OUT), TaskCall)
+    assert call(second, "flaky").verdict in ("publish", "pending")
+
+
+def test_a_call_where_the_journal_holds_another_op_is_a_conflict(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert call(journal, "a").verdict == "publish"
+    assert call(journal, "b") == Conflict(Identity.call("a"))

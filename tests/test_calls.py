@@ -1,0 +1,353 @@
+"""Celery-native (SPEC §5a): an engine mounted on a team's app, calling its tasks.
+
+The called tasks run on a plain ``celery worker`` process that imports only
+``tests/apps/gpu.py`` — no engine, no celery-durable task. The durable side
+runs on a worker in the test process, on the same app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_durable import Engine, Settings, StepFailed, WorkflowContext, define_workflow
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
+from celery_durable.workflows.calls import call_task_id
+from tests.apps.gpu import make_app
+from tests.conftest import worker_thread
+from tests.fleet import ROOT, settings_env
+
+TIMEOUT = 40
+
+
+def wf(name: str, run: Any) -> Any:
+    return define_workflow({"name": name, "description": name, "phases": []}, run)
+
+
+def poll(predicate: Any, timeout: float = TIMEOUT, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Gpu:
+    """The team's GPU queue and its plain workers (processes, killed by process group)."""
+
+    settings: Settings
+    queue: str
+    log_dir: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        env = {**settings_env(self.settings), "GPU_QUEUE": self.queue}
+        log = open(self.log_dir / f"gpu-{len(self.processes)}.log", "ab")  # noqa: SIM115
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.apps.gpu", "worker", "-Q", self.queue, "-P", "threads",
+             "-c", "2", "--loglevel", "WARNING", "--hostname", f"gpu{len(self.processes)}-{os.getpid()}@%h"],
+            env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def ready(self) -> None:
+        """Wait until a plain worker answers: a task round trip through it."""
+        app = make_app(self.settings.redis_url, self.queue)
+        assert app.tasks["gpu.add"].delay(1, 1).get(timeout=TIMEOUT) == 2
+
+    def runs(self, task_id: str) -> int:
+        raw = redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        return int(raw.get(f"gpu:runs:{task_id}") or 0)
+
+
+@pytest.fixture
+def gpu(settings: Settings, tmp_path: Path) -> Iterator[Gpu]:
+    fleet = Gpu(settings, f"{settings.key_prefix}.gpu", tmp_path)
+    fleet.start()
+    yield fleet
+    for process in fleet.processes:
+        fleet.kill(process)
+
+
+@contextlib.contextmanager
+def mounted(settings: Settings, gpu: Gpu, workflows: list[Any], concurrency: int = 4) -> Iterator[tuple[Engine, Celery]]:
+    """The team's app in this process, an engine mounted on it, a durable worker."""
+    app = make_app(settings.redis_url, gpu.queue)
+    engine = Engine(workflows, settings, celery_app=app)
+    with worker_thread(engine, concurrency=concurrency, queues=[settings.coordinator_queue, settings.steps_queue]):
+        yield engine, app
+
+
+def test_calls_run_on_a_plain_worker_and_their_results_are_journaled(settings: Settings, gpu: Gpu) -> None:
+    app = make_app(settings.redis_url, gpu.queue)
+    signature = app.signature("gpu.render", args=("c",))
+
+    def run(ctx: WorkflowContext) -> Any:
+        first = ctx.call("a", app.tasks["gpu.render"], args=("a",))
+        rest = ctx.parallel([
+            lambda: ctx.call("b", "gpu.render", kwargs={"item": "b"}),
+            lambda: ctx.call("c", signature),
+        ])
+        again = ctx.call("a", "gpu.render", args=("ignored",))  # the key is the identity: a hit
+        return [first["rendered"], *(r["rendered"] for r in rest), again["item"]]
+
+    engine = Engine([wf("render", run)], settings, celery_app=app)
+    with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue]):
+        envelope = engine.client().run_workflow("render", timeout=TIMEOUT)
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == ["a.png", "b.png", "c.png", "a"]
+    for key in "abc":
+        assert gpu.runs(call_task_id(envelope.run_id, key)) == 1, key
+    steps = {row.key: row.status for row in engine.client().get_workflow_run_detail(envelope.run_id).steps}
+    assert steps == {"a": "completed", "b": "completed", "c": "completed"}
+
+
+def test_a_call_holds_no_worker_slot(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.call("slow", "gpu.render", args=(ctx.run_id, 1.0))["item"]
+
+    with mounted(settings, gpu, [wf("slow", run)], concurrency=1) as (engine, _):
+        client = engine.client()
+        gpu.ready()
+        started = time.monotonic()
+        run_ids = [client.start_workflow("slow") for _ in range(2)]
+        results = [client.wait_for_workflow_run(r, timeout=TIMEOUT).result for r in run_ids]
+        took = time.monotonic() - started
+    assert results == run_ids
+    assert took < 1.9, f"two 1 s calls on one durable slot took {took:.1f}s: the slot was held"
+
+
+def test_a_failed_call_is_a_step_failure_with_the_tasks_exception(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        try:
+            ctx.call("broken", "gpu.broken", args=("frame 7",), timeout=20)
+        except StepFailed as exc:
+            return [exc.key, exc.error_type, exc.error_message]
+        return "no failure"
+
+    with mounted(settings, gpu, [wf("broken", run)]) as (engine, _):
+        envelope = engine.client().run_workflow("broken", timeout=TIMEOUT)
+    assert envelope.result == ["broken", "KeyError", "'frame 7'"]
+
+
+def test_a_call_nobody_answers_times_out_with_a_clear_error(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        answers = []
+        for key, task, queue in (("unknown", "gpu.no_such_task", None), ("unserved", "gpu.render", "nobody.serves")):
+            try:
+                ctx.call(key, task, args=("x",), queue=queue, timeout=1)
+            except StepFailed as exc:
+                answers.append([exc.error_type, str(exc)])
+        return answers
+
+    with mounted(settings, gpu, [wf("silent", run)]) as (engine, _):
+        envelope = engine.client().run_workflow("silent", timeout=TIMEOUT)
+    assert envelope.result == [
+        ["TaskTimeout", "Task gpu.no_such_task (call unknown) did not finish within 1 s"],
+        ["TaskTimeout", "Task gpu.render (call unserved) did not finish within 1 s (queue nobody.serves)"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ctx: ctx.call("k", "gpu.render", args=({1, 2},)), "'k' arguments must be JSON values"),
+        (lambda ctx: ctx.call("k", "gpu.render", args="ab"), "args must be a list"),
+        (lambda ctx: ctx.call("k", 42), "task must be a Celery task, a task name or a signature"),
+        (lambda ctx: ctx.call("k", ""), "task name must be a non-empty string"),
+        (lambda ctx: ctx.call("", "gpu.render"), "Call key must be a non-empty string"),
+        (lambda ctx: ctx.call("k", "gpu.render", timeout=-1), "timeout must be above 0"),
+        (lambda ctx: ctx.call("k", ctx.args["linked"]), "carries its own link"),
+        (lambda ctx: ctx.call("k", ctx.args["with_id"]), "carries its own task_id"),
+    ],
+)
+def test_bad_calls_are_refused_at_the_call_and_journal_nothing(
+    settings: Settings, gpu: Gpu, call: Any, message: str
+) -> None:
+    app = make_app(settings.redis_url, gpu.queue)
+    signatures = {
+        "linked": app.signature("gpu.render", args=("x",), link=app.signature("gpu.add", args=(1,))),
+        "with_id": app.signature("gpu.render", args=("x",), task_id="mine"),
+    }
+
+    def run(ctx: WorkflowContext) -> Any:
+        ctx.args.update(signatures)
+        try:
+            call(ctx)
+        except ValueError as exc:
+            caught = str(exc)
+        else:
+            caught = "no error"
+        return {"caught": caught, "after": ctx.call("after", "gpu.add", args=(2, 3))}
+
+    engine = Engine([wf("bad-call", run)], settings, celery_app=app)
+    with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue]):
+        envelope = engine.client().run_workflow("bad-call", timeout=TIMEOUT)
+    assert envelope.status == "completed", envelope.error
+    assert message in envelope.result["caught"]
+    assert envelope.result["after"] == 5
+    journal = engine.store.journal(envelope.run_id, 1, "default").read_sequence("m")
+    assert [identity for _, identity, _ in journal.entries] == ["c|after"]
+
+
+def test_a_result_that_is_not_json_fails_the_call_naming_it(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        try:
+            ctx.call("nan", "gpu.not_json", timeout=20)
+        except StepFailed as exc:
+            return str(exc)
+        return "no failure"
+
+    with mounted(settings, gpu, [wf("nan", run)]) as (engine, _):
+        assert engine.client().run_workflow("nan", timeout=TIMEOUT).result == "Step result must be a JSON value: nan"
+
+
+def test_a_stale_attempts_call_result_is_refused_by_the_fence(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.call("slow", "gpu.render", args=("s", 1.5))
+
+    with mounted(settings, gpu, [wf("stale-call", run)]) as (engine, _):
+        client = engine.client()
+        run_id = client.start_workflow("stale-call")
+        task_id = call_task_id(run_id, "slow")
+        poll(lambda: gpu.runs(task_id) == 1, what="the first delivery to start")
+        resumed = client.resume_workflow(run_id, force=True, timeout=TIMEOUT)
+        assert resumed.status == "completed" and resumed.attempt == 2
+        poll(lambda: engine.store.refused_writes(run_id) >= 1, what="the first attempt's answer to be refused")
+    assert gpu.runs(task_id) == 2, "the same task id, published again by the new attempt"
+    assert resumed.result["runs"] == 2, "the new attempt's answer, not the old one's"
+
+
+@pytest.mark.slow
+def test_a_calls_worker_killed_mid_task_is_redelivered_and_one_result_journaled(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.call("render", "gpu.render", args=("k", 2.0))
+
+    with mounted(settings, gpu, [wf("killed-call", run)]) as (engine, _):
+        client = engine.client()
+        run_id = client.start_workflow("killed-call")
+        task_id = call_task_id(run_id, "render")
+        poll(lambda: gpu.runs(task_id) == 1, what="the task to start")
+        gpu.kill(gpu.processes[0])
+        gpu.start()
+        envelope = client.wait_for_workflow_run(run_id, timeout=60)
+    assert envelope.status == "completed" and envelope.attempt == 1
+    assert envelope.result["runs"] == 2, "delivered again after its worker died"
+    assert gpu.runs(task_id) == 2
+
+
+def test_user_tasks_keep_celerys_defaults_and_their_results_on_both_apps(settings: Settings, gpu: Gpu) -> None:
+    own = Engine([wf("noop", lambda ctx: 1)], settings)
+    assert own.celery.conf.task_default_queue == "celery"
+    assert not own.celery.conf.task_ignore_result and not own.celery.conf.task_acks_late
+    own.celery.conf.result_backend = settings.redis_url
+
+    @own.celery.task(name="user.triple", shared=False)
+    def triple(x: int) -> int:
+        return x * 3
+
+    assert own.celery.amqp.router.route({}, "user.triple")["queue"].name == "celery"
+    with worker_thread(own, concurrency=2, queues=["celery"]):
+        assert triple.delay(4).get(timeout=TIMEOUT) == 12
+
+    app = make_app(settings.redis_url, gpu.queue)
+    Engine([wf("noop", lambda ctx: 1)], settings, celery_app=app)
+    assert app.tasks["gpu.add"].delay(2, 2).get(timeout=TIMEOUT) == 4, "on the plain worker, through its backend"
+
+
+def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Settings, gpu: Gpu, caplog) -> None:
+    app = make_app(settings.redis_url, gpu.queue, accept_pickle=True)  # and early acks, prefetch 4
+    app.conf.worker_hijack_root_logger = False  # the test reads the worker's log through pytest
+    engine = Engine([wf("plain", lambda ctx: ctx.step("s", lambda: 7))], settings, celery_app=app)
+    for name in (COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK):
+        task = app.tasks[name]
+        assert (task.acks_late, task.reject_on_worker_lost, task.ignore_result) == (True, True, True), name
+    assert not app.conf.task_acks_late and "pickle" in app.conf.accept_content, "the app's own settings stand"
+    caplog.set_level(logging.ERROR, logger="celery_durable")
+    with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue]):
+        client = engine.client()
+        run_id = client.start_workflow("plain")
+        forged = app.send_task(
+            COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "plain"},
+            queue=settings.coordinator_queue, serializer="pickle",
+        )
+        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+        poll(lambda: any(forged.id in r.getMessage() and "not JSON" in r.getMessage() for r in caplog.records),
+             what="the pickled message to be refused")
+    assert envelope.status == "completed" and envelope.result == 7
+
+
+def test_two_engines_on_one_broker_stay_apart(redis_server: Any, tmp_path: Path) -> None:
+    """Two key prefixes, queue names left to their defaults: each engine's
+    worker takes its own runs' messages only, and both finish."""
+    from tests.apps.basic import fan
+    from tests.fleet import WorkerProcess
+
+    settings = [Settings(redis_url=redis_server.url, key_prefix=f"two{n}x{os.getpid()}") for n in (1, 2)]
+    assert settings[0].steps_queue == f"durable.two1x{os.getpid()}.steps" != settings[1].steps_queue
+    workers = [
+        WorkerProcess(s, "tests.apps.basic:engine", log_dir=tmp_path, name=f"engine{n}").start()
+        for n, s in enumerate(settings)
+    ]
+    try:
+        for s in settings:
+            client = Engine([fan], s).client()
+            envelope = client.run_workflow("fan", args={"count": 2, "seconds": 0}, timeout=TIMEOUT)
+            assert (envelope.status, envelope.attempt) == ("completed", 1)
+    finally:
+        for worker in workers:
+            worker.kill()
+    logs = "".join(path.read_text() for path in tmp_path.glob("engine*.log"))
+    assert "refused" not in logs
+
+
+def test_the_render_example_calls_the_fleet_from_a_fan_out(settings: Settings, tmp_path: Path) -> None:
+    """examples/render.py on examples/fleet_tasks.py's own worker, as the README says."""
+    env = {**settings_env(settings)}
+    log = open(tmp_path / "fleet.log", "ab")  # noqa: SIM115
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "examples.fleet_tasks", "worker", "-Q", "gpu", "-P", "threads",
+         "-c", "2", "--loglevel", "WARNING"],
+        env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
+    )
+    try:
+        from tests.fleet import WorkerProcess
+
+        durable = WorkerProcess(settings, "examples.render:engine", log_dir=tmp_path, name="durable").start()
+        try:
+            urls = ["https://example.com/a.png", "https://example.com/b.png", "ftp://example.com/c.png"]
+            from examples.render import render_gallery
+
+            client = Engine([render_gallery], settings).client()
+            envelope = client.run_workflow("render-gallery", args={"urls": urls}, timeout=60)
+        finally:
+            durable.kill()
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    assert envelope.status == "completed", envelope.error
+    assert (envelope.result["images"], envelope.result["failed"]) == (3, 1)
+    logs = [r.message for r in client.get_workflow_run_progress(envelope.run_id).records if r.kind == "log"]
+    assert logs == ["ftp://example.com/c.png: ValueError: not an image URL: ftp://example.com/c.png"]
