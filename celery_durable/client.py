@@ -22,18 +22,16 @@ from celery_durable.errors import (
     WorkflowResumeError,
 )
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
+from celery_durable.run_views import agent_row, phase_rows, resume_verdict, step_rows_in_order
 from celery_durable.tasks.app import new_task_id
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import (
-    PhaseRow,
     ProgressEntry,
     ProgressPage,
     RunDetail,
     RunEnvelope,
     RunPage,
-    StepRow,
-    from_ms,
 )
 from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import ceiling_fields, ceilings_argument, merge_limits, validate_limits
@@ -209,10 +207,10 @@ class Client:
     def get_workflow_run_detail(self, run_id: str) -> RunDetail:
         record = self._record(run_id)
         definition = self.engine.workflows.get(record.workflow)
-        phases = _phase_rows(definition, record) if definition is not None else []
+        phases = phase_rows(definition, record) if definition is not None else []
         steps = step_rows_in_order(self.engine.store.step_rows(record.run_id))
         progress = self.get_workflow_run_progress(run_id, limit=20).records
-        agents = [_agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
+        agents = [agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
         # Started rows first, by start time; rows not started yet (None) after them.
         agents.sort(key=lambda row: (row["started_at"] is None, row["started_at"] or 0, row["agent_id"]))
         return RunDetail(
@@ -395,7 +393,7 @@ class Client:
                     code="workflow_code_changed",
                 )
             alive = record.status in ("pending", "running") and self._attempt_alive(record)
-            note = _resume_verdict(record, alive=alive, force=force, code_changed=code_changed)
+            note = resume_verdict(record, alive=alive, force=force, code_changed=code_changed)
             merged = merge_limits(record.limits, limits)
             epoch = store.resume(
                 record,
@@ -466,70 +464,6 @@ class Client:
                 "the run is kept and is sent again within lease_seconds once the broker is back"
             ) from None
 
-
-
-def _phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
-    """Declared phases with their state: the current one active (done once the
-    run completed), earlier ones done, the rest pending."""
-    rows: list[PhaseRow] = []
-    for phase in definition.phases:
-        started, finished = record.phase_times.get(phase.phase_id, (None, None))
-        if phase.phase_id == record.phase_id:
-            state = "done" if record.status == "completed" else "active"
-        else:
-            state = "done" if started is not None else "pending"
-        rows.append(PhaseRow(phase.phase_id, phase.title, phase.detail, state, from_ms(started), from_ms(finished)))
-    return rows
-
-
-def _agent_row(raw: str) -> dict[str, Any]:
-    """An agent row as SPEC §3 lists it, timestamps as aware datetimes."""
-    row = schema.parse_agent_row(raw)
-    row["started_at"] = from_ms(row["started_at"])
-    row["completed_at"] = from_ms(row["completed_at"])
-    return row
-
-
-def step_rows_in_order(stored: dict[str, str]) -> list[StepRow]:
-    """Stored step rows as the detail lists them: in the order they began, not the order they settled."""
-    rows = [(key, schema.StepRow.parse(key, raw)) for key, raw in stored.items()]
-    rows.sort(key=lambda pair: (pair[1].order(), pair[0]))
-    return [_to_step_row(key, row) for key, row in rows]
-
-
-def _step_row(key: str, raw: str) -> StepRow:
-    return _to_step_row(key, schema.StepRow.parse(key, raw))
-
-
-def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
-    return StepRow(
-        key=key,
-        status=row.status,
-        attempt=row.attempt,
-        error=row.error,
-        started_at=from_ms(row.started_at),
-        finished_at=from_ms(row.finished_at),
-    )
-
-
-def _resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed: bool) -> str:
-    """The system message of an allowed resume; raises for a refused one (SPEC §8 table)."""
-    status = record.status
-    if status in ("completed", "cancelled"):
-        raise WorkflowResumeError(f"Run {record.run_id} is {status} and cannot be resumed", code="non_resumable")
-    if status in ("running", "pending"):
-        if alive and not force:
-            raise WorkflowResumeError(
-                f"Run {record.run_id} is {status} and its attempt is alive (pass force=True to take over)",
-                code="already_active",
-            )
-        return "Run taken over by force" if alive else "Run recovered after its attempt died"
-    if status == "error" and record.reason == "nondeterminism" and not code_changed:
-        raise WorkflowResumeError(
-            f"Run {record.run_id} stopped on nondeterminism; resuming the same code would fail the same way",
-            code="non_resumable",
-        )
-    return f"Run resumed from {status}"
 
 
 def _plausible_run_id(run_id: str) -> bool:

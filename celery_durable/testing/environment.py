@@ -31,10 +31,10 @@ from typing import Any
 
 from celery_durable.agents import AgentRunner
 from celery_durable.broker.memory import MemoryRun
-from celery_durable.client import _agent_row, _phase_rows, _resume_verdict, _step_row
 from celery_durable.config import Settings
 from celery_durable.errors import RunNotFoundError, WorkflowDefinitionError, WorkflowResumeError
 from celery_durable.progress import check_phase_id, check_query, to_page
+from celery_durable.run_views import agent_row, phase_rows, resume_verdict, step_row
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import CrashPlan, CrashPoint
 from celery_durable.testing.fleet import FanoutMode, Fleet, Message, new_memory_run, new_task_id
@@ -188,7 +188,7 @@ class WorkflowTestEnvironment:
         epoch = run.resume(
             record,
             limits_json=jsonvalue.dumps(merged),
-            message=_resume_verdict(record, alive=alive, force=force, code_changed=code_changed),
+            message=resume_verdict(record, alive=alive, force=force, code_changed=code_changed),
             code_hash=definition.code_hash if code_changed else "",
             message_id=message,
             ceilings=ceilings_argument(merged),
@@ -280,13 +280,13 @@ class WorkflowTestEnvironment:
         """Phases, steps, agent rows and the latest progress, as ``Client.get_workflow_run_detail``."""
         run = self._stored(run_id)
         record = run.record()
-        steps = [_step_row(key, row) for key, row in run.step_rows().items()]
+        steps = [step_row(key, row) for key, row in run.step_rows().items()]
         steps.sort(key=lambda row: (row.started_at is None, row.started_at or _EPOCH, row.key))
-        agents = [_agent_row(row) for row in run.agent_rows().values()]
+        agents = [agent_row(row) for row in run.agent_rows().values()]
         agents.sort(key=lambda row: (row["started_at"] is None, row["started_at"] or _EPOCH, row["agent_id"]))
         return RunDetail(
             run=RunEnvelope.from_record(record),
-            phases=_phase_rows(self.workflows[record.workflow], record),
+            phases=phase_rows(self.workflows[record.workflow], record),
             steps=steps,
             progress=self.progress(run_id, limit=20).records,
             agents=agents,

@@ -1,0 +1,164 @@
+"""The journal hash (``P:{R}:journal``), op identities and sequences, and a
+run's signals hash: field names built here, and the history replay reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery_durable.errors import StorageCorruptError
+
+JOURNAL_FIELDS: dict[str, str] = {
+    "n:": "n:<seq>: ops recorded in the sequence",
+    "o:": "o:<seq>:<i>: op identity, '<epoch>:<identity>'",
+    "v:": "v:<key>: outcome of a step or task call",
+    "x:": "x:<seq>:<i>: value of a now()/uuid4()/wait op",
+    "r:": "r:<call>:<j>: outcome of a branch",
+    "c:": "c:<call>: branches outstanding",
+    "d:": "d:<call>: '<epoch>:<execution>' that dispatched the branches",
+    "s:": "s:<call>: epoch whose dispatch finished sending",
+    "h:": "h:<seq>: progress high-water mark",
+    "k:": "k:<seq>: cut '<epoch>:<op index>'",
+    "a:": "a:<id>: agent turn outcome",
+    "q:": "q:<id>: agent turn request",
+    "qe:": "qe:<id>: epoch that asked for the turn",
+    "w:": "w:<id>: owners waiting for the turn",
+    "wd:": "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none)",
+    "ce:": "ce:<key>: the epoch that published the task call <key>",
+}
+"""Every field prefix of the journal hash (see the module docstring)."""
+
+SIGNAL_FIELDS: dict[str, str] = {
+    "n:": "n:<name>: how many signals <name> arrived",
+    "p:": "p:<name>:<k>: the k-th one's JSON payload",
+    "t:": "t:<name>:<k>: when it arrived (ms)",
+    "k:": "k:<name>:<k>: the wait op '<seq>:<i>' that took it",
+}
+"""Every field prefix of a run's signals hash (``take_signal`` in ``_prelude.lua``)."""
+
+
+def op_field(seq: str, index: int) -> str:
+    return f"o:{seq}:{index}"
+
+
+def step_field(key: str) -> str:
+    return f"v:{key}"
+
+
+def value_field(seq: str, index: int) -> str:
+    return f"x:{seq}:{index}"
+
+
+def branch_field(call: str, branch: int) -> str:
+    return f"r:{call}:{branch}"
+
+
+def call_id(seq: str, index: int) -> str:
+    """The id of fan-out op ``index`` of ``seq``: its branches' outcomes and counters hang off it."""
+    return f"{seq}:{index}"
+
+
+def branch_seq(seq: str, index: int, branch: int) -> str:
+    return f"{seq}.{index}.{branch}"
+
+
+def branch_owner(call: str, branch: int) -> str:
+    return f"{call}/{branch}"
+
+
+MAIN = "m"
+"""The main body's sequence, and the coordinator as an owner."""
+
+POSITION_STRIDE = 1 << 20
+"""Progress positions are ``ops_before * STRIDE + n``: the n-th record logged
+after the sequence's ops_before-th op. Replays log the same records at the
+same positions, which is how they are recognised and not written twice."""
+
+
+def position(ops_before: int, logs_since_op: int) -> int:
+    return ops_before * POSITION_STRIDE + logs_since_op
+
+
+def cut_argument(index: int, at_position: int) -> str:
+    """The ``cut`` ARGV of the scripts that can re-run an older attempt's failure."""
+    return f"{index}:{at_position}"
+
+
+class Identity:
+    """Op identities as the journal keeps them (``o:`` fields)."""
+
+    @staticmethod
+    def step(key: str) -> str:
+        return f"s|{key}"
+
+    @staticmethod
+    def fanout(kind: str, width: int) -> str:
+        return f"{kind}|{width}"
+
+    NOW = "t|"
+    UUID = "u|"
+    SLEEP = "z|"
+
+    @staticmethod
+    def agent(agent_id: str) -> str:
+        return f"a|{agent_id}"
+
+    @staticmethod
+    def signal(name: str) -> str:
+        return f"g|{name}"
+
+    @staticmethod
+    def call(key: str) -> str:
+        return f"c|{key}"
+
+
+def describe(identity: str) -> str:
+    """An op identity as users read it in errors."""
+    kind, _, rest = identity.partition("|")
+    return {
+        "s": rest,
+        "p": f"parallel({rest})",
+        "l": f"pipeline({rest})",
+        "t": "now()",
+        "u": "uuid4()",
+        "a": f"agent turn {rest}",
+        "z": "sleep()",
+        "g": f"wait_for_signal({rest!r})",
+        "c": f"call {rest}",
+    }.get(kind, identity)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceHistory:
+    """One sequence as journaled: entries are (epoch, identity, value)."""
+
+    cut: tuple[int, int] | None
+    high_water: int
+    entries: list[tuple[int, str, str | None]]
+
+    def live_entries(self) -> list[tuple[str, str | None]]:
+        """The history replay must follow: entries up to the first dead one."""
+        live: list[tuple[str, str | None]] = []
+        for index, (epoch, identity, value) in enumerate(self.entries):
+            if self.cut is not None and index > self.cut[1] and epoch < self.cut[0]:
+                break
+            live.append((identity, value))
+        return live
+
+
+def parse_sequence(run_id: str, seq: str, reply: Sequence[Any]) -> SequenceHistory:
+    """The reply of ``read_sequence.lua``: cut, high-water mark, then entry/value pairs."""
+    try:
+        cut: tuple[int, int] | None = None
+        if reply[0]:
+            cut_epoch, cut_index = str(reply[0]).split(":", 1)
+            cut = (int(cut_epoch), int(cut_index))
+        entries: list[tuple[int, str, str | None]] = []
+        for i in range(2, len(reply), 2):
+            epoch, identity = str(reply[i]).split(":", 1)
+            value = reply[i + 1]
+            entries.append((int(epoch), identity, str(value) if value else None))
+        return SequenceHistory(cut=cut, high_water=int(reply[1]) if reply[1] else -1, entries=entries)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise StorageCorruptError(f"Journal of run {run_id} is corrupt in sequence {seq}: {exc!r}") from None

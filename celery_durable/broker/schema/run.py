@@ -1,0 +1,190 @@
+"""The run hash (``P:{R}:run``): every field, how a new run's is built, how it parses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from celery_durable.broker.records import STATUSES, RunRecord
+from celery_durable.broker.schema.rows import optional_ms
+from celery_durable.errors import StorageCorruptError
+
+RUN_FIELDS: dict[str, str] = {
+    "id": "the run id (scripts publish it on the events channel)",
+    "workflow": "workflow name",
+    "namespace": "namespace the run is listed in",
+    "status": "pending, running, completed, halted, paused, cancelled or error",
+    "epoch": "the fencing token: every write of an attempt names it",
+    "attempt": "attempts users see (the epoch may jump after a Redis restart)",
+    "incarnation": "Redis run_id under which the epoch was last bumped",
+    "reason": "stable code of a settled run's status, or ''",
+    "error": "human-readable error of a settled run, or ''",
+    "can_resume": "'1' when resume is allowed",
+    "args": "JSON arguments",
+    "limits": "JSON limits in force",
+    "has_result": "'1' when result holds the run's JSON result",
+    "result": "JSON result",
+    "code_hash": "hash of the workflow's code and meta",
+    "idempotency_key": "the start's idempotency key, or ''",
+    "created_at": "ms",
+    "started_at": "ms, or '' before the first activation",
+    "finished_at": "ms, or '' while the run can still run",
+    "updated_at": "ms of the last status change",
+    "phase": "title of the current phase",
+    "phase_id": "id of the current phase",
+    "ps:": "ps:<phase id>: ms the phase began",
+    "pe:": "pe:<phase id>: ms the phase ended",
+    "next_seq": "last progress seq handed out: the run's progress revision",
+    "progress_max": "progress records kept (0: all)",
+    "steps_done": "steps journaled as completed",
+    "steps_running": "rows in the running hash",
+    "agents_running": "agent turns holding a concurrency slot",
+    "agents_done": "agent turns finished",
+    "subagents_used": "agent turns dispatched (max_total_subagents counts these)",
+    "credits_nano": "AI credits used, in nano-credits",
+    "prompt_tokens": "agent prompt tokens used",
+    "completion_tokens": "agent completion tokens used",
+    "lim_concurrent": "max_concurrent_subagents ceiling, or ''",
+    "lim_total": "max_total_subagents ceiling, or ''",
+    "lim_credits_nano": "max_ai_credits ceiling in nano-credits, or ''",
+    "lim_timeout_ms": "timeout_seconds ceiling in ms, or ''",
+    "limit": "name of the ceiling reached, or ''",
+    "active_ms": "active time of attempts that ended",
+    "active_since": "ms the running attempt's active time began, or ''",
+    "cancel": "'1' once cancellation was requested",
+    "pause": "'1' once a pause was requested",
+    "lock": "token of the coordinator pass holding the activation lock, or ''",
+    "lock_until": "ms the lock expires",
+    "wake": "'1' when an activation arrived while the lock was held",
+    "lease_until": "ms the attempt's lease runs out",
+    "recoveries": "take-overs since the run last journaled something",
+    "refused": "writes the fence refused (stale epochs), for operators",
+    "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
+}
+"""Every field of the run hash and what it holds; prefixes end with ':'."""
+
+
+def new_run_fields(
+    *,
+    run_id: str,
+    workflow: str,
+    namespace: str,
+    args_json: str,
+    limits_json: str,
+    code_hash: str,
+    created_ms: int,
+    lease_ms: int,
+    idempotency_key: str | None,
+    progress_max: int,
+    ceilings: Mapping[str, str],
+) -> dict[str, str]:
+    """The run hash of a run that was just started (``create_run.lua`` adds
+    ``incarnation`` and ``attempt``)."""
+    return {
+        "id": run_id,
+        "workflow": workflow,
+        "namespace": namespace,
+        "status": "pending",
+        "epoch": "1",
+        "args": args_json,
+        "limits": limits_json,
+        "code_hash": code_hash,
+        "created_at": str(created_ms),
+        # A pending run is given one lease to be picked up before the
+        # recovery sweep considers its coordinator message lost.
+        "lease_until": str(created_ms + lease_ms),
+        "started_at": "",
+        "finished_at": "",
+        "can_resume": "0",
+        "has_result": "0",
+        "next_seq": "0",
+        "idempotency_key": idempotency_key or "",
+        "progress_max": str(progress_max),
+        **ceilings,
+    }
+
+
+def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
+    """A run hash as a ``RunRecord``; anything that does not fit is corruption, said as such."""
+    try:
+        phase_times: dict[str, tuple[int | None, int | None]] = {}
+        for name, value in raw.items():
+            if name.startswith(("ps:", "pe:")):
+                start, end = phase_times.get(name[3:], (None, None))
+                if name.startswith("ps:"):
+                    start = int(value)
+                else:
+                    end = int(value)
+                phase_times[name[3:]] = (start, end)
+        status = raw["status"]
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        has_result = raw.get("has_result") == "1"
+        limits = json.loads(raw.get("limits") or "{}")
+        if not isinstance(limits, dict):
+            raise ValueError("limits is not a JSON object")
+        return RunRecord(
+            run_id=run_id,
+            workflow=raw["workflow"],
+            namespace=raw["namespace"],
+            status=status,
+            epoch=int(raw["epoch"]),
+            attempt=int(raw.get("attempt") or raw["epoch"]),
+            reason=raw.get("reason") or None,
+            error=raw.get("error") or None,
+            can_resume=raw.get("can_resume") == "1",
+            args=json.loads(raw["args"]),
+            limits=limits,
+            has_result=has_result,
+            result=json.loads(raw["result"]) if has_result else None,
+            code_hash=raw.get("code_hash", ""),
+            created_at=int(raw["created_at"]),
+            started_at=_optional_int(raw.get("started_at")),
+            finished_at=_optional_int(raw.get("finished_at")),
+            phase=raw.get("phase") or None,
+            phase_id=raw.get("phase_id") or None,
+            steps_done=int(raw.get("steps_done") or 0),
+            steps_running=max(0, int(raw.get("steps_running") or 0)),
+            cancel_requested=raw.get("cancel") == "1",
+            pause_requested=raw.get("pause") == "1",
+            lease_until=int(raw.get("lease_until") or 0),
+            lock_until=int(raw.get("lock_until") or 0),
+            idempotency_key=raw.get("idempotency_key") or None,
+            phase_times=phase_times,
+            agents_running=max(0, int(raw.get("agents_running") or 0)),
+            agents_done=int(raw.get("agents_done") or 0),
+            subagents_used=int(raw.get("subagents_used") or 0),
+            credits_nano=int(raw.get("credits_nano") or 0),
+            limit_reached=raw.get("limit") or None,
+            waiting_for=_waiting(raw.get("waiting")),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
+
+
+def _optional_int(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
+def _waiting(raw: str | None) -> dict[str, Any] | None:
+    """snapshot.waiting_for as stored: {"kind", "name", "until" (ms, or absent)}."""
+    if not raw:
+        return None
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("kind") not in ("timer", "signal"):
+        raise ValueError(f"waiting {raw[:80]!r}")
+    until = data.get("until")
+    return {"kind": data["kind"], "name": str(data.get("name") or ""), "until": optional_ms(until)}
+
+
+def wait_outcome(raw: str) -> dict[str, Any]:
+    """A wait op's journaled outcome (wait.lua): {"fired": true} for a timer,
+    {"received": bool, "payload": ..., "index"?: k} for a signal."""
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+        return data
+    except (ValueError, TypeError) as exc:
+        raise StorageCorruptError(f"Journal entry is not a wait outcome celery-durable wrote: {raw[:80]!r}") from exc

@@ -1,0 +1,78 @@
+"""What the run detail and a resume read off a run's stored state (SPEC §3, §8).
+
+The client and the in-process test environment (``celery_durable.testing``)
+both show runs through these, so a run reads the same wherever it ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_durable.broker import RunRecord, schema
+from celery_durable.errors import WorkflowResumeError
+from celery_durable.workflows.definition import Workflow
+from celery_durable.workflows.envelope import PhaseRow, StepRow, from_ms
+
+
+def phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
+    """Declared phases with their state: the current one active (done once the
+    run completed), earlier ones done, the rest pending."""
+    rows: list[PhaseRow] = []
+    for phase in definition.phases:
+        started, finished = record.phase_times.get(phase.phase_id, (None, None))
+        if phase.phase_id == record.phase_id:
+            state = "done" if record.status == "completed" else "active"
+        else:
+            state = "done" if started is not None else "pending"
+        rows.append(PhaseRow(phase.phase_id, phase.title, phase.detail, state, from_ms(started), from_ms(finished)))
+    return rows
+
+
+def agent_row(raw: str) -> dict[str, Any]:
+    """An agent row as SPEC §3 lists it, timestamps as aware datetimes."""
+    row = schema.parse_agent_row(raw)
+    row["started_at"] = from_ms(row["started_at"])
+    row["completed_at"] = from_ms(row["completed_at"])
+    return row
+
+
+def step_rows_in_order(stored: dict[str, str]) -> list[StepRow]:
+    """Stored step rows as the detail lists them: in the order they began, not the order they settled."""
+    rows = [(key, schema.StepRow.parse(key, raw)) for key, raw in stored.items()]
+    rows.sort(key=lambda pair: (pair[1].order(), pair[0]))
+    return [_to_step_row(key, row) for key, row in rows]
+
+
+def step_row(key: str, raw: str) -> StepRow:
+    return _to_step_row(key, schema.StepRow.parse(key, raw))
+
+
+def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
+    return StepRow(
+        key=key,
+        status=row.status,
+        attempt=row.attempt,
+        error=row.error,
+        started_at=from_ms(row.started_at),
+        finished_at=from_ms(row.finished_at),
+    )
+
+
+def resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed: bool) -> str:
+    """The system message of an allowed resume; raises for a refused one (SPEC §8 table)."""
+    status = record.status
+    if status in ("completed", "cancelled"):
+        raise WorkflowResumeError(f"Run {record.run_id} is {status} and cannot be resumed", code="non_resumable")
+    if status in ("running", "pending"):
+        if alive and not force:
+            raise WorkflowResumeError(
+                f"Run {record.run_id} is {status} and its attempt is alive (pass force=True to take over)",
+                code="already_active",
+            )
+        return "Run taken over by force" if alive else "Run recovered after its attempt died"
+    if status == "error" and record.reason == "nondeterminism" and not code_changed:
+        raise WorkflowResumeError(
+            f"Run {record.run_id} stopped on nondeterminism; resuming the same code would fail the same way",
+            code="non_resumable",
+        )
+    return f"Run resumed from {status}"
