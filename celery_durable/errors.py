@@ -171,10 +171,6 @@ FATAL_ERRORS: tuple[type[Exception], ...] = (
 """Errors that abort a whole ``parallel``/``pipeline`` instead of filling a slot."""
 
 
-def is_fatal(error: BaseException) -> bool:
-    return isinstance(error, FATAL_ERRORS)
-
-
 def fatal_from_code(code: str, message: str, detail: str = "") -> Exception:
     """Rebuild a fatal error journaled as a branch outcome, from its stable code.
 

@@ -136,10 +136,6 @@ class RunHub:
                         if listener.run_id is None or listener.run_id == update.run_id:
                             listener.wake()
 
-    def _has_listeners(self) -> bool:
-        with self._lock:
-            return bool(self._listeners)
-
     def _wake_all(self) -> None:
         with self._lock:
             listeners = list(self._listeners)
