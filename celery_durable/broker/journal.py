@@ -153,6 +153,12 @@ class Journal(Protocol):
     @property
     def epoch(self) -> int: ...
 
+    def now_ms(self) -> int:
+        """The store's time, which its scripts compare due times with: replay
+        computes a wait's or a call's due time, and ``ctx.now()``, from it, so
+        an in-memory journal on a virtual clock skips time consistently."""
+        ...
+
     def read_sequence(self, seq: str) -> SequenceHistory:
         """The sequence's ops as journaled, with their values, cut and high-water mark."""
         ...

@@ -70,6 +70,9 @@ class MemoryJournal:
         if refusal is not None:
             refuse(self.run_id, [refusal])
 
+    def now_ms(self) -> int:
+        return self._run.clock()
+
     def read_sequence(self, seq: str) -> SequenceHistory:
         """read_sequence.lua; the reply parsed by the parser the Redis side uses."""
         with self._run.lock:

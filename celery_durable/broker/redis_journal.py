@@ -78,6 +78,9 @@ class RedisJournal:
     def epoch(self) -> int:
         return self._epoch
 
+    def now_ms(self) -> int:
+        return now_ms()
+
     def _fenced(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         reply = self._run(name, keys, args)
         refuse(self._run_id, reply)

@@ -1,14 +1,11 @@
-"""Virtual time for in-process runs: a clock a test moves, and due times that follow it.
+"""Virtual time for in-process runs: a clock a test moves.
 
 A run held in memory reads ``VirtualClock.now_ms`` wherever a script reads
 ``now`` on Redis (active time and so ``timeout_seconds``, liveness, progress
-times, whether a timer is due). Replay itself computes a wait's due time on
-the wall clock, as ``ctx.now()`` reads it (``workflows/waits.py`` calls
-``scripts.now_ms``), so ``VirtualTimeJournal`` moves each due time it is
-given by the time the test has skipped so far: ``ctx.sleep(60)`` is due 60
-seconds of virtual time after the call, however far the clock has jumped.
-A ``ctx.sleep_until`` time is taken on the wall clock too, like the
-``ctx.now()`` it is usually computed from.
+times, whether a timer is due), and replay reads it through its journal
+(``Journal.now_ms``: a wait's due time, ``ctx.now()``): ``ctx.sleep(60)``
+is due 60 seconds of virtual time after the call, however far the clock has
+jumped, and ``ctx.now()`` tells the virtual time.
 """
 
 from __future__ import annotations
@@ -17,8 +14,6 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from celery_durable.broker.journal import Conflict, WaitResult
-from celery_durable.broker.memory import MemoryJournal, MemoryRun
 from celery_durable.broker.scripts import now_ms
 
 
@@ -70,17 +65,3 @@ class VirtualClock:
             self._offset_ms += ms
         if self._on_advance is not None:
             self._on_advance()
-
-
-class VirtualTimeJournal(MemoryJournal):
-    """A ``MemoryJournal`` whose waits are due on the run's virtual clock (module docstring)."""
-
-    def __init__(self, run: MemoryRun, epoch: int, clock: VirtualClock) -> None:
-        super().__init__(run, epoch)
-        self._clock = clock
-
-    def wait(
-        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
-    ) -> WaitResult | Conflict:
-        due = None if due_ms is None else due_ms + self._clock.offset_ms
-        return super().wait(seq, index, identity, kind, name, due, owner)

@@ -27,8 +27,8 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.memory import MemoryRun
-from celery_durable.testing.clock import VirtualClock, VirtualTimeJournal
+from celery_durable.broker.memory import MemoryJournal, MemoryRun
+from celery_durable.testing.clock import VirtualClock
 
 
 class SimulatedCrash(BaseException):
@@ -79,16 +79,16 @@ class CrashPlan:
         raise SimulatedCrash(f"simulated crash {moment} step {key!r}")
 
 
-class CrashingJournal(VirtualTimeJournal):
-    """The environment's journal: a ``MemoryJournal`` on virtual time that dies
-    at the plan's crash points.
+class CrashingJournal(MemoryJournal):
+    """The environment's journal: a ``MemoryJournal`` (on the run's virtual
+    clock) that dies at the plan's crash points.
 
     It subclasses the journal, so a method the protocol gains later is there
     at once (journaling on, with no crash check until one is added here).
     """
 
     def __init__(self, run: MemoryRun, epoch: int, plan: CrashPlan, clock: VirtualClock) -> None:
-        super().__init__(run, epoch, clock)
+        super().__init__(run, epoch)
         self._plan = plan
 
     def begin(self, seq: str, call: BeginCall) -> Began:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Conflict
 from celery_durable.broker.schema import Identity
-from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
@@ -96,7 +95,7 @@ class CallOps:
         replay.flush(cursor)
         if not journaled:
             replay.check_pause(cursor)
-        now = now_ms()
+        now = replay.journal.now_ms()
         due = due_from(now)
         op = schema.call_id(cursor.seq, cursor.index)
         running = schema.StepRow.running(replay.run.attempt, now, op)

@@ -91,6 +91,9 @@ class StickyJournal:
     def epoch(self) -> int:
         return self._inner.epoch
 
+    def now_ms(self) -> int:
+        return self._inner.now_ms()
+
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:
             return call()

@@ -124,7 +124,8 @@ class StepOps:
     # -- replay-safe values ----------------------------------------------------------
 
     def now(self) -> datetime:
-        raw = self._value_op(Identity.NOW, lambda: datetime.now(UTC).isoformat())
+        clock = self._replay.journal
+        raw = self._value_op(Identity.NOW, lambda: datetime.fromtimestamp(clock.now_ms() / 1000, tz=UTC).isoformat())
         return datetime.fromisoformat(raw)
 
     def uuid4(self) -> uuid.UUID:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Conflict
 from celery_durable.broker.schema import Identity
-from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
 from celery_durable.names import SIGNAL_NAME_MAX, SIGNAL_NAME_PATTERN, name_rule
 
@@ -87,7 +86,7 @@ class WaitOps:
         replay.flush(cursor)
         if not journaled:
             replay.check_pause(cursor)
-        due: int | None = due_from(now_ms())
+        due: int | None = due_from(replay.journal.now_ms())
         result = replay.journal.wait(cursor.seq, cursor.index, identity, kind, name, due, cursor.owner)
         if isinstance(result, Conflict):
             replay.conflict(cursor, result, identity)

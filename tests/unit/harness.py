@@ -18,9 +18,9 @@ from typing import Any
 
 from celery_durable import Workflow
 from celery_durable.broker import Flags, schema
-from celery_durable.broker.memory import MemoryRun
+from celery_durable.broker.memory import MemoryJournal, MemoryRun
 from celery_durable.broker.store import Signalled
-from celery_durable.testing.clock import VirtualClock, VirtualTimeJournal
+from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.fleet import new_memory_run, settle
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.fanout import BranchTarget
@@ -74,8 +74,8 @@ class Driver:
     def epoch(self) -> int:
         return self.run.record().epoch
 
-    def journal(self) -> VirtualTimeJournal:
-        return VirtualTimeJournal(self.run, self.epoch, self.clock)
+    def journal(self) -> MemoryJournal:
+        return MemoryJournal(self.run, self.epoch)
 
     def replay(self, **extra: Any) -> Replay:
         record = self.run.record()
@@ -89,7 +89,7 @@ class Driver:
 
         options: dict[str, Any] = {"send_branches": send_branches, "token": self.execution, **extra}
         self.last = Replay(
-            journal=VirtualTimeJournal(self.run, record.epoch, self.clock),
+            journal=MemoryJournal(self.run, record.epoch),
             run=record,
             workflow=self.workflow,
             max_fanout=4096,
