@@ -114,15 +114,22 @@ def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flowe
         mine = [task for task in tasks if run_id in str(task.get("kwargs") or "")]
         done = [task for task in mine if task.get("state") == "SUCCESS"]
         names = sorted(task["name"] for task in done)
-        # Two coordinator passes (before and after the fan-out), three branches.
-        return done if names == ["celery_durable.branch"] * 3 + ["celery_durable.coordinator"] * 2 else []
+        # Two coordinator passes (before and after the fan-out), three branches:
+        # each shown as what it does for which workflow (Celery's shadow name).
+        expected = ["phased · branches of m:1"] * 3 + ["phased · coordinator"] * 2
+        return done if names == expected else []
 
     tasks = poll("the run's tasks in /api/tasks", run_tasks)
     for task in tasks:
         assert task["worker"] == hostname
         assert f"'run_id': '{run_id}'" in task["kwargs"]
         assert "'epoch': 1" in task["kwargs"] and "'workflow': 'phased'" in task["kwargs"]
-        if task["name"] == "celery_durable.branch":
-            assert "'call': 'm:1'" in task["kwargs"] and "'branches': [" in task["kwargs"]
+        if "branches" in task["name"]:
+            # The branch's sequence is where its step keys are journaled: Flower's search finds it.
+            assert "'call': 'm:1'" in task["kwargs"] and "'sequences': ['m.1." in task["kwargs"]
     detail = flower.get(f"/api/task/info/{tasks[0]['uuid']}")
     assert detail["name"] == tasks[0]["name"] and run_id in detail["kwargs"]
+    found = flower.get(f"/api/tasks?search={run_id}&limit=100")
+    assert {task["uuid"] for task in tasks} <= set(found), "Flower's search finds a run's tasks by its id"
+    found = flower.get("/api/tasks?search=m.1.2&limit=100")
+    assert any(run_id in str(found[uuid].get("kwargs")) for uuid in found), "... and by a branch's sequence"
