@@ -21,7 +21,7 @@ from kombu.asynchronous import set_event_loop
 from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
 
-pytest_plugins = ["tests.fleet"]
+pytest_plugins = ["tests.fleet", "tests.topologies"]
 
 
 @contextlib.contextmanager
@@ -38,8 +38,15 @@ def worker_thread(engine: Engine, *, concurrency: int = 8, pool: str = "threads"
     ``start_worker`` also leaves Celery's process-wide ``should_terminate``
     flag set when a worker fails to stop in time, and every later in-process
     worker then hangs at start; resetting it keeps a failure where it happened.
+
+    On an AMQP broker an idle worker's loop sleeps in its poll until the next
+    timer, up to 10 s, before it sees that flag; an AMQP heartbeat checked every
+    second is such a timer, so a test's worker stops within a second.
     """
     set_event_loop(None)
+    with engine.celery.connection_for_read() as connection:
+        if connection.transport.driver_type == "amqp":
+            engine.celery.conf.broker_heartbeat = 2
     try:
         with start_worker(
             engine.celery,

@@ -104,13 +104,19 @@ def fanout_call(store: RunStore, run_id: str) -> str:
 
 def queues_empty(raw: redis.Redis, settings: Settings, *, steps: bool = True) -> bool:
     """No message of this test waiting in its queues nor delivered and unacknowledged
-    (acks are late: a task is acknowledged when it returns)."""
+    (acks are late: a task is acknowledged when it returns). ``raw`` is the
+    journal's Redis; the broker is read where ``broker_url`` says, when that is
+    another Redis (as beside a Redis Cluster journal)."""
     ours = {settings.coordinator_queue, settings.steps_queue} if steps else {settings.coordinator_queue}
-    if any(raw.llen(queue) for queue in ours):
-        return False
-    # Kombu's Redis transport keeps delivered, unacknowledged messages in one
-    # hash: [payload, exchange, routing key], the routing key being the queue.
-    return not any(json.loads(entry)[2] in ours for entry in raw.hvals("unacked"))
+    with contextlib.ExitStack() as stack:
+        broker = raw
+        if settings.broker_url and settings.broker_url != settings.redis_url:
+            broker = stack.enter_context(redis.Redis.from_url(settings.broker_url, decode_responses=True))
+        if any(broker.llen(queue) for queue in ours):
+            return False
+        # Kombu's Redis transport keeps delivered, unacknowledged messages in one
+        # hash: [payload, exchange, routing key], the routing key being the queue.
+        return not any(json.loads(entry)[2] in ours for entry in broker.hvals("unacked"))
 
 
 @contextlib.contextmanager

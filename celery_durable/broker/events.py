@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from celery_durable.broker.store import storage_errors
+from celery_durable.broker.store import RedisClient, storage_errors
 
 SUBSCRIBE_TIMEOUT = 10.0
 
@@ -52,9 +52,13 @@ class RunWatch:
     The subscription is confirmed by Redis before the constructor returns, so
     whatever a caller reads after creating the watch cannot miss a change made
     after that read.
+
+    On a Redis Cluster the subscription is held by one node (the one serving
+    the channel name's slot): a PUBLISH made by a script on any node reaches
+    every node's subscribers over the cluster bus.
     """
 
-    def __init__(self, client: redis.Redis, channel: str, run_ids: Collection[str] | None = None) -> None:
+    def __init__(self, client: RedisClient, channel: str, run_ids: Collection[str] | None = None) -> None:
         self.channel = channel
         self.run_ids = frozenset(run_ids) if run_ids is not None else None
         self._closed = threading.Event()

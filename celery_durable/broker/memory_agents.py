@@ -35,8 +35,10 @@ class MemoryAgentTurns:
         self, epoch: int, agent_id: str, token: str, resend: str = "", delay_ms: int = 0
     ) -> tuple[str, str | None]:
         """agent_start.lua: ('go', request json), ('wait', None) — the turn comes
-        back as message ``resend`` in ``delay_ms`` — or ('done', None); a turn this
-        attempt did not ask for is refused (``StaleAttemptError``) as on Redis."""
+        back as message ``resend`` in ``delay_ms`` —, ('done', None) or
+        ('running', None) — message ``token`` runs the turn already, and this is
+        the broker delivering it again —; a turn this attempt did not ask for is
+        refused (``StaleAttemptError``) as on Redis."""
         with self.lock:
             self._fence(epoch)
             state, run, journal, e = self.state, self.state.run, self.state.journal, str(epoch)
@@ -52,6 +54,8 @@ class MemoryAgentTurns:
             assert request is not None
             row_key = schema.agent_row_key(agent_id, epoch)
             row = json.loads(state.agents.get(row_key) or "{}")
+            if row.get("status") == "running" and state.live.get(token, "").startswith("x|"):
+                return "running", None  # its first delivery's heartbeat speaks for the turn
             ceiling = run.get("lim_concurrent")
             # A second delivery of a running turn never runs one turn twice at
             # once; at the ceiling, a turn waits for a slot.

@@ -11,9 +11,10 @@ import time
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
@@ -65,11 +66,20 @@ def script_source(name: str) -> str:
 
 
 class Scripts:
-    """The registered scripts of one client; redis-py caches them by SHA."""
+    """The registered scripts of one client; redis-py caches them by SHA.
 
-    def __init__(self, client: redis.Redis) -> None:
+    On a Redis Cluster a script is sent to the node serving its keys' slot
+    (redis-py refuses keys of several slots before sending; the node refuses
+    a key of another slot that a script builds itself) and, on first use,
+    loaded on every master.
+    """
+
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+        # redis-py types register_script for Redis alone; a Script only calls
+        # evalsha and script_load, which RedisCluster routes by slot.
+        registrar = cast(redis.Redis, client)
         self._scripts: dict[str, Script] = {
-            name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
+            name: registrar.register_script(script_source(name)) for name in SCRIPT_NAMES
         }
 
     def __getitem__(self, name: str) -> Script:

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import redis
 import redis.exceptions
+from redis.cluster import RedisCluster
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Flags
@@ -101,6 +102,10 @@ def storage_errors() -> Iterator[None]:
     except redis.exceptions.RedisError as exc:
         # InvalidResponse and the like: the conversation broke, not the data.
         raise StorageUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from None
+    except redis.exceptions.RedisClusterException as exc:
+        # No RedisError: the cluster client found no node for a slot, or none
+        # of the nodes it knows answers. The slot may be served again later.
+        raise StorageUnavailableError(f"Redis Cluster cannot serve the journal now: {exc}") from None
     except UnicodeDecodeError as exc:
         # A stored value that is not UTF-8: nothing celery-durable writes.
         # redis-py drops the connection it was reading from, so the next call
@@ -108,22 +113,40 @@ def storage_errors() -> Iterator[None]:
         raise StorageCorruptError(f"Redis holds a value that is not UTF-8 text: {exc}") from None
 
 
-class RunStore:
-    """Runs, journals, progress and fencing on one Redis."""
+RedisClient = redis.Redis | RedisCluster
+"""One Redis, or a Redis Cluster (``settings.redis_cluster``). Both speak the
+same commands; on a cluster each script runs on the node that serves its
+keys' slot, which is why every script is given keys of one hash tag only."""
 
-    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
+
+def connect(settings: Settings) -> RedisClient:
+    """The journal's client, as ``settings`` describe it.
+
+    Every call answers within the operation timeout, or fails with
+    ``StorageUnavailableError``: a stalled Redis must not hang callers, and a
+    worker must learn of it while its lease can still be defended. A cluster
+    client reads the slot map from ``redis_url``'s node when it is made, and
+    again whenever a node answers MOVED or stops answering.
+    """
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": settings.redis_timeout_seconds,
+        "socket_timeout": settings.redis_timeout_seconds,
+        "health_check_interval": 30,
+    }
+    if settings.redis_cluster:
+        with storage_errors():
+            return RedisCluster.from_url(settings.redis_url, **options)
+    return redis.Redis.from_url(settings.redis_url, **options)
+
+
+class RunStore:
+    """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
+
+    def __init__(self, settings: Settings, client: RedisClient | None = None) -> None:
         self.settings = settings
         self.keys = KeySpace(settings.key_prefix)
-        # Every call answers within the operation timeout, or fails with
-        # StorageUnavailableError: a stalled Redis must not hang callers, and a
-        # worker must learn of it while its lease can still be defended.
-        self.client: redis.Redis = client or redis.Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=settings.redis_timeout_seconds,
-            socket_timeout=settings.redis_timeout_seconds,
-            health_check_interval=30,
-        )
+        self.client: RedisClient = client or connect(settings)
         self._scripts = Scripts(self.client)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -323,7 +346,8 @@ class RunStore:
         self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int
     ) -> tuple[str, str | None]:
         """('go', request json), ('wait', None): the turn comes back as message
-        ``resend`` in ``delay_ms``, ('done', None) or ('stale', None)."""
+        ``resend`` in ``delay_ms``, ('done', None), ('running', None): message
+        ``token`` runs the turn already (a redelivery), or ('stale', None)."""
         k = self.run_keys(run_id)
         reply = self._run(
             "agent_start",

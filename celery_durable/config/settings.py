@@ -25,6 +25,13 @@ class Settings(BaseSettings):
 
     redis_url: str = Field(default="redis://localhost:6379/0", description="The journal store.")
     broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url.")
+    redis_cluster: bool = Field(
+        default=False,
+        description=(
+            "The journal is a Redis Cluster and redis_url names any of its nodes. The broker cannot be one "
+            "(kombu has no Redis Cluster transport): broker_url must then name a single Redis or a RabbitMQ."
+        ),
+    )
     namespace: str = Field(default="default", description="The namespace a client uses when none is given.")
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every Redis key celery-durable writes.")
     coordinator_queue: str = "durable.coordinator"
@@ -128,6 +135,14 @@ class Settings(BaseSettings):
         queues = {self.coordinator_queue, self.steps_queue, self.agents_queue}
         if len(queues) != 3:
             raise ValueError("coordinator_queue, steps_queue and agents_queue must differ")
+        if self.redis_cluster and not self.broker_url:
+            # Celery would otherwise use a cluster node as its broker: kombu
+            # speaks to one Redis, and a node refuses every key of a slot it
+            # does not serve.
+            raise ValueError(
+                "redis_cluster needs broker_url: kombu has no Redis Cluster transport, "
+                "so the broker must be a single Redis or a RabbitMQ"
+            )
         return self
 
     @property

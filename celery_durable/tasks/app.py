@@ -37,6 +37,7 @@ AGENT_TASK = "celery_durable.agent"
 CALL_RESULT_TASK = "celery_durable.call_result"
 CALL_FAILED_TASK = "celery_durable.call_failed"
 JSON = "application/json"
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
 def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery:
@@ -54,10 +55,20 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         worker_hijack_root_logger=False,
         task_send_sent_event=True,
     )
-    if urlsplit(settings.effective_broker_url).scheme in ("redis", "rediss"):
+    scheme = urlsplit(settings.effective_broker_url).scheme
+    if scheme in ("redis", "rediss"):
         # Kombu's Redis transport, except that a frame that is not a message
         # is dropped instead of stopping the worker (tasks/transport.py).
         app.conf.broker_transport = TRANSPORT
+    elif scheme in AMQP_SCHEMES:
+        # After a reconnect Celery 5.7 lowers the prefetch count and raises it
+        # again from the callback of each task that ends; under the threads
+        # pool that runs in a pool thread, whose basic.qos then reads the
+        # socket the consumer's own loop reads, and the worker never takes a
+        # message again (tests/test_broker_restart.py). Without the reduction
+        # a reconnected worker takes its full count at once; what it holds
+        # beyond its free slots waits in it, as its prefetch always may.
+        app.conf.worker_enable_prefetch_count_reduction = False
     return app
 
 

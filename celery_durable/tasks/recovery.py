@@ -32,7 +32,6 @@ plain ``celery -A``, or ``start_worker`` in tests).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import random
@@ -81,7 +80,10 @@ class RecoverySweep:
         self.worker_id = worker_id
         """Who beats for this worker (``<hostname>/<pid>``); '' for a sweep without a worker."""
         self._worker_running = worker_running
-        self._empty_queues = empty_queues or functools.partial(broker_empty_queues, engine)
+        self._broker_queues: BrokerQueues | None = None
+        if empty_queues is None:
+            self._broker_queues = empty_queues = BrokerQueues(engine)
+        self._empty_queues = empty_queues
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._random = random.Random()  # never the global one: user code may seed or rely on it
@@ -206,13 +208,17 @@ class RecoverySweep:
             logger.warning("worker %s stopped beating; %d of its messages were lost", worker, sum(lost.values()))
 
     def _watch_queues(self) -> None:
-        while not self._stop.wait(self.interval):
-            if not self._worker_running():
-                return
-            try:
-                self.report_empty_queues()
-            except StorageError as exc:
-                logger.warning("could not record which queues are empty: %s", exc)
+        try:
+            while not self._stop.wait(self.interval):
+                if not self._worker_running():
+                    return
+                try:
+                    self.report_empty_queues()
+                except StorageError as exc:
+                    logger.warning("could not record which queues are empty: %s", exc)
+        finally:
+            if self._broker_queues is not None:
+                self._broker_queues.close()
 
     def report_empty_queues(self) -> None:
         at = now_ms()
@@ -284,28 +290,62 @@ class RecoverySweep:
         self.engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
 
 
-def broker_empty_queues(engine: Engine) -> list[str]:
-    """The engine's queues in which the broker holds no message now.
+class BrokerQueues:
+    """Which of the engine's queues the broker holds no message in, now.
 
     A passive declare counts a queue's ready messages on RabbitMQ and on
     kombu's Redis transport alike; a queue that does not exist (Redis drops
-    an empty list) holds none.
+    an empty list) holds none. RabbitMQ answers that with a 404 and closes
+    the channel it came on, so the next question takes a new channel.
+
+    The connection is kept from one call to the next: the sweep asks twice a
+    second in every worker, and RabbitMQ pays for each connection opened and
+    closed (a handshake, and two lines in its log) far more than for a
+    declare. A connection that failed is dropped, and the next call opens one.
+    Called from one thread at a time (the sweep's queue watcher).
     """
-    settings = engine.settings
-    empty: list[str] = []
-    with engine.celery.connection_for_read() as connection:
-        for queue in (settings.coordinator_queue, settings.steps_queue, settings.agents_queue):
-            channel = connection.channel()
-            try:
-                _, count, _ = channel.queue_declare(queue=queue, passive=True)
-            except connection.channel_errors:
-                count = 0  # no such queue: nothing waits in it
-            finally:
-                with contextlib.suppress(Exception):
-                    channel.close()
-            if count == 0:
-                empty.append(queue)
-    return empty
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._connection: Any = None
+        self._channel: Any = None
+
+    def __call__(self) -> list[str]:
+        settings = self._engine.settings
+        try:
+            return [
+                queue
+                for queue in (settings.coordinator_queue, settings.steps_queue, settings.agents_queue)
+                if self._count(queue) == 0
+            ]
+        except Exception:
+            self.close()
+            raise
+
+    def _count(self, queue: str) -> int:
+        if self._connection is None:
+            self._connection = self._engine.celery.connection_for_read()
+        if self._channel is None:
+            self._channel = self._connection.channel()
+        try:
+            _, count, _ = self._channel.queue_declare(queue=queue, passive=True)
+        except self._connection.channel_errors:
+            self._drop_channel()
+            return 0  # no such queue: nothing waits in it
+        return int(count)
+
+    def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close()
+
+    def close(self) -> None:
+        self._drop_channel()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.release()
 
 
 def install(engine: Engine) -> None:

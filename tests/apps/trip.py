@@ -15,13 +15,12 @@ import time
 import uuid
 from typing import Any
 
-import redis
-
 from celery_durable import Engine, Settings, WorkflowContext, workflow
+from tests.apps import side_redis
 
 SERVICES = ("flight", "hotel", "car")
 settings = Settings()
-_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+_redis = side_redis(settings)
 
 
 def provider_key(prefix: str, service: str, what: str) -> str:

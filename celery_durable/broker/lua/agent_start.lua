@@ -8,7 +8,8 @@
 -- ARGV[5] lease ttl (ms), ARGV[6] task id of the message that comes back
 -- on 'wait', ARGV[7] ms until that message is due
 -- Returns {'go', request json}, {'wait'}, {'done'} (already journaled),
--- {'stale'}, or {refusal}.
+-- {'running'} (this very message runs the turn already), {'stale'}, or
+-- {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local now = tonumber(ARGV[2])
@@ -25,6 +26,16 @@ if not request or redis.call('HGET', KEYS[2], 'qe:' .. id) ~= ARGV[1] then
 end
 local row_key = id .. '@' .. ARGV[1]
 local row = cjson.decode(redis.call('HGET', KEYS[3], row_key) or '{}')
+-- The broker delivered this message again while its first delivery's turn
+-- runs, or after the worker running it died: RabbitMQ gives a dead worker's
+-- unacknowledged messages back at once (Redis after its visibility timeout).
+-- Its running entry, the same task id, is left to its heartbeat: renewed, the
+-- first delivery finishes the turn; stale, the attempt is dead and a take-over
+-- runs the turn again. Replacing it with a message queued for later would keep
+-- a dead turn looking alive for ever.
+if row['status'] == 'running' and string.sub(redis.call('HGET', KEYS[4], ARGV[4]) or '', 1, 2) == 'x|' then
+  return {'running'}
+end
 local f = redis.call('HMGET', KEYS[1], 'lim_concurrent', 'agents_running')
 -- A second delivery of a turn that is running (or whose worker died; the
 -- take-over will tell) never runs one turn twice at once; at the ceiling, a

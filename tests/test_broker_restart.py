@@ -1,0 +1,103 @@
+"""A broker restart loses no acknowledged run (issue 14).
+
+The broker here is a private server of its own, apart from the journal (the
+session's Redis), so it can be killed and started again mid-run: a Redis with
+its append-only file (fsync on every write), or a RabbitMQ whose queues are
+durable and whose messages are persistent (Celery's defaults). Runs are
+started first -- each ``start_workflow`` returned, so each run is
+acknowledged -- and the broker dies while some are done, some running and
+some still queued in it.
+
+Every run then completes. Messages that were in the broker come back with it;
+one that was being published, or held by a worker that lost its connection,
+is found missing by liveness (its queue holds nothing, and it never started)
+and the run is taken over. A worker that exits instead of reconnecting (Celery
+5.7 does so when its Redis broker drops while it runs a task, see
+test_redis_durability) is started again, as a process supervisor would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from celery_durable import Engine, Settings, is_terminal_status
+from celery_durable.redis_server import RedisServer
+from tests.apps.basic import fan
+from tests.fleet import Fleet
+from tests.topologies import RabbitMQServer, find_rabbitmq_server, unavailable
+
+APP = "tests.apps.basic:engine"
+RUNS = 8
+DOWN_SECONDS = 1.0
+
+
+class Broker(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    def kill(self) -> None: ...
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+@pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.slow)])
+def private_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    broker: Broker
+    if request.param == "redis":
+        broker = RedisServer(tmp_path / "broker", appendfsync="always")
+    else:
+        binary = find_rabbitmq_server()
+        if binary is None:
+            unavailable("no rabbitmq-server is installed: a private RabbitMQ cannot be started and restarted")
+        broker = RabbitMQServer(tmp_path / "rabbitmq", binary)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_a_broker_restart_mid_run_loses_no_acknowledged_run(
+    settings: Settings, fleet: Fleet, private_broker: Broker
+) -> None:
+    settings = settings.model_copy(update={"broker_url": private_broker.url})
+    fleet.settings = settings
+    client = Engine([fan], settings).client()
+    worker = fleet.start(APP, concurrency=4)
+    run_ids = [client.start_workflow("fan", args={"count": 4, "seconds": 0.3}) for _ in range(RUNS)]
+
+    deadline = time.monotonic() + 60
+    while client.get_workflow_run(run_ids[0]).status != "completed":
+        assert time.monotonic() < deadline, "the first run never completed"
+        time.sleep(0.02)
+    before = [client.get_workflow_run(run_id).status for run_id in run_ids]
+    private_broker.kill()
+    time.sleep(DOWN_SECONDS)
+    private_broker.start()
+
+    restarts = 0
+    deadline = time.monotonic() + 90
+    while True:
+        statuses = [client.get_workflow_run(run_id).status for run_id in run_ids]
+        if all(is_terminal_status(status) for status in statuses):
+            break
+        assert time.monotonic() < deadline, f"runs still not settled: {statuses}"
+        if not worker.alive():  # what a process supervisor does
+            worker = fleet.start(APP, concurrency=4, name=f"w{restarts + 2}")
+            restarts += 1
+        time.sleep(0.1)
+
+    envelopes = [client.get_workflow_run(run_id) for run_id in run_ids]
+    assert [e.status for e in envelopes] == ["completed"] * RUNS, [e.error for e in envelopes]
+    assert all(len(e.result) == 4 for e in envelopes)
+    print(
+        f"\nbroker restart: runs when it died {sorted(before)}; attempts {[e.attempt for e in envelopes]}; "
+        f"worker restarts {restarts}"
+    )

@@ -1,0 +1,217 @@
+"""A Redis Cluster as the journal (``redis_cluster=True``, SPEC §10).
+
+Three private masters (``redis_cluster``, tests/topologies.py) hold the
+journal; the broker stays the session's single Redis, as it must: kombu has no
+Redis Cluster transport. The lifecycle, recovery and fencing tests, and the
+journal contract tests, run here again, imported, with ``settings`` and
+``raw_redis`` pointing at the cluster.
+
+A Redis Cluster refuses a script whose keys map to more than one slot: redis-py
+refuses to send one whose KEYS span slots, and the node refuses a key of
+another slot that a script builds itself ("Script attempted to access a non
+local key"). So every test here that passes is also a proof that the scripts
+it ran each touched one slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.cluster import RedisCluster
+
+from celery_durable import Settings, StorageUnavailableError, WorkflowContext, WorkflowResumeError, workflow
+from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
+from celery_durable.tasks.recovery import RecoverySweep
+from tests.conftest import DurableFactory
+from tests.contract import test_calls, test_journal, test_waits
+from tests.contract.conftest import BackendFactory, RedisBackend, both  # noqa: F401
+from tests.test_agents import (  # noqa: F401
+    test_an_agent_turn_is_journaled_and_identical_calls_are_memoized,
+    test_pause_lets_work_in_flight_finish_and_resume_continues,
+)
+from tests.test_fencing import (  # noqa: F401
+    _reset_shared_state,
+    test_a_frozen_worker_taken_over_by_force_is_fenced_out_when_it_wakes,
+    test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing,
+    test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one,
+    test_messages_of_an_older_epoch_are_refused_and_counted,
+)
+from tests.test_lifecycle import (  # noqa: F401
+    test_cancel_a_run_waiting_on_a_parallel_fan_out,
+    test_idempotency_key_is_scoped_to_the_namespace,
+    test_list_workflow_runs_newest_first_with_filters_and_paging,
+    test_progress_paging,
+    test_resume_after_a_failed_step_reruns_only_that_step,
+    test_start_returns_at_once_and_wait_returns_the_terminal_envelope,
+)
+from tests.test_recovery import (  # noqa: F401
+    test_many_sweepers_take_a_dead_run_over_exactly_once,
+    test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
+)
+from tests.test_retention import test_expired_runs_leave_the_index_and_free_their_idempotency_key  # noqa: F401
+from tests.topologies import RedisClusterNodes, keys_per_node, node_client
+
+# Every journal contract test, on the cluster (the memory journal is held to
+# the same answers in tests/contract itself).
+globals().update(
+    {
+        name: test
+        for module in (test_journal, test_calls, test_waits)
+        for name, test in vars(module).items()
+        if name.startswith("test_") and callable(test)
+    }
+)
+
+
+@pytest.fixture
+def settings(settings: Settings, redis_cluster: RedisClusterNodes, redis_server: Any) -> Settings:
+    """conftest's settings (this test's key prefix and queue names), with the
+    journal on the cluster and the broker on the session's single Redis."""
+    return settings.model_copy(
+        update={"redis_url": redis_cluster.url, "redis_cluster": True, "broker_url": redis_server.url}
+    )
+
+
+@pytest.fixture
+def raw_redis(redis_cluster: RedisClusterNodes) -> Iterator[RedisCluster]:
+    client = redis_cluster.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_backend(settings: Settings) -> BackendFactory:
+    """The contract tests' run, on the cluster only."""
+    return lambda limits=None: RedisBackend(settings, limits)
+
+
+# -- where the keys live -------------------------------------------------------------------
+
+
+@workflow(name="two-steps", description="Two quick steps", phases=[])
+def two_steps(ctx: WorkflowContext) -> Any:
+    return [ctx.step("one", lambda: 1), ctx.step("two", lambda: 2)]
+
+
+def test_runs_spread_over_the_masters_and_every_script_touches_one_slot(
+    durable: DurableFactory, redis_cluster: RedisClusterNodes
+) -> None:
+    """Each run's keys share the hash tag ``{run_id}``, so runs land on every
+    master and one run's keys all on one. The cluster refuses any script that
+    touches keys of two slots, so these runs completing, like every other test
+    in this module passing, proves the scripts they ran touch one slot each."""
+    d = durable([two_steps])
+    run_ids = [d.client.start_workflow("two-steps") for _ in range(40)]
+    for run_id in run_ids:
+        envelope = d.client.wait_for_workflow_run(run_id, timeout=30)
+        assert (envelope.status, envelope.result) == ("completed", [1, 2]), envelope.error
+
+    prefix = d.settings.key_prefix
+    per_node = keys_per_node(redis_cluster, f"{prefix}:*:run")
+    assert sum(per_node) == len(run_ids)
+    assert all(count > 0 for count in per_node), f"runs per master: {per_node}"
+    for run_id in run_ids[:5]:
+        keys = d.engine.store.run_keys(run_id)
+        owner = redis_cluster.node_of(keys.run)
+        assert {redis_cluster.node_of(key).port for key in (keys.journal, keys.progress, keys.live)} == {owner.port}
+    listed = {run.run_id for run in d.client.list_workflow_runs(limit=100).runs}
+    assert listed == set(run_ids)  # one page read from the runs of every master
+
+
+def test_the_sweep_reads_the_fleet_and_halts_runs_across_slots(
+    durable: DurableFactory, raw_redis: RedisCluster
+) -> None:
+    """The sweep's keys live in slots of their own ({sweep}, {fleet}), apart
+    from every run's: a worker that stopped beating is found in {fleet} and its
+    queued message marked lost in the run's slot, one script per slot."""
+    d = durable([two_steps], worker=False, auto_recover=False)
+    store = d.engine.store
+    run_id = d.client.start_workflow("two-steps")
+    (message,) = raw_redis.hkeys(store.run_keys(run_id).live)  # its first coordinator message, queued
+    store.report_worker("dead-worker", {message: run_id}, at_ms=1)  # it took the message, then went silent
+
+    RecoverySweep(d.engine).sweep_once()
+
+    assert raw_redis.zscore(store.keys.workers, "dead-worker") is None  # claimed by this sweep
+    envelope = d.client.get_workflow_run(run_id)
+    assert (envelope.status, envelope.reason, envelope.can_resume) == ("halted", "interrupted", True)
+
+
+# -- a master killed mid-run ------------------------------------------------------------------
+
+HELD = threading.Event()
+RELEASE = threading.Event()
+
+
+@workflow(name="held-step", description="A step that waits until the test lets it finish", phases=[])
+def held_step(ctx: WorkflowContext) -> Any:
+    def held() -> str:
+        HELD.set()
+        assert RELEASE.wait(60)
+        return "held"
+
+    return [ctx.step("before", lambda: "before"), ctx.step("held", held), ctx.step("after", lambda: "after")]
+
+
+@pytest.mark.slow
+def test_a_killed_master_fails_callers_promptly_and_its_runs_go_on_once_it_is_back(
+    durable: DurableFactory, redis_cluster: RedisClusterNodes
+) -> None:
+    """No replica takes over here: the slot comes back when its master does,
+    restarted on its append-only file. Meanwhile every caller gets
+    ``StorageUnavailableError`` (``workflow_storage_unavailable``) within the
+    time a single Redis takes to fail a call (redis-py's three tries), and the
+    worker holds its step until the journal answers again."""
+    HELD.clear()
+    RELEASE.clear()
+    d = durable([held_step])
+    run_id = d.client.start_workflow("held-step")
+    assert HELD.wait(30)
+    node = redis_cluster.node_of(d.engine.store.run_keys(run_id).run)
+    try:
+        node.kill()
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailableError) as read:
+            d.client.get_workflow_run(run_id)
+        failed_in = time.monotonic() - started
+        assert read.value.code == "workflow_storage_unavailable"
+        with pytest.raises(WorkflowResumeError) as resume:
+            d.client.resume_workflow(run_id, force=True, timeout=1)
+        assert resume.value.code == "workflow_storage_unavailable"
+        assert failed_in < 15, f"a read took {failed_in:.1f}s to fail"
+        RELEASE.set()  # the step ends while its slot is down: its journal write waits
+        time.sleep(1)
+    finally:
+        RELEASE.set()
+        redis_cluster.restart(node)
+    back = time.monotonic()
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=60)
+    assert (envelope.status, envelope.result) == ("completed", ["before", "held", "after"]), envelope.error
+    print(f"\nkilled master: a read failed in {failed_in:.1f}s; the run completed {time.monotonic() - back:.1f}s "
+          f"after the slot was served again (attempt {envelope.attempt})")
+
+
+# -- last: every script ran ------------------------------------------------------------------
+
+
+def test_every_script_ran_on_the_cluster(request: pytest.FixtureRequest, redis_cluster: RedisClusterNodes) -> None:
+    """The proof above holds for the scripts the tests ran; here, that is all
+    of them. redis-py loads a script on every master the first time one of
+    them lacks it, so a script the cluster ever ran is known to its masters."""
+    selected = {item.originalname for item in request.session.items if item.path == request.path}
+    here = {name for name, value in globals().items() if name.startswith("test_") and callable(value)}
+    if here - selected:
+        pytest.skip("meaningful only after every test of this module ran")
+    shas = {name: hashlib.sha1(script_source(name).encode("utf-8")).hexdigest() for name in SCRIPT_NAMES}
+    ran: set[str] = set()
+    for node in redis_cluster.nodes:
+        with contextlib.closing(node_client(node)) as client:
+            exists = client.script_exists(*shas.values())
+        ran |= {name for name, found in zip(shas, exists, strict=True) if found}
+    assert set(SCRIPT_NAMES) - ran == set(), "scripts no test ran on the cluster"

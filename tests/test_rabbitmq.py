@@ -1,0 +1,132 @@
+"""RabbitMQ as the broker, the journal on Redis (SPEC §10).
+
+The representative tests of the lifecycle, fan-out, agent and crash modules
+run here again, imported, with one difference: ``settings`` names a RabbitMQ
+(``rabbitmq_url``, tests/topologies.py) as the broker. Each test keeps its own
+queue names and deletes its queues when it ends, since durable queues outlive
+their consumers.
+
+What RabbitMQ does differently is what these tests are for: it gives a dead
+worker's unacknowledged messages back at once (Redis, after the visibility
+timeout), so a SIGKILLed worker's branch or agent turn is delivered again while
+liveness may be taking the run over; either way the run continues exactly
+once. The broker's queue counts come from passive declares, to which RabbitMQ
+answers a 404 by closing the channel.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection, Producer
+
+from celery_durable import Settings, WorkflowContext, workflow
+from celery_durable.broker import schema
+from celery_durable.broker.memory import MemoryJournal
+from celery_durable.tasks.app import durable_queues
+from celery_durable.tasks.recovery import BrokerQueues
+from celery_durable.testing.fleet import new_memory_run
+from tests.conftest import DurableFactory
+from tests.test_agents import (  # noqa: F401
+    test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers,
+    test_pause_lets_work_in_flight_finish_and_resume_continues,
+    test_sixty_four_agents_never_exceed_a_ceiling_of_four,
+)
+from tests.test_lifecycle import (  # noqa: F401
+    test_cancel_a_run_waiting_on_a_parallel_fan_out,
+    test_force_resume_takes_over_and_fences_out_the_old_attempt,
+    test_resume_after_a_failed_step_reruns_only_that_step,
+    test_start_returns_at_once_and_wait_returns_the_terminal_envelope,
+)
+from tests.test_recovery import test_the_seed_crash_finishes_by_itself_once_a_worker_is_back  # noqa: F401
+from tests.test_steps_and_fanout import (  # noqa: F401
+    _reset_shared_state,
+    test_a_parallel_thunk_can_fan_out_again,
+    test_parallel_branches_really_run_concurrently,
+    test_pipeline_chains_stages_and_a_failing_stage_skips_only_that_item,
+)
+from tests.topologies import delete_queues
+
+
+@pytest.fixture
+def settings(settings: Settings, rabbitmq_url: str) -> Iterator[Settings]:
+    """conftest's settings (this test's key prefix and queue names), with RabbitMQ as the broker."""
+    yield settings.model_copy(update={"broker_url": rabbitmq_url})
+    delete_queues(rabbitmq_url, [settings.coordinator_queue, settings.steps_queue, settings.agents_queue])
+
+
+# -- the broker's queue counts ----------------------------------------------------------
+
+
+def test_queue_counts_survive_rabbitmqs_404_and_keep_one_connection(durable: DurableFactory) -> None:
+    """The sweep asks twice a second whether the engine's queues are empty: a
+    queue that does not exist yet counts as empty (RabbitMQ's 404 closes only
+    the channel), a waiting message makes its queue busy, and every answer
+    comes over the same connection (RabbitMQ pays for connection churn)."""
+    d = durable([], worker=False)
+    settings = d.settings
+    queues = BrokerQueues(d.engine)
+    try:
+        assert queues() == [settings.coordinator_queue, settings.steps_queue, settings.agents_queue]
+        connection = queues._connection
+        with Connection(settings.effective_broker_url) as publisher:
+            steps = next(q for q in durable_queues(settings) if q.name == settings.steps_queue)
+            Producer(publisher.channel()).publish(
+                {"not": "a task"}, exchange=steps.exchange, routing_key=steps.routing_key, declare=[steps]
+            )
+        assert queues() == [settings.coordinator_queue, settings.agents_queue]
+        assert queues._connection is connection
+    finally:
+        queues.close()
+
+
+# -- a message delivered again ------------------------------------------------------------
+
+
+@workflow(name="one-turn", description="A run whose agent turn the test starts by hand", phases=[])
+def one_turn(ctx: WorkflowContext) -> Any:
+    return None
+
+
+AGENT = "a" * 32
+
+
+def _redis_turn(durable: DurableFactory) -> tuple[Callable[[str], str], Callable[[], dict[str, str]]]:
+    d = durable([one_turn], worker=False)
+    store = d.engine.store
+    run_id = d.client.start_workflow("one-turn")
+    row = schema.queued_agent_row(AGENT, None, None, 1, 0)
+    store.journal(run_id, 1, "default").agent_call("m", 0, AGENT, '{"prompt":"p"}', "m", row, None, "turn")
+
+    def start(token: str) -> str:
+        return store.agent_start(run_id, 1, AGENT, token, "later", 200)[0]
+
+    return start, lambda: dict(store.client.hgetall(store.run_keys(run_id).live))
+
+
+def _memory_turn(durable: DurableFactory) -> tuple[Callable[[str], str], Callable[[], dict[str, str]]]:
+    run = new_memory_run(one_turn, run_id=uuid.uuid4().hex, message="pass-1")
+    row = schema.queued_agent_row(AGENT, None, None, 1, 0)
+    MemoryJournal(run, 1).agent_call("m", 0, AGENT, '{"prompt":"p"}', "m", row, None, "turn")
+    return (lambda token: run.agent_start(1, AGENT, token, "later", 200)[0]), lambda: dict(run.state.live)
+
+
+@pytest.mark.parametrize("make_turn", [_redis_turn, _memory_turn], ids=["redis", "memory"])
+def test_an_agent_message_delivered_again_leaves_its_running_turn_to_its_heartbeat(
+    durable: DurableFactory, make_turn: Any
+) -> None:
+    """RabbitMQ redelivers the message of a turn whose worker died while the
+    turn's row still says running. Queuing it for later under a new id would
+    drop the dead delivery's running entry, and the run would look alive for
+    ever; it is left to its heartbeat, so a stale one makes the run dead and
+    the take-over runs the turn again."""
+    start, live = make_turn(durable)
+    assert start("turn") == "go"
+    running_entry = live()["turn"]
+    assert start("turn") == "running"
+    assert live()["turn"] == running_entry and "later" not in live()
+    assert start("another-message") == "wait"  # a second message of the turn still waits its turn
+    assert live()["turn"] == running_entry and live()["later"].startswith("q|a|")
