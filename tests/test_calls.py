@@ -92,7 +92,9 @@ def gpu(settings: Settings, tmp_path: Path) -> Iterator[Gpu]:
 
 
 @contextlib.contextmanager
-def mounted(settings: Settings, gpu: Gpu, workflows: list[Any], concurrency: int = 4) -> Iterator[tuple[Engine, Celery]]:
+def mounted(
+    settings: Settings, gpu: Gpu, workflows: list[Any], concurrency: int = 4
+) -> Iterator[tuple[Engine, Celery]]:
     """The team's app in this process, an engine mounted on it, a durable worker."""
     app = make_app(settings.redis_url, gpu.queue)
     engine = Engine(workflows, settings, celery_app=app)
