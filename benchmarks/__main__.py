@@ -40,10 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="what-if: settings.fanout_tasks for the workers (default: the engine's)")
     parser.add_argument("--fanout-sizes", default=None, metavar="N,N,...",
                         help="fan-out widths instead of the plan's (the first is the reference and has a baseline)")
+    parser.add_argument("--external-sweep", action="store_true",
+                        help="what-if for the timers case: the workers run no recovery sweep; one RecoverySweep "
+                        "thread in the benchmark process sweeps and fires the timers")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                         help="record the worker with py-spy during each case into DIR/<case>.txt")
     parser.add_argument("--render", action="store_true",
                         help="only render RESULTS.md again from the output's results.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="put the cases run into the output's existing results.json, replacing the same "
+                        "cases (a rerun of noisy ones) and keeping the others")
     args = parser.parse_args(argv)
     unknown = set(args.cases.split(",")) - set(CASES)
     if unknown:
@@ -79,13 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         what_if["py_spy"] = "worker sampled by py-spy: its figures are slowed down by the sampling"
     if args.fanout_tasks is not None:
         overrides["fanout_tasks"] = what_if["fanout_tasks"] = args.fanout_tasks
+    if args.external_sweep:
+        plan = dataclasses.replace(plan, external_sweep=True)
+        what_if["external_sweep"] = "timers fired by one sweep thread in the benchmark process, none in the workers"
     with bench_session(setup, max_fanout=plan.max_fanout, overrides=overrides) as bench:
         redis_version = str(bench.raw.info("server")["redis_version"])
         bench.start_workers()
         for key in args.cases.split(","):
             case_started = time.perf_counter()
+            case_load = round(os.getloadavg()[0], 2)
             print(f"[benchmarks] {key} ...", file=sys.stderr, flush=True)
             try:
+                if not getattr(sys.modules[CASES[key].__module__], "OWN_FLEET", False):
+                    bench.use_fleet()  # a case before it may have left another fleet running
                 result = _run_case(key, bench, plan, args.py_spy)
             except Exception as exc:
                 traceback.print_exc()
@@ -93,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
                 if not any(worker.alive() for worker in bench.workers):
                     bench.start_workers()
             result.seconds = time.perf_counter() - case_started
+            result.load = [case_load, round(os.getloadavg()[0], 2)]
             print(f"[benchmarks] {key} done in {result.seconds:.1f} s", file=sys.stderr, flush=True)
             results.append(result)
     load["end"] = [round(x, 2) for x in os.getloadavg()]
     seconds = time.perf_counter() - started
     env = environment(redis_version, setup, plan, load, what_if)
+    if args.merge and (output / "results.json").exists():
+        env, results, seconds = _merged(output / "results.json", env, results)
     write_json(output / "results.json", env, results, seconds)
     write_markdown(output / "RESULTS.md", env, results, seconds)
     for case in results:
@@ -107,6 +122,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.case:14} {row.figure:55} {row.value:12.4g} {row.unit}{ratio}{verdict}")
     print(f"wrote {output / 'RESULTS.md'} and {output / 'results.json'} in {seconds:.0f} s")
     return 1 if any(case.error for case in results) else 0
+
+
+def _merged(
+    path: Path, env: dict[str, Any], fresh: list[CaseResult]
+) -> tuple[dict[str, Any], list[CaseResult], float]:
+    """The earlier run's results with ``fresh`` in place of its cases of the same keys, in CASES order.
+
+    The earlier run's environment stays the report's; the rerun is listed in
+    it (cases, commit, load, when), so a reader sees which rows are newer.
+    """
+    old_env, old_cases, old_seconds = load_json(path)
+    if old_env["setup"]["quick"] != env["setup"]["quick"] or old_env["setup"]["what_if"] != env["setup"]["what_if"]:
+        raise SystemExit(f"--merge: {path} was not made with the same --quick and what-if flags")
+    by_key = {case.key: case for case in old_cases} | {case.key: case for case in fresh}
+    old_env.setdefault("merged", []).append({
+        "cases": [case.key for case in fresh],
+        "commit": env["versions"]["commit"],
+        "load": env["machine"]["load_average_start"],
+        "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    })
+    ordered = [by_key[key] for key in CASES if key in by_key]
+    return old_env, ordered, old_seconds + sum(case.seconds for case in fresh)
 
 
 def _run_case(key: str, bench: Bench, plan: Plan, profiles: Path | None) -> CaseResult:

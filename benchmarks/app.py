@@ -22,6 +22,8 @@ import functools
 import gc
 import os
 import time
+from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -34,6 +36,10 @@ STATS_TASK = "bench.worker_stats"
 ECHO_TASK = "bench.echo"
 TAIL_MARK_PREFIX = "bench:tail"
 """Key prefix where the replay case's tail step records when it started."""
+HOLD_PREFIX = "bench:hold"
+"""Key prefix of the lists the sweep case's held runs block on until the case releases them."""
+MANY_STEPS = 5
+MANY_BRANCHES = 8
 
 
 class _GcClock:
@@ -68,16 +74,21 @@ if os.environ.get("BENCH_GC_FREEZE") == "1":
         gc.freeze()
 
 
-def process_stats() -> dict[str, Any]:
-    """CPU seconds and GC seconds of this process so far."""
+def process_stats(types: bool = False) -> dict[str, Any]:
+    """CPU seconds and GC seconds of this process so far; with ``types``, how many objects
+    of each type the collector tracks (the soak compares them before and after)."""
     times = os.times()
-    return {
+    objects = gc.get_objects()
+    stats: dict[str, Any] = {
         "pid": os.getpid(),
         "cpu_seconds": times.user + times.system,
         "gc_seconds": list(GC_CLOCK.seconds),
         "gc_collections": list(GC_CLOCK.collections),
-        "gc_objects": len(gc.get_objects()),
+        "gc_objects": len(objects),
     }
+    if types:
+        stats["gc_types"] = dict(Counter(type(o).__qualname__ for o in objects))
+    return stats
 
 
 def noop_value() -> None:
@@ -160,7 +171,33 @@ def footprint(ctx: WorkflowContext) -> None:
         ctx.step(f"s{i}", lambda: payload)
 
 
-WORKFLOWS = [sequential, fanout, pipeline, one_step, replay, ticker, footprint]
+@workflow(name="bench.timer", description="sleeps until a common instant, then one no-op step", phases=[])
+def timer(ctx: WorkflowContext) -> None:
+    ctx.sleep_until(datetime.fromtimestamp(int(ctx.args["at_ms"]) / 1000, UTC))
+    ctx.step("after", noop_value)
+
+
+@workflow(name="bench.many", description="5 no-op steps, then a parallel of 8 no-op steps", phases=[])
+def many(ctx: WorkflowContext) -> int:
+    for i in range(MANY_STEPS):
+        ctx.step(f"s{i}", noop_value)
+    results = ctx.parallel([functools.partial(ctx.step, f"p{i}", noop_value) for i in range(MANY_BRANCHES)])
+    return len(results)
+
+
+def _hold(key: str, seconds: float) -> None:
+    """Block (BLPOP: no Redis traffic while it waits) until released, or ``seconds``."""
+    _marks().blpop([key], timeout=seconds)
+
+
+@workflow(name="bench.hold", description="one step that runs until the benchmark releases it", phases=[])
+def hold(ctx: WorkflowContext) -> None:
+    """A live run that costs Redis only its heartbeat: its one step waits on a list."""
+    key = f"{HOLD_PREFIX}:{ctx.args['group']}"
+    ctx.step("hold", functools.partial(_hold, key, float(ctx.args.get("seconds", 900))))
+
+
+WORKFLOWS = [sequential, fanout, pipeline, one_step, replay, ticker, footprint, timer, many, hold]
 
 
 def build_engine(settings: Settings | None = None) -> Engine:
@@ -183,11 +220,26 @@ def build_engine(settings: Settings | None = None) -> Engine:
         return value
 
     @built.celery.task(name=STATS_TASK, shared=False, ignore_result=False)
-    def worker_stats() -> dict[str, Any]:
+    def worker_stats(types: bool = False) -> dict[str, Any]:
         """This worker process's CPU and garbage-collector time: profiling evidence."""
-        return process_stats()
+        return process_stats(types)
 
+    if os.environ.get("BENCH_NO_SWEEP") == "1":
+        _without_sweep(built)
     return built
+
+
+def _without_sweep(built: Engine) -> None:
+    """Workers of this engine run no recovery sweep (nor its worker beat and queue watch).
+
+    The sweep case hosts its live runs on such a fleet, so that all the
+    sweeping Redis sees comes from the ``RecoverySweep`` instances the case
+    runs itself. Nothing here changes the engine: the worker bootstep that
+    ``celery_durable.tasks.recovery.install`` added is taken off this app.
+    """
+    steps = built.celery.steps["worker"]
+    for step in [step for step in steps if step.__name__ == "RecoveryStep"]:
+        steps.discard(step)
 
 
 def _db1(url: str) -> str:

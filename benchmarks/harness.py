@@ -58,11 +58,15 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class Worker:
     """One worker process group."""
 
-    def __init__(self, settings: Settings, setup: WorkerSetup, log_dir: Path, name: str) -> None:
+    def __init__(
+        self, settings: Settings, setup: WorkerSetup, log_dir: Path, name: str, env: dict[str, str] | None = None
+    ) -> None:
         self.settings = settings
         self.setup = setup
         self.log_path = log_dir / f"{name}.log"
         self.name = name
+        self.env = dict(env or {})
+        """Extra environment for the process (e.g. ``BENCH_NO_SWEEP``, read by ``benchmarks.app``)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Worker:
@@ -73,7 +77,12 @@ class Worker:
         ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, env=settings_env(self.settings), cwd=ROOT, stdout=log, stderr=log, start_new_session=True
+                command,
+                env=settings_env(self.settings) | self.env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
         return self
 
@@ -94,11 +103,18 @@ class Worker:
             self.process.wait()
 
     def stop(self, timeout: float = 20) -> None:
-        if not self.alive():
+        self.terminate()
+        self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM the process group: Celery's warm shutdown."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+
+    def wait_stopped(self, timeout: float = 20) -> None:
+        if self.process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGTERM)
-        assert self.process is not None
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -129,6 +145,16 @@ def proc_status_kb(pid: int, field_name: str) -> int:
     return 0
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` used so far (``/proc/<pid>/stat``); a gone one counts 0."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def reset_peak_rss(pid: int) -> bool:
     """Reset VmHWM to the current RSS (Linux ``clear_refs`` value 5); False if refused."""
     try:
@@ -150,6 +176,8 @@ class Bench:
     client: Client = field(init=False)
     raw: redis.Redis = field(init=False)
     workers: list[Worker] = field(default_factory=list)
+    fleet: tuple[Any, ...] = ()
+    """What the running fleet was started with (setup, settings, env): ``use_fleet`` reuses it."""
     profile_dir: Path | None = None
     """Set by ``--py-spy``: durable measurements are recorded into it (see ``cases.common.measured``)."""
     profile_case: str = ""
@@ -168,17 +196,53 @@ class Bench:
 
         return noop_task(self.engine)
 
-    def start_workers(self, settings: Settings | None = None, timeout: float = 60) -> None:
-        """Start the fleet and wait until it runs a plain task (so it is consuming)."""
-        self.stop_workers()
-        for i in range(self.setup.workers):
-            self.workers.append(Worker(settings or self.settings, self.setup, self.log_dir, f"w{i}").start())
-        self.wait_ready(timeout)
+    def start_workers(
+        self,
+        settings: Settings | None = None,
+        timeout: float = 60,
+        *,
+        setup: WorkerSetup | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start the fleet and wait until it runs a plain task (so it is consuming).
 
-    def wait_ready(self, timeout: float = 60) -> None:
+        ``setup`` starts another fleet than the session's (a case that measures
+        1 and 2 worker processes); ``env`` is added to every worker's environment.
+        """
+        self.stop_workers()
+        setup = setup or self.setup
+        for i in range(setup.workers):
+            self.workers.append(Worker(settings or self.settings, setup, self.log_dir, f"w{i}", env).start())
+        self.fleet = (setup, settings or self.settings, dict(env or {}))
+        self.wait_ready(timeout, settings)
+
+    def use_fleet(
+        self,
+        setup: WorkerSetup | None = None,
+        settings: Settings | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        fresh: bool = False,
+    ) -> None:
+        """Have this fleet running: the one running is kept when it is that fleet and alive (and not ``fresh``).
+
+        With no arguments: the session's own fleet, which every case that does
+        not manage its fleet expects (``__main__`` asks for it before each).
+        """
+        wanted = (setup or self.setup, settings or self.settings, dict(env or {}))
+        if not fresh and self.fleet == wanted and self.workers and all(w.alive() for w in self.workers):
+            return
+        self.start_workers(settings, setup=setup, env=env)
+
+    def wait_ready(self, timeout: float = 60, settings: Settings | None = None) -> None:
         deadline = time.monotonic() + timeout
+        noop = self.noop
+        if settings is not None and settings.coordinator_queue != self.settings.coordinator_queue:
+            from benchmarks.app import build_engine, noop_task
+
+            noop = noop_task(build_engine(settings))  # a fleet that serves other queues
         for _ in self.workers:
-            self.noop.apply_async().get(timeout=max(1.0, deadline - time.monotonic()))
+            noop.apply_async().get(timeout=max(1.0, deadline - time.monotonic()))
 
     def kill_workers(self) -> None:
         for worker in self.workers:
@@ -187,13 +251,16 @@ class Bench:
     def restart_workers(self, settings: Settings | None = None) -> None:
         """Start the same fleet again after a kill, without waiting for it."""
         self.workers = [
-            Worker(settings or self.settings, self.setup, self.log_dir, w.name).start() for w in self.workers
+            Worker(settings or self.settings, w.setup, self.log_dir, w.name, w.env).start() for w in self.workers
         ]
 
     def stop_workers(self) -> None:
         for worker in self.workers:
-            worker.stop()
+            worker.terminate()
+        for worker in self.workers:
+            worker.wait_stopped()
         self.workers = []
+        self.fleet = ()
 
     def worker_pids(self) -> list[int]:
         return [pid for worker in self.workers for pid in worker.group_pids()]

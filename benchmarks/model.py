@@ -112,6 +112,8 @@ class CaseResult:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    load: list[float] = field(default_factory=list)
+    """The 1-minute load average when the case began and when it ended: how busy the shared machine was."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,4 +125,5 @@ class CaseResult:
             "notes": self.notes,
             "error": self.error,
             "seconds": self.seconds,
+            "load": self.load,
         }

@@ -2,7 +2,10 @@
 
 Quick sizes keep the same *shape* (the fan-out sizes grow by about the same
 factors as 4,096 -> 10,000 -> 50,000) so the smoke test exercises every
-comparison the full run makes, only smaller; its numbers mean nothing.
+comparison the full run makes, only smaller; its numbers mean nothing. Two
+exceptions keep the smoke run short: the fan-out has no fourth width (the
+full run's 100,000), and the cases that compare fleet sizes run on one
+worker process only (starting a fleet takes seconds).
 """
 
 from __future__ import annotations
@@ -30,6 +33,29 @@ class Plan:
     wide_fanout: int = 0
     """Fan-outs wider than this run ``wide_fanout_runs`` times instead of ``repeat`` (0: no cap)."""
     wide_fanout_runs: int = 1
+    fleets: tuple[int, ...] = (1, 2)
+    """Worker processes of the cases that compare fleet sizes (timers, many runs)."""
+    timer_runs: int = 10_000
+    timer_idle_points: tuple[int, ...] = (0, 1_000, 10_000)
+    """Waiting runs at which one idle sweep pass is measured (first fleet only)."""
+    timer_passes: int = 20
+    timer_pilot: int = 300
+    external_sweep: bool = False
+    """What-if (``--external-sweep``): the timers case's fleets run no sweep; one in the benchmark process does."""
+    many_runs: int = 1_000
+    sweep_stored: int = 20_000
+    sweep_live: int = 100
+    sweep_passes: int = 20
+    sweep_window: float = 15.0
+    """Seconds each sweeper count (0, 1, 8) runs while Redis commands are counted."""
+    sweepers: int = 8
+    soak_runs: int = 2_000
+    soak_window: int = 16
+    """Runs (or chains) kept in flight during the soak."""
+
+    @property
+    def timer_fleets(self) -> tuple[int, ...]:
+        return self.fleets
 
     @property
     def max_fanout(self) -> int:
@@ -46,9 +72,10 @@ def full_plan(repeat: int) -> Plan:
         quick=False,
         repeat=repeat,
         sequential_steps=1_000,
-        fanout_sizes=(4_096, 10_000, 50_000),
+        fanout_sizes=(4_096, 10_000, 50_000, 100_000),
         # Plain Celery at 50,000 would add ~7 minutes per repeat on this
-        # machine; the 50,000 figure is judged against the durable 4,096 one.
+        # machine; the 50,000 and 100,000 figures are judged against the
+        # durable 4,096 one.
         fanout_baseline_sizes=(4_096, 10_000),
         pipeline_items=1_000,
         latency_samples=40,
@@ -58,7 +85,7 @@ def full_plan(repeat: int) -> Plan:
         footprint_steps=1_000,
         footprint_payload=100,
         timeout=1_800,
-        # One 50,000-wide run takes about 6 minutes on this machine.
+        # One 50,000-wide run takes about a minute on this machine, 100,000 about two.
         wide_fanout=10_000,
         wide_fanout_runs=1,
     )
@@ -81,4 +108,16 @@ def quick_plan(repeat: int) -> Plan:
         timeout=120,
         web_runs=300,
         web_requests=10,
+        fleets=(1,),
+        timer_runs=40,
+        timer_idle_points=(0, 10, 40),
+        timer_passes=5,
+        timer_pilot=10,
+        many_runs=20,
+        sweep_stored=200,
+        sweep_live=10,
+        sweep_passes=5,
+        sweep_window=0.3,
+        soak_runs=24,
+        soak_window=8,
     )

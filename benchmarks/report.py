@@ -51,7 +51,10 @@ def _version(dist: str) -> str:
 
 
 def _commit() -> str:
-    """The checked-out commit, read from .git without running git."""
+    """The checked-out commit, read from .git without running git; ``BENCH_COMMIT`` names it for a
+    tree that has no .git (a ``git archive`` snapshot, see README)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"][:12]
     head = ROOT / ".git" / "HEAD"
     try:
         ref = head.read_text().strip()
@@ -128,7 +131,7 @@ def load_json(path: Path) -> tuple[dict[str, Any], list[CaseResult], float]:
             ))
         cases.append(CaseResult(
             key=raw["key"], title=raw["title"], setup=raw["setup"], rows=rows, details=raw["details"],
-            notes=raw["notes"], error=raw["error"], seconds=raw["seconds"],
+            notes=raw["notes"], error=raw["error"], seconds=raw["seconds"], load=raw.get("load", []),
         ))
     return data["environment"], cases, float(data["seconds"])
 
@@ -204,6 +207,11 @@ def write_markdown(path: Path, env: dict[str, Any], cases: list[CaseResult], sec
         "(plus whatever the work tree held uncommitted at the time)",
         f"- whole run: {seconds:.0f} s",
         *(
+            f"- rerun later and merged in (`--merge`): {', '.join(m['cases'])} at commit {m['commit']}, "
+            f"{m['at']}, load average {m['load']}"
+            for m in env.get("merged", [])
+        ),
+        *(
             [f"- **what-if run, not the engine as shipped:** {setup['what_if']}"]
             if setup.get("what_if")
             else []
@@ -220,7 +228,8 @@ def write_markdown(path: Path, env: dict[str, Any], cases: list[CaseResult], sec
     for case in cases:
         lines.append(f"### {case.title}")
         lines.append("")
-        lines.append(f"{case.setup} ({case.seconds:.0f} s)")
+        load = f"; load average {case.load[0]:.1f} -> {case.load[-1]:.1f}" if case.load else ""
+        lines.append(f"{case.setup} ({case.seconds:.0f} s{load})")
         if case.error:
             lines += ["", f"**The case failed:** `{case.error}`"]
         for note in case.notes:

@@ -1,4 +1,5 @@
-"""The cases of the benchmark: the seven of the engine's issue, in its order, then the web view's.
+"""The cases of the benchmark: the seven of the engine's issue, in its order, the web view's, then
+the cases of issues 11, 13 and 14 (timers, many runs at once, the soak, the sweep at scale).
 
 Each module has ``run(bench, plan) -> CaseResult``; the results table is
 built from the rows they return.
@@ -8,7 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from benchmarks.cases import fanout, footprint, latency, pipeline, recovery, replay, sequential, web
+from benchmarks.cases import (
+    fanout,
+    footprint,
+    latency,
+    many,
+    pipeline,
+    recovery,
+    replay,
+    sequential,
+    soak,
+    sweep,
+    timers,
+    web,
+)
 from benchmarks.harness import Bench
 from benchmarks.model import CaseResult
 from benchmarks.plan import Plan
@@ -24,4 +38,8 @@ CASES: dict[str, CaseRunner] = {
     "recovery": recovery.run,
     "footprint": footprint.run,
     "web": web.run,
+    "timers": timers.run,
+    "many": many.run,
+    "soak": soak.run,
+    "sweep": sweep.run,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -72,3 +72,17 @@ def flush_results(bench: Bench) -> None:
 
 def fmt_int(n: int) -> str:
     return f"{n:,}"
+
+
+@contextlib.contextmanager
+def profiled(bench: Bench, label: str) -> Iterator[None]:
+    """With ``--py-spy``: record every worker process of the running fleet
+    (``DIR/<case>-<label>-w<i>.txt``) for the duration of the block."""
+    if bench.profile_dir is None:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for i, worker in enumerate(bench.workers):
+            path = bench.profile_dir / f"{bench.profile_case}-{label}-w{i}.txt"
+            stack.enter_context(recording(worker.pid, path))
+        yield

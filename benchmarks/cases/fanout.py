@@ -98,6 +98,13 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
         note="VmHWM of the worker process group (coordinator and branches: one threads-pool process), "
         "reset before each run; baseline: the same worker during the group",
     ))
+    widest = sizes[-1]
+    if widest != first:
+        result.rows.append(Row(
+            FOOTPRINT, f"worker peak RSS during the {fmt_int(widest)} fan-out", "MB",
+            [u.peak_rss_kb / 1024 for u in usages[widest][DURABLE]],
+            note=f"VmHWM as above; {median([u.rss_before_kb / 1024 for u in usages[widest][DURABLE]]):.0f} MB before",
+        ))
     result.details = {
         str(n): {side: usage_summary(usages[n][side]) for side in (DURABLE, CELERY) if usages[n][side]}
         for n in sizes
