@@ -134,7 +134,7 @@ def test_the_sweep_reads_the_fleet_and_halts_runs_across_slots(
     store = d.engine.store
     run_id = d.client.start_workflow("two-steps")
     (message,) = raw_redis.hkeys(store.run_keys(run_id).live)  # its first coordinator message, queued
-    store.report_worker("dead-worker", {message: run_id}, at_ms=1)  # it took the message, then went silent
+    store.report_worker("dead-worker", {message: run_id}, [], at_ms=1)  # it took the message, then went silent
 
     RecoverySweep(d.engine).sweep_once()
 

@@ -558,15 +558,27 @@ class RunStore:
             return Signalled("refused", status=str(reply[1]))
         return Signalled("ok", epoch=int(reply[1]), owners=[str(owner) for owner in reply[2:]])
 
-    def report_worker(self, worker: str, held: dict[str, str], at_ms: int) -> None:
-        """Worker ``worker`` is alive at ``at_ms`` and holds these messages (task id -> run id)."""
+    def report_worker(self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int) -> None:
+        """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id
+        -> run id) and no longer holds ``gone``. Written as a change, never as
+        a whole new set: a message reported by ``hold_message`` meanwhile stays."""
         held_key = self.keys.held_prefix + worker
         with storage_errors():
             pipe = self.client.pipeline(transaction=True)
             pipe.zadd(self.keys.workers, {worker: at_ms})
-            pipe.delete(held_key)
+            if gone:
+                pipe.hdel(held_key, *gone)
             if held:
                 pipe.hset(held_key, mapping=held)
+            pipe.execute()
+
+    def hold_message(self, worker: str, task_id: str, run_id: str, at_ms: int) -> None:
+        """Worker ``worker`` just received message ``task_id`` of the run: said
+        at once, before the worker can die holding a message nobody knows of."""
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(self.keys.workers, {worker: at_ms})
+            pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
             pipe.execute()
 
     def forget_worker(self, worker: str) -> None:

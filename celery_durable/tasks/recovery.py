@@ -62,6 +62,9 @@ BEAT_SPACING = 0.02
 """Beats that received messages ask for are this far apart at least: one write per 20 ms at worst."""
 DURABLE_TASKS = frozenset({COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK})
 
+FRESH_SECONDS = 5.0
+"""A received message is reported from the sweep's own record this long at most (see beat)."""
+
 EmptyQueues = Callable[[], Sequence[str]]
 """Which of the engine's queues the broker holds no message in, now."""
 
@@ -91,6 +94,10 @@ class RecoverySweep:
         """When Redis last started answering after a failure (monotonic); -inf: never failed."""
         self._last_pass = time.monotonic()
         self._beat_now = threading.Event()
+        self._fresh: dict[str, tuple[str, float]] = {}
+        """Messages received lately (task id -> run id, when), until Celery's own requests list them."""
+        self._reported: set[str] = set()
+        """The messages the last beat reported held."""
 
     @property
     def interval(self) -> float:
@@ -165,10 +172,19 @@ class RecoverySweep:
         """Not within a lease of Redis coming back: heartbeats had no way to land."""
         return time.monotonic() - self._healthy_since >= self.engine.settings.lease_seconds
 
-    def received(self) -> None:
-        """A message was received: say so soon, so that few messages are ever
-        held without the fleet knowing (a worker that dies with a message it
-        never reported leaves it to the slower empty-queue rule)."""
+    def received(self, request: Any = None) -> None:
+        """A message was received: say so now, in the consumer's thread, before
+        the worker can die holding it. A message the fleet never heard of
+        would be left to the empty-queue rule, which a backlog delays without
+        bound; then beat soon, so the full report follows."""
+        run_id = _durable_run(request)
+        if self.worker_id and run_id is not None:
+            task_id = str(request.id)
+            self._fresh[task_id] = (run_id, time.monotonic())
+            try:
+                self.engine.store.hold_message(self.worker_id, task_id, run_id, now_ms())
+            except StorageError as exc:
+                logger.warning("could not report message %s as held: %s", task_id, exc)
         self._beat_now.set()
 
     def _beat_loop(self) -> None:
@@ -190,11 +206,22 @@ class RecoverySweep:
             return
         held: dict[str, str] = {}
         for task_id, request in list(worker_state.requests.items()):
-            kwargs = getattr(request, "kwargs", None)
-            run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
-            if getattr(request, "name", None) in DURABLE_TASKS and isinstance(run_id, str):
+            run_id = _durable_run(request)
+            if run_id is not None:
                 held[str(task_id)] = run_id
-        self.engine.store.report_worker(self.worker_id, held, now_ms())
+        # Received but not yet in Celery's requests (the task_received signal
+        # comes first), or in and out again between two beats: still held.
+        now = time.monotonic()
+        for task_id, (run_id, at) in list(self._fresh.items()):
+            if task_id in held or now - at > FRESH_SECONDS:
+                self._fresh.pop(task_id, None)
+            else:
+                held[task_id] = run_id
+        # Only what this beat saw go is removed: a message received while it
+        # looked was written by received() and is in no snapshot yet.
+        gone = [task_id for task_id in self._reported if task_id not in held]
+        self.engine.store.report_worker(self.worker_id, held, gone, now_ms())
+        self._reported = set(held)
 
     def bury_dead_workers(self) -> None:
         """Messages a dead worker had received but not started died with it."""
@@ -290,6 +317,19 @@ class RecoverySweep:
         self.engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
 
 
+def _durable_run(request: Any) -> str | None:
+    """The run a received durable task's message belongs to; None for any other task.
+
+    By the task's registered name (``Request.type``): ``Request.name`` is the
+    shadow name the message shows in Flower, which says the workflow instead.
+    """
+    kwargs = getattr(request, "kwargs", None)
+    run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
+    if getattr(request, "type", None) in DURABLE_TASKS and isinstance(run_id, str):
+        return run_id
+    return None
+
+
 class BrokerQueues:
     """Which of the engine's queues the broker holds no message in, now.
 
@@ -368,9 +408,9 @@ def install(engine: Engine) -> None:
             task_received.connect(self._received, weak=False)
             self.sweep.start()
 
-        def _received(self, sender: Any = None, **_: Any) -> None:
+        def _received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
             if getattr(sender, "app", None) is engine.celery:
-                self.sweep.received()
+                self.sweep.received(request)
 
         def stop(self, worker: Any) -> None:
             task_received.disconnect(self._received)
