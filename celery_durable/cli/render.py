@@ -96,6 +96,8 @@ def runs_table(page: RunPage) -> Table:
     table = Table("workflow", "status", "attempt", "phase", "steps", "waiting for", "created")
     # Ids are what people copy: never folded or cut.
     table.columns.insert(0, Column("run", no_wrap=True, min_width=32))
+    status = table.columns[2]
+    status.no_wrap, status.min_width = True, len("completed")  # the longest status
     table.columns[-1].no_wrap = True
     for envelope in page.runs:
         table.add_row(
