@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from celery import Celery
 
@@ -13,10 +13,10 @@ from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.schema import MAIN
 from celery_durable.client import Client
 from celery_durable.config import Settings
-from celery_durable.tasks.app import build_celery_app, mount
+from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.calls import publish_call
 from celery_durable.tasks.recovery import install as install_recovery
-from celery_durable.tasks.sending import send_agent, send_branch, send_branches, send_coordinator
+from celery_durable.tasks.sending import first_chunks, send_agent, send_branch, send_branches, send_coordinator
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
@@ -99,8 +99,24 @@ class Engine:
     def send_branch(self, run_id: str, epoch: int, workflow: str, call: str, branch: int, task_id: str) -> None:
         send_branch(self.celery, self.settings, run_id, epoch, workflow, call, branch, task_id)
 
-    def send_branches(self, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]) -> list[str]:
-        return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices)
+    def send_branches(
+        self,
+        run_id: str,
+        epoch: int,
+        workflow: str,
+        call: str,
+        indices: Sequence[int],
+        tasks: int | None = None,
+        task_ids: Sequence[str] | None = None,
+        before: Callable[[Sequence[str]], None] | None = None,
+    ) -> list[str]:
+        """Publish a fan-out's branches: as its dispatch does (``tasks`` None), or as a hand-off asks.
+        ``before`` is called with the task ids before any is published."""
+        count = first_chunks(indices, self.settings) if tasks is None else tasks
+        ids = list(task_ids) if task_ids is not None else [new_task_id() for _ in range(min(len(indices), count))]
+        if before is not None:
+            before(ids)
+        return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices, len(ids), ids)
 
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
         publish_call(self.celery, self, record, request)

@@ -85,11 +85,11 @@ def test_a_broker_that_refuses_the_branches_once_is_retried_in_place_and_they_ar
     real_send = d.engine.send_branches
     refused = threading.Event()
 
-    def refuse_the_first_send(*args: Any) -> list[str]:
+    def refuse_the_first_send(*args: Any, **kwargs: Any) -> list[str]:
         if not refused.is_set():
             refused.set()
             raise ConnectionError("broker connection reset")
-        return real_send(*args)
+        return real_send(*args, **kwargs)
 
     d.engine.send_branches = refuse_the_first_send  # type: ignore[method-assign]
     run_id = d.client.start_workflow("redeliver")

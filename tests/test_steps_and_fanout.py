@@ -16,6 +16,7 @@ from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
+from celery.signals import task_prerun
 
 from celery_durable import (
     JSON_NULL,
@@ -24,6 +25,7 @@ from celery_durable import (
     define_workflow,
     workflow,
 )
+from celery_durable.tasks.app import BRANCH_TASK
 
 TIMEOUT = 30
 
@@ -346,6 +348,36 @@ def test_parallel_branches_really_run_concurrently(durable) -> None:
     latest_start = max(start for _, start, _ in intervals)
     earliest_end = min(end for _, _, end in intervals)
     assert latest_start < earliest_end, intervals
+
+
+@workflow(name="quick-then-slow", description="eight quick branches, then four slow ones", phases=[])
+def quick_then_slow_wf(ctx):
+    quick = ctx.parallel([lambda i=i: ctx.step(f"quick-{i}", lambda i=i: i) for i in range(8)])
+    slow = ctx.parallel([lambda i=i: ctx.step(f"slow-{i}", lambda i=i: (time.sleep(0.6), i)[1]) for i in range(4)])
+    return quick + slow
+
+
+def test_quick_branches_share_one_task_and_slow_ones_are_handed_on_to_the_fleet(durable) -> None:
+    """A branch task replays the body: eight quick branches in one task cost
+    one replay; four slow ones in one task are handed on, and overlap."""
+    tasks: Counter[str] = Counter()
+
+    def counted(sender: Any = None, kwargs: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == BRANCH_TASK:
+            tasks[kwargs["call"]] += 1
+
+    task_prerun.connect(counted, weak=False)
+    try:
+        d = durable([quick_then_slow_wf], concurrency=8)
+        started = time.monotonic()
+        envelope = d.client.run_workflow("quick-then-slow", timeout=TIMEOUT)
+        wall = time.monotonic() - started
+    finally:
+        task_prerun.disconnect(counted)
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [*range(8), *range(4)]
+    assert tasks == Counter({"m:0": 1, "m:1": 4}), tasks  # the slow call: its task, and three handed on
+    assert wall < 4 * 0.6, f"four slow branches did not overlap: {wall:.2f}s"
 
 
 @workflow(name="fanout-rules", description="fan-out argument checks", phases=[])

@@ -177,13 +177,28 @@ class Journal(Protocol):
         """Journal a fan-out op and decide which branches the execution ``token`` sends."""
         ...
 
-    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
-        """The dispatching execution finished sending the branch tasks whose
-        task ids are ``messages``: a later execution of this epoch must not
-        send them again, and the run counts them as in flight."""
+    def sending(self, call: str, messages: Sequence[str]) -> None:
+        """The dispatching execution is about to publish branch tasks with
+        these task ids: the run counts them in flight from now (never after
+        they are published: one may have run and ended by then)."""
+        ...
+
+    def mark_sent(self, call: str) -> None:
+        """The dispatching execution finished publishing the branch tasks:
+        a later execution of this epoch must not send them again."""
         ...
 
     def branch_outcomes(self, call: str, count: int) -> list[str | None]: ...
+
+    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
+        """Branch task ``giver`` is about to hand ``branches`` on to new tasks
+        ``messages`` (counted in flight from now, as ``sending``): a
+        redelivery of ``giver`` must not run them."""
+        ...
+
+    def handed_off(self, call: str, giver: str) -> list[int]:
+        """The branches of ``call`` that task ``giver`` handed on in this attempt."""
+        ...
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
         """Journal a branch outcome; True when the coordinator must be woken,

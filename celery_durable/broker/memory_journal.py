@@ -154,19 +154,41 @@ class MemoryJournal:
             journal[f"d:{call}"] = stamp
             return Dispatch(cut=cut, indices=indices)
 
-    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
+    def sending(self, call: str, messages: Sequence[str]) -> None:
+        """sending.lua, without a giver."""
+        self._sending(call, "", (), messages)
+
+    def mark_sent(self, call: str) -> None:
         """mark_sent.lua."""
         with self._run.lock:
             self._fence()
             self._state.journal[f"s:{call}"] = self._e
-            now = self._run.clock()
-            for message in messages:
-                token_queued(self._state, message, "s", now, now)
 
     def branch_outcomes(self, call: str, count: int) -> list[str | None]:
         """The HMGET ``RedisJournal`` makes."""
         with self._run.lock:
             return [self._state.journal.get(schema.branch_field(call, j)) for j in range(max(count, 0))]
+
+    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
+        """sending.lua, with a giver."""
+        self._sending(call, giver, branches, messages)
+
+    def _sending(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
+        with self._run.lock:
+            self._fence()
+            journal, e = self._state.journal, self._e
+            if not (journal.get(f"d:{call}") or "").startswith(f"{e}:"):
+                refuse(self.run_id, ["stale"])
+            if giver:
+                journal[schema.handoff_field(call, giver)] = schema.handoff_value(int(e), branches)
+            now = self._run.clock()
+            for message in messages:
+                token_queued(self._state, message, "s", now, now)
+
+    def handed_off(self, call: str, giver: str) -> list[int]:
+        """The HGET ``RedisJournal`` makes."""
+        with self._run.lock:
+            return schema.parse_handoff(self._state.journal.get(schema.handoff_field(call, giver)), self.epoch)
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
         """complete_branch.lua."""

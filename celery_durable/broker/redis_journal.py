@@ -130,14 +130,27 @@ class RedisJournal:
             return Dispatch(pending=True, in_flight=int(reply[1]))
         return Dispatch(cut=reply[1] == 1, indices=[int(j) for j in reply[2:]])
 
-    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
+    def sending(self, call: str, messages: Sequence[str]) -> None:
         k = self._keys
-        self._fenced("mark_sent", [k.run, k.journal, k.live], [self._epoch, call, now_ms(), *messages])
+        self._fenced("sending", [k.run, k.journal, k.live], [self._epoch, call, "", "", now_ms(), *messages])
+
+    def mark_sent(self, call: str) -> None:
+        k = self._keys
+        self._fenced("mark_sent", [k.run, k.journal], [self._epoch, call])
 
     def branch_outcomes(self, call: str, count: int) -> list[str | None]:
         if count <= 0:
             return []
         return self._hmget(self._keys.journal, [schema.branch_field(call, j) for j in range(count)])
+
+    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
+        k = self._keys
+        args = [self._epoch, call, giver, schema.handoff_value(self._epoch, branches), now_ms(), *messages]
+        self._fenced("sending", [k.run, k.journal, k.live], args)
+
+    def handed_off(self, call: str, giver: str) -> list[int]:
+        [raw] = self._hmget(self._keys.journal, [schema.handoff_field(call, giver)])
+        return schema.parse_handoff(raw, self._epoch)
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
         keys = [self._keys.run, self._keys.journal, self._keys.live]

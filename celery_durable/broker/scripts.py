@@ -48,6 +48,7 @@ SCRIPT_NAMES = (
     "release",
     "release_idempotency",
     "resume",
+    "sending",
     "task_end",
     "task_start",
     "wait",

@@ -20,7 +20,7 @@ from celery_durable.tasks.coordinator import settle_unknown_workflow
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
-from celery_durable.workflows.fanout import BranchTarget
+from celery_durable.workflows.fanout import BranchTarget, BranchWork
 from celery_durable.workflows.passes import branch_pass
 from celery_durable.workflows.replay import Replay
 
@@ -81,13 +81,21 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
     def wake(task_id: str) -> None:
         engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
 
+    def hand_off(branches: list[int], tasks: int) -> None:
+        # Counted in flight first: the run must never look idle between the
+        # two, and a redelivery of this message must know what it gave away.
+        task_ids = [new_task_id() for _ in range(min(tasks, engine.settings.fanout_tasks, len(branches)))]
+        run_journal.hand_off(call_id, token, branches, task_ids)
+        engine.send_branches(record.run_id, record.epoch, record.workflow, call_id, branches, len(task_ids), task_ids)
+
+    work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
     replay = Replay(
         journal=run_journal,
         run=record,
         workflow=definition,
         max_fanout=engine.settings.max_fanout,
         max_payload_bytes=engine.settings.max_payload_bytes,
-        target=BranchTarget(call_id, indices, journal),
+        target=BranchTarget(call_id, indices, journal, work),
         send_agent=send_agent,
         send_call=functools.partial(engine.send_call, record),
     )

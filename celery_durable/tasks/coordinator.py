@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import Flags, RunRecord
@@ -132,8 +132,8 @@ def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> None:
 def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
     settings = engine.settings
 
-    def send(call: str, indices: Sequence[int]) -> list[str]:
-        return engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices)
+    def send(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
+        return engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices, before=count)
 
     def send_agent(agent: str, owner: str, task_id: str) -> None:
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)

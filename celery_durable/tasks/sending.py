@@ -129,22 +129,41 @@ def send_branch(
     )
 
 
-def send_branches(
-    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, indices: Sequence[int]
-) -> list[str]:
-    """Publish the branches as at most ``settings.fanout_tasks`` tasks, on one
-    connection; returns their task ids.
+def first_chunks(indices: Sequence[int], settings: Settings) -> int:
+    """How many branch tasks a fan-out's dispatch sends.
 
     A branch task replays the main body before it runs its thunks, and that
     replay rebuilds the whole list of thunks: one task per branch would make
-    a fan-out of n cost n replays of size n. Chunks keep the total linear,
-    and up to ``fanout_tasks`` branches still run at once across the fleet.
+    a fan-out of n cost n replays of size n. With ``branch_batch_ms`` a
+    fan-out starts as one task per ``fanout_tasks`` branches, and tasks hand
+    on what runs slow (``BranchWork``); without, it starts as wide as it may.
     """
-    chunks = min(len(indices), settings.fanout_tasks)
-    sent: list[str] = []
+    n, cap = len(indices), settings.fanout_tasks
+    if settings.branch_batch_ms <= 0:
+        return min(n, cap)
+    return min(cap, -(-n // cap))
+
+
+def send_branches(
+    app: Celery,
+    settings: Settings,
+    run_id: str,
+    epoch: int,
+    workflow: str,
+    call: str,
+    indices: Sequence[int],
+    tasks: int,
+    task_ids: Sequence[str] | None = None,
+) -> list[str]:
+    """Publish the branches as ``tasks`` tasks (at most one per branch), on one
+    connection, branch j in task j mod ``tasks``; returns their task ids
+    (``task_ids`` when given: ids the journal already counts in flight)."""
+    chunks = max(1, min(len(indices), tasks))
+    sent = list(task_ids) if task_ids is not None else [new_task_id() for _ in range(chunks)]
+    if len(sent) != chunks:
+        raise ValueError(f"{chunks} branch tasks need as many task ids, got {len(sent)}")
     with app.producer_or_acquire() as producer:
-        for chunk in range(chunks):
-            task_id = new_task_id()
+        for chunk, task_id in enumerate(sent):
             branches = list(indices[chunk::chunks])
             kwargs = _branch_kwargs(run_id, epoch, workflow, call, branches)
             _send(
@@ -157,5 +176,4 @@ def send_branches(
                 shown=_branch_shown(kwargs),
                 producer=producer,
             )
-            sent.append(task_id)
     return sent

@@ -121,9 +121,17 @@ class CrashingJournal(MemoryJournal):
         self._plan.check_alive()
         return super().dispatch(seq, index, identity, width, token, position)
 
-    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
+    def sending(self, call: str, messages: Sequence[str]) -> None:
         self._plan.check_alive()
-        super().mark_sent(call, messages)
+        super().sending(call, messages)
+
+    def mark_sent(self, call: str) -> None:
+        self._plan.check_alive()
+        super().mark_sent(call)
+
+    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
+        self._plan.check_alive()
+        super().hand_off(call, giver, branches, messages)
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
         self._plan.check_alive()

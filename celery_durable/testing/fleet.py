@@ -261,9 +261,10 @@ class Fleet:
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
 
     def _replay(self, run: MemoryRun, record: RunRecord, definition: Workflow, execution: str) -> Replay:
-        def send_branches(call: str, indices: Sequence[int]) -> list[str]:
+        def send_branches(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
             # One message per branch, so that "threads" runs every branch at once.
             ids = [new_task_id() for _ in indices]
+            count(ids)
             for task_id, index in zip(ids, indices, strict=True):
                 self.send(Message("branch", run.run_id, record.epoch, task_id, call=call, indices=(index,)))
             return ids

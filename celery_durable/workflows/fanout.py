@@ -12,7 +12,11 @@ ordinary exception, or a fatal failure that aborts the whole call.
 
 from __future__ import annotations
 
+import collections
 import functools
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +39,109 @@ from celery_durable.workflows.unwind import BranchFinished, BranchSuspended
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
 
+logger = logging.getLogger(__name__)
+
 NESTED_FANOUT_THREADS = 32
+
+
+HandOff = Callable[[list[int], int], None]
+"""Sends branches on to the fleet as new branch tasks (at most the given number of tasks)."""
+
+HAND_OFF_REST = 4
+"""Quick branches are handed on once what is left of them would take this many
+``after`` periods: then spreading gains more than the new tasks' replays cost."""
+
+
+class BranchWork:
+    """The branches one branch task holds, taken one after another; those not
+    begun yet are handed on to the fleet when they turn out slow.
+
+    Quick branches (no-op steps, cache hits) then share one task and one
+    replay of the body, where a task each would cost the fleet more than the
+    work. Slow ones (a model call, a sleep) still spread over the fleet: a
+    watcher thread looks every ``after`` seconds and hands on the rest when
+    the branch running has run that long, or when the rest would take
+    ``HAND_OFF_REST`` periods more at the pace so far. A hand-off is
+    guided self-scheduling by measured pace: the quicker the branches, the
+    more of them each new task gets.
+    """
+
+    def __init__(
+        self,
+        giver: str = "",
+        hand_off: HandOff | None = None,
+        after: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.giver = giver
+        """The task id of the message that holds these branches."""
+        self._hand_off = hand_off
+        self._after = after
+        self._clock = clock
+        self._left: collections.deque[int] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._began = 0.0
+        self._current_since = 0.0
+        self._done = 0
+        self._running = False
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def can_hand_off(self) -> bool:
+        return self._hand_off is not None and self._after > 0
+
+    def start(self, todo: Sequence[int]) -> None:
+        self._left.extend(todo)
+        self._began = self._current_since = self._clock()
+        if self.can_hand_off and len(self._left) > 1:
+            self._watcher = threading.Thread(target=self._watch, name="branch-hand-off", daemon=True)
+            self._watcher.start()
+
+    def take(self) -> int | None:
+        """The next branch to run (the one before it is done), or None."""
+        with self._lock:
+            if self._running:
+                self._done += 1
+            self._current_since = self._clock()
+            self._running = bool(self._left)
+            return self._left.popleft() if self._left else None
+
+    def close(self) -> None:
+        """No more hand-offs; waits for one under way, so the task's message
+        ends only once the tasks it handed on are counted in flight."""
+        self._closed.set()
+        with self._lock:
+            self._left.clear()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self._after):
+            if self.tick():
+                return
+
+    def tick(self) -> bool:
+        """Hand on the rest if it is slow; True once nothing is left to hand on."""
+        with self._lock:
+            if self._closed.is_set() or not self._left:
+                return True
+            now = self._clock()
+            if self._done == 0 or now - self._current_since >= self._after:
+                per_task = 1  # a slow branch holds the rest back
+            else:
+                pace = (self._current_since - self._began) / self._done
+                if pace * len(self._left) < HAND_OFF_REST * self._after:
+                    return False
+                per_task = max(1, int(self._after / pace)) if pace > 0 else len(self._left)
+            given = list(self._left)
+            self._left.clear()
+            assert self._hand_off is not None
+            try:
+                self._hand_off(given, -(-len(given) // per_task))
+            except Exception:
+                logger.exception("handing on %d branches failed: this task runs them", len(given))
+                self._left.extend(given)
+                return True
+            return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +149,14 @@ class BranchTarget:
     """The thunks a branch task runs: branches ``indices`` of op ``call``.
 
     ``on_outcome`` journals each branch as soon as it finishes, so a task
-    that dies halfway loses only the branch it was running.
+    that dies halfway loses only the branch it was running. ``work`` hands on
+    those not begun when they run slow (None: the task runs them all).
     """
 
     call: str
     indices: tuple[int, ...]
     on_outcome: Callable[[int, Outcome], None]
+    work: BranchWork | None = None
 
 
 class FanoutOps:
@@ -126,7 +234,8 @@ class FanoutOps:
                 replay.check_pause(cursor)
             if result.pending or result.indices:
                 if result.indices:
-                    replay.journal.mark_sent(call, self._send(call, result.indices))
+                    self._send(call, result.indices)
+                    replay.journal.mark_sent(call)
                 raise replay.suspend()
         else:
             self._run_locally(call, cursor, branches)
@@ -145,24 +254,42 @@ class FanoutOps:
             if index >= len(branches):
                 raise replay.nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
         raws = replay.journal.branch_outcomes(call, len(branches))
-        for index in target.indices:
-            raw = raws[index]
-            if raw is not None and replay.decode(raw).is_live(replay.epoch):
-                continue  # a redelivered task: this branch is journaled already
-            try:
-                outcome = self.run_branch(cursor, branches[index], index)
-            except BranchSuspended:
-                continue  # waits for something whose completion sends this branch again
-            target.on_outcome(index, outcome)
+        work = target.work or BranchWork()
+        # A redelivered task: branches journaled already, or handed on to others.
+        given = set(replay.journal.handed_off(call, work.giver)) if work.can_hand_off else set()
+        work.start([j for j in target.indices if j not in given and not self._is_done(raws[j])])
+        try:
+            while (branch := work.take()) is not None:
+                try:
+                    outcome = self.run_branch(cursor, branches[branch], branch)
+                except BranchSuspended:
+                    continue  # waits for something whose completion sends this branch again
+                target.on_outcome(branch, outcome)
+        finally:
+            work.close()
         replay.unwinding = BranchFinished()
         raise replay.unwinding
+
+    def _is_done(self, raw: str | None) -> bool:
+        return raw is not None and self._replay.decode(raw).is_live(self._replay.epoch)
 
     def _send(self, call: str, indices: Sequence[int]) -> Sequence[str]:
         replay = self._replay
         assert replay.send_branches is not None
+        journal_failed: list[BaseException] = []
+
+        def count(messages: Sequence[str]) -> None:
+            try:
+                replay.journal.sending(call, messages)
+            except BaseException as exc:
+                journal_failed.append(exc)
+                raise
+
         try:
-            return replay.send_branches(call, indices)
+            return replay.send_branches(call, indices, count)
         except Exception as exc:  # kombu/amqp connection errors have no common base
+            if journal_failed:
+                raise  # the journal's own error (an outage, a lost attempt), not the broker's
             error = StorageUnavailableError(f"Broker unavailable while sending branches of {call}: {exc}")
             replay.broken = replay.broken or error
             raise error from None
@@ -189,7 +316,7 @@ class FanoutOps:
         """Run a nested fan-out's unfinished branches on this worker, in threads."""
         replay = self._replay
         raws = replay.journal.branch_outcomes(call, len(branches))
-        todo = [j for j, raw in enumerate(raws) if raw is None or not replay.decode(raw).is_live(replay.epoch)]
+        todo = [j for j, raw in enumerate(raws) if not self._is_done(raw)]
 
         def run_one(j: int) -> bool:
             try:

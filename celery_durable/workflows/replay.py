@@ -65,7 +65,9 @@ if TYPE_CHECKING:
 MAIN = schema.MAIN
 MAX_KEY_LENGTH = 1024
 
-BranchSender = Callable[[str, Sequence[int]], Sequence[str]]
+BranchSender = Callable[[str, Sequence[int], Callable[[Sequence[str]], None]], Sequence[str]]
+"""Publishes branches ``indices`` of ``call`` as tasks, calling the third
+argument with their task ids before it publishes any (``Journal.sending``)."""
 """Sends branch tasks: (call id "<seq>:<op index>", branch indices) -> the task ids sent."""
 AgentSender = Callable[[str, str, str], None]
 """Sends an agent task: (agent id, owner to wake, task id)."""
@@ -125,11 +127,21 @@ class StickyJournal:
         )
         return result
 
-    def mark_sent(self, call: str, messages: Sequence[str]) -> None:
-        self._guard(lambda: self._inner.mark_sent(call, messages))
+    def sending(self, call: str, messages: Sequence[str]) -> None:
+        self._guard(lambda: self._inner.sending(call, messages))
+
+    def mark_sent(self, call: str) -> None:
+        self._guard(lambda: self._inner.mark_sent(call))
 
     def branch_outcomes(self, call: str, count: int) -> list[str | None]:
         result: list[str | None] = self._guard(lambda: self._inner.branch_outcomes(call, count))
+        return result
+
+    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
+        self._guard(lambda: self._inner.hand_off(call, giver, branches, messages))
+
+    def handed_off(self, call: str, giver: str) -> list[int]:
+        result: list[int] = self._guard(lambda: self._inner.handed_off(call, giver))
         return result
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:

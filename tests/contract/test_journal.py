@@ -134,8 +134,10 @@ def test_every_write_of_an_older_epoch_is_fenced_and_counted(make_backend: Backe
         lambda: old.commit_begin("m", step(2, "b", ok(2)), BeginCall()),
         lambda: old.record("m", step(2, "b", ok(2))),
         lambda: old.dispatch("m", 2, "p|1", 1, "execution", position(2, 0)),
-        lambda: old.mark_sent("m:1", ["task"]),
+        lambda: old.sending("m:1", ["task"]),
+        lambda: old.mark_sent("m:1"),
         lambda: old.complete_branch("m:1", 0, ok(0), "wake"),
+        lambda: old.hand_off("m:1", "task", [0], ["handed"]),
         lambda: ask(old, "m", 2),
     ]
     for write in writes:
@@ -286,7 +288,8 @@ def test_dispatch_sends_each_branch_once_per_execution_and_again_after_a_failure
     assert journal.dispatch("m", 0, "p|3", 3, "x1", at) == Dispatch(pending=True, in_flight=1)
     # Another execution before the first said it sent them: it died halfway, send again.
     assert journal.dispatch("m", 0, "p|3", 3, "x2", at) == Dispatch(indices=[0, 1, 2])
-    journal.mark_sent("m:0", ["t0", "t1", "t2"])
+    journal.sending("m:0", ["t0", "t1", "t2"])
+    journal.mark_sent("m:0")
     live = backend.live()
     assert len(live) == 4 and all(live[task].startswith("q|s|") for task in ("t0", "t1", "t2"))
     assert journal.dispatch("m", 0, "p|3", 3, "x3", at) == Dispatch(pending=True, in_flight=4)
@@ -310,7 +313,8 @@ def test_the_messages_the_journal_is_told_about_are_counted_in_flight(make_backe
     journal = backend.journal(1)
     (first,) = backend.live()  # the run's first coordinator message, queued at creation
     journal.dispatch("m", 0, "p|2", 2, "x", position(0, 0))
-    journal.mark_sent("m:0", ["b0", "b1"])
+    journal.sending("m:0", ["b0", "b1"])
+    journal.mark_sent("m:0")
     assert journal.complete_branch("m:0", 0, ok(0), "w0") is False
     assert journal.complete_branch("m:0", 1, ok(1), "w1") is True
     assert ask(journal, "m", 1, message="turn") == AgentCall("dispatch", NO_FLAGS)
@@ -319,6 +323,26 @@ def test_the_messages_the_journal_is_told_about_are_counted_in_flight(make_backe
     assert sorted(live) == sorted([first, "b0", "b1", "w1", "turn"])
     assert [live[task][:4] for task in (first, "b0", "w1", "turn")] == ["q|c|", "q|s|", "q|c|", "q|a|"]
     assert journal.dispatch("m", 0, "p|2", 2, "y", position(0, 0)) == Dispatch(pending=True, in_flight=5)
+
+
+def test_a_hand_off_counts_the_new_tasks_in_flight_and_is_remembered_for_its_giver(
+    make_backend: BackendFactory,
+) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    journal.dispatch("m", 0, "p|4", 4, "x", position(0, 0))
+    journal.sending("m:0", ["b0"])
+    journal.mark_sent("m:0")
+    assert journal.handed_off("m:0", "b0") == []
+    journal.hand_off("m:0", "b0", [1, 2, 3], ["h1", "h2"])
+    assert journal.handed_off("m:0", "b0") == [1, 2, 3]  # a redelivery of b0 leaves them to h1 and h2
+    assert journal.handed_off("m:0", "h1") == []
+    live = backend.live()
+    assert [live[task][:4] for task in ("b0", "h1", "h2")] == ["q|s|"] * 3
+    second = backend.journal(backend.take_over())
+    assert second.handed_off("m:0", "b0") == []  # another attempt's hand-off binds nobody
+    with pytest.raises(StaleAttemptError, match=r"\(stale\)"):
+        second.hand_off("m:0", "b0", [1], ["h3"])  # this attempt never dispatched m:0
 
 
 def test_a_fatal_branch_wakes_at_once_and_all_done_dispatches_nothing(make_backend: BackendFactory) -> None:
@@ -427,7 +451,10 @@ def transcript(backend: Backend) -> list[Any]:
     call(journal.commit_begin, "m", step(0, "a", ok(1)), BeginCall(step_key="b", step_row=RUNNING))
     call(journal.record, "m", step(1, "b", failed(1)))
     call(journal.dispatch, "m", 2, "p|2", 2, "x", position(2, 0))
-    call(journal.mark_sent, "m:2", ["t0", "t1"])
+    call(journal.sending, "m:2", ["t0", "t1"])
+    call(journal.mark_sent, "m:2")
+    call(journal.hand_off, "m:2", "t0", [1], ["t2"])
+    call(journal.handed_off, "m:2", "t0")
     call(journal.begin, "m.2.0", BeginCall(step_key="c", step_row=RUNNING))
     call(journal.record, "m.2.0", step(0, "c", ok("c")))
     call(journal.complete_branch, "m:2", 0, ok("c"), "w")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +81,10 @@ class Driver:
     def replay(self, **extra: Any) -> Replay:
         record = self.run.record()
 
-        def send_branches(call: str, indices: list[int]) -> list[str]:
-            return [self._send_branch(call, j, new_id("branch")) for j in indices]
+        def send_branches(call: str, indices: list[int], count: Callable[[Sequence[str]], None]) -> list[str]:
+            ids = [new_id("branch") for _ in indices]
+            count(ids)
+            return [self._send_branch(call, j, task_id) for j, task_id in zip(indices, ids, strict=True)]
 
         def send_agent(agent: str, owner: str, task_id: str) -> None:
             self.turns.append((agent, owner))

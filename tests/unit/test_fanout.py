@@ -11,6 +11,7 @@ from typing import Any
 
 from celery_durable import WorkflowCancelled, WorkflowContext, workflow
 from celery_durable.broker import schema
+from celery_durable.workflows.fanout import BranchWork
 from tests.unit.harness import Driver
 
 calls: Counter[str] = Counter()
@@ -132,3 +133,72 @@ def test_an_empty_fanout_needs_no_branch_task() -> None:
     settlement = driver.main()
     assert settlement is not None and settlement.result_json == "[]"
     assert driver.branches == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def work_of(after: float, given: list[tuple[list[int], int]], fail: bool = False) -> tuple[BranchWork, Clock]:
+    def hand_off(branches: list[int], tasks: int) -> None:
+        if fail:
+            raise ConnectionError("broker down")
+        given.append((branches, tasks))
+
+    clock = Clock()
+    # ``after`` in the clock's units; the watcher thread's first real look is
+    # ``after`` seconds away, long after these tests call tick() themselves.
+    return BranchWork("giver", hand_off, after, clock=clock), clock
+
+
+def test_quick_branches_stay_in_their_task() -> None:
+    given: list[tuple[list[int], int]] = []
+    work, clock = work_of(60.0, given)
+    work.start(range(8))
+    taken = []
+    while (branch := work.take()) is not None:
+        taken.append(branch)
+        clock.now += 1.0  # each a sixtieth of the hand-off delay
+        if branch == 3:
+            assert work.tick() is False  # four left at this pace: not worth new tasks
+    work.close()
+    assert taken == list(range(8)) and given == []
+
+
+def test_a_slow_branch_hands_the_rest_on_one_task_each() -> None:
+    given: list[tuple[list[int], int]] = []
+    work, clock = work_of(60.0, given)
+    work.start([0, 1, 2, 3])
+    assert work.take() == 0
+    clock.now = 60.0  # branch 0 has run the whole delay
+    assert work.tick() is True
+    assert given == [([1, 2, 3], 3)]
+    assert work.take() is None
+    work.close()
+
+
+def test_many_quick_branches_are_handed_on_in_chunks_sized_by_their_pace() -> None:
+    given: list[tuple[list[int], int]] = []
+    work, clock = work_of(60.0, given)
+    work.start(range(100))
+    for _ in range(10):
+        work.take()
+        clock.now += 3.0  # 3 per branch: the 90 left would take 270 > 4 x 60
+    assert work.tick() is True
+    assert given == [(list(range(10, 100)), 5)]  # 20 branches (one delay's worth) per task
+    work.close()
+
+
+def test_branches_that_could_not_be_handed_on_stay_with_their_task() -> None:
+    given: list[tuple[list[int], int]] = []
+    work, clock = work_of(60.0, given, fail=True)
+    work.start([0, 1, 2])
+    assert work.take() == 0
+    clock.now = 61.0
+    assert work.tick() is True
+    assert [work.take(), work.take(), work.take()] == [1, 2, None]
+    work.close()

@@ -19,6 +19,7 @@ themselves are built in ``keys.py``.
 ``c:<call>``         branches of ``<call>`` still outstanding
 ``d:<call>``         ``"<epoch>:<execution>"`` that dispatched them
 ``s:<call>``         epoch whose dispatch finished sending them
+``g:<call>:<task>``  ``"<epoch>|<j>,<j>,..."`` branches task ``<task>`` handed on
 ``h:<seq>``          progress high-water mark (a position, see ``position``)
 ``k:<seq>``          cut ``"<epoch>:<op index>"``: older attempts' later ops are dead
 ``a:<id>``           outcome of agent turn ``<id>``
@@ -58,7 +59,10 @@ from celery_durable.broker.schema.journal import (
     call_id,
     cut_argument,
     describe,
+    handoff_field,
+    handoff_value,
     op_field,
+    parse_handoff,
     parse_sequence,
     position,
     step_field,
@@ -94,6 +98,9 @@ __all__ = [
     "SequenceHistory",
     "StepRow",
     "agent_row_key",
+    "handoff_field",
+    "handoff_value",
+    "parse_handoff",
     "branch_field",
     "branch_owner",
     "branch_seq",

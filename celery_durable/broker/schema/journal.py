@@ -18,6 +18,7 @@ JOURNAL_FIELDS: dict[str, str] = {
     "c:": "c:<call>: branches outstanding",
     "d:": "d:<call>: '<epoch>:<execution>' that dispatched the branches",
     "s:": "s:<call>: epoch whose dispatch finished sending",
+    "g:": "g:<call>:<task id>: '<epoch>|<j>,<j>,...' branches that branch task handed on to new tasks",
     "h:": "h:<seq>: progress high-water mark",
     "k:": "k:<seq>: cut '<epoch>:<op index>'",
     "a:": "a:<id>: agent turn outcome",
@@ -52,6 +53,27 @@ def value_field(seq: str, index: int) -> str:
 
 def branch_field(call: str, branch: int) -> str:
     return f"r:{call}:{branch}"
+
+
+def handoff_field(call: str, giver: str) -> str:
+    return f"g:{call}:{giver}"
+
+
+def handoff_value(epoch: int, branches: Sequence[int]) -> str:
+    return f"{epoch}|{','.join(str(j) for j in branches)}"
+
+
+def parse_handoff(raw: str | None, epoch: int) -> list[int]:
+    """The branches a ``g:`` field says were handed on in attempt ``epoch`` (none for another attempt)."""
+    if not raw:
+        return []
+    stamp, _, text = raw.partition("|")
+    try:
+        if int(stamp) != epoch:
+            return []
+        return [int(j) for j in text.split(",") if j]
+    except ValueError:
+        raise StorageCorruptError(f"A hand-off record is not one celery-durable wrote: {raw[:80]!r}") from None
 
 
 def call_id(seq: str, index: int) -> str:
