@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from celery_durable.broker.store import RedisClient, storage_errors
+from celery_durable.broker.connection import RedisClient, storage_errors
 
 SUBSCRIBE_TIMEOUT = 10.0
 

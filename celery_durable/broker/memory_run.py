@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery_durable.broker import schema
+from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.journal import Flags
 from celery_durable.broker.memory_agents import MemoryAgentTurns
 from celery_durable.broker.memory_liveness import (
@@ -54,7 +55,7 @@ from celery_durable.broker.memory_prelude import (
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.scripts import now_ms, refuse
-from celery_durable.broker.store import Examined, Signalled
+from celery_durable.broker.store import Signalled
 from celery_durable.errors import StaleAttemptError
 
 Clock = Callable[[], int]

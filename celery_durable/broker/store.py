@@ -2,30 +2,29 @@
 
 Every write made on behalf of an attempt goes through a Lua script that
 checks the attempt's epoch in the same script. Redis errors are translated
-here, at the edge, into ``StorageUnavailableError``/``StorageCorruptError``.
+at the edge (``connection.storage_errors``) into
+``StorageUnavailableError``/``StorageCorruptError``. The sweep's calls live
+in ``fleet_store.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, cast
 
-import redis
-import redis.exceptions
-from redis.cluster import RedisCluster
-
 from celery_durable.broker import schema
+from celery_durable.broker.connection import RedisClient, connect, storage_errors
+from celery_durable.broker.fleet_store import FleetLiveness
 from celery_durable.broker.journal import Flags
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
-from celery_durable.broker.records import STATUSES, RunRecord
+from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal, flags_of
 from celery_durable.broker.scripts import Scripts, now_ms, refuse
 from celery_durable.config import Settings
-from celery_durable.errors import StorageCorruptError, StorageError, StorageUnavailableError
+from celery_durable.errors import StorageCorruptError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -41,106 +40,8 @@ class Signalled:
     owners: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class Examined:
-    """A run as the sweep sees it: status, epoch, and for a pending or running
-    run its liveness verdict ('alive', 'waiting' or 'dead') with its detail
-    (when to look again, or why it is dead)."""
 
-    status: str
-    epoch: int
-    workflow: str
-    verdict: str
-    detail: str
-    woken: list[str] = field(default_factory=list)
-    """Owners whose timers fired here: the caller sends each its message."""
-
-    @property
-    def next_check(self) -> int | None:
-        return int(float(self.detail)) if self.verdict in ("alive", "waiting") and self.detail else None
-
-
-_NOT_NOW = (
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.TryAgainError,
-)
-"""Redis is there but cannot take this write now: out of memory, a replica,
-a cluster without a master. redis-py strips the error code ("OOM ...") from
-their messages, so they are told apart by class, not by text."""
-
-
-@contextlib.contextmanager
-def storage_errors() -> Iterator[None]:
-    """Translate redis-py errors into the two storage errors users see.
-
-    Unavailable: nothing was written and the same call can succeed later.
-    Corrupt: Redis holds data celery-durable did not write (a wrong type, a
-    script that failed on a stored value). Messages never hold the URL, so a
-    password in it cannot leak into logs.
-    """
-    try:
-        yield
-    except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
-        raise StorageUnavailableError(
-            f"Redis refused the credentials of redis_url (user and password, or ACL): {exc}"
-        ) from None
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        # BusyLoadingError (still loading its append-only file) is one of these.
-        raise StorageUnavailableError(f"Redis is unavailable: {exc}") from None
-    except redis.exceptions.NoPermissionError as exc:
-        raise StorageUnavailableError(
-            f"The Redis user of redis_url lacks a permission celery-durable needs (check its ACL): {exc}"
-        ) from None
-    except _NOT_NOW as exc:
-        raise StorageUnavailableError(f"Redis cannot serve the journal now: {exc}") from None
-    except redis.exceptions.ResponseError as exc:
-        if str(exc).startswith(("BUSY", "LOADING", "MASTERDOWN")):
-            raise StorageUnavailableError(f"Redis cannot serve the journal now: {exc}") from None
-        raise StorageCorruptError(f"Redis refused an operation on stored data: {exc}") from None
-    except redis.exceptions.RedisError as exc:
-        # InvalidResponse and the like: the conversation broke, not the data.
-        raise StorageUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from None
-    except redis.exceptions.RedisClusterException as exc:
-        # No RedisError: the cluster client found no node for a slot, or none
-        # of the nodes it knows answers. The slot may be served again later.
-        raise StorageUnavailableError(f"Redis Cluster cannot serve the journal now: {exc}") from None
-    except UnicodeDecodeError as exc:
-        # A stored value that is not UTF-8: nothing celery-durable writes.
-        # redis-py drops the connection it was reading from, so the next call
-        # starts clean; the data is what is wrong, every time it is read.
-        raise StorageCorruptError(f"Redis holds a value that is not UTF-8 text: {exc}") from None
-
-
-RedisClient = redis.Redis | RedisCluster
-"""One Redis, or a Redis Cluster (``settings.redis_cluster``). Both speak the
-same commands; on a cluster each script runs on the node that serves its
-keys' slot, which is why every script is given keys of one hash tag only."""
-
-
-def connect(settings: Settings) -> RedisClient:
-    """The journal's client, as ``settings`` describe it.
-
-    Every call answers within the operation timeout, or fails with
-    ``StorageUnavailableError``: a stalled Redis must not hang callers, and a
-    worker must learn of it while its lease can still be defended. A cluster
-    client reads the slot map from ``redis_url``'s node when it is made, and
-    again whenever a node answers MOVED or stops answering.
-    """
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "socket_connect_timeout": settings.redis_timeout_seconds,
-        "socket_timeout": settings.redis_timeout_seconds,
-        "health_check_interval": 30,
-    }
-    if settings.redis_cluster:
-        with storage_errors():
-            return RedisCluster.from_url(settings.redis_url, **options)
-    return redis.Redis.from_url(settings.redis_url, **options)
-
-
-class RunStore:
+class RunStore(FleetLiveness):
     """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
 
     def __init__(self, settings: Settings, client: RedisClient | None = None) -> None:
@@ -269,10 +170,6 @@ class RunStore:
         return [(str(member), float(score)) for member, score in rows]
 
     # -- activation, heartbeats, task starts and ends -------------------------
-
-    @property
-    def lease_ms(self) -> int:
-        return int(self.settings.lease_seconds * 1000)
 
     def activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str) -> Flags | int:
         """Take the activation lock for the pass whose task id is ``token`` and
@@ -489,44 +386,6 @@ class RunStore:
             self._retain(record.run_id)
         return bool(reply[0] == "ok")
 
-    # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
-    # and every look at a run reads the run itself) ----------------------------
-
-    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
-        """Have the sweep look at the run at ``at_ms``; ``sooner_only`` never
-        puts off a look already scheduled earlier."""
-        with storage_errors():
-            self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
-
-    def unschedule(self, run_id: str) -> None:
-        with storage_errors():
-            self.client.zrem(self.keys.sweep_due, run_id)
-
-    def claim_due(self, now: int, count: int, hold_ms: int) -> tuple[list[str], int | None]:
-        """Runs due now, each handed to this caller alone for ``hold_ms``; and
-        when the next run falls due (None: none scheduled)."""
-        reply = self._run("claim_due", [self.keys.sweep_due], [now, count, hold_ms])
-        next_due = int(float(reply[0])) if reply and reply[0] not in ("", None) else None
-        return [str(run_id) for run_id in reply[1:]], next_due
-
-    def examine(self, run_id: str, room: str, *, fire_prefix: str = "") -> Examined | None:
-        """The run's status and liveness (``examine.lua``), or None when it does
-        not exist. With ``fire_prefix``, its due timers fire: the owners to wake
-        come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
-        k = self.run_keys(run_id)
-        args = [now_ms(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
-        reply = self._run("examine", [k.run, k.live, k.waits], args)
-        if not reply:
-            return None
-        try:
-            if reply[0] not in STATUSES:
-                raise ValueError(f"unknown status {reply[0]!r}")
-            return Examined(
-                str(reply[0]), int(reply[1]), str(reply[2]), str(reply[3]), str(reply[4]), [str(o) for o in reply[5:]]
-            )
-        except (ValueError, IndexError) as exc:
-            raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
-
     def call_done(
         self, run_id: str, epoch: int, key: str, outcome: str, error: str, wake_prefix: str
     ) -> list[str] | None:
@@ -557,69 +416,6 @@ class RunStore:
         if reply[0] == "refused":
             return Signalled("refused", status=str(reply[1]))
         return Signalled("ok", epoch=int(reply[1]), owners=[str(owner) for owner in reply[2:]])
-
-    def report_worker(self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int) -> None:
-        """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id
-        -> run id) and no longer holds ``gone``. Written as a change, never as
-        a whole new set: a message reported by ``hold_message`` meanwhile stays."""
-        held_key = self.keys.held_prefix + worker
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zadd(self.keys.workers, {worker: at_ms})
-            if gone:
-                pipe.hdel(held_key, *gone)
-            if held:
-                pipe.hset(held_key, mapping=held)
-            pipe.execute()
-
-    def hold_message(self, worker: str, task_id: str, run_id: str, at_ms: int) -> None:
-        """Worker ``worker`` just received message ``task_id`` of the run: said
-        at once, before the worker can die holding a message nobody knows of."""
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zadd(self.keys.workers, {worker: at_ms})
-            pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
-            pipe.execute()
-
-    def forget_worker(self, worker: str) -> None:
-        """A worker that stops cleanly holds nothing: it is not dead, only gone."""
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zrem(self.keys.workers, worker)
-            pipe.delete(self.keys.held_prefix + worker)
-            pipe.execute()
-
-    def claim_dead_workers(self, silent_since_ms: int) -> dict[str, dict[str, list[str]]]:
-        """Workers silent since before ``silent_since_ms``, claimed by this caller alone:
-        worker -> run id -> the task ids of the run it held."""
-        reply = self._run("claim_dead_workers", [self.keys.workers], [silent_since_ms, self.keys.held_prefix])
-        dead: dict[str, dict[str, list[str]]] = {}
-        for worker, text in zip(reply[::2], reply[1::2], strict=True):
-            runs: dict[str, list[str]] = {}
-            for pair in str(text).split():
-                task_id, _, run_id = pair.partition("|")
-                runs.setdefault(run_id, []).append(task_id)
-            dead[str(worker)] = runs
-        return dead
-
-    def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
-        """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
-        k = self.run_keys(run_id)
-        return int(self._run("mark_lost", [k.run, k.live], [now_ms(), *task_ids]))
-
-    def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
-        """The broker held no message in ``queues`` at ``at_ms``."""
-        if queues:
-            with storage_errors():
-                self.client.hset(self.keys.queues_empty, mapping=dict.fromkeys(queues, at_ms))
-
-    def queue_room(self) -> str:
-        """When each of the engine's queues was last found empty, as liveness takes it."""
-        with storage_errors():
-            seen = cast(dict[str, str], self.client.hgetall(self.keys.queues_empty))
-        s = self.settings
-        kinds = {"c": s.coordinator_queue, "s": s.steps_queue, "a": s.agents_queue}
-        return ",".join(f"{kind}={seen[queue]}" for kind, queue in kinds.items() if seen.get(queue, "").isdigit())
 
     def refused_writes(self, run_id: str) -> int:
         """How many writes the fence refused for this run (stale epochs)."""

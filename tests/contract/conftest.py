@@ -20,9 +20,10 @@ import pytest
 
 from celery_durable import Engine, Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
+from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.memory import MemoryJournal
 from celery_durable.broker.progress import ProgressSlice
-from celery_durable.broker.store import Examined, Signalled
+from celery_durable.broker.store import Signalled
 from celery_durable.testing import VirtualClock
 from celery_durable.testing.fleet import new_memory_run
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import schema
+from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.journal import BeginCall, Flags
 from celery_durable.broker.memory import MemoryJournal, MemoryRun
-from celery_durable.broker.store import Examined
 from celery_durable.testing.fleet import new_memory_run
 
 

@@ -1,0 +1,158 @@
+"""What the recovery sweep reads and writes: its schedule of runs to look
+at, each run's liveness verdict, and the fleet's beats (which worker is
+alive, which messages it holds, which queues were found empty).
+
+Part of ``RunStore`` (a base class of it): these are the store's calls that
+serve the sweep rather than one run's attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from celery_durable.broker.connection import RedisClient, storage_errors
+from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.records import STATUSES
+from celery_durable.broker.scripts import now_ms
+from celery_durable.config import Settings
+from celery_durable.errors import StorageCorruptError
+
+
+@dataclass(frozen=True, slots=True)
+class Examined:
+    """A run as the sweep sees it: status, epoch, and for a pending or running
+    run its liveness verdict ('alive', 'waiting' or 'dead') with its detail
+    (when to look again, or why it is dead)."""
+
+    status: str
+    epoch: int
+    workflow: str
+    verdict: str
+    detail: str
+    woken: list[str] = field(default_factory=list)
+    """Owners whose timers fired here: the caller sends each its message."""
+
+    @property
+    def next_check(self) -> int | None:
+        return int(float(self.detail)) if self.verdict in ("alive", "waiting") and self.detail else None
+
+
+class FleetLiveness:
+    """The sweep's calls of ``RunStore``."""
+
+    settings: Settings
+    keys: KeySpace
+    client: RedisClient
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def run_keys(self, run_id: str) -> RunKeys:
+        raise NotImplementedError
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.lease_seconds * 1000)
+
+    # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
+    # and every look at a run reads the run itself) ----------------------------
+
+    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
+        """Have the sweep look at the run at ``at_ms``; ``sooner_only`` never
+        puts off a look already scheduled earlier."""
+        with storage_errors():
+            self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
+
+    def unschedule(self, run_id: str) -> None:
+        with storage_errors():
+            self.client.zrem(self.keys.sweep_due, run_id)
+
+    def claim_due(self, now: int, count: int, hold_ms: int) -> tuple[list[str], int | None]:
+        """Runs due now, each handed to this caller alone for ``hold_ms``; and
+        when the next run falls due (None: none scheduled)."""
+        reply = self._run("claim_due", [self.keys.sweep_due], [now, count, hold_ms])
+        next_due = int(float(reply[0])) if reply and reply[0] not in ("", None) else None
+        return [str(run_id) for run_id in reply[1:]], next_due
+
+    def examine(self, run_id: str, room: str, *, fire_prefix: str = "") -> Examined | None:
+        """The run's status and liveness (``examine.lua``), or None when it does
+        not exist. With ``fire_prefix``, its due timers fire: the owners to wake
+        come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
+        k = self.run_keys(run_id)
+        args = [now_ms(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
+        reply = self._run("examine", [k.run, k.live, k.waits], args)
+        if not reply:
+            return None
+        try:
+            if reply[0] not in STATUSES:
+                raise ValueError(f"unknown status {reply[0]!r}")
+            return Examined(
+                str(reply[0]), int(reply[1]), str(reply[2]), str(reply[3]), str(reply[4]), [str(o) for o in reply[5:]]
+            )
+        except (ValueError, IndexError) as exc:
+            raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
+
+    def report_worker(self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int) -> None:
+        """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id
+        -> run id) and no longer holds ``gone``. Written as a change, never as
+        a whole new set: a message reported by ``hold_message`` meanwhile stays."""
+        held_key = self.keys.held_prefix + worker
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(self.keys.workers, {worker: at_ms})
+            if gone:
+                pipe.hdel(held_key, *gone)
+            if held:
+                pipe.hset(held_key, mapping=held)
+            pipe.execute()
+
+    def hold_message(self, worker: str, task_id: str, run_id: str, at_ms: int) -> None:
+        """Worker ``worker`` just received message ``task_id`` of the run: said
+        at once, before the worker can die holding a message nobody knows of."""
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(self.keys.workers, {worker: at_ms})
+            pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
+            pipe.execute()
+
+    def forget_worker(self, worker: str) -> None:
+        """A worker that stops cleanly holds nothing: it is not dead, only gone."""
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zrem(self.keys.workers, worker)
+            pipe.delete(self.keys.held_prefix + worker)
+            pipe.execute()
+
+    def claim_dead_workers(self, silent_since_ms: int) -> dict[str, dict[str, list[str]]]:
+        """Workers silent since before ``silent_since_ms``, claimed by this caller alone:
+        worker -> run id -> the task ids of the run it held."""
+        reply = self._run("claim_dead_workers", [self.keys.workers], [silent_since_ms, self.keys.held_prefix])
+        dead: dict[str, dict[str, list[str]]] = {}
+        for worker, text in zip(reply[::2], reply[1::2], strict=True):
+            runs: dict[str, list[str]] = {}
+            for pair in str(text).split():
+                task_id, _, run_id = pair.partition("|")
+                runs.setdefault(run_id, []).append(task_id)
+            dead[str(worker)] = runs
+        return dead
+
+    def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
+        """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
+        k = self.run_keys(run_id)
+        return int(self._run("mark_lost", [k.run, k.live], [now_ms(), *task_ids]))
+
+    def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
+        """The broker held no message in ``queues`` at ``at_ms``."""
+        if queues:
+            with storage_errors():
+                self.client.hset(self.keys.queues_empty, mapping=dict.fromkeys(queues, at_ms))
+
+    def queue_room(self) -> str:
+        """When each of the engine's queues was last found empty, as liveness takes it."""
+        with storage_errors():
+            seen = cast(dict[str, str], self.client.hgetall(self.keys.queues_empty))
+        s = self.settings
+        kinds = {"c": s.coordinator_queue, "s": s.steps_queue, "a": s.agents_queue}
+        return ",".join(f"{kind}={seen[queue]}" for kind, queue in kinds.items() if seen.get(queue, "").isdigit())
