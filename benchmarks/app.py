@@ -185,6 +185,23 @@ def many(ctx: WorkflowContext) -> int:
     return len(results)
 
 
+@workflow(name="bench.calls", description="n ctx.calls of the plain no-op task, one after another", phases=[])
+def calls(ctx: WorkflowContext) -> int:
+    """Each call publishes the task and suspends the run; its answer wakes the next pass."""
+    n = int(ctx.args["n"])
+    for i in range(n):
+        ctx.call(f"c{i}", NOOP_TASK)
+    return n
+
+
+@workflow(name="bench.call-fanout", description="parallel of n ctx.calls of the plain no-op task", phases=[])
+def call_fanout(ctx: WorkflowContext) -> int:
+    """Every branch is one call: the fan-out's branches suspend and the called tasks run on the fleet."""
+    n = int(ctx.args["n"])
+    results = ctx.parallel([functools.partial(ctx.call, f"p{i}", NOOP_TASK) for i in range(n)])
+    return len(results)
+
+
 def _hold(key: str, seconds: float) -> None:
     """Block (BLPOP: no Redis traffic while it waits) until released, or ``seconds``."""
     _marks().blpop([key], timeout=seconds)
@@ -197,7 +214,9 @@ def hold(ctx: WorkflowContext) -> None:
     ctx.step("hold", functools.partial(_hold, key, float(ctx.args.get("seconds", 900))))
 
 
-WORKFLOWS = [sequential, fanout, pipeline, one_step, replay, ticker, footprint, timer, many, hold]
+WORKFLOWS = [
+    sequential, fanout, pipeline, one_step, replay, ticker, footprint, timer, many, hold, calls, call_fanout,
+]
 
 
 def build_engine(settings: Settings | None = None) -> Engine:

@@ -52,6 +52,10 @@ class Plan:
     soak_runs: int = 2_000
     soak_window: int = 16
     """Runs (or chains) kept in flight during the soak."""
+    calls_sequential: int = 1_000
+    """ctx.calls of the no-op task one after another in one run (vs as many ``delay().get()``)."""
+    calls_width: int = 4_096
+    """Branches of the parallel whose every branch is one ctx.call (vs a group as wide)."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -59,7 +63,7 @@ class Plan:
 
     @property
     def max_fanout(self) -> int:
-        return max(self.fanout_sizes)
+        return max(*self.fanout_sizes, self.calls_width)
 
     def fanout_runs(self, width: int) -> int:
         if self.wide_fanout and width > self.wide_fanout:
@@ -120,4 +124,6 @@ def quick_plan(repeat: int) -> Plan:
         sweep_window=0.3,
         soak_runs=24,
         soak_window=8,
+        calls_sequential=20,
+        calls_width=64,
     )

@@ -47,12 +47,20 @@ def test_sequential_steps_run_in_one_pass_of_the_workflow_body(durable) -> None:
     assert CALLS[f"{envelope.run_id}:body"] == 1, "n sequential steps must not cost n replays"
 
 
-def test_a_fanout_costs_one_more_coordinator_pass_and_one_replay_per_branch(durable) -> None:
+def test_a_fanout_costs_one_more_coordinator_pass_and_one_replay_per_branch_task(durable) -> None:
     d = durable([FAN])
     envelope = d.client.run_workflow("fan-cost", timeout=60)
     assert envelope.status == "completed"
     assert envelope.result == sum(range(50)) * 2 + 12
-    # Two coordinator passes (before and after the fan-out) plus one replay per branch.
+    # Two coordinator passes (before and after the fan-out) plus one replay
+    # per branch task: four quick branches share one task (branch_batch_ms).
+    assert CALLS[f"{envelope.run_id}:body"] == 2 + 1
+
+
+def test_without_batching_each_branch_is_its_own_task_and_replay(durable) -> None:
+    d = durable([FAN], branch_batch_ms=0)
+    envelope = d.client.run_workflow("fan-cost", timeout=60)
+    assert envelope.status == "completed"
     assert CALLS[f"{envelope.run_id}:body"] == 2 + 4
 
 

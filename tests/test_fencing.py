@@ -69,7 +69,8 @@ HEARTBEAT_FIELDS = frozenset({"lease_until", "lock_until"})
 
 def durable_state(store: RunStore, run_id: str, *, ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Everything Redis holds for one run, whatever the key: its record (less
-    the fields in ``ignore``), journal, step rows, progress and indexes."""
+    the fields in ``ignore``, and with them the expiries of running messages),
+    journal, step rows, progress and indexes."""
     client = store.client
     run_key = store.run_keys(run_id).run
     base = run_key.removesuffix(":run")
@@ -80,6 +81,9 @@ def durable_state(store: RunStore, run_id: str, *, ignore: frozenset[str] = froz
             value: Any = client.hgetall(key)
             if key == run_key:
                 value = {name: field for name, field in value.items() if name not in ignore}
+            elif key == f"{base}:live" and ignore:
+                # A running message's entry is 'x|<expiry>': heartbeats move the expiry.
+                value = {name: "x|" if entry.startswith("x|") else entry for name, entry in value.items()}
         elif kind == "stream":
             value = client.xrange(key)
         elif kind == "zset":

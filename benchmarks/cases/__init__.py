@@ -1,5 +1,6 @@
 """The cases of the benchmark: the seven of the engine's issue, in its order, the web view's, then
-the cases of issues 11, 13 and 14 (timers, many runs at once, the soak, the sweep at scale).
+the cases of issues 11, 13 and 14 (timers, many runs at once, the soak, the sweep at scale), then
+``ctx.call`` of a plain Celery task (SPEC §5a).
 
 Each module has ``run(bench, plan) -> CaseResult``; the results table is
 built from the rows they return.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from benchmarks.cases import (
+    calls,
     fanout,
     footprint,
     latency,
@@ -42,4 +44,5 @@ CASES: dict[str, CaseRunner] = {
     "many": many.run,
     "soak": soak.run,
     "sweep": sweep.run,
+    "calls": calls.run,
 }
