@@ -35,16 +35,16 @@ class StepRow:
     """Where the step stands, "<seq>:<index>": it orders steps begun in the same ms."""
 
     def encode(self) -> str:
-        return _dumps(
-            {
-                "status": self.status,
-                "attempt": self.attempt,
-                "started_at": self.started_at,
-                "finished_at": self.finished_at,
-                "error": self.error,
-                "op": self.op,
-            }
-        )
+        """Defaults left out (attempt 1, no error): a run keeps a row per step,
+        and at a thousand steps those bytes are most of its footprint."""
+        row: dict[str, Any] = {"status": self.status}
+        if self.attempt != 1:
+            row["attempt"] = self.attempt
+        row |= {"started_at": self.started_at, "finished_at": self.finished_at}
+        if self.error is not None:
+            row["error"] = self.error
+        row["op"] = self.op
+        return _dumps(row)
 
     @classmethod
     def running(cls, attempt: int, now: int, op: str = "") -> StepRow:
@@ -71,7 +71,7 @@ class StepRow:
                 raise ValueError(f"status {status!r}")
             return cls(
                 status=status,
-                attempt=int(row["attempt"]),
+                attempt=int(row.get("attempt", 1)),
                 started_at=optional_ms(row.get("started_at")),
                 finished_at=optional_ms(row.get("finished_at")),
                 error=None if row.get("error") is None else str(row["error"]),
