@@ -39,6 +39,10 @@ class Examined:
         return int(float(self.detail)) if self.verdict in ("alive", "waiting") and self.detail else None
 
 
+BUSY_AFTER_MS = 1500
+"""Three sweep intervals: every worker's sweep looks at the queues twice a second."""
+
+
 class FleetLiveness:
     """The sweep's calls of ``RunStore``."""
 
@@ -148,6 +152,14 @@ class FleetLiveness:
         if queues:
             with storage_errors():
                 self.client.hset(self.keys.queues_empty, mapping=dict.fromkeys(queues, at_ms))
+
+    def steps_queue_busy(self) -> bool:
+        """The steps queue has held messages for a while (a backlog): the sweeps
+        found it empty last more than ``BUSY_AFTER_MS`` ago. Never found empty
+        (no sweep has looked yet) is not busy."""
+        with storage_errors():
+            seen = cast(str | None, self.client.hget(self.keys.queues_empty, self.settings.steps_queue))
+        return seen is not None and seen.isdigit() and now_ms() - int(seen) > BUSY_AFTER_MS
 
     def queue_room(self) -> str:
         """When each of the engine's queues was last found empty, as liveness takes it."""

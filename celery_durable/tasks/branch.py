@@ -81,12 +81,15 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
     def wake(task_id: str) -> None:
         engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
 
-    def hand_off(branches: list[int], tasks: int) -> None:
+    def hand_off(branches: list[int], tasks: int) -> bool:
+        if store.steps_queue_busy():
+            return False
         # Counted in flight first: the run must never look idle between the
         # two, and a redelivery of this message must know what it gave away.
         task_ids = [new_task_id() for _ in range(min(tasks, engine.settings.fanout_tasks, len(branches)))]
         run_journal.hand_off(call_id, token, branches, task_ids)
         engine.send_branches(record.run_id, record.epoch, record.workflow, call_id, branches, len(task_ids), task_ids)
+        return True
 
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
     replay = Replay(

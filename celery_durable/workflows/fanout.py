@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 NESTED_FANOUT_THREADS = 32
 
 
-HandOff = Callable[[list[int], int], None]
-"""Sends branches on to the fleet as new branch tasks (at most the given number of tasks)."""
+HandOff = Callable[[list[int], int], bool]
+"""Sends branches on to the fleet as new branch tasks (at most the given
+number of tasks); False when the fleet has no room for them now."""
 
 HAND_OFF_REST = 4
 """Quick branches are handed on once what is left of them would take this many
@@ -61,7 +62,9 @@ class BranchWork:
     work. Slow ones (a model call, a sleep) still spread over the fleet: a
     watcher thread looks every ``after`` seconds and hands on the rest when
     the branch running has run that long, or when the rest would take
-    ``HAND_OFF_REST`` periods more at the pace so far. A hand-off is
+    ``HAND_OFF_REST`` periods more at the pace so far, unless the fleet is
+    busy (its steps queue has a backlog: new tasks would only wait in it, and
+    a starved thread's slow pace is no sign of slow branches). A hand-off is
     guided self-scheduling by measured pace: the quicker the branches, the
     more of them each new task gets.
     """
@@ -133,14 +136,14 @@ class BranchWork:
                     return False
                 per_task = max(1, int(self._after / pace)) if pace > 0 else len(self._left)
             given = list(self._left)
-            self._left.clear()
             assert self._hand_off is not None
             try:
-                self._hand_off(given, -(-len(given) // per_task))
+                if not self._hand_off(given, -(-len(given) // per_task)):
+                    return False  # the fleet is busy: new tasks would only queue; look again later
             except Exception:
                 logger.exception("handing on %d branches failed: this task runs them", len(given))
-                self._left.extend(given)
                 return True
+            self._left.clear()
             return True
 
 

@@ -143,11 +143,16 @@ class Clock:
         return self.now
 
 
-def work_of(after: float, given: list[tuple[list[int], int]], fail: bool = False) -> tuple[BranchWork, Clock]:
-    def hand_off(branches: list[int], tasks: int) -> None:
+def work_of(
+    after: float, given: list[tuple[list[int], int]], fail: bool = False, busy: list[bool] | None = None
+) -> tuple[BranchWork, Clock]:
+    def hand_off(branches: list[int], tasks: int) -> bool:
         if fail:
             raise ConnectionError("broker down")
+        if busy and busy.pop(0):
+            return False
         given.append((branches, tasks))
+        return True
 
     clock = Clock()
     # ``after`` in the clock's units; the watcher thread's first real look is
@@ -201,4 +206,19 @@ def test_branches_that_could_not_be_handed_on_stay_with_their_task() -> None:
     clock.now = 61.0
     assert work.tick() is True
     assert [work.take(), work.take(), work.take()] == [1, 2, None]
+    work.close()
+
+
+def test_a_busy_fleet_leaves_the_branches_with_their_task_until_it_has_room() -> None:
+    given: list[tuple[list[int], int]] = []
+    work, clock = work_of(60.0, given, busy=[True, False])
+    work.start([0, 1, 2])
+    assert work.take() == 0
+    clock.now = 60.0
+    assert work.tick() is False  # a backlog: new tasks would only wait in it
+    assert given == []
+    clock.now = 120.0
+    assert work.tick() is True
+    assert given == [([1, 2], 2)]
+    assert work.take() is None
     work.close()
