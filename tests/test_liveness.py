@@ -102,6 +102,22 @@ def test_a_worker_tells_the_fleet_which_runs_messages_it_holds(settings: Setting
     poll(lambda: run_id not in reported(), 20, "the worker to report the message gone once it ended")
 
 
+def test_a_received_message_is_judged_by_its_workers_beats_not_by_its_queue(durable) -> None:
+    """A worker may hold a message it cannot start yet (a countdown, no free
+    slot): once it said it received it, an empty queue says nothing of it."""
+    d = durable([load], worker=False)
+    run_id = d.client.start_workflow("load")
+    store = d.engine.store
+    [message] = store.client.hkeys(store.run_keys(run_id).live)
+    store.hold_message("worker-a", message, run_id, at_ms=1)
+    assert store.client.hget(store.run_keys(run_id).live, message).endswith("|held")
+    far = int(time.time() * 1000) + 60_000
+    empty = f"c={far},s={far},a={far}"
+    assert [store.examine(run_id, empty).verdict for _ in range(2)] == ["alive", "alive"]
+    assert store.mark_lost(run_id, [message]) == 1  # the worker stopped beating
+    assert store.examine(run_id, empty).detail == f"the worker holding task {message} died"
+
+
 @pytest.mark.slow
 def test_a_killed_worker_loses_exactly_its_runs_and_they_are_taken_over_promptly(
     settings: Settings, fleet: Fleet, raw_redis

@@ -114,12 +114,15 @@ class FleetLiveness:
 
     def hold_message(self, worker: str, task_id: str, run_id: str, at_ms: int) -> None:
         """Worker ``worker`` just received message ``task_id`` of the run: said
-        at once, before the worker can die holding a message nobody knows of."""
+        at once, before the worker can die holding a message nobody knows of,
+        and marked held in the run's live hash (``received.lua``). Two writes:
+        the fleet's keys and the run's live under different hash tags."""
         with storage_errors():
             pipe = self.client.pipeline(transaction=True)
             pipe.zadd(self.keys.workers, {worker: at_ms})
             pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
             pipe.execute()
+        self._run("received", [self.run_keys(run_id).live], [task_id])
 
     def forget_worker(self, worker: str) -> None:
         """A worker that stops cleanly holds nothing: it is not dead, only gone."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery_durable.broker.memory_prelude import RunState, entry_alive
@@ -110,6 +110,36 @@ def owner_kind(owner: str) -> str:
     return "c" if owner == "m" else "s"
 
 
+def mark_received(state: RunState, task_ids: Sequence[str]) -> int:
+    """``received.lua``: queued messages a worker received are '|held'."""
+    marked = 0
+    for task_id in task_ids:
+        queued = _QUEUED.fullmatch(state.live.get(task_id) or "")
+        if queued:
+            state.live[task_id] = f"q|{queued.group(1)}|{queued.group(2)}|held"
+            marked += 1
+    return marked
+
+
+def _queued(
+    state: RunState, task_id: str, value: str, now: int, lease_ms: int, empty: Mapping[str, str]
+) -> tuple[str, int]:
+    """A queued message in ``liveness()``: why it is dead ('' if it is not), and when to look again."""
+    queued = _QUEUED.fullmatch(value)
+    kind, due, rest = queued.groups() if queued else (None, "0", "")
+    due_ms = int(due)
+    if rest == "|held":
+        return "", now + lease_ms  # its worker's silence judges it
+    gone_match = _GONE.fullmatch(rest)
+    gone = int(gone_match.group(1)) if gone_match else None
+    if gone is not None and now - gone >= START_MARGIN_MS:
+        return f"task {task_id} left its queue and never started", 0
+    if gone is None and int(empty.get(kind or "") or "0") > due_ms:
+        gone = now
+        state.live[task_id] = f"q|{kind}|{due_ms}|gone {now}"
+    return "", gone + START_MARGIN_MS if gone is not None else max(due_ms, now + lease_ms)
+
+
 def liveness(state: RunState, now: int, lease_ms: int, empty: Mapping[str, str]) -> tuple[str, str | int]:
     """``liveness()``: ('alive', ms to look again), ('waiting', due ms or ''), or ('dead', why)."""
     next_check: int | None = None
@@ -122,17 +152,9 @@ def liveness(state: RunState, now: int, lease_ms: int, empty: Mapping[str, str])
                 return "dead", f"its worker stopped renewing task {task_id}"
             check = expiry
         else:
-            queued = _QUEUED.fullmatch(value)
-            kind, due, rest = queued.groups() if queued else (None, "0", "")
-            due_ms = int(due)
-            gone_match = _GONE.fullmatch(rest)
-            gone = int(gone_match.group(1)) if gone_match else None
-            if gone is not None and now - gone >= START_MARGIN_MS:
-                return "dead", f"task {task_id} left its queue and never started"
-            if gone is None and int(empty.get(kind or "") or "0") > due_ms:
-                gone = now
-                state.live[task_id] = f"q|{kind}|{due_ms}|gone {now}"
-            check = gone + START_MARGIN_MS if gone is not None else max(due_ms, now + lease_ms)
+            dead, check = _queued(state, task_id, value, now, lease_ms, empty)
+            if dead:
+                return "dead", dead
         if next_check is None or check < next_check:
             next_check = check
     waits = list(state.waits.values())

@@ -30,6 +30,7 @@ from celery_durable.broker.memory_liveness import (
     clock_start,
     liveness,
     lua_number,
+    mark_received,
     parse_empty,
     token_done,
     token_queued,
@@ -212,6 +213,11 @@ class MemoryRun(MemoryAgentTurns):
                 token_queued(self.state, wake, "c", now, now)
                 return True
             return False
+
+    def received(self, task_ids: Sequence[str]) -> int:
+        """received.lua: queued messages a worker says it received are held."""
+        with self.lock:
+            return mark_received(self.state, task_ids)
 
     def mark_lost(self, task_ids: Sequence[str]) -> int:
         """mark_lost.lua: queued messages that died with their worker; how many were in flight."""

@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "pause",
     "read_progress",
     "read_sequence",
+    "received",
     "record_op",
     "release",
     "release_idempotency",

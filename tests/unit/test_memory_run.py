@@ -80,6 +80,16 @@ def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -
     assert (examined.verdict, examined.detail) == ("dead", "task first left its queue and never started")
 
 
+def test_a_message_its_worker_received_waits_for_a_slot_until_that_worker_dies() -> None:
+    clock = Clock()
+    run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock, message="first")
+    assert run.received(["first", "unknown"]) == 1
+    clock.now += 60_000
+    assert run.examine("c=10500").verdict == "alive"  # not the empty-queue rule's: its worker has it
+    assert run.mark_lost(["first"]) == 1
+    assert run.examine().detail == "the worker holding task first died"
+
+
 def test_a_message_held_by_a_dead_worker_is_lost() -> None:
     run = new_memory_run(lifecycle, run_id="r" * 32, clock=Clock(), message="first")
     assert run.mark_lost(["first", "unknown"]) == 1

@@ -320,7 +320,10 @@ end
 --    its free slots), so a message still not started START_MARGIN_MS after
 --    it was first found gone (the entry is marked '|gone <ms>') died with the
 --    worker that took it. A queue that stays busy (a backlog) never makes a
---    message look lost, however long it waits;
+--    message look lost, however long it waits. A message its worker said it
+--    received ('|held', received.lua) is not judged so: it may wait for its
+--    countdown or a free slot, and if its worker dies, the worker's silence
+--    marks it lost (mark_lost.lua);
 --  * nothing in flight and nothing waited for: the attempt ended without
 --    passing the run on (it died between two writes).
 -- Only waits remain: the run waits for the outside world, which is not death.
@@ -341,14 +344,18 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
       local kind, due, rest = string.match(value, '^q|(%a)|(%d+)(.*)$')
       due = tonumber(due or '0')
       local gone = tonumber(string.match(rest or '', '^|gone (%d+)$') or '')
-      if gone and now - gone >= START_MARGIN_MS then
-        return 'dead', 'task ' .. id .. ' left its queue and never started'
+      if rest == '|held' then
+        check = now + lease_ms
+      else
+        if gone and now - gone >= START_MARGIN_MS then
+          return 'dead', 'task ' .. id .. ' left its queue and never started'
+        end
+        if not gone and tonumber(empty[kind or ''] or '0') > due then
+          gone = now
+          redis.call('HSET', live_key, id, 'q|' .. kind .. '|' .. due .. '|gone ' .. now)
+        end
+        if gone then check = gone + START_MARGIN_MS else check = math.max(due, now + lease_ms) end
       end
-      if not gone and tonumber(empty[kind or ''] or '0') > due then
-        gone = now
-        redis.call('HSET', live_key, id, 'q|' .. kind .. '|' .. due .. '|gone ' .. now)
-      end
-      if gone then check = gone + START_MARGIN_MS else check = math.max(due, now + lease_ms) end
     end
     if not next_check or check < next_check then next_check = check end
   end
