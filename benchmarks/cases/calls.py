@@ -18,6 +18,8 @@ with any task that is also called from plain Celery.
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from collections.abc import Callable
 
@@ -37,6 +39,7 @@ from benchmarks.harness import Bench
 from benchmarks.model import CaseResult, Row, Target, median
 from benchmarks.plan import Plan
 from benchmarks.probes import Usage
+from celery_durable import RunEnvelope, StepRow
 
 PROFILE_DURABLE_ONLY = True
 """--py-spy records only the durable measurements of this case."""
@@ -66,18 +69,23 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
     _warm_up(bench, plan)
     times: dict[str, Samples] = {}
     usages: dict[str, Usages] = {}
+    runs: dict[str, list[RunEnvelope]] = {SEQUENTIAL: [], PARALLEL: []}
     times[SEQUENTIAL], usages[SEQUENTIAL] = _compare(
         bench, plan.repeat,
-        lambda: bench.run("bench.calls", {"n": n}, plan.timeout)[0],
+        functools.partial(_durable, bench, "bench.calls", n, plan.timeout, runs[SEQUENTIAL]),
         lambda: _delays(bench.noop, n, plan.timeout),
     )
     times[PARALLEL], usages[PARALLEL] = _compare(
         bench, plan.repeat,
-        lambda: bench.run("bench.call-fanout", {"n": width}, plan.timeout)[0],
+        functools.partial(_durable, bench, "bench.call-fanout", width, plan.timeout, runs[PARALLEL]),
         lambda: time_canvas(group(bench.noop.si() for _ in range(width)), plan.timeout),
     )
     result.rows = _rows(times, n, width)
     sizes = {SEQUENTIAL: n, PARALLEL: width}
+    phases = {
+        SEQUENTIAL: _median_phases([_sequential_phases(_call_rows(bench, e)) for e in runs[SEQUENTIAL]]),
+        PARALLEL: _median_phases([_parallel_phases(e, _call_rows(bench, e)) for e in runs[PARALLEL]]),
+    }
     result.details = {
         label: {side: usage_summary(usages[label][side]) for side in (DURABLE, CELERY)} for label in sizes
     }
@@ -85,6 +93,12 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
         label: {side: 1000 * result.details[label][side]["cpu_seconds"] / size for side in (DURABLE, CELERY)}
         for label, size in sizes.items()
     }
+    result.details["durable_ms_by_phase"] = phases
+    result.notes += [
+        f"Where the durable {label} run's time goes (ms timestamps of its call rows, median of the runs): "
+        + ", ".join(f"{name} {ms:.1f} ms" for name, ms in phases[label].items())
+        for label in sizes
+    ]
     result.notes += [_miss_note(row, times[label], usages[label], sizes[label])
                      for row, label in zip(_judged(result.rows), sizes, strict=True) if row.verdict == "MISS"]
     return result
@@ -97,6 +111,13 @@ def _warm_up(bench: Bench, plan: Plan) -> None:
     _delays(bench.noop, WARM_UP, plan.timeout)
     time_canvas(group(bench.noop.si() for _ in range(WARM_UP)), plan.timeout)
     flush_results(bench)
+
+
+def _durable(bench: Bench, workflow: str, n: int, timeout: float, runs: list[RunEnvelope]) -> float:
+    """One run of ``workflow`` with ``n`` calls: its seconds; its envelope goes to ``runs``."""
+    seconds, envelope = bench.run(workflow, {"n": n}, timeout)
+    runs.append(envelope)
+    return seconds
 
 
 def _delays(task: Task, n: int, timeout: float) -> float:
@@ -141,6 +162,55 @@ def _rows(times: dict[str, Samples], n: int, width: int) -> list[Row]:
     ]
 
 
+def _call_rows(bench: Bench, envelope: RunEnvelope) -> list[StepRow]:
+    """The run's call rows, in the order of their keys' numbers (c0, c1, ... or p0, p1, ...)."""
+    steps = bench.client.get_workflow_run_detail(envelope.run_id).steps
+    return sorted(steps, key=lambda step: int(step.key[1:]))
+
+
+def _sequential_phases(steps: list[StepRow]) -> dict[str, float]:
+    """A call in a row, split in two: the task's round trip (published to
+    answer journaled) and the run's (answer journaled to the next call
+    published: the wake, and a pass that replays every call before it),
+    the latter also for the first and the last tenth of the calls."""
+    started, finished = _stamps(steps)
+    trip = [f - s for s, f in zip(started, finished, strict=True)]
+    resume = [s - f for f, s in zip(finished, started[1:], strict=False)]
+    tenth = max(1, len(resume) // 10)
+    return {
+        "published -> answer journaled": 1000 * median(trip),
+        "answer journaled -> next call published": 1000 * median(resume),
+        "the same, first tenth of the calls": 1000 * median(resume[:tenth]),
+        "the same, last tenth": 1000 * median(resume[-tenth:]),
+    }
+
+
+def _parallel_phases(envelope: RunEnvelope, steps: list[StepRow]) -> dict[str, float]:
+    """The fan-out of calls: how long publishing all of them took, a call's
+    round trip, and the barrier from the last answer to the run's end."""
+    assert envelope.started_at is not None and envelope.finished_at is not None
+    started, finished = _stamps(steps)
+    return {
+        "run started -> first call published": 1000 * (min(started) - envelope.started_at.timestamp()),
+        "first -> last call published": 1000 * (max(started) - min(started)),
+        "published -> answer journaled": 1000 * median([f - s for s, f in zip(started, finished, strict=True)]),
+        "last answer journaled -> run finished": 1000 * (envelope.finished_at.timestamp() - max(finished)),
+    }
+
+
+def _stamps(steps: list[StepRow]) -> tuple[list[float], list[float]]:
+    """Epoch seconds each call was published and its answer journaled."""
+    started = [step.started_at.timestamp() for step in steps if step.started_at is not None]
+    finished = [step.finished_at.timestamp() for step in steps if step.finished_at is not None]
+    if len(started) != len(steps) or len(finished) != len(steps):
+        raise RuntimeError("a completed run has a call row without its start or finish time")
+    return started, finished
+
+
+def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {name: median([phases[name] for phases in runs]) for name in runs[0]} if runs else {}
+
+
 def _judged(rows: list[Row]) -> list[Row]:
     """The rows with a target, in the order of ``_rows``: sequential, then parallel."""
     return [row for row in rows if row.target is not None]
@@ -156,14 +226,15 @@ def _miss_note(row: Row, times: Samples, usages: Usages, size: int) -> str:
     assert row.target is not None and row.ratio is not None
     over = 100 * (row.ratio / row.target.limit - 1)
     cpu = {side: median([u.cpu_seconds for u in usages[side]]) for side in (DURABLE, CELERY)}
-    gc = median([u.gc_seconds for u in usages[DURABLE]])
-    wall = {side: median(times[side]) for side in (DURABLE, CELERY)}
-    busy = {side: 100 * cpu[side] / wall[side] for side in (DURABLE, CELERY)}
-    where = "the worker's CPU" if busy[DURABLE] >= 70 else "waiting, not the worker's CPU"
+    gc = {side: median([u.gc_seconds for u in usages[side]]) for side in (DURABLE, CELERY)}
+    extra_wall = median(times[DURABLE]) - median(times[CELERY])
+    extra_cpu = cpu[DURABLE] - cpu[CELERY]
+    share = 100 * extra_cpu / extra_wall if extra_wall > 0 else math.nan
+    where = "the worker's CPU" if share >= 50 else "waiting (messages, round trips), not the worker's CPU"
     return (
-        f"MISS {row.figure}: {row.ratio:.2f}x, {over:.0f}% above the {row.target.limit}x target. Worker CPU "
-        f"{cpu[DURABLE]:.2f} s durable (GC {gc:.2f} s) vs {cpu[CELERY]:.2f} s plain, "
-        f"{1000 * cpu[DURABLE] / size:.2f} vs {1000 * cpu[CELERY] / size:.2f} ms per call; the worker was busy "
-        f"{busy[DURABLE]:.0f}% of the durable wall time ({busy[CELERY]:.0f}% of the plain one): most of the extra "
-        f"time is {where}."
+        f"MISS {row.figure}: {row.ratio:.2f}x, {over:.0f}% above the {row.target.limit}x target. The durable side "
+        f"took {extra_wall:.1f} s longer; its worker used {extra_cpu:.1f} s more CPU ({share:.0f}% of that), "
+        f"{cpu[DURABLE]:.1f} s in all vs {cpu[CELERY]:.1f} s ({1000 * cpu[DURABLE] / size:.1f} vs "
+        f"{1000 * cpu[CELERY] / size:.1f} ms per call), of which the garbage collector {gc[DURABLE]:.1f} s vs "
+        f"{gc[CELERY]:.1f} s: the extra time is mostly {where}."
     )
