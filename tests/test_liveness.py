@@ -109,13 +109,26 @@ def test_a_received_message_is_judged_by_its_workers_beats_not_by_its_queue(dura
     run_id = d.client.start_workflow("load")
     store = d.engine.store
     [message] = store.client.hkeys(store.run_keys(run_id).live)
-    store.hold_message("worker-a", message, run_id, at_ms=1)
-    assert store.client.hget(store.run_keys(run_id).live, message).endswith("|held")
+    store.hold_message("worker-a", message, run_id, at_ms=int(time.time() * 1000))
+    assert "|held " in store.client.hget(store.run_keys(run_id).live, message)
     far = int(time.time() * 1000) + 60_000
     empty = f"c={far},s={far},a={far}"
     assert [store.examine(run_id, empty).verdict for _ in range(2)] == ["alive", "alive"]
     assert store.mark_lost(run_id, [message]) == 1  # the worker stopped beating
     assert store.examine(run_id, empty).detail == f"the worker holding task {message} died"
+
+
+def test_a_received_message_that_never_starts_is_dead_a_lease_after(durable) -> None:
+    """Celery's prefork pool has been seen to lose a job it handed to a child:
+    a live worker's held message that does not start within a lease is dead."""
+    d = durable([load], worker=False)
+    run_id = d.client.start_workflow("load")
+    store = d.engine.store
+    [message] = store.client.hkeys(store.run_keys(run_id).live)
+    long_ago = int(time.time() * 1000) - store.lease_ms - 1
+    store.client.hset(store.run_keys(run_id).live, message, f"q|c|{long_ago}")  # queued and received a lease ago
+    store.hold_message("worker-a", message, run_id, at_ms=long_ago)
+    assert store.examine(run_id, "").detail == f"task {message} was received and never started"
 
 
 @pytest.mark.slow

@@ -122,7 +122,7 @@ class FleetLiveness:
             pipe.zadd(self.keys.workers, {worker: at_ms})
             pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
             pipe.execute()
-        self._run("received", [self.run_keys(run_id).live], [task_id])
+        self._run("received", [self.run_keys(run_id).live], [at_ms, task_id])
 
     def forget_worker(self, worker: str) -> None:
         """A worker that stops cleanly holds nothing: it is not dead, only gone."""

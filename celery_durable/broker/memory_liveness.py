@@ -29,6 +29,7 @@ still not started died with the worker that took it."""
 
 _QUEUED = re.compile(r"q\|([A-Za-z])\|(\d+)(.*)", re.DOTALL)
 _GONE = re.compile(r"\|gone (\d+)", re.DOTALL)
+_HELD = re.compile(r"\|held (\d+)", re.DOTALL)
 _EMPTY = re.compile(r"([A-Za-z])=(\d+)")
 
 
@@ -110,13 +111,13 @@ def owner_kind(owner: str) -> str:
     return "c" if owner == "m" else "s"
 
 
-def mark_received(state: RunState, task_ids: Sequence[str]) -> int:
-    """``received.lua``: queued messages a worker received are '|held'."""
+def mark_received(state: RunState, task_ids: Sequence[str], now: int) -> int:
+    """``received.lua``: queued messages a worker received are '|held <now>'."""
     marked = 0
     for task_id in task_ids:
         queued = _QUEUED.fullmatch(state.live.get(task_id) or "")
         if queued:
-            state.live[task_id] = f"q|{queued.group(1)}|{queued.group(2)}|held"
+            state.live[task_id] = f"q|{queued.group(1)}|{queued.group(2)}|held {now}"
             marked += 1
     return marked
 
@@ -128,8 +129,12 @@ def _queued(
     queued = _QUEUED.fullmatch(value)
     kind, due, rest = queued.groups() if queued else (None, "0", "")
     due_ms = int(due)
-    if rest == "|held":
-        return "", now + lease_ms  # its worker's silence judges it
+    held = _HELD.fullmatch(rest)
+    if held:
+        since = max(int(held.group(1)), due_ms)
+        if now - since >= lease_ms:
+            return f"task {task_id} was received and never started", 0
+        return "", since + lease_ms
     gone_match = _GONE.fullmatch(rest)
     gone = int(gone_match.group(1)) if gone_match else None
     if gone is not None and now - gone >= START_MARGIN_MS:

@@ -217,7 +217,7 @@ class MemoryRun(MemoryAgentTurns):
     def received(self, task_ids: Sequence[str]) -> int:
         """received.lua: queued messages a worker says it received are held."""
         with self.lock:
-            return mark_received(self.state, task_ids)
+            return mark_received(self.state, task_ids, self.clock())
 
     def mark_lost(self, task_ids: Sequence[str]) -> int:
         """mark_lost.lua: queued messages that died with their worker; how many were in flight."""

@@ -84,10 +84,20 @@ def test_a_message_its_worker_received_waits_for_a_slot_until_that_worker_dies()
     clock = Clock()
     run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock, message="first")
     assert run.received(["first", "unknown"]) == 1
-    clock.now += 60_000
+    clock.now += 20_000
     assert run.examine("c=10500").verdict == "alive"  # not the empty-queue rule's: its worker has it
     assert run.mark_lost(["first"]) == 1
     assert run.examine().detail == "the worker holding task first died"
+
+
+def test_a_received_message_that_never_starts_is_dead_a_lease_later() -> None:
+    clock = Clock()
+    run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock, message="first")
+    run.received(["first"])
+    clock.now += 29_999
+    assert run.examine().verdict == "alive"
+    clock.now += 1
+    assert run.examine().detail == "task first was received and never started"
 
 
 def test_a_message_held_by_a_dead_worker_is_lost() -> None:

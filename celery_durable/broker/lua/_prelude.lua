@@ -321,9 +321,11 @@ end
 --    it was first found gone (the entry is marked '|gone <ms>') died with the
 --    worker that took it. A queue that stays busy (a backlog) never makes a
 --    message look lost, however long it waits. A message its worker said it
---    received ('|held', received.lua) is not judged so: it may wait for its
---    countdown or a free slot, and if its worker dies, the worker's silence
---    marks it lost (mark_lost.lua);
+--    received ('|held <ms>', received.lua) is not judged so: it may wait for
+--    its countdown or a slot. It is dead when it has not started a lease
+--    after it was received (or due): a live worker starts what it holds
+--    within that, and Celery's prefork pool has been seen to lose a job it
+--    handed to a child. If its worker dies, its silence marks it lost first;
 --  * nothing in flight and nothing waited for: the attempt ended without
 --    passing the run on (it died between two writes).
 -- Only waits remain: the run waits for the outside world, which is not death.
@@ -344,8 +346,13 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
       local kind, due, rest = string.match(value, '^q|(%a)|(%d+)(.*)$')
       due = tonumber(due or '0')
       local gone = tonumber(string.match(rest or '', '^|gone (%d+)$') or '')
-      if rest == '|held' then
-        check = now + lease_ms
+      local held = tonumber(string.match(rest or '', '^|held (%d+)$') or '')
+      if held then
+        local since = math.max(held, due)
+        if now - since >= lease_ms then
+          return 'dead', 'task ' .. id .. ' was received and never started'
+        end
+        check = since + lease_ms
       else
         if gone and now - gone >= START_MARGIN_MS then
           return 'dead', 'task ' .. id .. ' left its queue and never started'
