@@ -56,6 +56,9 @@ def start(spawn: list[subprocess.Popen[bytes]], settings: Settings, command: lis
 
 
 def test_cli_worker_with_prefork_pool_runs_branches_in_separate_processes(settings, spawn) -> None:
+    """A task per branch (branch_batch_ms 0): the pool, not the hand-off's
+    timing, is what this checks; tests/test_steps_and_fanout.py checks that."""
+    settings = settings.model_copy(update={"branch_batch_ms": 0})
     start(
         spawn,
         settings,

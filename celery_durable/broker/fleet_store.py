@@ -42,6 +42,9 @@ class Examined:
 BUSY_AFTER_MS = 1500
 """Three sweep intervals: every worker's sweep looks at the queues twice a second."""
 
+CHECKED = "checked"
+"""The field of ``{fleet}:empty`` that says when the queues were last looked at."""
+
 
 class FleetLiveness:
     """The sweep's calls of ``RunStore``."""
@@ -151,18 +154,22 @@ class FleetLiveness:
         return int(self._run("mark_lost", [k.run, k.live], [now_ms(), *task_ids]))
 
     def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
-        """The broker held no message in ``queues`` at ``at_ms``."""
-        if queues:
-            with storage_errors():
-                self.client.hset(self.keys.queues_empty, mapping=dict.fromkeys(queues, at_ms))
+        """The broker held no message in ``queues`` at ``at_ms`` (a look at every
+        queue of the engine; the others held some: ``CHECKED`` says when)."""
+        with storage_errors():
+            self.client.hset(self.keys.queues_empty, mapping={**dict.fromkeys(queues, at_ms), CHECKED: at_ms})
 
     def steps_queue_busy(self) -> bool:
-        """The steps queue has held messages for a while (a backlog): the sweeps
-        found it empty last more than ``BUSY_AFTER_MS`` ago. Never found empty
-        (no sweep has looked yet) is not busy."""
+        """The steps queue has held messages for a while (a backlog): at the
+        sweeps' last look it had not been empty for ``BUSY_AFTER_MS``. No look
+        yet, or a look long ago (a stalled sweeper), says nothing: not busy."""
         with storage_errors():
-            seen = cast(str | None, self.client.hget(self.keys.queues_empty, self.settings.steps_queue))
-        return seen is not None and seen.isdigit() and now_ms() - int(seen) > BUSY_AFTER_MS
+            seen, checked = cast(
+                list[str | None], self.client.hmget(self.keys.queues_empty, [self.settings.steps_queue, CHECKED])
+            )
+        if not (seen and checked and seen.isdigit() and checked.isdigit()):
+            return False
+        return int(checked) - int(seen) > BUSY_AFTER_MS
 
     def queue_room(self) -> str:
         """When each of the engine's queues was last found empty, as liveness takes it."""
