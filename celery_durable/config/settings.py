@@ -64,10 +64,10 @@ class Settings(BaseSettings):
         ge=0,
         le=60_000,
         description=(
-            "A branch task runs the branches it holds one after another while they are quick, and hands those "
-            "not begun on to the fleet as new tasks once one has run this long, or the rest would take four "
-            "times this: quick branches share a task and one replay of the body, slow ones still spread within "
-            "this delay. A fan-out starts as one task per fanout_tasks branches (at most fanout_tasks tasks). "
+            "A branch task runs the branches it holds one after another, and hands those not begun on to the "
+            "fleet as new tasks once one has run this long: quick branches share a task and one replay of the "
+            "body, slow ones still spread within this delay. A fan-out starts as one task per fanout_tasks "
+            "branches (at most fanout_tasks tasks). "
             "0: every branch is its own task from the start, up to fanout_tasks tasks."
         ),
     )

@@ -48,11 +48,6 @@ HandOff = Callable[[list[int], int], bool]
 """Sends branches on to the fleet as new branch tasks (at most the given
 number of tasks); False when the fleet has no room for them now."""
 
-HAND_OFF_REST = 4
-"""Quick branches are handed on once what is left of them would take this many
-``after`` periods: then spreading gains more than the new tasks' replays cost."""
-
-
 class BranchWork:
     """The branches one branch task holds, taken one after another; those not
     begun yet are handed on to the fleet when they turn out slow.
@@ -61,12 +56,10 @@ class BranchWork:
     replay of the body, where a task each would cost the fleet more than the
     work. Slow ones (a model call, a sleep) still spread over the fleet: a
     watcher thread looks every ``after`` seconds and hands on the rest when
-    the branch running has run that long, or when the rest would take
-    ``HAND_OFF_REST`` periods more at the pace so far, unless the fleet is
-    busy (its steps queue has a backlog: new tasks would only wait in it, and
-    a starved thread's slow pace is no sign of slow branches). A hand-off is
-    guided self-scheduling by measured pace: the quicker the branches, the
-    more of them each new task gets.
+    the branch running has run that long, unless the fleet is busy (its
+    steps queue has a backlog: new tasks would only wait in it, and a
+    starved thread's slowness is no sign of slow branches). Quick branches
+    are never handed on: each new task replays the whole body first.
     """
 
     def __init__(
@@ -84,10 +77,7 @@ class BranchWork:
         self._left: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._began = 0.0
         self._current_since = 0.0
-        self._done = 0
-        self._running = False
         self._watcher: threading.Thread | None = None
 
     @property
@@ -96,7 +86,7 @@ class BranchWork:
 
     def start(self, todo: Sequence[int]) -> None:
         self._left.extend(todo)
-        self._began = self._current_since = self._clock()
+        self._current_since = self._clock()
         if self.can_hand_off and len(self._left) > 1:
             self._watcher = threading.Thread(target=self._watch, name="branch-hand-off", daemon=True)
             self._watcher.start()
@@ -104,10 +94,7 @@ class BranchWork:
     def take(self) -> int | None:
         """The next branch to run (the one before it is done), or None."""
         with self._lock:
-            if self._running:
-                self._done += 1
             self._current_since = self._clock()
-            self._running = bool(self._left)
             return self._left.popleft() if self._left else None
 
     def close(self) -> None:
@@ -127,18 +114,14 @@ class BranchWork:
         with self._lock:
             if self._closed.is_set() or not self._left:
                 return True
-            now = self._clock()
-            if self._done == 0 or now - self._current_since >= self._after:
-                per_task = 1  # a slow branch holds the rest back
-            else:
-                pace = (self._current_since - self._began) / self._done
-                if pace * len(self._left) < HAND_OFF_REST * self._after:
-                    return False
-                per_task = max(1, int(self._after / pace)) if pace > 0 else len(self._left)
+            if self._clock() - self._current_since < self._after:
+                # Quick branches stay: a new task would replay the whole body
+                # (and rebuild every thunk of a wide fan-out) to run them.
+                return False
             given = list(self._left)
             assert self._hand_off is not None
             try:
-                if not self._hand_off(given, -(-len(given) // per_task)):
+                if not self._hand_off(given, len(given)):  # a slow branch holds the rest back
                     return False  # the fleet is busy: new tasks would only queue; look again later
             except Exception:
                 logger.exception("handing on %d branches failed: this task runs them", len(given))

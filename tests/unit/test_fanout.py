@@ -181,20 +181,20 @@ def test_a_slow_branch_hands_the_rest_on_one_task_each() -> None:
     assert work.take() == 0
     clock.now = 60.0  # branch 0 has run the whole delay
     assert work.tick() is True
-    assert given == [([1, 2, 3], 3)]
+    assert given == [([1, 2, 3], 3)]  # a task each (up to fanout_tasks)
     assert work.take() is None
     work.close()
 
 
-def test_many_quick_branches_are_handed_on_in_chunks_sized_by_their_pace() -> None:
+def test_many_quick_branches_stay_with_their_task() -> None:
     given: list[tuple[list[int], int]] = []
     work, clock = work_of(60.0, given)
     work.start(range(100))
     for _ in range(10):
         work.take()
-        clock.now += 3.0  # 3 per branch: the 90 left would take 270 > 4 x 60
-    assert work.tick() is True
-    assert given == [(list(range(10, 100)), 5)]  # 20 branches (one delay's worth) per task
+        clock.now += 3.0
+    assert work.tick() is False  # a new task would replay the body to run them
+    assert given == []
     work.close()
 
 
