@@ -23,7 +23,7 @@ from typing import Any
 
 from celery_durable.broker.memory_prelude import RunState, entry_alive
 
-START_MARGIN_MS = 2000
+START_MARGIN_MS = 5000
 """``START_MARGIN_MS``: a message found gone from its queue this long ago and
 still not started died with the worker that took it."""
 

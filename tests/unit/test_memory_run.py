@@ -75,7 +75,7 @@ def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -
     run = new_memory_run(lifecycle, run_id="r" * 32, clock=clock, message="first")
     assert run.examine("c=9000").verdict == "alive"  # the queue was last empty before the message was sent
     assert run.examine("c=10500").verdict == "alive"  # emptied since: some worker took it, give it time to start
-    clock.now += 2_000
+    clock.now += 5_000
     examined = run.examine("c=10500")
     assert (examined.verdict, examined.detail) == ("dead", "task first left its queue and never started")
 

@@ -329,7 +329,7 @@ end
 --  * nothing in flight and nothing waited for: the attempt ended without
 --    passing the run on (it died between two writes).
 -- Only waits remain: the run waits for the outside world, which is not death.
-local START_MARGIN_MS = 2000
+local START_MARGIN_MS = 5000
 local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
   local entries = redis.call('HGETALL', live_key)
   local next_check = nil
