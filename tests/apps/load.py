@@ -6,6 +6,8 @@ Workers write a little bookkeeping to Redis under ``<key_prefix>:load``:
 - ``load:inflight:<pgrp>`` (hash): run id -> messages of that run the worker
   received and has not finished (Celery's ``task_received`` and
   ``task_postrun``). After a SIGKILL it names the runs whose work died.
+- ``load:received:<pgrp>`` (set): every task id the worker received, so a
+  test can tell a message a live worker held from one that died unseen.
 - ``load:ready`` (set): process groups of workers that finished starting.
 """
 
@@ -26,6 +28,10 @@ _redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
 
 def inflight_key(prefix: str, pgrp: int) -> str:
     return f"{prefix}:load:inflight:{pgrp}"
+
+
+def received_key(prefix: str, pgrp: int) -> str:
+    return f"{prefix}:load:received:{pgrp}"
 
 
 def ready_key(prefix: str) -> str:
@@ -70,6 +76,7 @@ def _received(sender: Any = None, request: Any = None, **_: Any) -> None:
     run_id = _run_of(request)
     if _ours(getattr(sender, "app", None)) and run_id:
         _redis.hincrby(inflight_key(settings.key_prefix, os.getpgrp()), run_id, 1)
+        _redis.sadd(received_key(settings.key_prefix, os.getpgrp()), str(request.id))
 
 
 @task_postrun.connect
