@@ -2,10 +2,11 @@
 
 A call is a journaled step that runs on the fleet as an ordinary task
 (SPEC §5a): the run publishes the task linked to the engine's answer task and
-suspends, holding no worker slot; the answer journals the result and wakes
-the run, which replays up to the call and goes on. Per call that is three
-messages (the task, its answer on the coordinator queue, the wake) where
-``delay().get()`` sends one and reads one stored result, so the durable side
+suspends, holding no worker slot; the answer, on the coordinator queue,
+journals the result and runs the run's next pass in place, which replays up
+to the call and goes on. Per call that is two messages (the task and its
+answer) where ``delay().get()`` sends one and reads one stored result, and a
+replay that grows with the calls before it, so the durable side
 may cost more, but not much more: an application that moves its task calls
 into a workflow should not pay for durability in latency.
 

@@ -9,7 +9,9 @@ as a message with only the failed task's id on one that does not (Celery's
 old-style errback), when the exception is read from the app's result backend
 if it has one. Both carry the run, the epoch that published the call and its
 key; the answer is journaled fenced by that epoch (``call_done.lua``), so a
-stale attempt's answer changes nothing, and what waits for the call is woken.
+stale attempt's answer changes nothing, and what waits for the call is woken:
+a main body, by its next pass run right there (the answer came on the
+coordinator queue), a branch by a message to its branch task.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from celery import Celery
 from celery_durable.broker import RunRecord, now_ms, schema
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
+from celery_durable.tasks.coordinator import run_coordinator_task
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
@@ -62,7 +65,7 @@ def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]
         logger.error("rejected call result message: %s", exc)
         return
     outcome = result_outcome(key, args[0], epoch, engine.settings.max_payload_bytes)
-    _journal(engine, run_id, epoch, workflow, key, outcome)
+    _journal(engine, run_id, epoch, workflow, key, outcome, inline=True)
 
 
 def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
@@ -103,7 +106,18 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
     return "TaskFailed", f"Task {task} failed: {error!r:.200}"
 
 
-def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome) -> None:
+def _journal(
+    engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome, *, inline: bool = False
+) -> None:
+    """Journal the call's answer and continue what waited for it.
+
+    ``inline``: this task came on the coordinator queue, so a main body woken
+    by it runs its next pass here, under the wake's task id, instead of
+    sending that as one more message (a call's round trip was three
+    messages; this makes it two). An errback called in place runs on the
+    called task's own worker (a GPU pool, say), which must not run workflow
+    code: it sends.
+    """
     error = failure_error(outcome)
     prefix = new_task_id()
 
@@ -116,10 +130,16 @@ def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, o
         engine.count_refused()
         logger.info("run %s: the answer of call %r belongs to an older attempt; refused", run_id, key)
         return
+    here: str | None = None
     for n, owner in enumerate(owners or [], start=1):
-        engine.wake(run_id, epoch, workflow, owner, f"{prefix}-{n}")
+        if inline and owner == schema.MAIN and workflow in engine.workflows:
+            here = f"{prefix}-{n}"
+        else:
+            engine.wake(run_id, epoch, workflow, owner, f"{prefix}-{n}")
     if owners:
         engine.store.schedule_check(run_id, now_ms() + engine.store.lease_ms)
+    if here is not None:
+        run_coordinator_task(engine, task_id=here, run_id=run_id, epoch=epoch, workflow=workflow, extra={})
 
 
 def _parse(fields: dict[str, Any]) -> tuple[str, int, str, str, str]:

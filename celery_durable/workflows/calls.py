@@ -74,11 +74,21 @@ class CallOps:
         timeout: float | None = None,
     ) -> Any:
         replay = self._replay
-        request = self._request(key, task, args, kwargs, queue)
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise ValueError(f"Call key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
         due_from = _due(key, timeout)
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.call(key)
+        # A call the journal already holds at this point passed these checks
+        # when it was first made: a replay skips them and the JSON copy of the
+        # arguments, most of a replayed call's cost (a long run replays every
+        # call it made). Any other call is checked first, so a bad one raises
+        # its ValueError before the journal is consulted, on every replay.
+        journaled_here = cursor.journaled()
+        request = None
+        if journaled_here is None or journaled_here[0] != identity:
+            request = self._request(key, task, args, kwargs, queue)
         journaled, raw = replay.expect(cursor, identity)
         cut: str | None = None
         if journaled and raw is not None:
@@ -92,6 +102,8 @@ class CallOps:
             cut = cursor.cut_here()
         elif journaled and not cursor.writes:
             raise StaleAttemptError(f"Run {replay.run.run_id}: call {key!r} has not returned yet")
+        if request is None:
+            request = self._request(key, task, args, kwargs, queue)
         replay.flush(cursor)
         if not journaled:
             replay.check_pause(cursor)
@@ -124,8 +136,6 @@ class CallOps:
     ) -> CallRequest:
         """The call checked and made JSON, before anything is journaled: a bad
         call is a ``ValueError`` naming its key, and the run is unharmed."""
-        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-            raise ValueError(f"Call key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
         name, args, kwargs, options = _unpack(key, task, args, kwargs)
         if queue is not None and (not isinstance(queue, str) or not queue):
             raise ValueError(f"ctx.call {key!r}: queue must be a non-empty queue name or None, got {queue!r}")
