@@ -15,6 +15,7 @@ from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.calls import publish_call
+from celery_durable.tasks.parked import ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.tasks.sending import first_chunks, send_agent, send_branch, send_branches, send_coordinator
 from celery_durable.workflows.calls import CallRequest
@@ -52,6 +53,7 @@ class Engine:
         self._store_pid = 0
         self._lock = threading.Lock()
         self.refused_messages = 0
+        self.parked = ParkedRuns(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
         install_recovery(self)
 
     @property

@@ -141,6 +141,51 @@ def test_a_call_holds_no_worker_slot(settings: Settings, gpu: Gpu) -> None:
     assert took < 1.9, f"two 1 s calls on one durable slot took {took:.1f}s: the slot was held"
 
 
+@pytest.mark.parametrize("parked", [64, 0])
+def test_calls_in_a_row_go_on_from_the_kept_body_or_replay_alike(settings: Settings, gpu: Gpu, parked: int) -> None:
+    """A main body waiting for a call stays parked in its worker process; the
+    answer's pass goes on from the call instead of replaying the run. With
+    nothing kept, every pass replays; the run is the same either way."""
+    tops: list[str] = []
+
+    def run(ctx: WorkflowContext) -> Any:
+        tops.append(ctx.run_id)
+        total = 0
+        for i in range(12):
+            total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
+        return total
+
+    settings = settings.model_copy(update={"parked_executions": parked})
+    with mounted(settings, gpu, [wf("adds", run)]) as (engine, _):
+        envelope = engine.client().run_workflow("adds", timeout=TIMEOUT)
+        resumed = engine.parked.resumed
+        assert len(engine.parked) == 0, "a body that ended is not kept"
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == sum(range(12))
+    steps = engine.client().get_workflow_run_detail(envelope.run_id).steps
+    assert [row.status for row in steps] == ["completed"] * 12
+    if parked:
+        assert (len(tops), resumed) == (1, 12), "one execution from the top, resumed at each answer"
+    else:
+        assert (len(tops), resumed) == (13, 0), "a replay per answer"
+
+
+def test_a_run_parked_at_a_call_is_cancelled_at_once_and_its_body_let_go(settings: Settings, gpu: Gpu) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.call("slow", "gpu.render", args=(ctx.run_id, 20.0))
+
+    with mounted(settings, gpu, [wf("parked", run)]) as (engine, _):
+        client = engine.client()
+        run_id = client.start_workflow("parked")
+        poll(lambda: len(engine.parked) == 1, what="the body parked at its call")
+        started = time.monotonic()
+        envelope = client.cancel_workflow_run(run_id, timeout=TIMEOUT)
+        took = time.monotonic() - started
+        assert envelope.status == "cancelled", envelope.error
+        assert len(engine.parked) == 0
+    assert took < 5, f"cancelling a run parked at a 20 s call took {took:.1f}s"
+
+
 def test_a_failed_call_is_a_step_failure_with_the_tasks_exception(settings: Settings, gpu: Gpu) -> None:
     def run(ctx: WorkflowContext) -> Any:
         try:

@@ -159,8 +159,9 @@ class Journal(Protocol):
         an in-memory journal on a virtual clock skips time consistently."""
         ...
 
-    def read_sequence(self, seq: str) -> SequenceHistory:
-        """The sequence's ops as journaled, with their values, cut and high-water mark."""
+    def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
+        """The sequence's ops as journaled from index ``start``, with their
+        values, cut and high-water mark."""
         ...
 
     def begin(self, seq: str, call: BeginCall) -> Began: ...

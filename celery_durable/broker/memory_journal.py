@@ -73,12 +73,12 @@ class MemoryJournal:
     def now_ms(self) -> int:
         return self._run.clock()
 
-    def read_sequence(self, seq: str) -> SequenceHistory:
+    def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
         """read_sequence.lua; the reply parsed by the parser the Redis side uses."""
         with self._run.lock:
             journal = self._state.journal
             reply: list[str | None] = [journal.get(f"k:{seq}", ""), journal.get(f"h:{seq}", "")]
-            for i in range(int(journal.get(f"n:{seq}") or "0")):
+            for i in range(start, int(journal.get(f"n:{seq}") or "0")):
                 entry = journal.get(schema.op_field(seq, i), "0:")
                 ident = entry.partition(":")[2]
                 value = None
@@ -90,7 +90,7 @@ class MemoryJournal:
                     # now()/uuid4() values, and how a wait ended (None while it has not)
                     value = journal.get(schema.value_field(seq, i))
                 reply += [entry, value]
-        return schema.parse_sequence(self.run_id, seq, reply)
+        return schema.parse_sequence(self.run_id, seq, reply, start)
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         """begin_op.lua."""

@@ -86,9 +86,9 @@ class RedisJournal:
         refuse(self._run_id, reply)
         return reply
 
-    def read_sequence(self, seq: str) -> SequenceHistory:
-        reply = self._run("read_sequence", [self._keys.journal], [seq])
-        return schema.parse_sequence(self._run_id, seq, reply)
+    def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
+        reply = self._run("read_sequence", [self._keys.journal], [seq, start])
+        return schema.parse_sequence(self._run_id, seq, reply, start)
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         k = self._keys

@@ -59,6 +59,17 @@ class Settings(BaseSettings):
             "halved the time of a 4,096 fan-out (benchmarks/NOTES.md). Raise it for a fleet of more step slots."
         ),
     )
+    parked_executions: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description=(
+            "Main bodies a worker process keeps parked (a thread each, no worker slot) at a ctx.call, so the "
+            "pass its answer starts goes on from the call instead of replaying the run: sequential calls then "
+            "cost the same each, not more with every call before them. A body is kept at most lease_seconds; "
+            "0 replays every pass."
+        ),
+    )
     branch_batch_ms: int = Field(
         default=20,
         ge=0,

@@ -20,6 +20,7 @@ from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows import passes
+from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
 
@@ -72,7 +73,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     # One dispatch token per execution: a fan-out dispatched by an execution
     # that died halfway through sending is sent again by the next one.
     execution = new_task_id()
-    replay = _new_replay(engine, record, definition, execution)
+    kept = engine.parked.take(record.run_id, record.epoch)
+    replay = kept[0].replay if kept else _new_replay(engine, record, definition, execution)
     replay.apply_flags(activation)
 
     def overdue(flags: Flags) -> None:
@@ -90,7 +92,7 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     with heartbeat:
         while True:
             try:
-                _one_pass(engine, replay)
+                _one_pass(engine, replay, kept)
             except StaleAttemptError:
                 logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
                 return
@@ -104,7 +106,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
             fresh = store.load_run(record.run_id)
             if fresh is None or fresh.epoch != record.epoch:
                 return
-            replay = _new_replay(engine, fresh, definition, execution)
+            kept = engine.parked.take(record.run_id, record.epoch)
+            replay = kept[0].replay if kept else _new_replay(engine, fresh, definition, execution)
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
             heartbeat.attempt = replay
 
@@ -151,8 +154,22 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
     )
 
 
-def _one_pass(engine: Engine, replay: Replay) -> None:
-    settlement = main_pass(replay)
+def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None] | None) -> None:
+    """Run the main body once, to where it waits or to its end: from the
+    top (a replay), or from the call where a body this process kept parked."""
+    if kept is not None:
+        body, answer = kept
+        end = body.resume(answer)
+    elif engine.parked.enabled:
+        body = ParkedBody(replay, lambda: main_pass(replay))
+        end = body.start()
+    else:
+        settlement = main_pass(replay)
+        end = PassEnd(parked=False, settlement=settlement)
+    if end.parked:
+        engine.parked.keep(replay.run.run_id, replay.epoch, body)
+        return
+    settlement = end.result()
     if settlement is not None:
         _finish(engine, replay.run, settlement)
 

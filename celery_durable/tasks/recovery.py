@@ -413,11 +413,11 @@ def install(engine: Engine) -> None:
                 self.sweep.received(request)
 
         def stop(self, worker: Any) -> None:
-            task_received.disconnect(self._received)
-            self.sweep.stop()
+            self.shutdown(worker)
 
         def shutdown(self, worker: Any) -> None:
             task_received.disconnect(self._received)
             self.sweep.stop()
+            engine.parked.clear()  # bodies kept at a call unwind: their finally blocks run
 
     engine.celery.steps["worker"].add(RecoveryStep)

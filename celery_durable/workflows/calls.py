@@ -28,6 +28,7 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
 
 if TYPE_CHECKING:
+    from celery_durable.workflows.cursor import Cursor
     from celery_durable.workflows.replay import Replay
 
 MAX_TASK_NAME = 256
@@ -107,29 +108,52 @@ class CallOps:
         replay.flush(cursor)
         if not journaled:
             replay.check_pause(cursor)
-        now = replay.journal.now_ms()
-        due = due_from(now)
-        op = schema.call_id(cursor.seq, cursor.index)
-        running = schema.StepRow.running(replay.run.attempt, now, op)
         within = f"within {timeout:g} s" if timeout is not None else "in time"
         where = f" (queue {request.queue})" if request.queue else ""
         message = f"Task {request.task_name} (call {key}) did not finish {within}{where}"
         timed_out = StepFailed(key, "TaskTimeout", message, found_by_engine=True)
-        failure = schema.failure_outcome(replay.epoch, timed_out)
-        result = replay.journal.call(
-            cursor.seq, cursor.index, key, cursor.owner, due, cut, running.encode(), failure.encode()
-        )
-        if isinstance(result, Conflict):
-            replay.conflict(cursor, result, identity)
-        replay.apply_flags(result.flags)
-        if result.verdict == "hit" and result.outcome is not None:
-            cursor.advance()
-            return replay.decode(result.outcome).step_result(key)
-        if result.verdict == "publish":
-            if replay.send_call is None:
-                raise RuntimeError("this execution cannot call tasks")
-            replay.send_call(request)
-        replay.wait_for_wake(cursor)
+        return self._until_answered(cursor, request, identity, due_from, cut, timed_out)
+
+    def _until_answered(
+        self,
+        cursor: Cursor,
+        request: CallRequest,
+        identity: str,
+        due_from: Callable[[int], int | None],
+        cut: str | None,
+        timed_out: StepFailed,
+    ) -> Any:
+        """Journal the call, publish it once, and wait for its answer."""
+        replay, key = self._replay, request.key
+        failure = schema.failure_outcome(replay.epoch, timed_out).encode()
+        while True:
+            now = replay.journal.now_ms()
+            running = schema.StepRow.running(replay.run.attempt, now, schema.call_id(cursor.seq, cursor.index))
+            result = replay.journal.call(
+                cursor.seq, cursor.index, key, cursor.owner, due_from(now), cut, running.encode(), failure
+            )
+            if isinstance(result, Conflict):
+                replay.conflict(cursor, result, identity)
+            replay.apply_flags(result.flags)
+            if result.verdict == "hit" and result.outcome is not None:
+                cursor.advance()
+                return replay.decode(result.outcome).step_result(key)
+            if result.verdict == "publish":
+                if replay.send_call is None:
+                    raise RuntimeError("this execution cannot call tasks")
+                replay.send_call(request)
+            raw = replay.wait_for_answer(cursor, identity)
+            if raw is not None:
+                answer = replay.decode(raw)
+                if not answer.is_live(replay.epoch):
+                    raise replay.suspend()  # not this attempt's answer: end the pass, and replay
+                cursor.advance()
+                return answer.step_result(key)
+            # A kept body woken with no answer: a time-out, a cancel, or a
+            # wake for something else. Ask the journal again, as a replay
+            # reaching this call would (call.lua fails it past its due time).
+            replay.check_cancelled()
+            cut = None
 
     def _request(
         self, key: str, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, queue: str | None

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from celery_durable.workflows.calls import CallOps, CallSender
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.fanout import BranchTarget, FanoutOps
+    from celery_durable.workflows.parking import ParkedBody
     from celery_durable.workflows.steps import StepOps
     from celery_durable.workflows.waits import WaitOps
 
@@ -103,8 +104,8 @@ class StickyJournal:
             self._replay.broken = self._replay.broken or exc
             raise
 
-    def read_sequence(self, seq: str) -> SequenceHistory:
-        result: SequenceHistory = self._guard(lambda: self._inner.read_sequence(seq))
+    def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
+        result: SequenceHistory = self._guard(lambda: self._inner.read_sequence(seq, start))
         return result
 
     def begin(self, seq: str, call: BeginCall) -> Began:
@@ -225,6 +226,9 @@ class Replay:
         self.rerun = False
         """A pass that ended because its view of the journal went stale; the
         coordinator runs the next one at once."""
+        self.parking: ParkedBody | None = None
+        """Set while the main body runs on a thread a worker may keep parked
+        at a task call (``parking.py``)."""
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
         self.steps: StepOps = StepOps(self)
         self.fanout: FanoutOps = FanoutOps(self)
@@ -341,6 +345,16 @@ class Replay:
         """End this pass: it waits for something that wakes the coordinator."""
         self.unwinding = Suspend()
         return self.unwinding
+
+    def wait_for_answer(self, cursor: Cursor, identity: str) -> str | None:
+        """Wait until the op at the cursor, a task call, is answered. A main
+        body a worker may keep parks its thread until a pass resumes it, with
+        the journaled outcome or None (woken with no answer); any other
+        sequence suspends, as every wait does, and replays when woken."""
+        parking = self.parking
+        if parking is None or cursor.owner != MAIN or not cursor.is_main or not cursor.writes or self.target:
+            self.wait_for_wake(cursor)
+        return parking.park(cursor, identity)
 
     def wait_for_wake(self, cursor: Cursor) -> NoReturn:
         """Suspend the sequence until what it waits for wakes its owner: the

@@ -2,13 +2,13 @@
 -- values replay needs (step outcomes, now()/uuid4() values), its cut and its
 -- progress high-water mark.
 -- KEYS[1] journal
--- ARGV[1] sequence
--- Returns {cut or '', hwm or '', entry0, value0, entry1, value1, ...}; an
+-- ARGV[1] sequence, ARGV[2] the first index to read (0: the whole sequence)
+-- Returns {cut or '', hwm or '', entry<start>, value<start>, ...}; an
 -- entry is "<epoch>:<identity>", a value is false when the op carries none.
 local seq = ARGV[1]
 local count = tonumber(redis.call('HGET', KEYS[1], 'n:' .. seq) or '0')
 local out = {redis.call('HGET', KEYS[1], 'k:' .. seq) or '', redis.call('HGET', KEYS[1], 'h:' .. seq) or ''}
-for i = 0, count - 1 do
+for i = tonumber(ARGV[2] or '0'), count - 1 do
   local entry = redis.call('HGET', KEYS[1], 'o:' .. seq .. ':' .. i) or '0:'
   local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
   local kind = string.sub(ident, 1, 1)

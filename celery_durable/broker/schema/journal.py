@@ -158,18 +158,20 @@ class SequenceHistory:
     cut: tuple[int, int] | None
     high_water: int
     entries: list[tuple[int, str, str | None]]
+    start: int = 0
+    """The index of the first entry: a read of the tail leaves out the rest."""
 
     def live_entries(self) -> list[tuple[str, str | None]]:
         """The history replay must follow: entries up to the first dead one."""
         live: list[tuple[str, str | None]] = []
-        for index, (epoch, identity, value) in enumerate(self.entries):
+        for index, (epoch, identity, value) in enumerate(self.entries, start=self.start):
             if self.cut is not None and index > self.cut[1] and epoch < self.cut[0]:
                 break
             live.append((identity, value))
         return live
 
 
-def parse_sequence(run_id: str, seq: str, reply: Sequence[Any]) -> SequenceHistory:
+def parse_sequence(run_id: str, seq: str, reply: Sequence[Any], start: int = 0) -> SequenceHistory:
     """The reply of ``read_sequence.lua``: cut, high-water mark, then entry/value pairs."""
     try:
         cut: tuple[int, int] | None = None
@@ -181,6 +183,6 @@ def parse_sequence(run_id: str, seq: str, reply: Sequence[Any]) -> SequenceHisto
             epoch, identity = str(reply[i]).split(":", 1)
             value = reply[i + 1]
             entries.append((int(epoch), identity, str(value) if value else None))
-        return SequenceHistory(cut=cut, high_water=int(reply[1]) if reply[1] else -1, entries=entries)
+        return SequenceHistory(cut=cut, high_water=int(reply[1]) if reply[1] else -1, entries=entries, start=start)
     except (ValueError, IndexError, TypeError) as exc:
         raise StorageCorruptError(f"Journal of run {run_id} is corrupt in sequence {seq}: {exc!r}") from None

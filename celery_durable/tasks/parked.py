@@ -1,0 +1,111 @@
+"""The main bodies a worker process keeps parked at a task call, by run.
+
+A kept body (``workflows/parking.py``) lets the pass that a call's answer
+starts go on from the call instead of replaying everything before it. It is
+a cache, and nothing depends on it: the journal is the truth, and a body is
+resumed only when the journal shows it is where the body stopped.
+
+- Same epoch only: a take-over, a resume or a pause starts a new attempt, and
+  an older attempt's body is unwound.
+- Nothing journaled past its call: a pass that ran elsewhere (another worker
+  process got the answer and went on) has made the body's view stale, and it
+  is unwound; the run replays, as it would have without the cache.
+- Bounded: at most ``capacity`` bodies, each parked at most ``idle_seconds``
+  (the lease: a call that takes longer than that is slow enough that a
+  replay costs little beside it). The oldest are unwound first.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+
+from celery_durable.workflows.parking import ParkedBody
+
+
+class ParkedRuns:
+    """A bounded, per-process map of run id -> the body kept parked for it."""
+
+    def __init__(self, capacity: int, idle_seconds: float) -> None:
+        self.capacity = capacity
+        self.idle_seconds = idle_seconds
+        self.resumed = 0
+        """Passes that went on from a kept body instead of replaying."""
+        self._bodies: OrderedDict[str, tuple[int, ParkedBody]] = OrderedDict()
+        self._lock = threading.Lock()
+        # A forked pool child inherits the map, not the threads behind it.
+        os.register_at_fork(after_in_child=self._bodies.clear)
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity > 0
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+    def keep(self, run_id: str, epoch: int, body: ParkedBody) -> None:
+        """Keep a body that parked; unwind whatever it displaces."""
+        with self._lock:
+            displaced = [entry[1] for entry in [self._bodies.pop(run_id, None)] if entry is not None]
+            self._bodies[run_id] = (epoch, body)
+            displaced += self._expired()
+        for old in displaced:
+            old.evict()
+
+    def take(self, run_id: str, epoch: int) -> tuple[ParkedBody, str | None] | None:
+        """The body kept for this attempt, with its call's journaled answer
+        (None: not answered yet), if the journal shows nothing past its call;
+        else None, and a stale body is unwound."""
+        with self._lock:
+            entry = self._bodies.pop(run_id, None)
+            expired = self._expired()
+        for old in expired:
+            old.evict()
+        if entry is None:
+            return None
+        kept_epoch, body = entry
+        try:
+            current, answer = _where_it_stopped(body) if kept_epoch == epoch else (False, None)
+        except BaseException:
+            body.evict()
+            raise
+        if not current:
+            body.evict()
+            return None
+        with self._lock:
+            self.resumed += 1
+        return body, answer
+
+    def clear(self) -> None:
+        """Unwind every kept body (a worker shutting down, a test ending)."""
+        with self._lock:
+            bodies = [body for _, body in self._bodies.values()]
+            self._bodies.clear()
+        for body in bodies:
+            body.evict()
+
+    def _expired(self) -> list[ParkedBody]:
+        """Remove (under the lock) what is over the bound or parked too long, oldest first."""
+        gone: list[ParkedBody] = []
+        deadline = time.monotonic() - self.idle_seconds
+        while self._bodies:
+            run_id, (_, body) = next(iter(self._bodies.items()))
+            if len(self._bodies) <= self.capacity and body.parked_at >= deadline:
+                break
+            del self._bodies[run_id]
+            gone.append(body)
+        return gone
+
+
+def _where_it_stopped(body: ParkedBody) -> tuple[bool, str | None]:
+    """Whether the journal's sequence ends at the body's call, and the call's value."""
+    cursor = body.cursor
+    if cursor is None:
+        return False, None
+    tail = body.replay.journal.read_sequence(cursor.seq, start=cursor.index)
+    if len(tail.entries) != 1 or tail.entries[0][1] != body.identity:
+        return False, None
+    cursor.high_water = max(cursor.high_water, tail.high_water)
+    return True, tail.entries[0][2]
