@@ -564,13 +564,30 @@ end
 -- Wakes the owners of the waits that <match> picks (removing the waits);
 -- each gets a queued coordinator or branch message "<prefix>-<n>". Returns
 -- the owners, in the order of their messages.
+-- wake_waits for the one wait at field <at> (a call's, found by its row):
+-- the owner woken, or nil when no matching wait is there (the caller then
+-- looks through them all).
+local function wake_wait_at(run_key, waits_key, live_key, prefix, now, at, match)
+  if at == '' then return nil end
+  local raw = redis.call('HGET', waits_key, at)
+  if not raw then return nil end
+  local ok, wait = pcall(cjson.decode, raw)
+  if not ok or type(wait) ~= 'table' or not match(wait) then return nil end
+  redis.call('HDEL', waits_key, at)
+  local owner = tostring(wait['owner'])
+  token_queued(run_key, live_key, prefix .. '-1', owner_kind(owner), now, now)
+  if wait['kind'] ~= 'call' then refresh_waiting(run_key, waits_key) end
+  return {owner}
+end
+
 local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
   local entries = redis.call('HGETALL', waits_key)
-  local owners, seen = {}, {}
+  local owners, seen, summarized = {}, {}, false
   for i = 1, #entries, 2 do
     local ok, wait = pcall(cjson.decode, entries[i + 1])
     if ok and type(wait) == 'table' and match(wait) then
       redis.call('HDEL', waits_key, entries[i])
+      summarized = summarized or wait['kind'] ~= 'call'
       local owner = tostring(wait['owner'])
       if not seen[owner] then
         seen[owner] = true
@@ -579,6 +596,6 @@ local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
       end
     end
   end
-  if #owners > 0 then refresh_waiting(run_key, waits_key) end
+  if summarized then refresh_waiting(run_key, waits_key) end
   return owners
 end

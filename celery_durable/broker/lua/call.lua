@@ -28,7 +28,7 @@ if replaced then redis.call('HDEL', KEYS[2], 'wd:' .. at) end
 local f
 local outcome = redis.call('HGET', KEYS[2], 'v:' .. key)
 if outcome and not is_stale_failure(outcome, ARGV[1]) then
-  if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
+  redis.call('HDEL', KEYS[3], at)
   f = flags(KEYS[1])
   return {'hit', f[1], f[2], f[3], outcome}
 end
@@ -46,15 +46,17 @@ if due ~= '' and now >= tonumber(due) then
   row['status'], row['finished_at'], row['error'] = 'failed', now, ARGV[12]
   if redis.call('HDEL', KEYS[4], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
   redis.call('HSET', KEYS[5], key, cjson.encode(row))
-  if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
+  redis.call('HDEL', KEYS[3], at)
   made_progress(KEYS[1])
   f = flags(KEYS[1])
   return {'hit', f[1], f[2], f[3], ARGV[11]}
 end
 local entry = {owner = ARGV[7], kind = 'call', name = key}
 if due ~= '' then entry['until'] = tonumber(due) end
+-- A call's wait is fleet work, never in the 'waiting' summary: adding or
+-- removing one leaves it as it is (refresh_waiting reads every wait, and a
+-- fan-out of calls has thousands).
 redis.call('HSET', KEYS[3], at, cjson.encode(entry))
-refresh_waiting(KEYS[1], KEYS[3])
 local verdict = 'pending'
 if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then
   -- Not published by this attempt yet: publish now, and show it running.

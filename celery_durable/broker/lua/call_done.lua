@@ -21,14 +21,21 @@ if string.sub(ARGV[4], 1, 1) == 'o' then redis.call('HINCRBY', KEYS[1], 'steps_d
 -- The running row call.lua wrote, settled (schema.StepRow).
 local ok, row = pcall(cjson.decode, redis.call('HGET', KEYS[5], key) or '{}')
 if not ok or type(row) ~= 'table' then row = {} end
+local at = type(row['op']) == 'string' and row['op'] or ''
 row['status'] = ARGV[5] == '' and 'completed' or 'failed'
 row['finished_at'] = tonumber(ARGV[2])
 if ARGV[5] ~= '' then row['error'] = ARGV[5] end
 if redis.call('HDEL', KEYS[5], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
 redis.call('HSET', KEYS[6], key, cjson.encode(row))
-local owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), function(wait)
+local function ours(wait)
   return wait['kind'] == 'call' and wait['name'] == key
-end)
+end
+-- The row says where the call waits ('op'): wake that wait without reading
+-- every other (a fan-out of calls waits on thousands at once).
+local owners = wake_wait_at(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), at, ours)
+if not owners then
+  owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), ours)
+end
 local out = {'ok'}
 for _, owner in ipairs(owners) do table.insert(out, owner) end
 return out
