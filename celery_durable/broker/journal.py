@@ -189,7 +189,11 @@ class Journal(Protocol):
         a later execution of this epoch must not send them again."""
         ...
 
-    def branch_outcomes(self, call: str, count: int) -> list[str | None]: ...
+    def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
+        """The outcomes of branches 0..count-1 of ``call`` (None: not yet), or
+        of the branches ``only`` names, in its order: a branch task reads its
+        own, not every branch of a wide fan-out."""
+        ...
 
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
         """Branch task ``giver`` is about to hand ``branches`` on to new tasks

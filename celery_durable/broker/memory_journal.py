@@ -164,10 +164,11 @@ class MemoryJournal:
             self._fence()
             self._state.journal[f"s:{call}"] = self._e
 
-    def branch_outcomes(self, call: str, count: int) -> list[str | None]:
+    def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
         """The HMGET ``RedisJournal`` makes."""
+        indices = range(max(count, 0)) if only is None else only
         with self._run.lock:
-            return [self._state.journal.get(schema.branch_field(call, j)) for j in range(max(count, 0))]
+            return [self._state.journal.get(schema.branch_field(call, j)) for j in indices]
 
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
         """sending.lua, with a giver."""
@@ -327,8 +328,7 @@ class MemoryJournal:
                 journal.pop(due_field, None)
             outcome = journal.get(schema.step_field(key))
             if outcome is not None and not is_stale_failure(outcome, e):
-                if state.waits.pop(at, None) is not None:
-                    refresh_waiting(state)
+                state.waits.pop(at, None)  # a call's wait is never in the 'waiting' summary
                 return TaskCall("hit", flags(state), outcome)
             due = journal.get(due_field)
             if due is None:
@@ -343,15 +343,13 @@ class MemoryJournal:
                 if state.running.pop(key, None) is not None:
                     hincrby(run, "steps_running", -1)
                 state.steps[key] = row
-                if state.waits.pop(at, None) is not None:
-                    refresh_waiting(state)
+                state.waits.pop(at, None)
                 made_progress(state)
                 return TaskCall("hit", flags(state), timeout_outcome)
             entry: dict[str, str | int] = {"owner": owner, "kind": "call", "name": key}
             if due != "":
                 entry["until"] = int(due)
             state.waits[at] = json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
-            refresh_waiting(state)
             verdict = "pending"
             if journal.get(f"ce:{key}") != e:
                 # Not published by this attempt yet: publish now, and show it running.

@@ -249,19 +249,38 @@ def take_signal(state: RunState, name: str, at: str) -> str | None:
     return None
 
 
+def wake_wait_at(
+    state: RunState, prefix: str, now: int, at: str, match: Callable[[dict[str, Any]], bool]
+) -> list[str] | None:
+    """``wake_wait_at()``: ``wake_waits`` for the one wait at ``at``; None
+    when no matching wait is there."""
+    raw = state.waits.get(at) if at else None
+    wait = _decode(raw) if raw is not None else None
+    if wait is None or not match(wait):
+        return None
+    del state.waits[at]
+    owner = _lua_tostring(wait.get("owner"))
+    token_queued(state, f"{prefix}-1", owner_kind(owner), now, now)
+    if wait.get("kind") != "call":
+        refresh_waiting(state)
+    return [owner]
+
+
 def wake_waits(state: RunState, prefix: str, now: int, match: Callable[[dict[str, Any]], bool]) -> list[str]:
     """``wake_waits()``: removes the waits ``match`` picks and queues one message
     "<prefix>-<n>" per owner; the owners, in the order of their messages."""
     owners: list[str] = []
+    summarized = False
     for at, raw in list(state.waits.items()):
         wait = _decode(raw)
         if wait is not None and match(wait):
             del state.waits[at]
+            summarized = summarized or wait.get("kind") != "call"
             owner = _lua_tostring(wait.get("owner"))
             if owner not in owners:
                 owners.append(owner)
                 token_queued(state, f"{prefix}-{len(owners)}", owner_kind(owner), now, now)
-    if owners:
+    if summarized:
         refresh_waiting(state)
     return owners
 

@@ -18,6 +18,7 @@ in-process driver knows which of its messages it lost.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ from celery_durable.broker.memory_liveness import (
     token_queued,
     token_running,
     tokens_clear,
+    wake_wait_at,
     wake_waits,
 )
 from celery_durable.broker.memory_prelude import (
@@ -288,9 +290,14 @@ class MemoryRun(MemoryAgentTurns):
             if state.running.pop(key, None) is not None:
                 hincrby(run, "steps_running", -1)
             state.steps[key] = row
-            return wake_waits(
-                state, wake_prefix, now, lambda wait: wait.get("kind") == "call" and wait.get("name") == key
-            )
+
+            def ours(wait: dict[str, Any]) -> bool:
+                return wait.get("kind") == "call" and wait.get("name") == key
+
+            settled = json.loads(row)
+            op = settled.get("op") if isinstance(settled, dict) else None
+            owners = wake_wait_at(state, wake_prefix, now, op if isinstance(op, str) else "", ours)
+            return owners if owners is not None else wake_waits(state, wake_prefix, now, ours)
 
     # -- settling, resuming, cancelling ------------------------------------------------
 

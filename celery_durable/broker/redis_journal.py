@@ -138,10 +138,11 @@ class RedisJournal:
         k = self._keys
         self._fenced("mark_sent", [k.run, k.journal], [self._epoch, call])
 
-    def branch_outcomes(self, call: str, count: int) -> list[str | None]:
-        if count <= 0:
+    def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
+        indices = range(count) if only is None else only
+        if not indices:
             return []
-        return self._hmget(self._keys.journal, [schema.branch_field(call, j) for j in range(count)])
+        return self._hmget(self._keys.journal, [schema.branch_field(call, j) for j in indices])
 
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
         k = self._keys

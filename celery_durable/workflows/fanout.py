@@ -239,11 +239,12 @@ class FanoutOps:
         for index in target.indices:
             if index >= len(branches):
                 raise replay.nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
-        raws = replay.journal.branch_outcomes(call, len(branches))
+        raws = replay.journal.branch_outcomes(call, len(branches), only=target.indices)
+        done = {j for j, raw in zip(target.indices, raws, strict=True) if self._is_done(raw)}
         work = target.work or BranchWork()
         # A redelivered task: branches journaled already, or handed on to others.
         given = set(replay.journal.handed_off(call, work.giver)) if work.can_hand_off else set()
-        work.start([j for j in target.indices if j not in given and not self._is_done(raws[j])])
+        work.start([j for j in target.indices if j not in given and j not in done])
         try:
             while (branch := work.take()) is not None:
                 try:

@@ -134,8 +134,8 @@ class StickyJournal:
     def mark_sent(self, call: str) -> None:
         self._guard(lambda: self._inner.mark_sent(call))
 
-    def branch_outcomes(self, call: str, count: int) -> list[str | None]:
-        result: list[str | None] = self._guard(lambda: self._inner.branch_outcomes(call, count))
+    def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
+        result: list[str | None] = self._guard(lambda: self._inner.branch_outcomes(call, count, only))
         return result
 
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:

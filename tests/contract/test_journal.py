@@ -298,6 +298,8 @@ def test_dispatch_sends_each_branch_once_per_execution_and_again_after_a_failure
     assert journal.complete_branch("m:0", 2, ok(2), "w2") is True  # the last one out wakes
     assert journal.complete_branch("m:0", 2, ok("late"), "w3") is True  # redelivered: wakes again, keeps the first
     assert journal.branch_outcomes("m:0", 3) == [ok(0), failed(1), ok(2)]
+    assert journal.branch_outcomes("m:0", 3, only=[2, 0]) == [ok(2), ok(0)]  # a branch task reads its own
+    assert journal.branch_outcomes("m:0", 3, only=[]) == []
     assert backend.field("journal", "c:m:0") == "0"
 
     second = backend.journal(backend.take_over())
