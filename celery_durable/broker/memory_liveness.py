@@ -249,11 +249,11 @@ def take_signal(state: RunState, name: str, at: str) -> str | None:
     return None
 
 
-def wake_wait_at(
+def wake_call_wait(
     state: RunState, prefix: str, now: int, at: str, match: Callable[[dict[str, Any]], bool]
 ) -> list[str] | None:
-    """``wake_wait_at()``: ``wake_waits`` for the one wait at ``at``; None
-    when no matching wait is there."""
+    """``wake_call_wait()``: ``wake_waits`` for a call's one wait at ``at``
+    (no 'waiting' summary to refresh); None when no matching wait is there."""
     raw = state.waits.get(at) if at else None
     wait = _decode(raw) if raw is not None else None
     if wait is None or not match(wait):
@@ -261,8 +261,6 @@ def wake_wait_at(
     del state.waits[at]
     owner = _lua_tostring(wait.get("owner"))
     token_queued(state, f"{prefix}-1", owner_kind(owner), now, now)
-    if wait.get("kind") != "call":
-        refresh_waiting(state)
     return [owner]
 
 

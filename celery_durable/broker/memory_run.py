@@ -37,7 +37,7 @@ from celery_durable.broker.memory_liveness import (
     token_queued,
     token_running,
     tokens_clear,
-    wake_wait_at,
+    wake_call_wait,
     wake_waits,
 )
 from celery_durable.broker.memory_prelude import (
@@ -296,7 +296,7 @@ class MemoryRun(MemoryAgentTurns):
 
             settled = json.loads(row)
             op = settled.get("op") if isinstance(settled, dict) else None
-            owners = wake_wait_at(state, wake_prefix, now, op if isinstance(op, str) else "", ours)
+            owners = wake_call_wait(state, wake_prefix, now, op if isinstance(op, str) else "", ours)
             return owners if owners is not None else wake_waits(state, wake_prefix, now, ours)
 
     # -- settling, resuming, cancelling ------------------------------------------------

@@ -48,9 +48,9 @@ class ParkedRuns:
     def keep(self, run_id: str, epoch: int, body: ParkedBody) -> None:
         """Keep a body that parked; unwind whatever it displaces."""
         with self._lock:
-            displaced = [entry[1] for entry in [self._bodies.pop(run_id, None)] if entry is not None]
+            previous = self._bodies.pop(run_id, None)
             self._bodies[run_id] = (epoch, body)
-            displaced += self._expired()
+            displaced = self._expired() + ([previous[1]] if previous and previous[1] is not body else [])
         for old in displaced:
             old.evict()
 

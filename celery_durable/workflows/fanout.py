@@ -48,6 +48,7 @@ HandOff = Callable[[list[int], int], bool]
 """Sends branches on to the fleet as new branch tasks (at most the given
 number of tasks); False when the fleet has no room for them now."""
 
+
 class BranchWork:
     """The branches one branch task holds, taken one after another; those not
     begun yet are handed on to the fleet when they turn out slow.

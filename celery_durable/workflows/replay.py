@@ -351,8 +351,8 @@ class Replay:
         body a worker may keep parks its thread until a pass resumes it, with
         the journaled outcome or None (woken with no answer); any other
         sequence suspends, as every wait does, and replays when woken."""
-        parking = self.parking
-        if parking is None or cursor.owner != MAIN or not cursor.is_main or not cursor.writes or self.target:
+        parking = self.parking  # set only in a coordinator pass, whose main cursor writes
+        if parking is None or not cursor.is_main:
             self.wait_for_wake(cursor)
         return parking.park(cursor, identity)
 

@@ -561,13 +561,11 @@ local function take_signal(journal_key, signals_key, name, at)
   return nil
 end
 
--- Wakes the owners of the waits that <match> picks (removing the waits);
--- each gets a queued coordinator or branch message "<prefix>-<n>". Returns
--- the owners, in the order of their messages.
--- wake_waits for the one wait at field <at> (a call's, found by its row):
--- the owner woken, or nil when no matching wait is there (the caller then
--- looks through them all).
-local function wake_wait_at(run_key, waits_key, live_key, prefix, now, at, match)
+-- Wakes the owner of a call's wait at field <at> (found by the call's row)
+-- if <match> picks it, as wake_waits would: a call's wait has no place in
+-- the 'waiting' summary, so nothing else is read. Returns {owner}, or nil
+-- when no matching wait is there (the caller then looks through them all).
+local function wake_call_wait(run_key, waits_key, live_key, prefix, now, at, match)
   if at == '' then return nil end
   local raw = redis.call('HGET', waits_key, at)
   if not raw then return nil end
@@ -576,10 +574,12 @@ local function wake_wait_at(run_key, waits_key, live_key, prefix, now, at, match
   redis.call('HDEL', waits_key, at)
   local owner = tostring(wait['owner'])
   token_queued(run_key, live_key, prefix .. '-1', owner_kind(owner), now, now)
-  if wait['kind'] ~= 'call' then refresh_waiting(run_key, waits_key) end
   return {owner}
 end
 
+-- Wakes the owners of the waits that <match> picks (removing the waits);
+-- each gets a queued coordinator or branch message "<prefix>-<n>". Returns
+-- the owners, in the order of their messages.
 local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
   local entries = redis.call('HGETALL', waits_key)
   local owners, seen, summarized = {}, {}, false

@@ -32,7 +32,7 @@ local function ours(wait)
 end
 -- The row says where the call waits ('op'): wake that wait without reading
 -- every other (a fan-out of calls waits on thousands at once).
-local owners = wake_wait_at(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), at, ours)
+local owners = wake_call_wait(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), at, ours)
 if not owners then
   owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), ours)
 end
