@@ -53,8 +53,15 @@ class Engine:
         self._store_pid = 0
         self._lock = threading.Lock()
         self.refused_messages = 0
+        # A prefork pool forks its children while the worker's sweep thread
+        # runs: a child that inherited this lock held (the sweep creating the
+        # store at that moment) would wait for it for ever, at its first task.
+        os.register_at_fork(after_in_child=self._new_lock)
         self.parked = ParkedRuns(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
         install_recovery(self)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
 
     @property
     def store(self) -> RunStore:

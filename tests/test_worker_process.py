@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -84,3 +85,28 @@ def test_plain_celery_worker_runs_the_engine(settings, spawn) -> None:
     envelope = client.run_workflow("fan", args={"count": 3, "seconds": 0.1}, timeout=60)
     assert envelope.status == "completed", envelope.error
     assert len(envelope.result) == 3
+
+
+def test_a_pool_child_forked_while_the_engine_lock_is_held_still_reaches_the_store(settings) -> None:
+    """A prefork pool forks its children while the worker's sweep thread runs:
+    a child that inherits the engine's lock held must not wait for it for ever
+    (children hung at their first task, and runs waited a lease or more)."""
+    engine = Engine([fan], settings)
+    with engine._lock:  # as the sweep thread holds it while it creates the store
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                code = 0 if engine.store.client.ping() else 1
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    raise AssertionError("the forked child hung on the engine's lock")

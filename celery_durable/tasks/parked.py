@@ -35,8 +35,13 @@ class ParkedRuns:
         """Passes that went on from a kept body instead of replaying."""
         self._bodies: OrderedDict[str, tuple[int, ParkedBody]] = OrderedDict()
         self._lock = threading.Lock()
-        # A forked pool child inherits the map, not the threads behind it.
-        os.register_at_fork(after_in_child=self._bodies.clear)
+        # A forked pool child inherits the map, not the threads behind it, and
+        # the lock maybe held by one of them.
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._bodies.clear()
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
