@@ -54,13 +54,14 @@ class Gpu:
     settings: Settings
     queue: str
     log_dir: Path
+    app_module: str = "tests.apps.gpu"
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
         env = {**settings_env(self.settings), "GPU_QUEUE": self.queue}
         log = open(self.log_dir / f"gpu-{len(self.processes)}.log", "ab")  # noqa: SIM115
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.apps.gpu", "worker", "-Q", self.queue, "-P", "threads",
+            [sys.executable, "-m", "celery", "-A", self.app_module, "worker", "-Q", self.queue, "-P", "threads",
              "-c", "2", "--loglevel", "WARNING", "--hostname", f"gpu{len(self.processes)}-{os.getpid()}@%h"],
             env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
         )

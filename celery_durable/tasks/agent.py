@@ -29,6 +29,7 @@ from celery_durable.broker.schema import Outcome
 from celery_durable.errors import StaleAttemptError
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
+from celery_durable.tasks.in_place import wake_owners
 from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, RunMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows import jsonvalue
@@ -150,8 +151,7 @@ def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Tur
     )
     prefix = new_task_id()
     waiters = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
-    for n, waiter in enumerate(waiters, start=1):
-        engine.wake(record.run_id, record.epoch, record.workflow, waiter, f"{prefix}-{n}")
+    wake_owners(engine, record.run_id, record.epoch, record.workflow, waiters, prefix)
 
 
 def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:

@@ -152,7 +152,7 @@ first engine's app and run its messages against the wrong key prefix."""
 def _register(app: Celery, engine: Engine) -> None:
     from celery_durable.tasks.agent import run_agent_task
     from celery_durable.tasks.branch import run_branch_task
-    from celery_durable.tasks.calls import call_failed, call_succeeded
+    from celery_durable.tasks.calls import CallAnswerTask, call_failed, call_succeeded
     from celery_durable.tasks.coordinator import run_coordinator_task
 
     # Every field is keyword-only: celery-durable sends keyword arguments, so
@@ -216,8 +216,8 @@ def _register(app: Celery, engine: Engine) -> None:
         )
 
     # A called task's link: the worker that ran it sends its return value as
-    # the one positional argument.
-    @app.task(name=CALL_RESULT_TASK, **DURABLE_OPTIONS)
+    # the one positional argument, or answers in place (CallAnswerTask).
+    @app.task(name=CALL_RESULT_TASK, base=CallAnswerTask, engine=engine, **DURABLE_OPTIONS)
     def call_result(this: Task, *args: Any, **fields: Any) -> None:
         call_succeeded(engine, args, fields)
 

@@ -9,9 +9,13 @@ as a message with only the failed task's id on one that does not (Celery's
 old-style errback), when the exception is read from the app's result backend
 if it has one. Both carry the run, the epoch that published the call and its
 key; the answer is journaled fenced by that epoch (``call_done.lua``), so a
-stale attempt's answer changes nothing, and what waits for the call is woken:
-a main body, by its next pass run right there (the answer came on the
-coordinator queue), a branch by a message to its branch task.
+stale attempt's answer changes nothing, and what waits for the call is woken
+(``in_place``: right there, when this worker consumes the queue its message
+would go to).
+
+The link itself skips the broker when it can (``CallAnswerTask``): a called
+task that ran on a worker consuming the coordinator queue is answered in
+place, so a call costs one message — the task — instead of two.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+from celery import Celery, Task
 
 from celery_durable.broker import RunRecord, now_ms, schema
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
-from celery_durable.tasks.coordinator import run_coordinator_task
+from celery_durable.tasks.in_place import consumes, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
@@ -65,7 +69,63 @@ def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]
         logger.error("rejected call result message: %s", exc)
         return
     outcome = result_outcome(key, args[0], epoch, engine.settings.max_payload_bytes)
-    _journal(engine, run_id, epoch, workflow, key, outcome, inline=True)
+    _journal(engine, run_id, epoch, workflow, key, outcome)
+
+
+class CallAnswerTask(Task):  # type: ignore[misc]
+    """The task class of ``celery_durable.call_result``: a link that may be answered in place.
+
+    Celery dispatches a finished task's ``link`` by publishing it, from the
+    worker that ran the task, before it stores the task's result
+    (``celery/app/trace.py``). When that worker consumes the coordinator
+    queue, the link's message would come back to this same worker: it is
+    answered here instead, and the message is not sent. A worker that does
+    not (a GPU pool) sends it, as does one that cannot journal the answer
+    now (its task then retries, as always). The called task's message is
+    acknowledged after this returns (``acks_late`` tasks), so a worker that
+    dies before the answer is journaled has its task delivered again.
+    """
+
+    engine: Engine | None = None
+    """Set at registration (a task option becomes a class attribute)."""
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        engine = self.engine
+        if (
+            engine is not None
+            and _link_of_running_task(self, options.get("parent_id"))
+            and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}))
+        ):
+            return self.AsyncResult(task_id or new_task_id())
+        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+
+
+def _link_of_running_task(task: Task, parent_id: Any) -> bool:
+    """True when Celery's tracer dispatches the link of the task this thread just ran."""
+    running = task.app.current_worker_task
+    return parent_id is not None and running is not None and running.request.id == parent_id
+
+
+def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> bool:
+    """Answer a call where its task ran; False when its message must be sent instead."""
+    if not consumes(engine, engine.settings.coordinator_queue):
+        return False
+    try:
+        call_succeeded(engine, args, fields)
+    except Exception:
+        logger.warning("the answer of a call could not be journaled in place; its message is sent", exc_info=True)
+        return False
+    return True
 
 
 def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
@@ -106,18 +166,8 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
     return "TaskFailed", f"Task {task} failed: {error!r:.200}"
 
 
-def _journal(
-    engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome, *, inline: bool = False
-) -> None:
-    """Journal the call's answer and continue what waited for it.
-
-    ``inline``: this task came on the coordinator queue, so a main body woken
-    by it runs its next pass here, under the wake's task id, instead of
-    sending that as one more message (a call's round trip was three
-    messages; this makes it two). An errback called in place runs on the
-    called task's own worker (a GPU pool, say), which must not run workflow
-    code: it sends.
-    """
+def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome) -> None:
+    """Journal the call's answer and continue what waits for it (``wake_owners``)."""
     error = failure_error(outcome)
     prefix = new_task_id()
 
@@ -130,16 +180,9 @@ def _journal(
         engine.count_refused()
         logger.info("run %s: the answer of call %r belongs to an older attempt; refused", run_id, key)
         return
-    here: str | None = None
-    for n, owner in enumerate(owners or [], start=1):
-        if inline and owner == schema.MAIN and workflow in engine.workflows:
-            here = f"{prefix}-{n}"
-        else:
-            engine.wake(run_id, epoch, workflow, owner, f"{prefix}-{n}")
     if owners:
         engine.store.schedule_check(run_id, now_ms() + engine.store.lease_ms)
-    if here is not None:
-        run_coordinator_task(engine, task_id=here, run_id=run_id, epoch=epoch, workflow=workflow, extra={})
+        wake_owners(engine, run_id, epoch, workflow, owners, prefix)
 
 
 def _parse(fields: dict[str, Any]) -> tuple[str, int, str, str, str]:

@@ -1,0 +1,80 @@
+"""Wakes that run where they are decided, instead of crossing the broker.
+
+When a call's answer or an agent turn settles, what waited for it — the main
+body or a branch — is continued by a message to the coordinator or the steps
+queue. A worker that consumes that queue itself would only send the message
+to receive it back, one broker round trip later: the wake runs here instead,
+under the task id its message would have had (the run already counts that
+id in flight, so liveness sees no difference between the two). A worker that
+does not consume the queue — a GPU pool running a called task, an agents
+pool — never runs workflow code: it sends, as before.
+
+Celery does the same for its own errbacks: a ``link_error`` whose task is
+registered in the worker is called in place, not sent (``celery.backends``
+``_call_task_errbacks``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from celery_durable.broker.schema import MAIN
+from celery_durable.tasks.branch import run_branch_task
+from celery_durable.tasks.coordinator import run_coordinator_task
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def consumes(engine: Engine, queue: str) -> bool:
+    """True while this thread runs a task of a worker that consumes ``queue``.
+
+    ``consume_from`` is what ``-Q``/``-X`` selected when the worker started
+    (all the app's queues without them); a prefork child inherits it.
+    """
+    app = engine.celery
+    if app.current_worker_task is None:
+        return False
+    return queue in app.amqp.queues.consume_from
+
+
+def queue_of(engine: Engine, owner: str) -> str:
+    """The queue of the message that continues ``owner``."""
+    return engine.settings.coordinator_queue if owner == MAIN else engine.settings.steps_queue
+
+
+def wake_owners(engine: Engine, run_id: str, epoch: int, workflow: str, owners: Sequence[str], prefix: str) -> None:
+    """Continue each owner woken by a script (task ids ``<prefix>-<n>``):
+    one of them in place when this worker consumes its queue, the rest by message."""
+    woken = [(owner, f"{prefix}-{n}") for n, owner in enumerate(owners, start=1)]
+    here = None
+    if workflow in engine.workflows:
+        here = next((w for w in woken if consumes(engine, queue_of(engine, w[0]))), None)
+    for owner, task_id in woken:
+        if (owner, task_id) != here:
+            engine.wake(run_id, epoch, workflow, owner, task_id)
+    if here is None:
+        return
+    owner, task_id = here
+    try:
+        _run_here(engine, run_id, epoch, workflow, owner, task_id)
+    except Exception:
+        # The message this replaced was never sent: send it now, under the
+        # same id, and a worker picks the work up where this one stopped.
+        logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, owner)
+        engine.wake(run_id, epoch, workflow, owner, task_id)
+
+
+def _run_here(engine: Engine, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
+    if owner == MAIN:
+        run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra={})
+        return
+    call, _, branch = owner.rpartition("/")
+    run_branch_task(
+        engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, call=call,
+        branches=[int(branch)], extra={},
+    )

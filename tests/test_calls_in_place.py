@@ -1,0 +1,115 @@
+"""A call answered where its task ran (``tasks/in_place.py``).
+
+When the worker that ran a called task consumes the coordinator queue, the
+task's link is answered right there and its message never sent; what waited
+for the call — the main body, or a branch when the worker consumes the steps
+queue too — goes on in the same place. A worker that does not consume the
+coordinator queue (a GPU pool with celery-durable installed) sends the
+answer, and runs no workflow code.
+
+The messages are counted with Celery's ``before_task_publish`` and
+``task_prerun`` signals: the durable worker runs in the test process.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.signals import before_task_publish, task_prerun
+
+from celery_durable import Engine, Settings, WorkflowContext
+from celery_durable.tasks.app import BRANCH_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
+from tests.apps.gpu import make_app
+from tests.conftest import worker_thread
+from tests.test_calls import TIMEOUT, Gpu, wf
+
+WAKE_ID = re.compile(r"^[0-9a-f]{32}-\d+$")
+"""The id of a wake message (``<prefix>-<n>``, see ``wake_owners``)."""
+
+
+class Messages:
+    """What this process published, and which tasks its worker ran."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.ran: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def on_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+        with self._lock:
+            self.sent.append((str(sender), str((headers or {}).get("id"))))
+
+    def on_prerun(self, sender: Any = None, **_: Any) -> None:
+        with self._lock:
+            self.ran[sender.name] += 1
+
+    def sent_of(self, task: str, wakes_only: bool = False) -> int:
+        with self._lock:
+            return sum(1 for name, task_id in self.sent if name == task and (not wakes_only or WAKE_ID.match(task_id)))
+
+
+@pytest.fixture
+def messages() -> Iterator[Messages]:
+    seen = Messages()
+    before_task_publish.connect(seen.on_publish, weak=False)
+    task_prerun.connect(seen.on_prerun, weak=False)
+    yield seen
+    before_task_publish.disconnect(seen.on_publish)
+    task_prerun.disconnect(seen.on_prerun)
+
+
+def _sequence_and_fan_out(ctx: WorkflowContext) -> Any:
+    total = 0
+    for i in range(6):
+        total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
+    rendered = ctx.parallel([lambda k=k: ctx.call(f"r{k}", "gpu.render", args=(f"i{k}",)) for k in range(5)])
+    return [total, *(r["rendered"] for r in rendered)]
+
+
+def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
+    settings: Settings, messages: Messages
+) -> None:
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("in-place", _sequence_and_fan_out)], settings, celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues):
+        envelope = engine.client().run_workflow("in-place", timeout=TIMEOUT)
+        resumed = engine.parked.resumed
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [15, "i0.png", "i1.png", "i2.png", "i3.png", "i4.png"]
+    assert messages.ran["gpu.add"] == 6 and messages.ran["gpu.render"] == 5
+    assert messages.sent_of(CALL_RESULT_TASK) == 0, "every answer ran where its task ran"
+    assert messages.ran[CALL_RESULT_TASK] == 0
+    assert messages.sent_of(BRANCH_TASK, wakes_only=True) == 0, "a branch woken by its answer went on in place"
+    assert messages.sent_of(COORDINATOR_TASK, wakes_only=True) == 0, "the main body went on in place"
+    assert resumed == 6, "the kept body went on at each answer of the sequence, in the same process"
+    steps = engine.client().get_workflow_run_detail(envelope.run_id).steps
+    assert sorted(row.status for row in steps) == ["completed"] * 11
+
+
+def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workflow_code(
+    settings: Settings, messages: Messages, tmp_path: Any
+) -> None:
+    """The GPU pool has the engine mounted (``tests/apps/gpu_engine.py``) but
+    consumes only its queue: it runs the called tasks, and every answer comes
+    to the durable worker here as a message."""
+    gpu = Gpu(settings, f"{settings.key_prefix}.gpu", tmp_path, app_module="tests.apps.gpu_engine")
+    gpu.start()
+    try:
+        app = make_app(settings.redis_url, gpu.queue)
+        engine = Engine([wf("sent", _sequence_and_fan_out)], settings, celery_app=app)
+        with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue]):
+            envelope = engine.client().run_workflow("sent", timeout=TIMEOUT)
+    finally:
+        for process in gpu.processes:
+            gpu.kill(process)
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [15, "i0.png", "i1.png", "i2.png", "i3.png", "i4.png"]
+    assert messages.ran["gpu.add"] == 0 and messages.ran["gpu.render"] == 0, "the called tasks ran on the GPU pool"
+    assert messages.ran[CALL_RESULT_TASK] >= 11, "each answer came here by message"
