@@ -15,6 +15,7 @@ from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.calls import publish_call
+from celery_durable.tasks.kept_fanouts import KeptFanouts
 from celery_durable.tasks.parked import ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.tasks.sending import first_chunks, send_agent, send_branch, send_branches, send_coordinator
@@ -58,6 +59,7 @@ class Engine:
         # store at that moment) would wait for it for ever, at its first task.
         os.register_at_fork(after_in_child=self._new_lock)
         self.parked = ParkedRuns(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
+        self.kept_fanouts = KeptFanouts(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
         install_recovery(self)
 
     def _new_lock(self) -> None:

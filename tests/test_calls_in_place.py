@@ -13,6 +13,7 @@ The messages are counted with Celery's ``before_task_publish`` and
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import Counter
@@ -113,3 +114,43 @@ def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workf
     assert envelope.result == [15, "i0.png", "i1.png", "i2.png", "i3.png", "i4.png"]
     assert messages.ran["gpu.add"] == 0 and messages.ran["gpu.render"] == 0, "the called tasks ran on the GPU pool"
     assert messages.ran[CALL_RESULT_TASK] >= 11, "each answer came here by message"
+
+
+@pytest.mark.parametrize("kept", [64, 0])
+def test_branches_woken_by_their_answers_run_from_kept_thunks_not_a_replay(
+    settings: Settings, messages: Messages, kept: int
+) -> None:
+    """A branch woken by its call's answer runs its thunk from the thunks this
+    process kept for the fan-out (``KeptFanout``), without replaying the main
+    body; a nested fan-out in it runs in threads and still journals into the
+    new execution. With nothing kept, each wake replays the body."""
+    width = 24
+    tops: list[str] = []
+
+    def run(ctx: WorkflowContext) -> Any:
+        tops.append(ctx.run_id)
+
+        def branch(k: int) -> Any:
+            doubled = ctx.call(f"a{k}", "gpu.add", args=(k, k))
+            steps = ctx.parallel([lambda: ctx.step(f"s{k}-x", lambda: doubled), lambda: ctx.step(f"s{k}-y", lambda: 1)])
+            return steps[0] + steps[1]
+
+        return ctx.parallel([functools.partial(branch, k) for k in range(width)])
+
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("kept-fanout", run)], settings.model_copy(update={"parked_executions": kept}), celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues):
+        envelope = engine.client().run_workflow("kept-fanout", timeout=TIMEOUT)
+        used = engine.kept_fanouts.used
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [2 * k + 1 for k in range(width)]
+    steps = engine.client().get_workflow_run_detail(envelope.run_id).steps
+    assert len(steps) == 3 * width and {row.status for row in steps} == {"completed"}
+    if kept:
+        assert used >= width, "every branch woken by its answer ran from the kept thunks"
+        assert len(tops) < width, f"{len(tops)} executions of the body for {width} woken branches"
+    else:
+        assert used == 0
+        assert len(tops) >= width + 2, "a replay per woken branch, and the coordinator's passes"

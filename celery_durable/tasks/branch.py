@@ -92,6 +92,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         return True
 
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
+    kept = engine.kept_fanouts.get(record.run_id, record.epoch, call_id)
     replay = Replay(
         journal=run_journal,
         run=record,
@@ -101,6 +102,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         target=BranchTarget(call_id, indices, journal, work),
         send_agent=send_agent,
         send_call=functools.partial(engine.send_call, record),
+        keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
     )
     try:
         # Its message runs from now: a branch that waited in a busy queue
@@ -108,7 +110,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         replay.apply_flags(store.task_start(record.run_id, record.epoch, token))
         try:
             with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake):
-                branch_pass(replay, journal)
+                branch_pass(replay, journal, kept)
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.

@@ -419,5 +419,6 @@ def install(engine: Engine) -> None:
             task_received.disconnect(self._received)
             self.sweep.stop()
             engine.parked.clear()  # bodies kept at a call unwind: their finally blocks run
+            engine.kept_fanouts.clear()
 
     engine.celery.steps["worker"].add(RecoveryStep)

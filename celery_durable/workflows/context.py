@@ -6,10 +6,12 @@ Every method is one line into the replay engine, as in Temporal's
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
@@ -17,13 +19,41 @@ from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.waits import Signal
 
+_LENT: contextvars.ContextVar[tuple[Replay, Replay] | None] = contextvars.ContextVar(
+    "celery_durable_lent_context", default=None
+)
+"""(home, execution): in this thread, a context made for ``home`` forwards to ``execution``."""
+
+
+@contextlib.contextmanager
+def lent(home: Replay, execution: Replay) -> Iterator[None]:
+    """Make the context of ``home`` forward to ``execution`` in this thread.
+
+    A fan-out's thunks close over the context of the execution that built
+    them. A worker that kept them (``KeptFanout``) runs a thunk again in a
+    later execution, with that execution's journal, fence and flags: inside
+    this block, the thunk's ``ctx`` is the new execution's.
+    """
+    token = _LENT.set((home, execution))
+    try:
+        yield
+    finally:
+        _LENT.reset(token)
+
 
 class WorkflowContext:
     """Journaled work, fan-out, progress and cancellation for one run."""
 
     def __init__(self, replay: Replay) -> None:
-        self._replay = replay
+        self._home = replay
         self._args = copy.deepcopy(replay.run.args)
+
+    @property
+    def _replay(self) -> Replay:
+        lending = _LENT.get()
+        if lending is not None and lending[0] is self._home:
+            return lending[1]
+        return self._home
 
     @property
     def run_id(self) -> str:

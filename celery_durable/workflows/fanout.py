@@ -13,6 +13,7 @@ ordinary exception, or a fatal failure that aborts the whole call.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import logging
 import threading
@@ -146,6 +147,32 @@ class BranchTarget:
     work: BranchWork | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KeptFanout:
+    """A top-level fan-out's thunks, as a branch task's replay built them.
+
+    Every branch task replays the main body up to its fan-out, and that
+    replay rebuilds all n thunks. A fan-out whose branches each wait (a task
+    call, an agent turn, a timer) is woken once per branch: n replays of size
+    n, which made a 4,096-wide fan-out of calls cost 35 ms per branch, most of
+    it the collector walking the rebuilt thunks. A worker process keeps the
+    thunks its branch task built, and a later branch task of the same attempt
+    and fan-out in that process runs its thunks from them (``run_kept``)
+    instead of replaying: inside it, the thunks' ``ctx`` forwards to the new
+    execution (``context.lent``). The main body's replay up to the fan-out is
+    the same in every execution of one attempt, so its thunks are too.
+    """
+
+    home: Replay
+    """The execution whose context the thunks close over."""
+    call: str
+    identity: str
+    branches: list[Callable[[], Any]]
+    seq: str
+    index: int
+    phase_id: str
+
+
 class FanoutOps:
     """``ctx.parallel`` and ``ctx.pipeline`` of one execution."""
 
@@ -191,6 +218,10 @@ class FanoutOps:
         call = schema.call_id(cursor.seq, cursor.index)
         target = replay.target
         if target is not None and target.call == call:
+            if cursor.is_main and replay.keep_fanout is not None:
+                replay.keep_fanout(
+                    KeptFanout(replay, call, identity, branches, cursor.seq, cursor.index, cursor.phase_id)
+                )
             self._run_target(cursor, call, identity, branches)
         if not cursor.writes:
             results = self._collect(call, len(branches))
@@ -231,6 +262,16 @@ class FanoutOps:
             raise StaleAttemptError(f"Run {replay.run.run_id}: branches of {call} did not all finish")
         cursor.advance()
         return results
+
+    def run_kept(self, kept: KeptFanout) -> None:
+        """In a branch task: run the target's branches from thunks a replay of
+        this attempt built before, without replaying the main body."""
+        from celery_durable.workflows.context import lent
+
+        replay = self._replay
+        parent = Cursor(seq=kept.seq, history=[], high_water=0, writes=False, phase_id=kept.phase_id, index=kept.index)
+        with lent(kept.home, replay):
+            replay.run_in(parent, lambda: self._run_target(parent, kept.call, kept.identity, kept.branches))
 
     def _run_target(self, cursor: Cursor, call: str, identity: str, branches: list[Callable[[], Any]]) -> None:
         """In a branch task: run the target's branches that have no live outcome yet."""
@@ -317,7 +358,10 @@ class FanoutOps:
         if not todo:
             return
         with ThreadPoolExecutor(max_workers=min(len(todo), NESTED_FANOUT_THREADS)) as pool:
-            finished = [future.result() for future in [pool.submit(run_one, j) for j in todo]]
+            # Each branch in a copy of this thread's context: kept thunks
+            # (context.lent) must forward to this execution there too.
+            futures = [pool.submit(contextvars.copy_context().run, run_one, j) for j in todo]
+            finished = [future.result() for future in futures]
         if not all(finished):
             # A nested branch waits: so does the branch around it.
             cursor.suspended = BranchSuspended()

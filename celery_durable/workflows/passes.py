@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.schema import Outcome
@@ -30,6 +30,9 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.replay import MAIN, Replay
 from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.fanout import KeptFanout
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +141,9 @@ def _returned(replay: Replay, result: Any) -> Settlement:
     return Settlement("completed", result_json=encoded, message="Run completed")
 
 
-def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None]) -> None:
-    """Replay the main body up to the fan-out, where the target's thunks run.
+def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None], kept: KeptFanout | None = None) -> None:
+    """Replay the main body up to the fan-out, where the target's thunks run;
+    or run them from the thunks this process ``kept`` for the fan-out.
 
     A replay that fails or ends before it gets there is a divergence from the
     coordinator's history: every target branch gets a fatal outcome, which
@@ -147,9 +151,12 @@ def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None]) -> None
     """
     target = replay.target
     assert target is not None
-    cursor = replay.open_cursor(MAIN, writes=False)
     try:
-        replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+        if kept is not None:
+            replay.fanout.run_kept(kept)
+        else:
+            cursor = replay.open_cursor(MAIN, writes=False)
+            replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
     except BranchFinished:
         return
     except (StaleAttemptError, StorageUnavailableError):

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
     from celery_durable.workflows.calls import CallOps, CallSender
     from celery_durable.workflows.definition import Workflow
-    from celery_durable.workflows.fanout import BranchTarget, FanoutOps
+    from celery_durable.workflows.fanout import BranchTarget, FanoutOps, KeptFanout
     from celery_durable.workflows.parking import ParkedBody
     from celery_durable.workflows.steps import StepOps
     from celery_durable.workflows.waits import WaitOps
@@ -196,6 +196,7 @@ class Replay:
         token: str = "",
         send_agent: AgentSender | None = None,
         send_call: CallSender | None = None,
+        keep_fanout: Callable[[KeptFanout], None] | None = None,
     ) -> None:
         from celery_durable.workflows.agent_ops import AgentOps
         from celery_durable.workflows.calls import CallOps
@@ -212,6 +213,8 @@ class Replay:
         self.send_branches = send_branches
         self.send_agent = send_agent
         self.send_call = send_call
+        self.keep_fanout = keep_fanout
+        """Given a top-level fan-out's thunks when this branch task built them (``KeptFanout``)."""
         self.target = target
         self.token = token
         self.cancel_event = threading.Event()
