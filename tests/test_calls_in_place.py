@@ -68,8 +68,8 @@ def _sequence_and_fan_out(ctx: WorkflowContext) -> Any:
     total = 0
     for i in range(6):
         total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
-    rendered = ctx.parallel([lambda k=k: ctx.call(f"r{k}", "gpu.render", args=(f"i{k}",)) for k in range(5)])
-    return [total, *(r["rendered"] for r in rendered)]
+    sums = ctx.parallel([lambda k=k: ctx.call(f"r{k}", "gpu.add", args=(k, 10)) for k in range(5)])
+    return [total, *sums]
 
 
 def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
@@ -83,8 +83,8 @@ def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
         envelope = engine.client().run_workflow("in-place", timeout=TIMEOUT)
         resumed = engine.parked.resumed
     assert envelope.status == "completed", envelope.error
-    assert envelope.result == [15, "i0.png", "i1.png", "i2.png", "i3.png", "i4.png"]
-    assert messages.ran["gpu.add"] == 6 and messages.ran["gpu.render"] == 5
+    assert envelope.result == [15, 10, 11, 12, 13, 14]
+    assert messages.ran["gpu.add"] == 11
     assert messages.sent_of(CALL_RESULT_TASK) == 0, "every answer ran where its task ran"
     assert messages.ran[CALL_RESULT_TASK] == 0
     assert messages.sent_of(BRANCH_TASK, wakes_only=True) == 0, "a branch woken by its answer went on in place"
@@ -92,6 +92,29 @@ def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
     assert resumed == 6, "the kept body went on at each answer of the sequence, in the same process"
     steps = engine.client().get_workflow_run_detail(envelope.run_id).steps
     assert sorted(row.status for row in steps) == ["completed"] * 11
+
+
+def test_after_an_acks_late_task_the_answer_is_journaled_in_place_and_the_pass_sent(
+    settings: Settings, messages: Messages
+) -> None:
+    """``gpu.render`` is ``acks_late``: its message stays unacknowledged until
+    the answer returns, so the pass it wakes (as long as its inline steps)
+    is sent, not run inside it, and the task is never delivered twice."""
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+
+    def run(ctx: WorkflowContext) -> Any:
+        return [ctx.call(f"r{k}", "gpu.render", args=(f"i{k}",))["rendered"] for k in range(3)]
+
+    engine = Engine([wf("late", run)], settings, celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues):
+        envelope = engine.client().run_workflow("late", timeout=TIMEOUT)
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == ["i0.png", "i1.png", "i2.png"]
+    assert messages.sent_of(CALL_RESULT_TASK) == 0, "each answer was journaled where its task ran"
+    assert messages.sent_of(COORDINATOR_TASK, wakes_only=True) == 3, "and each pass it woke was sent"
+    assert messages.ran["gpu.render"] == 3
 
 
 def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workflow_code(
@@ -111,8 +134,8 @@ def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workf
         for process in gpu.processes:
             gpu.kill(process)
     assert envelope.status == "completed", envelope.error
-    assert envelope.result == [15, "i0.png", "i1.png", "i2.png", "i3.png", "i4.png"]
-    assert messages.ran["gpu.add"] == 0 and messages.ran["gpu.render"] == 0, "the called tasks ran on the GPU pool"
+    assert envelope.result == [15, 10, 11, 12, 13, 14]
+    assert messages.ran["gpu.add"] == 0, "the called tasks ran on the GPU pool"
     assert messages.ran[CALL_RESULT_TASK] >= 11, "each answer came here by message"
 
 

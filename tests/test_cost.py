@@ -58,10 +58,22 @@ def test_a_fanout_costs_one_more_coordinator_pass_and_one_replay_per_branch_task
 
 
 def test_without_batching_each_branch_is_its_own_task_and_replay(durable) -> None:
-    d = durable([FAN], branch_batch_ms=0)
+    d = durable([FAN], branch_batch_ms=0, parked_executions=0)
     envelope = d.client.run_workflow("fan-cost", timeout=60)
     assert envelope.status == "completed"
     assert CALLS[f"{envelope.run_id}:body"] == 2 + 4
+
+
+def test_branch_tasks_of_one_process_share_the_thunks_one_replay_built(durable) -> None:
+    """Each branch its own task: one replays the body, and a task that starts
+    after that replay reached the fan-out runs from the kept thunks."""
+    d = durable([FAN], branch_batch_ms=0)
+    envelope = d.client.run_workflow("fan-cost", timeout=60)
+    assert envelope.status == "completed"
+    assert envelope.result == sum(range(50)) * 2 + 12
+    replays = CALLS[f"{envelope.run_id}:body"] - 2
+    assert 1 <= replays <= 4
+    assert replays + d.engine.kept_fanouts.used == 4, "every branch task either replayed or used the kept thunks"
 
 
 def test_a_solo_pool_worker_runs_a_fanout_without_deadlock(durable) -> None:

@@ -66,8 +66,9 @@ class Settings(BaseSettings):
         description=(
             "Main bodies a worker process keeps parked (a thread each, no worker slot) at a ctx.call, so the "
             "pass its answer starts goes on from the call instead of replaying the run: sequential calls then "
-            "cost the same each, not more with every call before them. A body is kept at most lease_seconds; "
-            "0 replays every pass."
+            "cost the same each, not more with every call before them; and as many fan-outs whose thunks it "
+            "keeps, so a branch woken by its call or agent turn runs without replaying the body. Each is kept "
+            "at most lease_seconds; 0 replays every pass."
         ),
     )
     branch_batch_ms: int = Field(

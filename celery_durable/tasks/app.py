@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DURABLE_TASK_PREFIX = "celery_durable."
 COORDINATOR_TASK = "celery_durable.coordinator"
 BRANCH_TASK = "celery_durable.branch"
 AGENT_TASK = "celery_durable.agent"

@@ -9,6 +9,14 @@ id in flight, so liveness sees no difference between the two). A worker that
 does not consume the queue — a GPU pool running a called task, an agents
 pool — never runs workflow code: it sends, as before.
 
+Nor does a thread that runs one of the user's ``acks_late`` tasks (a call's
+answer journaled in place, right after the task returned): the task's
+message stays unacknowledged until this returns, and a pass may run for
+as long as its inline steps take, past the visibility timeout of the
+user's app, which would deliver the task again. Such a wake is sent; the
+durable tasks' own messages carry a visibility timeout above the longest
+step, and a user task acknowledged early has nothing left to deliver.
+
 Celery does the same for its own errbacks: a ``link_error`` whose task is
 registered in the worker is called in place, not sent (``celery.backends``
 ``_call_task_errbacks``).
@@ -21,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from celery_durable.broker.schema import MAIN
+from celery_durable.tasks.app import DURABLE_TASK_PREFIX
 from celery_durable.tasks.branch import run_branch_task
 from celery_durable.tasks.coordinator import run_coordinator_task
 
@@ -42,6 +51,16 @@ def consumes(engine: Engine, queue: str) -> bool:
     return queue in app.amqp.queues.consume_from
 
 
+def may_run_here(engine: Engine, queue: str) -> bool:
+    """True when a wake for ``queue`` may run in this thread (module docstring)."""
+    running = engine.celery.current_worker_task
+    if running is None:
+        return False
+    if running.acks_late and not str(running.name).startswith(DURABLE_TASK_PREFIX):
+        return False
+    return queue in engine.celery.amqp.queues.consume_from
+
+
 def queue_of(engine: Engine, owner: str) -> str:
     """The queue of the message that continues ``owner``."""
     return engine.settings.coordinator_queue if owner == MAIN else engine.settings.steps_queue
@@ -53,7 +72,7 @@ def wake_owners(engine: Engine, run_id: str, epoch: int, workflow: str, owners: 
     woken = [(owner, f"{prefix}-{n}") for n, owner in enumerate(owners, start=1)]
     here = None
     if workflow in engine.workflows:
-        here = next((w for w in woken if consumes(engine, queue_of(engine, w[0]))), None)
+        here = next((w for w in woken if may_run_here(engine, queue_of(engine, w[0]))), None)
     for owner, task_id in woken:
         if (owner, task_id) != here:
             engine.wake(run_id, epoch, workflow, owner, task_id)

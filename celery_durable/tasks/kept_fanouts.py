@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from celery_durable.workflows.fanout import KeptFanout
 
@@ -27,9 +28,10 @@ Key = tuple[str, int, str]
 class KeptFanouts:
     """A bounded, per-process map of (run id, epoch, fan-out call id) -> its kept thunks."""
 
-    def __init__(self, capacity: int, idle_seconds: float) -> None:
+    def __init__(self, capacity: int, idle_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
         self.idle_seconds = idle_seconds
+        self._clock = clock
         self.used = 0
         """Branch tasks that ran from kept thunks instead of replaying."""
         self._fanouts: OrderedDict[Key, tuple[float, KeptFanout]] = OrderedDict()
@@ -51,7 +53,7 @@ class KeptFanouts:
         if not self.enabled:
             return
         with self._lock:
-            self._fanouts[(run_id, epoch, fanout.call)] = (time.monotonic(), fanout)
+            self._fanouts[(run_id, epoch, fanout.call)] = (self._clock(), fanout)
             self._fanouts.move_to_end((run_id, epoch, fanout.call))
             self._expire()
 
@@ -61,7 +63,7 @@ class KeptFanouts:
             entry = self._fanouts.get((run_id, epoch, call))
             if entry is None:
                 return None
-            self._fanouts[(run_id, epoch, call)] = (time.monotonic(), entry[1])
+            self._fanouts[(run_id, epoch, call)] = (self._clock(), entry[1])
             self._fanouts.move_to_end((run_id, epoch, call))
             self.used += 1
             return entry[1]
@@ -72,7 +74,7 @@ class KeptFanouts:
 
     def _expire(self) -> None:
         """Drop (under the lock) what is over the bound or unused too long, least recently used first."""
-        deadline = time.monotonic() - self.idle_seconds
+        deadline = self._clock() - self.idle_seconds
         while self._fanouts:
             used_at, _ = next(iter(self._fanouts.values()))
             if len(self._fanouts) <= self.capacity and used_at >= deadline:
