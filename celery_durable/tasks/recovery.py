@@ -178,7 +178,9 @@ class RecoverySweep:
         would be left to the empty-queue rule, which a backlog delays without
         bound; then beat soon, so the full report follows."""
         run_id = _durable_run(request)
-        if self.worker_id and run_id is not None:
+        if run_id is None:
+            return  # another task (a call's own, say): no run counts it in flight
+        if self.worker_id:
             task_id = str(request.id)
             self._fresh[task_id] = (run_id, time.monotonic())
             try:
