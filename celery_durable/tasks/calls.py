@@ -55,6 +55,7 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         link=link,
         link_error=link_error,
         serializer="json",
+        add_to_parent=False,  # not a child of a task this thread may be running (a pass run in place)
         **request.options,
     )
 

@@ -1,4 +1,4 @@
-"""A background thread that keeps a running task's message alive while it works.
+"""Beats that keep a running task's message alive while it works.
 
 Every beat renews the task's entry in the run's live hash (liveness in
 ``_prelude.lua``) and returns the run's control flags, which is how a long
@@ -12,11 +12,19 @@ workflow's own code does not return:
   longer than ``grace`` (it spins without calling the context) is settled
   from here (``overdue``). The thread that runs it cannot be killed: the
   worker's slot stays taken until that code returns, and the log says so.
+
+One thread per process beats for every task it runs (``_Beats``): most
+passes and branch tasks end long before their first beat is due, and a
+thread of their own cost each of them its start and its join — on every
+call's answer, the most frequent pass there is.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -69,40 +77,50 @@ class Heartbeat:
         self._overdue = overdue
         self._grace = grace
         self._asked_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{attempt.run.run_id[:8]}", daemon=True)
+        self._stopped = False
+        self._beating = threading.Lock()
+        """Held while a beat runs: the block does not end in the middle of one."""
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _BEATS.add(self, time.monotonic() + self._interval)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        with self._beating:
+            self._stopped = True
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self._interval):
-            attempt = self.attempt
-            wake = new_task_id() if self._wake is not None else ""
-            try:
-                flags, woken = self._store.heartbeat(
-                    attempt.run.run_id, attempt.epoch, self._token, coordinator=self._coordinator, wake=wake
-                )
-            except StaleAttemptError:
-                # A newer attempt owns the run, or it settled: stop this one at its next call.
-                attempt.lost_authority = True
-                attempt.cancel_event.set()
-                return
-            except StorageError as exc:
-                logger.warning("heartbeat of run %s failed: %s", attempt.run.run_id, exc)
-                continue
-            attempt.apply_flags(flags)
-            if woken and self._wake is not None:
-                self._wake(wake)
-            if self._overdue_now(flags):
-                return
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    def beat(self) -> bool:
+        """One beat, on the process's beat thread; False once it must not beat again."""
+        with self._beating:
+            if self._stopped:
+                return False
+            return self._beat_once()
+
+    def _beat_once(self) -> bool:
+        attempt = self.attempt
+        wake = new_task_id() if self._wake is not None else ""
+        try:
+            flags, woken = self._store.heartbeat(
+                attempt.run.run_id, attempt.epoch, self._token, coordinator=self._coordinator, wake=wake
+            )
+        except StaleAttemptError:
+            # A newer attempt owns the run, or it settled: stop this one at its next call.
+            attempt.lost_authority = True
+            attempt.cancel_event.set()
+            return False
+        except StorageError as exc:
+            logger.warning("heartbeat of run %s failed: %s", attempt.run.run_id, exc)
+            return True
+        attempt.apply_flags(flags)
+        if woken and self._wake is not None:
+            self._wake(wake)
+        return not self._overdue_now(flags)
 
     def _overdue_now(self, flags: Flags) -> bool:
         """True once the pass has ignored a cancellation or a ceiling for ``grace``."""
@@ -112,7 +130,7 @@ class Heartbeat:
         if self._asked_at is None:
             self._asked_at = now
             return False
-        if now - self._asked_at < self._grace or self._stop.is_set():
+        if now - self._asked_at < self._grace:
             return False
         try:
             self._overdue(flags)
@@ -120,3 +138,50 @@ class Heartbeat:
             logger.exception("run %s: settling an overdue pass failed", self.attempt.run.run_id)
             return False
         return True
+
+
+class _Beats:
+    """The process's beat thread: every running heartbeat, by when it is due next.
+
+    A heartbeat whose block ended stays in the heap until it comes due, and
+    is dropped then. A forked pool child starts a thread of its own at its
+    first heartbeat: it inherits the heap, not the thread behind it.
+    """
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Heartbeat]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._due = []
+        self._changed = threading.Condition()
+        self._thread = None
+
+    def add(self, heartbeat: Heartbeat, due: float) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (due, next(self._order), heartbeat))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="celery-durable-heartbeats", daemon=True)
+                self._thread.start()
+            elif self._due[0][2] is heartbeat:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, heartbeat = heapq.heappop(self._due)
+            try:
+                again = heartbeat.beat()
+            except Exception:
+                logger.exception("a heartbeat failed; it beats again")
+                again = True
+            if again:
+                self.add(heartbeat, time.monotonic() + heartbeat.interval)
+
+
+_BEATS = _Beats()

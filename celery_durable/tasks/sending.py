@@ -42,6 +42,12 @@ def _send(
         shadow=shadow,
         kwargsrepr=repr(shown),
         producer=producer,
+        # Durable tasks keep no result (their own option); said here too, the
+        # sender does not subscribe to a result that never comes.
+        ignore_result=True,
+        # Not a child of whatever task this thread runs (a pass run in place
+        # inside a called task): that task's stored result would list it.
+        add_to_parent=False,
     )
 
 
