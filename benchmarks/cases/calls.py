@@ -2,13 +2,14 @@
 
 A call is a journaled step that runs on the fleet as an ordinary task
 (SPEC §5a): the run publishes the task linked to the engine's answer task and
-suspends, holding no worker slot; the answer, on the coordinator queue,
-journals the result and runs the run's next pass in place, which replays up
-to the call and goes on. Per call that is two messages (the task and its
-answer) where ``delay().get()`` sends one and reads one stored result, and a
-replay that grows with the calls before it, so the durable side
-may cost more, but not much more: an application that moves its task calls
-into a workflow should not pay for durability in latency.
+suspends, holding no worker slot. The worker here runs the task and consumes
+the coordinator queue, so it answers the call in place (``tasks/in_place.py``):
+it journals the result and goes on with the body it kept parked at the call.
+Per call that is one message, as for ``delay().get()``, plus the journal's
+scripts, and everything on the durable side happens in the worker process,
+where the plain side publishes and collects from the benchmark's own process.
+The durable side may cost more, but not much more: an application that moves
+its task calls into a workflow should not pay for durability in latency.
 
 Both sides call the same ``bench.noop`` task, routed the same way (no
 ``queue=``: the app's default queue, which the fleet consumes), on the same

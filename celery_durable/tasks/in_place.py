@@ -54,11 +54,9 @@ def consumes(engine: Engine, queue: str) -> bool:
 def may_run_here(engine: Engine, queue: str) -> bool:
     """True when a wake for ``queue`` may run in this thread (module docstring)."""
     running = engine.celery.current_worker_task
-    if running is None:
+    if running is not None and running.acks_late and not str(running.name).startswith(DURABLE_TASK_PREFIX):
         return False
-    if running.acks_late and not str(running.name).startswith(DURABLE_TASK_PREFIX):
-        return False
-    return queue in engine.celery.amqp.queues.consume_from
+    return consumes(engine, queue)
 
 
 def queue_of(engine: Engine, owner: str) -> str:
