@@ -155,7 +155,7 @@ def _rows(times: dict[str, Samples], n: int, width: int) -> list[Row]:
             Target(f"<= {SEQUENTIAL_LIMIT}x delay().get() in a row", SEQUENTIAL_LIMIT), judge_ratio=True),
         Row(CASE, "time per call in a row (time / n)", "ms", [1000 * t / n for t in sequential[DURABLE]],
             [1000 * t / n for t in sequential[CELERY]],
-            note="a call: publish, the task, its answer journaled, the run woken and replayed up to the call"),
+            note="a call: publish, the task, its answer journaled where it ran, the kept body going on"),
         Row(CASE, f"parallel of {fmt_int(width)} calls vs group of {fmt_int(width)}", "s",
             parallel[DURABLE], parallel[CELERY],
             Target(f"<= {PARALLEL_LIMIT}x the group", PARALLEL_LIMIT), judge_ratio=True),
