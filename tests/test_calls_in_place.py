@@ -94,27 +94,52 @@ def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
     assert sorted(row.status for row in steps) == ["completed"] * 11
 
 
-def test_after_an_acks_late_task_the_answer_is_journaled_in_place_and_the_pass_sent(
-    settings: Settings, messages: Messages
+@pytest.mark.parametrize(
+    ("task", "args", "result"),
+    [
+        # acks_late: its message stays unacknowledged until the answer returns
+        ("gpu.render", ("i",), {"item": "i", "rendered": "i.png", "runs": 1}),
+        # a time limit would count the pass against the task, and a soft one
+        # would be raised inside workflow code
+        ("gpu.add_limited", (1, 2), 3),
+    ],
+)
+def test_after_a_task_whose_options_bind_the_pass_the_answer_is_journaled_in_place_and_the_pass_sent(
+    settings: Settings, messages: Messages, task: str, args: tuple[Any, ...], result: Any
 ) -> None:
-    """``gpu.render`` is ``acks_late``: its message stays unacknowledged until
-    the answer returns, so the pass it wakes (as long as its inline steps)
-    is sent, not run inside it, and the task is never delivered twice."""
     gpu_queue = f"{settings.key_prefix}.gpu"
     app = make_app(settings.redis_url, gpu_queue)
 
     def run(ctx: WorkflowContext) -> Any:
-        return [ctx.call(f"r{k}", "gpu.render", args=(f"i{k}",))["rendered"] for k in range(3)]
+        return [ctx.call(f"c{k}", task, args=args) for k in range(3)]
 
-    engine = Engine([wf("late", run)], settings, celery_app=app)
+    engine = Engine([wf("bound", run)], settings, celery_app=app)
     queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("late", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("bound", timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
-    assert envelope.result == ["i0.png", "i1.png", "i2.png"]
+    assert envelope.result == [result] * 3
     assert messages.sent_of(CALL_RESULT_TASK) == 0, "each answer was journaled where its task ran"
     assert messages.sent_of(COORDINATOR_TASK, wakes_only=True) == 3, "and each pass it woke was sent"
-    assert messages.ran["gpu.render"] == 3
+    assert messages.ran[task] == 3
+
+
+def test_an_answer_in_place_is_the_value_its_message_would_carry(settings: Settings, messages: Messages) -> None:
+    """JSON on the wire makes a tuple a list and an int key a string; the
+    answer given in place is the same value, not a failure to be JSON."""
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.call("pair", "gpu.pair", args=(7,))
+
+    engine = Engine([wf("wired", run)], settings, celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues):
+        envelope = engine.client().run_workflow("wired", timeout=TIMEOUT)
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [7, {"7": "keyed by an int"}]
+    assert messages.sent_of(CALL_RESULT_TASK) == 0
 
 
 def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workflow_code(

@@ -20,10 +20,12 @@ place, so a call costs one message — the task — instead of two.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
+from kombu.serialization import dumps, loads
 
 from celery_durable.broker import RunRecord, now_ms, schema
 from celery_durable.errors import StaleAttemptError, StepFailed
@@ -118,12 +120,26 @@ def _link_of_running_task(task: Task, parent_id: Any) -> bool:
 
 
 def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> bool:
-    """Answer a call where its task ran; False when its message must be sent instead."""
+    """Answer a call where its task ran; False when its message must be sent instead.
+
+    The answer is what its message would carry: the return value through
+    the link's JSON serializer (a tuple becomes a list, an int key a string,
+    as on the wire), and one that does not serialize is left to Celery's own
+    publish, which fails the task as it always would. It runs in a context
+    of its own: none of the tracer's (Celery's callback-publish retry flag).
+    """
     if not consumes(engine, engine.settings.coordinator_queue):
         return False
     try:
-        call_succeeded(engine, args, fields)
+        content_type, encoding, body = dumps(list(args), serializer="json")  # type: ignore[no-untyped-call]
+        wired = tuple(loads(body, content_type, encoding, accept={content_type}))  # type: ignore[no-untyped-call]
+    except Exception:  # kombu's EncodeError, and whatever a value's own encoder raises
+        return False
+    try:
+        contextvars.Context().run(call_succeeded, engine, wired, fields)
     except Exception:
+        # Nothing journaled (call_succeeded handles what follows the write):
+        # the message goes, and its task retries as always.
         logger.warning("the answer of a call could not be journaled in place; its message is sent", exc_info=True)
         return False
     return True
@@ -181,9 +197,16 @@ def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, o
         engine.count_refused()
         logger.info("run %s: the answer of call %r belongs to an older attempt; refused", run_id, key)
         return
-    if owners:
+    if not owners:
+        return
+    # Journaled: from here on, a failure must not send the answer again (it
+    # would find the call answered and wake no one). A wake that cannot be
+    # sent is left to liveness, which takes the run over.
+    try:
         engine.store.schedule_check(run_id, now_ms() + engine.store.lease_ms)
         wake_owners(engine, run_id, epoch, workflow, owners, prefix)
+    except Exception:
+        logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
 
 
 def _parse(fields: dict[str, Any]) -> tuple[str, int, str, str, str]:

@@ -13,14 +13,18 @@ workflow's own code does not return:
   from here (``overdue``). The thread that runs it cannot be killed: the
   worker's slot stays taken until that code returns, and the log says so.
 
-One thread per process beats for every task it runs (``_Beats``): most
-passes and branch tasks end long before their first beat is due, and a
-thread of their own cost each of them its start and its join — on every
-call's answer, the most frequent pass there is.
+One thread per process schedules the beats of every task it runs
+(``_Beats``), and a few threads run them: most passes and branch tasks end
+long before their first beat is due, and a thread of their own cost each
+of them its start and its join — on every call's answer, the most frequent
+pass there is. Beats run on a small pool, not on the scheduler, so one
+that stalls (a slow Redis node, a publish blocked by the broker) holds up
+only itself, not every lease in the process.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -28,6 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Protocol
 
@@ -140,12 +145,16 @@ class Heartbeat:
         return True
 
 
+BEAT_THREADS = 8
+"""Beats that may run at once in a process (each one script; more only while some stall)."""
+
+
 class _Beats:
-    """The process's beat thread: every running heartbeat, by when it is due next.
+    """The process's beat scheduler: every running heartbeat, by when it is due next.
 
     A heartbeat whose block ended stays in the heap until it comes due, and
-    is dropped then. A forked pool child starts a thread of its own at its
-    first heartbeat: it inherits the heap, not the thread behind it.
+    is dropped then. A forked pool child starts threads of its own at its
+    first heartbeat: it inherits the heap, not the threads behind it.
     """
 
     def __init__(self) -> None:
@@ -153,35 +162,42 @@ class _Beats:
         self._order = itertools.count()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
         self._due = []
         self._changed = threading.Condition()
         self._thread = None
+        self._pool = None
 
     def add(self, heartbeat: Heartbeat, due: float) -> None:
         with self._changed:
             heapq.heappush(self._due, (due, next(self._order), heartbeat))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="celery-durable-heartbeats", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="celery-durable-heartbeats", daemon=True)
+                thread.start()
+                self._thread = thread
             elif self._due[0][2] is heartbeat:
                 self._changed.notify()
 
     def _run(self) -> None:
+        pool = self._pool = ThreadPoolExecutor(max_workers=BEAT_THREADS, thread_name_prefix="celery-durable-beat")
         while True:
             with self._changed:
                 while not self._due or self._due[0][0] > time.monotonic():
                     self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 _, _, heartbeat = heapq.heappop(self._due)
-            try:
-                again = heartbeat.beat()
-            except Exception:
-                logger.exception("a heartbeat failed; it beats again")
-                again = True
-            if again:
-                self.add(heartbeat, time.monotonic() + heartbeat.interval)
+            pool.submit(heartbeat.beat).add_done_callback(functools.partial(self._beaten, heartbeat))
+
+    def _beaten(self, heartbeat: Heartbeat, done: Future[bool]) -> None:
+        try:
+            again = done.result()
+        except Exception:
+            logger.exception("a heartbeat failed; it beats again")
+            again = True
+        if again:
+            self.add(heartbeat, time.monotonic() + heartbeat.interval)
 
 
 _BEATS = _Beats()

@@ -9,13 +9,15 @@ id in flight, so liveness sees no difference between the two). A worker that
 does not consume the queue — a GPU pool running a called task, an agents
 pool — never runs workflow code: it sends, as before.
 
-Nor does a thread that runs one of the user's ``acks_late`` tasks (a call's
-answer journaled in place, right after the task returned): the task's
-message stays unacknowledged until this returns, and a pass may run for
-as long as its inline steps take, past the visibility timeout of the
-user's app, which would deliver the task again. Such a wake is sent; the
-durable tasks' own messages carry a visibility timeout above the longest
-step, and a user task acknowledged early has nothing left to deliver.
+Nor does a thread that runs one of the user's tasks (a call's answer
+journaled in place, right after the task returned) when that task's
+options make the pass its business: ``acks_late`` (its message stays
+unacknowledged until this returns, and a pass may run as long as its
+inline steps take, past the visibility timeout of the user's app, which
+would deliver the task again) or a time limit (the pass would count
+against it, and a soft limit would be raised inside workflow code). Such a
+wake is sent. The durable tasks' own messages carry a visibility timeout
+above the longest step and no time limit.
 
 Celery does the same for its own errbacks: a ``link_error`` whose task is
 registered in the worker is called in place, not sent (``celery.backends``
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker.schema import MAIN
 from celery_durable.tasks.app import DURABLE_TASK_PREFIX
@@ -54,9 +56,22 @@ def consumes(engine: Engine, queue: str) -> bool:
 def may_run_here(engine: Engine, queue: str) -> bool:
     """True when a wake for ``queue`` may run in this thread (module docstring)."""
     running = engine.celery.current_worker_task
-    if running is not None and running.acks_late and not str(running.name).startswith(DURABLE_TASK_PREFIX):
+    if running is not None and not str(running.name).startswith(DURABLE_TASK_PREFIX) and _binds_the_pass(running):
         return False
     return consumes(engine, queue)
+
+
+def _binds_the_pass(task: Any) -> bool:
+    """Whether a user's task's options would hold a pass run inside it."""
+    conf = task.app.conf
+    limits = (
+        *(getattr(task.request, "timelimit", None) or ()),
+        task.time_limit,
+        task.soft_time_limit,
+        conf.task_time_limit,
+        conf.task_soft_time_limit,
+    )
+    return bool(task.acks_late) or any(limit for limit in limits)
 
 
 def queue_of(engine: Engine, owner: str) -> str:

@@ -56,6 +56,14 @@ def make_app(broker: str, queue: str, *, accept_pickle: bool = False) -> Celery:
     def add(a: int, b: int) -> int:
         return a + b
 
+    @app.task(name="gpu.add_limited", shared=False, soft_time_limit=60, time_limit=90)
+    def add_limited(a: int, b: int) -> int:
+        return a + b
+
+    @app.task(name="gpu.pair", shared=False)
+    def pair(a: int) -> Any:
+        return (a, {a: "keyed by an int"})  # what JSON makes a list and a string key
+
     return app
 
 
