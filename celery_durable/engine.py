@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_durable.agents import AgentRunner, load_runner
 from celery_durable.broker import RunRecord, RunStore
-from celery_durable.broker.schema import MAIN
+from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
@@ -138,8 +138,8 @@ class Engine:
         if owner == MAIN:
             self.send_coordinator(run_id, epoch, workflow, task_id=task_id)
         else:
-            call, _, branch = owner.rpartition("/")
-            self.send_branch(run_id, epoch, workflow, call, int(branch), task_id)
+            call, branch = branch_of(owner)
+            self.send_branch(run_id, epoch, workflow, call, branch, task_id)
 
     def count_refused(self) -> None:
         """Count a task message refused by the fence (stale epoch or forged run)."""

@@ -101,7 +101,7 @@ class Heartbeat:
         return self._interval
 
     def beat(self) -> bool:
-        """One beat, on the process's beat thread; False once it must not beat again."""
+        """One beat, on the process's beat pool; False once it must not beat again."""
         with self._beating:
             if self._stopped:
                 return False

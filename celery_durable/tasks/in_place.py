@@ -30,7 +30,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.broker.schema import MAIN
+from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.tasks.app import DURABLE_TASK_PREFIX
 from celery_durable.tasks.branch import run_branch_task
 from celery_durable.tasks.coordinator import run_coordinator_task
@@ -105,8 +105,7 @@ def _run_here(engine: Engine, run_id: str, epoch: int, workflow: str, owner: str
     if owner == MAIN:
         run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra={})
         return
-    call, _, branch = owner.rpartition("/")
+    call, branch = branch_of(owner)
     run_branch_task(
-        engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, call=call,
-        branches=[int(branch)], extra={},
+        engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branches=[branch], extra={}
     )

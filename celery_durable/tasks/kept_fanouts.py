@@ -53,8 +53,7 @@ class KeptFanouts:
         if not self.enabled:
             return
         with self._lock:
-            self._fanouts[(run_id, epoch, fanout.call)] = (self._clock(), fanout)
-            self._fanouts.move_to_end((run_id, epoch, fanout.call))
+            self._touch((run_id, epoch, fanout.call), fanout)
             self._expire()
 
     def get(self, run_id: str, epoch: int, call: str) -> KeptFanout | None:
@@ -63,10 +62,14 @@ class KeptFanouts:
             entry = self._fanouts.get((run_id, epoch, call))
             if entry is None:
                 return None
-            self._fanouts[(run_id, epoch, call)] = (self._clock(), entry[1])
-            self._fanouts.move_to_end((run_id, epoch, call))
+            self._touch((run_id, epoch, call), entry[1])
             self.used += 1
             return entry[1]
+
+    def _touch(self, key: Key, fanout: KeptFanout) -> None:
+        """(Under the lock) used now: the most recently used."""
+        self._fanouts[key] = (self._clock(), fanout)
+        self._fanouts.move_to_end(key)
 
     def clear(self) -> None:
         with self._lock:

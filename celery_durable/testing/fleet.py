@@ -205,8 +205,8 @@ class Fleet:
         if owner == schema.MAIN:
             self.send(Message("coordinator", run_id, epoch, task_id))
         else:
-            call, _, branch = owner.rpartition("/")
-            self.send(Message("branch", run_id, epoch, task_id, call=call, indices=(int(branch),)))
+            call, branch = schema.branch_of(owner)
+            self.send(Message("branch", run_id, epoch, task_id, call=call, indices=(branch,)))
 
     def fire_timers(self) -> None:
         """The recovery sweep's part (``tasks/recovery.py``): every due timer fires,

@@ -89,6 +89,12 @@ def branch_owner(call: str, branch: int) -> str:
     return f"{call}/{branch}"
 
 
+def branch_of(owner: str) -> tuple[str, int]:
+    """The fan-out call id and branch index of a branch owner (``branch_owner``'s inverse)."""
+    call, _, branch = owner.rpartition("/")
+    return call, int(branch)
+
+
 MAIN = "m"
 """The main body's sequence, and the coordinator as an owner."""
 
