@@ -454,7 +454,9 @@ def test_watch_runs_announces_changes_of_the_namespace(durable) -> None:
         assert watch.get(0) is None
         run_id = d.client.start_workflow("story")
         seen: list[RunUpdate] = []
-        while not any(u.change == "status" and d.client.get_workflow_run(u.run_id).is_terminal for u in seen[-1:]):
+        # The run may already be over when its first status update is read:
+        # read until both status updates (running, then the end) are in.
+        while [u.change for u in seen].count("status") < 2 or not d.client.get_workflow_run(run_id).is_terminal:
             update = watch.get(10)
             assert update is not None, f"no update after {seen}"
             seen.append(update)
