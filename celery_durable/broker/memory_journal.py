@@ -40,6 +40,7 @@ from celery_durable.broker.memory_prelude import (
     is_stale_failure,
     made_progress,
     record_op,
+    sequence_reply,
     settle_row,
 )
 from celery_durable.broker.memory_run import MemoryRun
@@ -76,20 +77,7 @@ class MemoryJournal:
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
         """read_sequence.lua; the reply parsed by the parser the Redis side uses."""
         with self._run.lock:
-            journal = self._state.journal
-            reply: list[str | None] = [journal.get(f"k:{seq}", ""), journal.get(f"h:{seq}", "")]
-            for i in range(start, int(journal.get(f"n:{seq}") or "0")):
-                entry = journal.get(schema.op_field(seq, i), "0:")
-                ident = entry.partition(":")[2]
-                value = None
-                if ident[:1] in ("s", "c"):  # a step, or a task call (its outcome under its key)
-                    value = journal.get(schema.step_field(ident[2:]))
-                elif ident[:1] == "a":
-                    value = journal.get(f"a:{ident[2:]}")
-                elif ident[:1] in ("t", "u", "z", "g"):
-                    # now()/uuid4() values, and how a wait ended (None while it has not)
-                    value = journal.get(schema.value_field(seq, i))
-                reply += [entry, value]
+            reply = sequence_reply(self._state, seq, start)
         return schema.parse_sequence(self.run_id, seq, reply, start)
 
     def begin(self, seq: str, call: BeginCall) -> Began:

@@ -152,6 +152,25 @@ def entry_alive(state: RunState, seq: str, index: int, raw: str) -> bool:
     return not (index > int(cut_index) and int(raw.partition(":")[0]) < int(cut_epoch))
 
 
+def sequence_reply(state: RunState, seq: str, start: int) -> list[str | None]:
+    """sequence_reply in _prelude.lua: sequence ``seq`` from index ``start`` on."""
+    journal = state.journal
+    reply: list[str | None] = [journal.get(f"k:{seq}", ""), journal.get(f"h:{seq}", "")]
+    for i in range(start, int(journal.get(f"n:{seq}") or "0")):
+        entry = journal.get(schema.op_field(seq, i), "0:")
+        ident = entry.partition(":")[2]
+        value = None
+        if ident[:1] in ("s", "c"):  # a step, or a task call (its outcome under its key)
+            value = journal.get(schema.step_field(ident[2:]))
+        elif ident[:1] == "a":
+            value = journal.get(f"a:{ident[2:]}")
+        elif ident[:1] in ("t", "u", "z", "g"):
+            # now()/uuid4() values, and how a wait ended (None while it has not)
+            value = journal.get(schema.value_field(seq, i))
+        reply += [entry, value]
+    return reply
+
+
 def forget_fanout(state: RunState, seq: str, index: int, width: int, epoch: str) -> None:
     """``forget_fanout()``: an abandoned fan-out's outcomes, counters and histories go."""
     journal = state.journal

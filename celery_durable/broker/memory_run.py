@@ -53,10 +53,12 @@ from celery_durable.broker.memory_prelude import (
     is_stale_failure,
     made_progress,
     next_epoch,
+    sequence_reply,
     settle_row,
 )
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
+from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.scripts import now_ms, refuse
 from celery_durable.broker.store import Signalled
 from celery_durable.errors import StaleAttemptError
@@ -160,6 +162,18 @@ class MemoryRun(MemoryAgentTurns):
             token_running(state, token, now + self.lease_ms, now)
             return flags(state)
 
+
+    def activate_reading(
+        self, epoch: int, token: str, resend: str, seq: str, start: int
+    ) -> tuple[Flags, SequenceHistory] | int:
+        """activate.lua with a tail to read: ``activate``, then sequence
+        ``seq`` from ``start`` on, under the same lock."""
+        with self.lock:
+            activation = self.activate(epoch, token, resend)
+            if isinstance(activation, int):
+                return activation
+            reply = sequence_reply(self.state, seq, start)
+        return activation, schema.parse_sequence(self.run_id, seq, reply, start)
     def release(self, token: str, epoch: int) -> bool:
         """release.lua: True when an activation arrived meanwhile and the caller runs again."""
         with self.lock:

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, cast
 
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
 from celery_durable.broker import schema
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.fleet_store import FleetLiveness
@@ -22,6 +25,7 @@ from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal, flags_of
+from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.scripts import Scripts, now_ms, refuse
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
@@ -53,6 +57,28 @@ class RunStore(FleetLiveness):
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         with storage_errors():
             return self._scripts[name](keys=list(keys), args=list(args))
+
+    def _run_and_look(self, name: str, keys: Sequence[str], args: Sequence[Any], run_id: str, now: int) -> Any:
+        """Run a script, and have the sweep look at the run a lease from
+        ``now`` at the latest: in one round trip on one Redis (a pipeline,
+        not a transaction: the schedule is a hint, and lives in a slot of its
+        own), in two on a Cluster."""
+        at_ms = now + self.lease_ms
+        if isinstance(self.client, RedisCluster):
+            reply = self._run(name, keys, args)
+            self.schedule_check(run_id, at_ms, sooner_only=True)
+            return reply
+        script = self._scripts[name]
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True)
+            reply, _ = pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):  # a restarted Redis: the script loads again
+                reply = script(keys=list(keys), args=list(args))
+            elif isinstance(reply, Exception):
+                raise reply
+        return reply
 
     def run_keys(self, run_id: str) -> RunKeys:
         return self.keys.run(run_id)
@@ -175,16 +201,31 @@ class RunStore(FleetLiveness):
         """Take the activation lock for the pass whose task id is ``token`` and
         return the run's flags; when another pass holds it (and was told to
         run once more), the ms until the message ``resend`` is due."""
+        reply = self._activate(run_id, epoch, token, namespace, resend, [])
+        return reply if isinstance(reply, int) else flags_of(reply)
+
+    def activate_reading(
+        self, run_id: str, epoch: int, token: str, namespace: str, resend: str, seq: str, start: int
+    ) -> tuple[Flags, SequenceHistory] | int:
+        """``activate``, and once the lock is taken, sequence ``seq`` of the
+        journal from index ``start`` on, read in the same script: a kept body
+        learns whether it is still current without a round trip of its own."""
+        reply = self._activate(run_id, epoch, token, namespace, resend, [seq, start])
+        if isinstance(reply, int):
+            return reply
+        return flags_of(reply), schema.parse_sequence(run_id, seq, reply[4:], start)
+
+    def _activate(
+        self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]
+    ) -> list[Any] | int:
         k = self.run_keys(run_id)
-        reply = self._run(
-            "activate",
-            [k.run, k.progress, k.live],
-            [epoch, token, now_ms(), self.lease_ms, self.lease_ms, self.channel(namespace), resend],
-        )
+        keys = [k.run, k.progress, k.live, *([k.journal] if tail else [])]
+        args = [epoch, token, now_ms(), self.lease_ms, self.lease_ms, self.channel(namespace), resend, *tail]
+        reply = self._run("activate", keys, args)
         if reply and reply[0] == "busy":
             return int(reply[1])
         refuse(run_id, reply)
-        return flags_of(reply)
+        return cast(list[Any], reply)
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
@@ -393,11 +434,12 @@ class RunStore(FleetLiveness):
         wake, the n-th by message ``f"{wake_prefix}-{n}"``; None when the call
         already had an outcome (a late or second delivery)."""
         k = self.run_keys(run_id)
-        reply = self._run(
-            "call_done",
-            [k.run, k.journal, k.waits, k.live, k.running, k.steps],
-            [epoch, now_ms(), key, outcome, error, wake_prefix],
-        )
+        now = now_ms()
+        keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps]
+        # The sweep looks at the run a lease from now, should the wake this
+        # answer sends be lost (a run waiting on a call without a time-out is
+        # not on its schedule otherwise).
+        reply = self._run_and_look("call_done", keys, [epoch, now, key, outcome, error, wake_prefix], run_id, now)
         if reply and reply[0] == "late":
             return None
         refuse(run_id, reply)

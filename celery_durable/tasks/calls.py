@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task
 from kombu.serialization import dumps, loads
 
-from celery_durable.broker import RunRecord, now_ms, schema
+from celery_durable.broker import RunRecord, schema
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
 from celery_durable.tasks.in_place import consumes, wake_owners
@@ -203,7 +203,6 @@ def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, o
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
     try:
-        engine.store.schedule_check(run_id, now_ms() + engine.store.lease_ms)
         wake_owners(engine, run_id, epoch, workflow, owners, prefix)
     except Exception:
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import Flags, RunRecord
+from celery_durable.broker.schema import SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
@@ -47,14 +48,9 @@ def run_coordinator_task(
 
 def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     store = engine.store
-    try:
-        record = store.load_run(message.run_id)
-    except StorageCorruptError as exc:
-        logger.error("run %s: not executed, its record is corrupt: %s", message.run_id, exc)
-        return
-    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
-        engine.count_refused()
-        logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
+    peeked = _kept_body(engine, message)
+    record = peeked.replay.run if peeked is not None else _load_record(engine, message)
+    if record is None:
         return
     definition = engine.workflows.get(record.workflow)
     if definition is None:
@@ -62,8 +58,11 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
         return
     resend = new_task_id()
     try:
-        activation = store.activate(record.run_id, record.epoch, token, record.namespace, resend)
+        activation, tail = _activate(engine, record, token, resend, peeked)
     except StaleAttemptError:
+        if peeked is not None:
+            engine.parked.discard(record.run_id)
+            _refused(engine, message)
         return
     if isinstance(activation, int):
         # Another pass holds the lock and was told to run once more. Should
@@ -73,7 +72,14 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     # One dispatch token per execution: a fan-out dispatched by an execution
     # that died halfway through sending is sent again by the next one.
     execution = new_task_id()
-    kept = engine.parked.take(record.run_id, record.epoch)
+    kept = engine.parked.take(record.run_id, record.epoch, tail)
+    if kept is None and peeked is not None:
+        # The body was stale: replay from a record read now, not the body's copy.
+        fresh = store.load_run(record.run_id)
+        if fresh is None or fresh.epoch != record.epoch:
+            store.release(record.run_id, token, record.epoch)
+            return
+        record = fresh
     replay = kept[0].replay if kept else _new_replay(engine, record, definition, execution)
     replay.apply_flags(activation)
 
@@ -110,6 +116,48 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
             replay = kept[0].replay if kept else _new_replay(engine, fresh, definition, execution)
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
             heartbeat.attempt = replay
+
+
+def _kept_body(engine: Engine, message: RunMessage) -> ParkedBody | None:
+    """The body this process keeps parked for the message's attempt, if any
+    (the message's epoch is checked by the activation's fence)."""
+    body = engine.parked.peek(message.run_id, message.epoch)
+    if body is None or body.replay.run.workflow != message.workflow:
+        return None
+    return body
+
+
+def _activate(
+    engine: Engine, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None
+) -> tuple[Flags | int, tuple[str, SequenceHistory] | None]:
+    """Take the run's lock (``RunStore.activate``). With a kept body, its run
+    and call are known without a read, and the same script reads the journal
+    from the body's call on, which ``ParkedRuns.take`` checks."""
+    store = engine.store
+    cursor = peeked.cursor if peeked is not None else None
+    if cursor is None:
+        return store.activate(record.run_id, record.epoch, token, record.namespace, resend), None
+    seq = cursor.seq
+    reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, cursor.index)
+    return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
+
+
+def _load_record(engine: Engine, message: RunMessage) -> RunRecord | None:
+    """The run the message names, or None when it must not run (logged)."""
+    try:
+        record = engine.store.load_run(message.run_id)
+    except StorageCorruptError as exc:
+        logger.error("run %s: not executed, its record is corrupt: %s", message.run_id, exc)
+        return None
+    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+        _refused(engine, message)
+        return None
+    return record
+
+
+def _refused(engine: Engine, message: RunMessage) -> None:
+    engine.count_refused()
+    logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
 
 
 def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> None:

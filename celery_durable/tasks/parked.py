@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from celery_durable.broker.schema import SequenceHistory
 from celery_durable.workflows.parking import ParkedBody
 
 
@@ -59,10 +60,29 @@ class ParkedRuns:
         for old in displaced:
             old.evict()
 
-    def take(self, run_id: str, epoch: int) -> tuple[ParkedBody, str | None] | None:
+    def peek(self, run_id: str, epoch: int) -> ParkedBody | None:
+        """The body kept for this attempt, left in place: the pass about to
+        take it learns its run and call without reading them, and has its
+        activation read the journal's tail for ``take`` (``RunStore.activate_reading``)."""
+        with self._lock:
+            entry = self._bodies.get(run_id)
+        return entry[1] if entry is not None and entry[0] == epoch else None
+
+    def discard(self, run_id: str) -> None:
+        """Unwind the body kept for a run that another attempt took over."""
+        with self._lock:
+            entry = self._bodies.pop(run_id, None)
+        if entry is not None:
+            entry[1].evict()
+
+    def take(
+        self, run_id: str, epoch: int, tail: tuple[str, SequenceHistory] | None = None
+    ) -> tuple[ParkedBody, str | None] | None:
         """The body kept for this attempt, with its call's journaled answer
         (None: not answered yet), if the journal shows nothing past its call;
-        else None, and a stale body is unwound."""
+        else None, and a stale body is unwound. ``tail`` is (sequence, what it
+        holds from some index on) when the caller read that already (used only
+        if it starts at the body's call: another body may have been kept since)."""
         with self._lock:
             entry = self._bodies.pop(run_id, None)
             expired = self._expired()
@@ -72,7 +92,7 @@ class ParkedRuns:
             return None
         kept_epoch, body = entry
         try:
-            current, answer = _where_it_stopped(body) if kept_epoch == epoch else (False, None)
+            current, answer = _where_it_stopped(body, tail) if kept_epoch == epoch else (False, None)
         except BaseException:
             body.evict()
             raise
@@ -104,12 +124,15 @@ class ParkedRuns:
         return gone
 
 
-def _where_it_stopped(body: ParkedBody) -> tuple[bool, str | None]:
+def _where_it_stopped(body: ParkedBody, read: tuple[str, SequenceHistory] | None) -> tuple[bool, str | None]:
     """Whether the journal's sequence ends at the body's call, and the call's value."""
     cursor = body.cursor
     if cursor is None:
         return False, None
-    tail = body.replay.journal.read_sequence(cursor.seq, start=cursor.index)
+    if read is not None and read[0] == cursor.seq and read[1].start == cursor.index:
+        tail = read[1]
+    else:
+        tail = body.replay.journal.read_sequence(cursor.seq, start=cursor.index)
     if len(tail.entries) != 1 or tail.entries[0][1] != body.identity:
         return False, None
     cursor.high_water = max(cursor.high_water, tail.high_water)

@@ -23,6 +23,7 @@ from celery_durable.broker import Flags, Journal, RunRecord, RunStore
 from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.memory import MemoryJournal
 from celery_durable.broker.progress import ProgressSlice
+from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.store import Signalled
 from celery_durable.testing import VirtualClock
 from celery_durable.testing.fleet import new_memory_run
@@ -94,6 +95,10 @@ class Backend:
 
     def activate(self, token: str) -> Flags | int:
         """activate.lua for attempt 1's pass whose message is ``token``."""
+        raise NotImplementedError
+
+    def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
+        """activate.lua with the tail of ``seq`` from ``start`` to read."""
         raise NotImplementedError
 
     def release(self, token: str) -> bool:
@@ -178,6 +183,9 @@ class RedisBackend(Backend):
     def activate(self, token: str) -> Flags | int:
         return self.store.activate(self.run_id, 1, token, "default", "resend")
 
+    def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
+        return self.store.activate_reading(self.run_id, 1, token, "default", "resend", seq, start)
+
     def release(self, token: str) -> bool:
         return self.store.release(self.run_id, token, 1)
 
@@ -259,6 +267,9 @@ class MemoryBackend(Backend):
 
     def activate(self, token: str) -> Flags | int:
         return self.run.activate(1, token, "resend")
+
+    def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
+        return self.run.activate_reading(1, token, "resend", seq, start)
 
     def release(self, token: str) -> bool:
         return self.run.release(token, 1)

@@ -84,3 +84,20 @@ def test_a_call_where_the_journal_holds_another_op_is_a_conflict(make_backend: B
     journal = backend.journal(1)
     assert call(journal, "a").verdict == "publish"
     assert call(journal, "b") == Conflict(Identity.call("a"))
+
+
+def test_an_activation_reads_the_tail_a_kept_body_checks(make_backend: BackendFactory) -> None:
+    """A pass woken for a body kept parked at a call takes the lock and reads
+    the journal from that call on in one script: what read_sequence would say."""
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert call(journal, "render").verdict == "publish"
+    assert backend.call_done(1, "render", ok({"png": 1})) == ["m"]
+    activation = backend.activate_reading("pass-1", "m", 0)
+    assert activation == (NO_FLAGS, journal.read_sequence("m", start=0))
+    assert not isinstance(activation, int)
+    assert activation[1].entries == [(1, Identity.call("render"), ok({"png": 1}))]
+    assert backend.field("run", "lock") == "pass-1"
+    busy = backend.activate_reading("pass-2", "m", 1)
+    assert isinstance(busy, int) and 0 < busy <= 30_100, "the lock is busy: nothing read"
+    assert backend.release("pass-1"), "the busy activation asked the holder to run once more"

@@ -123,6 +123,32 @@ local function entry_alive(journal_key, seq, index, raw)
     and tonumber(string.sub(raw, 1, e - 1)) < tonumber(string.sub(cut, 1, c - 1)))
 end
 
+-- One sequence of the journal from index <start> on, as replay reads it:
+-- {cut or '', hwm or '', entry<start>, value<start>, ...}; an entry is
+-- "<epoch>:<identity>", a value is false when the op carries none. Parsed by
+-- schema.parse_sequence (read_sequence.lua, and the tail activate.lua reads).
+local function sequence_reply(journal_key, seq, start)
+  local count = tonumber(redis.call('HGET', journal_key, 'n:' .. seq) or '0')
+  local out = {redis.call('HGET', journal_key, 'k:' .. seq) or '', redis.call('HGET', journal_key, 'h:' .. seq) or ''}
+  for i = tonumber(start or '0'), count - 1 do
+    local entry = redis.call('HGET', journal_key, 'o:' .. seq .. ':' .. i) or '0:'
+    local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
+    local kind = string.sub(ident, 1, 1)
+    local value = false
+    if kind == 's' or kind == 'c' then
+      value = redis.call('HGET', journal_key, 'v:' .. string.sub(ident, 3))
+    elseif kind == 'a' then
+      value = redis.call('HGET', journal_key, 'a:' .. string.sub(ident, 3))
+    elseif kind == 't' or kind == 'u' or kind == 'z' or kind == 'g' then
+      -- now()/uuid4() values, and how a wait ended (false while it has not)
+      value = redis.call('HGET', journal_key, 'x:' .. seq .. ':' .. i)
+    end
+    table.insert(out, entry)
+    table.insert(out, value)
+  end
+  return out
+end
+
 -- Forgets what belonged to an abandoned fan-out at <seq>:<index>: its
 -- branches' outcomes, counters and histories must not be mistaken for those
 -- of whatever op now stands at that index.

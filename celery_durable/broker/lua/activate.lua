@@ -1,12 +1,17 @@
 -- Takes the activation lock of a run for one coordinator pass, and marks the
 -- pass's message running (see liveness in _prelude.lua).
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] journal
+-- (only with ARGV[8])
 -- ARGV[1] epoch, ARGV[2] lock token (the pass's task id), ARGV[3] now (ms),
 -- ARGV[4] lock ttl (ms), ARGV[5] lease ttl (ms), ARGV[6] events channel,
--- ARGV[7] task id of the message that comes back if the lock is busy
--- Returns {'ok', cancel, pause, limit}, {'busy', ms until that message is
--- due} (another pass holds the lock: it is told to run once more, and this
--- one looks again when the lock would have expired), or {refusal}.
+-- ARGV[7] task id of the message that comes back if the lock is busy,
+-- ARGV[8] a sequence whose tail to read once the lock is taken (optional:
+-- the body a worker kept parked checks it is still current, without a
+-- round trip of its own), ARGV[9] the index that tail starts at
+-- Returns {'ok', cancel, pause, limit} followed, with ARGV[8], by that tail
+-- as sequence_reply gives it; {'busy', ms until that message is due}
+-- (another pass holds the lock: it is told to run once more, and this one
+-- looks again when the lock would have expired); or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local now = tonumber(ARGV[3])
@@ -33,4 +38,8 @@ if redis.call('HGET', KEYS[1], 'status') == 'pending' then
 end
 token_running(KEYS[1], KEYS[3], ARGV[2], now + tonumber(ARGV[5]), now)
 local f = flags(KEYS[1])
-return {'ok', f[1], f[2], f[3]}
+local reply = {'ok', f[1], f[2], f[3]}
+if ARGV[8] and ARGV[8] ~= '' then
+  for _, item in ipairs(sequence_reply(KEYS[4], ARGV[8], ARGV[9])) do table.insert(reply, item) end
+end
+return reply
