@@ -54,7 +54,10 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
-        task_send_sent_event=True,
+        # No task-sent events (Celery's default): each is a second publish,
+        # on the path of every wake and call, and Flower follows a task from
+        # its task-received event on. An app that wants the "sent" state sets
+        # task_send_sent_event itself.
     )
     scheme = urlsplit(settings.effective_broker_url).scheme
     if scheme in ("redis", "rediss"):
