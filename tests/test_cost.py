@@ -34,8 +34,14 @@ def with_fanout(ctx: WorkflowContext) -> Any:
     return sum(before) + sum(fanned) + sum(after)
 
 
+def wide_fanout(ctx: WorkflowContext) -> Any:
+    return sum(ctx.parallel([lambda i=i: ctx.step(f"w{i}", lambda i=i: i) for i in range(WIDTH)]))
+
+
+WIDTH = 200
 LINE = define_workflow({"name": "line", "description": "300 steps", "phases": []}, straight_line)
 FAN = define_workflow({"name": "fan-cost", "description": "steps around a fan-out", "phases": []}, with_fanout)
+WIDE = define_workflow({"name": "wide-cost", "description": "a parallel of one step each", "phases": []}, wide_fanout)
 
 
 def test_sequential_steps_run_in_one_pass_of_the_workflow_body(durable) -> None:
@@ -91,13 +97,28 @@ def test_a_straight_line_step_costs_one_journal_script(durable, raw_redis) -> No
     d = durable([LINE])
     d.client.run_workflow("line", timeout=60)  # scripts loaded, worker warm
 
-    def scripts() -> int:
-        stats = raw_redis.info("commandstats")
-        return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
-
-    before = scripts()
+    before = scripts(raw_redis)
     envelope = d.client.run_workflow("line", timeout=60)
-    spent = scripts() - before
+    spent = scripts(raw_redis) - before
     assert envelope.result == sum(range(300))
     assert envelope.snapshot["steps_done"] == 300
     assert 300 <= spent <= 300 + 30, spent
+
+
+def test_a_branch_of_one_step_costs_three_scripts(durable, raw_redis) -> None:
+    """A branch task reads the sequences of the branches it holds in one
+    round trip ahead of them (``FanoutOps._read_ahead``), so each branch is its
+    step's begin and record and its own completion, not four scripts."""
+    d = durable([WIDE])
+    d.client.run_workflow("wide-cost", timeout=60)  # scripts loaded, worker warm
+    before = scripts(raw_redis)
+    envelope = d.client.run_workflow("wide-cost", timeout=60)
+    spent = scripts(raw_redis) - before
+    assert envelope.result == sum(range(WIDTH))
+    assert 3 * WIDTH <= spent <= 3 * WIDTH + 40, spent
+
+
+def scripts(raw_redis: Any) -> int:
+    """Lua scripts Redis has run so far."""
+    stats = raw_redis.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))

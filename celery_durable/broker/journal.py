@@ -164,6 +164,10 @@ class Journal(Protocol):
         values, cut and high-water mark."""
         ...
 
+    def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
+        """Several whole sequences in one read, in order: ``read_sequence`` of each."""
+        ...
+
     def begin(self, seq: str, call: BeginCall) -> Began: ...
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:

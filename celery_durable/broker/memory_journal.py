@@ -80,6 +80,12 @@ class MemoryJournal:
             reply = sequence_reply(self._state, seq, start)
         return schema.parse_sequence(self.run_id, seq, reply, start)
 
+    def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
+        """read_sequences.lua."""
+        with self._run.lock:
+            replies = [sequence_reply(self._state, seq, 0) for seq in seqs]
+        return [schema.parse_sequence(self.run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=True)]
+
     def begin(self, seq: str, call: BeginCall) -> Began:
         """begin_op.lua."""
         with self._run.lock:

@@ -90,6 +90,12 @@ class RedisJournal:
         reply = self._run("read_sequence", [self._keys.journal], [seq, start])
         return schema.parse_sequence(self._run_id, seq, reply, start)
 
+    def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
+        if not seqs:
+            return []
+        replies = self._run("read_sequences", [self._keys.journal], list(seqs))
+        return [schema.parse_sequence(self._run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=True)]
+
     def begin(self, seq: str, call: BeginCall) -> Began:
         k = self._keys
         args = [self._epoch, now_ms(), self._channel, seq, *_begin_args(call)]

@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "pause",
     "read_progress",
     "read_sequence",
+    "read_sequences",
     "received",
     "record_op",
     "release",

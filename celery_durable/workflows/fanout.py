@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NESTED_FANOUT_THREADS = 32
+READ_AHEAD = 64
+"""Branch sequences a branch task reads in one round trip, before it runs them."""
 
 
 HandOff = Callable[[list[int], int], bool]
@@ -98,6 +101,11 @@ class BranchWork:
         with self._lock:
             self._current_since = self._clock()
             return self._left.popleft() if self._left else None
+
+    def upcoming(self, count: int) -> list[int]:
+        """The next ``count`` branches ``take`` would give, left in place."""
+        with self._lock:
+            return list(itertools.islice(self._left, count))
 
     def close(self) -> None:
         """No more hand-offs; waits for one under way, so the task's message
@@ -289,6 +297,7 @@ class FanoutOps:
         work.start([j for j in target.indices if j not in given and j not in done])
         try:
             while (branch := work.take()) is not None:
+                self._read_ahead(cursor, branch, work)
                 try:
                     outcome = self.run_branch(cursor, branches[branch], branch)
                 except BranchSuspended:
@@ -298,6 +307,15 @@ class FanoutOps:
             work.close()
         replay.unwinding = BranchFinished()
         raise replay.unwinding
+
+    def _read_ahead(self, parent: Cursor, branch: int, work: BranchWork) -> None:
+        """Read the sequences of this branch and of the next ones this task
+        holds in one round trip, instead of one each."""
+        replay = self._replay
+        if replay.has_read_ahead(schema.branch_seq(parent.seq, parent.index, branch)):
+            return
+        upcoming = (branch, *work.upcoming(READ_AHEAD - 1))
+        replay.read_ahead([schema.branch_seq(parent.seq, parent.index, j) for j in upcoming])
 
     def _is_done(self, raw: str | None) -> bool:
         return raw is not None and self._replay.decode(raw).is_live(self._replay.epoch)

@@ -108,6 +108,10 @@ class StickyJournal:
         result: SequenceHistory = self._guard(lambda: self._inner.read_sequence(seq, start))
         return result
 
+    def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
+        result: list[SequenceHistory] = self._guard(lambda: self._inner.read_sequences(seqs))
+        return result
+
     def begin(self, seq: str, call: BeginCall) -> Began:
         result: Began = self._guard(lambda: self._inner.begin(seq, call))
         return result
@@ -218,6 +222,8 @@ class Replay:
         self.target = target
         self.token = token
         self.cancel_event = threading.Event()
+        self._read_ahead: dict[str, SequenceHistory] = {}
+        """Branch sequences read before their branches run (``read_ahead``)."""
         self.lost_authority = False
         self.fatal: BaseException | None = None
         """The first fatal error the workflow met; it decides how the run settles
@@ -242,10 +248,27 @@ class Replay:
     # -- sequences -------------------------------------------------------------
 
     def open_cursor(self, seq: str, *, writes: bool, phase_id: str = "") -> Cursor:
-        history = self.journal.read_sequence(seq)
+        history = self._read_ahead.pop(seq, None)
+        if history is None:
+            history = self.journal.read_sequence(seq)
         return Cursor(
             seq=seq, history=history.live_entries(), high_water=history.high_water, writes=writes, phase_id=phase_id
         )
+
+    def read_ahead(self, seqs: Sequence[str]) -> None:
+        """Read sequences that are about to be opened, in one round trip.
+
+        As fresh as a read at ``open_cursor``: a sequence is written only by
+        the branch it belongs to, and what a second delivery of that branch
+        journals meanwhile is met by the scripts' first-write-wins checks, as
+        when it journals just after the read.
+        """
+        wanted = [seq for seq in seqs if seq not in self._read_ahead]
+        if wanted:
+            self._read_ahead.update(zip(wanted, self.journal.read_sequences(wanted), strict=True))
+
+    def has_read_ahead(self, seq: str) -> bool:
+        return seq in self._read_ahead
 
     def current(self) -> Cursor:
         try:

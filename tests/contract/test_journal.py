@@ -92,6 +92,11 @@ def test_a_new_step_then_a_hit(make_backend: BackendFactory) -> None:
     # ... and one that ran it anyway loses: the first write wins.
     assert journal.record("m.2.0", step(0, "a", ok({"x": 2}))) == Recorded(NO_FLAGS, 'o{"x":1}')
     assert backend.field("run", "steps_done") == "1"
+    # Several sequences read at once are what each read alone says (an unknown one is empty).
+    seqs = ["m", "m.1.0", "m.2.0", "m.9.9"]
+    assert journal.read_sequences(seqs) == [journal.read_sequence(seq) for seq in seqs]
+    assert journal.read_sequences(seqs)[3] == SequenceHistory(cut=None, high_water=-1, entries=[])
+    assert journal.read_sequences([]) == []
 
 
 def test_a_conflicting_identity_is_reported_by_every_op(make_backend: BackendFactory) -> None:
