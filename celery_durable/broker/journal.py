@@ -29,6 +29,10 @@ from celery_durable.broker.schema import SequenceHistory
 ProgressRecordArgs = tuple[int, str, str, str]
 """A buffered progress record: (position, kind, phase id, message)."""
 
+READ_ENTRIES_BUDGET = 1024
+"""Journal entries ``read_sequences`` reads before it stops (after the sequence
+that spends them): the rest are read when they are reached."""
+
 
 @dataclass(frozen=True, slots=True)
 class Flags:
@@ -165,7 +169,9 @@ class Journal(Protocol):
         ...
 
     def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
-        """Several whole sequences in one read, in order: ``read_sequence`` of each."""
+        """Whole sequences in one read, in order: ``read_sequence`` of each
+        of the first ``seqs`` (at least one; fewer than all when their
+        histories are long)."""
         ...
 
     def begin(self, seq: str, call: BeginCall) -> Began: ...

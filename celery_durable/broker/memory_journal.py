@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import (
+    READ_ENTRIES_BUDGET,
     AgentCall,
     Began,
     BeginCall,
@@ -82,9 +83,15 @@ class MemoryJournal:
 
     def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
         """read_sequences.lua."""
+        replies: list[list[str | None]] = []
+        budget = READ_ENTRIES_BUDGET
         with self._run.lock:
-            replies = [sequence_reply(self._state, seq, 0) for seq in seqs]
-        return [schema.parse_sequence(self.run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=True)]
+            for seq in seqs:
+                replies.append(sequence_reply(self._state, seq, 0))
+                budget -= (len(replies[-1]) - 2) // 2
+                if budget <= 0:
+                    break
+        return [schema.parse_sequence(self.run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=False)]
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         """begin_op.lua."""

@@ -162,7 +162,6 @@ class MemoryRun(MemoryAgentTurns):
             token_running(state, token, now + self.lease_ms, now)
             return flags(state)
 
-
     def activate_reading(
         self, epoch: int, token: str, resend: str, seq: str, start: int
     ) -> tuple[Flags, SequenceHistory] | int:
@@ -174,6 +173,7 @@ class MemoryRun(MemoryAgentTurns):
                 return activation
             reply = sequence_reply(self.state, seq, start)
         return activation, schema.parse_sequence(self.run_id, seq, reply, start)
+
     def release(self, token: str, epoch: int) -> bool:
         """release.lua: True when an activation arrived meanwhile and the caller runs again."""
         with self.lock:

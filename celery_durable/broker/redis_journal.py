@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import (
+    READ_ENTRIES_BUDGET,
     AgentCall,
     Began,
     BeginCall,
@@ -93,8 +94,8 @@ class RedisJournal:
     def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
         if not seqs:
             return []
-        replies = self._run("read_sequences", [self._keys.journal], list(seqs))
-        return [schema.parse_sequence(self._run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=True)]
+        replies = self._run("read_sequences", [self._keys.journal], [READ_ENTRIES_BUDGET, *seqs])
+        return [schema.parse_sequence(self._run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=False)]
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         k = self._keys

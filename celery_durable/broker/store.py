@@ -438,8 +438,11 @@ class RunStore(FleetLiveness):
         keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps]
         # The sweep looks at the run a lease from now, should the wake this
         # answer sends be lost (a run waiting on a call without a time-out is
-        # not on its schedule otherwise).
+        # not on its schedule otherwise). Sent with the script, before its
+        # reply says whether the answer was taken.
         reply = self._run_and_look("call_done", keys, [epoch, now, key, outcome, error, wake_prefix], run_id, now)
+        if reply and reply[0] in ("settled", "missing"):
+            self.unschedule(run_id)  # an answer after the end: the run has nothing for the sweep to watch
         if reply and reply[0] == "late":
             return None
         refuse(run_id, reply)

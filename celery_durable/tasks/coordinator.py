@@ -57,13 +57,10 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
         settle_unknown_workflow(engine, record)
         return
     resend = new_task_id()
-    try:
-        activation, tail = _activate(engine, record, token, resend, peeked)
-    except StaleAttemptError:
-        if peeked is not None:
-            engine.parked.discard(record.run_id)
-            _refused(engine, message)
+    taken = _take_lock(engine, message, record, token, resend, peeked)
+    if taken is None:
         return
+    activation, tail = taken
     if isinstance(activation, int):
         # Another pass holds the lock and was told to run once more. Should
         # that pass be dead, its lock expires: look again then.
@@ -75,9 +72,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     kept = engine.parked.take(record.run_id, record.epoch, tail)
     if kept is None and peeked is not None:
         # The body was stale: replay from a record read now, not the body's copy.
-        fresh = store.load_run(record.run_id)
-        if fresh is None or fresh.epoch != record.epoch:
-            store.release(record.run_id, token, record.epoch)
+        fresh = _reload(engine, record, token)
+        if fresh is None:
             return
         record = fresh
     replay = kept[0].replay if kept else _new_replay(engine, record, definition, execution)
@@ -127,6 +123,30 @@ def _kept_body(engine: Engine, message: RunMessage) -> ParkedBody | None:
     return body
 
 
+def _take_lock(
+    engine: Engine, message: RunMessage, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None
+) -> tuple[Flags | int, tuple[str, SequenceHistory] | None] | None:
+    """``_activate``; None when the pass must not run."""
+    try:
+        return _activate(engine, record, token, resend, peeked)
+    except StaleAttemptError:
+        if peeked is not None:
+            # The body's attempt is over: the message is refused (and counted)
+            # as one that found no kept body would be, or left alone when its
+            # run settled or paused meanwhile.
+            engine.parked.discard(record.run_id, peeked)
+            _load_record(engine, message)
+        return None
+    except StorageCorruptError:
+        if peeked is None:
+            raise
+        # The run record is gone or damaged: judged as without a kept body.
+        engine.parked.discard(record.run_id, peeked)
+        if _load_record(engine, message) is not None:
+            raise
+        return None
+
+
 def _activate(
     engine: Engine, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None
 ) -> tuple[Flags | int, tuple[str, SequenceHistory] | None]:
@@ -140,6 +160,20 @@ def _activate(
     seq = cursor.seq
     reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, cursor.index)
     return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
+
+
+def _reload(engine: Engine, record: RunRecord, token: str) -> RunRecord | None:
+    """The run read again under the lock this pass holds; None (the lock let
+    go) when it changed attempt, is gone, or cannot be read."""
+    try:
+        fresh = engine.store.load_run(record.run_id)
+    except StorageCorruptError as exc:
+        logger.error("run %s: not executed, its record is corrupt: %s", record.run_id, exc)
+        fresh = None
+    if fresh is None or fresh.epoch != record.epoch:
+        engine.store.release(record.run_id, token, record.epoch)
+        return None
+    return fresh
 
 
 def _load_record(engine: Engine, message: RunMessage) -> RunRecord | None:

@@ -68,12 +68,15 @@ class ParkedRuns:
             entry = self._bodies.get(run_id)
         return entry[1] if entry is not None and entry[0] == epoch else None
 
-    def discard(self, run_id: str) -> None:
-        """Unwind the body kept for a run that another attempt took over."""
+    def discard(self, run_id: str, body: ParkedBody) -> None:
+        """Unwind ``body``, kept for a run another attempt took over (not a
+        body of that newer attempt, kept since)."""
         with self._lock:
-            entry = self._bodies.pop(run_id, None)
-        if entry is not None:
-            entry[1].evict()
+            entry = self._bodies.get(run_id)
+            if entry is None or entry[1] is not body:
+                return
+            del self._bodies[run_id]
+        body.evict()
 
     def take(
         self, run_id: str, epoch: int, tail: tuple[str, SequenceHistory] | None = None

@@ -258,16 +258,20 @@ class Replay:
     def read_ahead(self, seqs: Sequence[str]) -> None:
         """Read sequences that are about to be opened, in one round trip.
 
-        As fresh as a read at ``open_cursor``: a sequence is written only by
-        the branch it belongs to, and what a second delivery of that branch
-        journals meanwhile is met by the scripts' first-write-wins checks, as
-        when it journals just after the read.
+        Safe though older than a read at ``open_cursor`` would be. Ops are
+        journaled by the branch the sequence belongs to, and what a second
+        delivery of that branch journals meanwhile meets the scripts'
+        first-write-wins checks, as when it journals just after the read.
+        What others write into it (a call's answer, how a wait ended) is
+        found missing by a read that is too early: the branch then waits,
+        and the wake that answer sent runs it again.
         """
         wanted = [seq for seq in seqs if seq not in self._read_ahead]
         if wanted:
-            self._read_ahead.update(zip(wanted, self.journal.read_sequences(wanted), strict=True))
+            self._read_ahead.update(zip(wanted, self.journal.read_sequences(wanted), strict=False))
 
     def has_read_ahead(self, seq: str) -> bool:
+        """Whether ``open_cursor`` will take this sequence from the read-ahead."""
         return seq in self._read_ahead
 
     def current(self) -> Cursor:

@@ -490,3 +490,22 @@ def test_both_journals_give_the_same_transcript(both: Any) -> None:
     expected = transcript(on_redis)
     assert transcript(in_memory) == expected
     assert ("refused", "Run <run>: this attempt no longer owns the run (stale)") in expected
+
+
+def test_reading_sequences_ahead_stops_once_its_budget_of_entries_is_spent(
+    make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of many sequences holds Redis for a bounded time: after the one
+    that spends the budget it stops, and the caller reads the rest later."""
+    from celery_durable.broker import memory_journal, redis_journal
+
+    for module in (memory_journal, redis_journal):
+        monkeypatch.setattr(module, "READ_ENTRIES_BUDGET", 3)
+    backend = make_backend()
+    journal = backend.journal(1)
+    for i in range(2):
+        assert journal.record("m.0.0", step(i, f"a{i}", ok(i))).winner is None
+        assert journal.record("m.0.1", step(i, f"b{i}", ok(i))).winner is None
+    read = journal.read_sequences(["m.0.0", "m.0.1", "m.0.2"])
+    assert read == [journal.read_sequence("m.0.0"), journal.read_sequence("m.0.1")], "2 + 2 entries spend 3"
+    assert len(journal.read_sequences(["m.0.2", "m.0.3", "m.0.0", "m.0.1"])) == 4, "empty ones cost nothing"

@@ -1,11 +1,18 @@
 -- Reads several whole sequences of the journal in one round trip: the
 -- sequences of the branches a branch task is about to run, each as
--- sequence_reply (_prelude.lua) gives it.
+-- sequence_reply (_prelude.lua) gives it. It stops after the sequence that
+-- spends the budget of entries (the first is always read), so a task whose
+-- branches journaled long histories does not hold Redis with one read; the
+-- caller reads the rest when it reaches them.
 -- KEYS[1] journal
--- ARGV[1..n] the sequences
--- Returns {reply of ARGV[1], reply of ARGV[2], ...}.
+-- ARGV[1] budget of entries, ARGV[2..n] the sequences
+-- Returns {reply of ARGV[2], reply of ARGV[3], ...}, perhaps fewer.
 local out = {}
-for i = 1, #ARGV do
-  out[i] = sequence_reply(KEYS[1], ARGV[i], 0)
+local budget = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local reply = sequence_reply(KEYS[1], ARGV[i], 0)
+  out[#out + 1] = reply
+  budget = budget - (#reply - 2) / 2
+  if budget <= 0 then break end
 end
 return out

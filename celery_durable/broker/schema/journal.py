@@ -178,7 +178,8 @@ class SequenceHistory:
 
 
 def parse_sequence(run_id: str, seq: str, reply: Sequence[Any], start: int = 0) -> SequenceHistory:
-    """The reply of ``read_sequence.lua``: cut, high-water mark, then entry/value pairs."""
+    """A reply of ``sequence_reply`` (``_prelude.lua``; read_sequence, read_sequences and
+    activate scripts): cut, high-water mark, then entry/value pairs."""
     try:
         cut: tuple[int, int] | None = None
         if reply[0]:
