@@ -27,7 +27,7 @@ from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.tasks.app import BRANCH_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
 from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
-from tests.test_calls import TIMEOUT, Gpu, wf
+from tests.test_calls import TIMEOUT, Gpu, poll, wf
 
 WAKE_ID = re.compile(r"^[0-9a-f]{32}-\d+$")
 """The id of a wake message (``<prefix>-<n>``, see ``wake_owners``)."""
@@ -202,3 +202,32 @@ def test_branches_woken_by_their_answers_run_from_kept_thunks_not_a_replay(
     else:
         assert used == 0
         assert len(tops) >= width + 2, "a replay per woken branch, and the coordinator's passes"
+
+
+def _one_call(ctx: WorkflowContext) -> Any:
+    return ctx.call("only", "gpu.add", args=(1, 2))
+
+
+def test_a_kept_body_of_a_settled_run_is_let_go_and_its_wake_is_not_counted_as_refused(settings: Settings) -> None:
+    """A wake that finds the body kept but the run over (activate.lua says
+    'settled') unwinds the body and is left alone, as a wake that found no
+    kept body would be: a settled run is not a stale attempt."""
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("kept-settled", _one_call)], settings, celery_app=app)
+    # Nobody serves the GPU queue: the body stays parked at its call.
+    with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue]):
+        client = engine.client()
+        run_id = client.start_workflow("kept-settled")
+        poll(lambda: len(engine.parked) == 1, what="the body to park at its call")
+        refused = engine.refused_messages
+        # The run settles behind the worker's back (as a cancel from another
+        # process would, before any wake reaches this one): the body stays kept.
+        record = engine.store.load_run(run_id)
+        assert record is not None
+        engine.store.client.hset(engine.store.run_keys(run_id).run, "status", "cancelled")
+        assert len(engine.parked) == 1
+        engine.send_coordinator(run_id, record.epoch, "kept-settled")
+        poll(lambda: len(engine.parked) == 0, what="the wake to let the kept body go")
+        assert engine.refused_messages == refused
+        assert client.get_workflow_run(run_id).status == "cancelled"
