@@ -293,3 +293,30 @@ def test_a_redis_stall_longer_than_the_lease_takes_nothing_over(settings: Settin
                 continue
     assert [e.status for e in envelopes] == ["completed"] * len(run_ids)
     assert [e.attempt for e in envelopes] == [1] * len(run_ids)
+
+
+def test_queue_counts_on_redis_keep_their_channel_through_missing_queues(durable) -> None:
+    """On Redis a queue nobody sent to does not exist (an empty list), and the
+    passive declare's 404 leaves the channel usable: the sweep asks twice a
+    second, and a new channel each time cost a ping and a pool."""
+    from kombu import Connection, Producer
+
+    from celery_durable.tasks.app import durable_queues
+    from celery_durable.tasks.recovery import BrokerQueues
+
+    d = durable([], worker=False)
+    settings = d.settings
+    queues = BrokerQueues(d.engine)
+    try:
+        assert queues() == [settings.coordinator_queue, settings.steps_queue, settings.agents_queue]
+        channel = queues._channel
+        assert channel is not None
+        with Connection(settings.effective_broker_url) as publisher:
+            steps = next(q for q in durable_queues(settings) if q.name == settings.steps_queue)
+            Producer(publisher.channel()).publish(
+                {"not": "a task"}, exchange=steps.exchange, routing_key=steps.routing_key, declare=[steps]
+            )
+        assert queues() == [settings.coordinator_queue, settings.agents_queue]
+        assert queues._channel is channel
+    finally:
+        queues.close()

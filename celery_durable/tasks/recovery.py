@@ -338,7 +338,8 @@ class BrokerQueues:
     A passive declare counts a queue's ready messages on RabbitMQ and on
     kombu's Redis transport alike; a queue that does not exist (Redis drops
     an empty list) holds none. RabbitMQ answers that with a 404 and closes
-    the channel it came on, so the next question takes a new channel.
+    the channel it came on, so the next question takes a new channel; on
+    Redis the channel stays usable and is kept.
 
     The connection is kept from one call to the next: the sweep asks twice a
     second in every worker, and RabbitMQ pays for each connection opened and
@@ -372,7 +373,10 @@ class BrokerQueues:
         try:
             _, count, _ = self._channel.queue_declare(queue=queue, passive=True)
         except self._connection.channel_errors:
-            self._drop_channel()
+            if self._connection.transport.driver_type == "amqp":
+                # RabbitMQ closed the channel with its 404; kombu's Redis
+                # transport keeps it (a new one would cost a ping and a pool).
+                self._drop_channel()
             return 0  # no such queue: nothing waits in it
         return int(count)
 
