@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
+from kombu import Connection, Producer
 from kombu.asynchronous import set_event_loop
 
 from celery_durable import Client, Engine, Settings, Workflow
@@ -133,3 +134,14 @@ def kill_attempt(raw: redis.Redis, engine: Engine, run_id: str) -> None:
     raw.hset(keys.live, "task-of-a-dead-worker", "x|1")
     raw.hset(keys.run, "lease_until", "1")
     engine.store.schedule_check(run_id, 0)
+
+
+def put_in_steps_queue(settings: Settings) -> None:
+    """Leave one message (not a task) waiting in the steps queue, as the broker holds it."""
+    from celery_durable.tasks.app import durable_queues
+
+    with Connection(settings.effective_broker_url) as publisher:
+        steps = next(q for q in durable_queues(settings) if q.name == settings.steps_queue)
+        Producer(publisher.channel()).publish(
+            {"not": "a task"}, exchange=steps.exchange, routing_key=steps.routing_key, declare=[steps]
+        )

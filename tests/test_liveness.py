@@ -299,10 +299,8 @@ def test_queue_counts_on_redis_keep_their_channel_through_missing_queues(durable
     """On Redis a queue nobody sent to does not exist (an empty list), and the
     passive declare's 404 leaves the channel usable: the sweep asks twice a
     second, and a new channel each time cost a ping and a pool."""
-    from kombu import Connection, Producer
-
-    from celery_durable.tasks.app import durable_queues
     from celery_durable.tasks.recovery import BrokerQueues
+    from tests.conftest import put_in_steps_queue
 
     d = durable([], worker=False)
     settings = d.settings
@@ -311,11 +309,7 @@ def test_queue_counts_on_redis_keep_their_channel_through_missing_queues(durable
         assert queues() == [settings.coordinator_queue, settings.steps_queue, settings.agents_queue]
         channel = queues._channel
         assert channel is not None
-        with Connection(settings.effective_broker_url) as publisher:
-            steps = next(q for q in durable_queues(settings) if q.name == settings.steps_queue)
-            Producer(publisher.channel()).publish(
-                {"not": "a task"}, exchange=steps.exchange, routing_key=steps.routing_key, declare=[steps]
-            )
+        put_in_steps_queue(settings)
         assert queues() == [settings.coordinator_queue, settings.agents_queue]
         assert queues._channel is channel
     finally:

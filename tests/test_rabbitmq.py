@@ -21,15 +21,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kombu import Connection, Producer
 
 from celery_durable import Settings, WorkflowContext, workflow
 from celery_durable.broker import schema
 from celery_durable.broker.memory import MemoryJournal
-from celery_durable.tasks.app import durable_queues
 from celery_durable.tasks.recovery import BrokerQueues
 from celery_durable.testing.fleet import new_memory_run
-from tests.conftest import DurableFactory
+from tests.conftest import DurableFactory, put_in_steps_queue
 from tests.test_agents import (  # noqa: F401
     test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers,
     test_pause_lets_work_in_flight_finish_and_resume_continues,
@@ -72,11 +70,7 @@ def test_queue_counts_survive_rabbitmqs_404_and_keep_one_connection(durable: Dur
     try:
         assert queues() == [settings.coordinator_queue, settings.steps_queue, settings.agents_queue]
         connection = queues._connection
-        with Connection(settings.effective_broker_url) as publisher:
-            steps = next(q for q in durable_queues(settings) if q.name == settings.steps_queue)
-            Producer(publisher.channel()).publish(
-                {"not": "a task"}, exchange=steps.exchange, routing_key=steps.routing_key, declare=[steps]
-            )
+        put_in_steps_queue(settings)
         assert queues() == [settings.coordinator_queue, settings.agents_queue]
         assert queues._connection is connection
     finally:
