@@ -165,12 +165,8 @@ def _activate(
 def _reload(engine: Engine, record: RunRecord, token: str) -> RunRecord | None:
     """The run read again under the lock this pass holds; None (the lock let
     go) when it changed attempt, is gone, or cannot be read."""
-    try:
-        fresh = engine.store.load_run(record.run_id)
-    except StorageCorruptError as exc:
-        logger.error("run %s: not executed, its record is corrupt: %s", record.run_id, exc)
-        fresh = None
-    if fresh is None or fresh.epoch != record.epoch:
+    fresh, corrupt = _read_record(engine, record.run_id)
+    if corrupt or fresh is None or fresh.epoch != record.epoch:
         engine.store.release(record.run_id, token, record.epoch)
         return None
     return fresh
@@ -178,15 +174,22 @@ def _reload(engine: Engine, record: RunRecord, token: str) -> RunRecord | None:
 
 def _load_record(engine: Engine, message: RunMessage) -> RunRecord | None:
     """The run the message names, or None when it must not run (logged)."""
-    try:
-        record = engine.store.load_run(message.run_id)
-    except StorageCorruptError as exc:
-        logger.error("run %s: not executed, its record is corrupt: %s", message.run_id, exc)
+    record, corrupt = _read_record(engine, message.run_id)
+    if corrupt:
         return None
     if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
         _refused(engine, message)
         return None
     return record
+
+
+def _read_record(engine: Engine, run_id: str) -> tuple[RunRecord | None, bool]:
+    """The run's record (None: gone), and whether it is corrupt (logged: not executed)."""
+    try:
+        return engine.store.load_run(run_id), False
+    except StorageCorruptError as exc:
+        logger.error("run %s: not executed, its record is corrupt: %s", run_id, exc)
+        return None, True
 
 
 def _refused(engine: Engine, message: RunMessage) -> None:
