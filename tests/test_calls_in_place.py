@@ -231,3 +231,37 @@ def test_a_kept_body_of_a_settled_run_is_let_go_and_its_wake_is_not_counted_as_r
         poll(lambda: len(engine.parked) == 0, what="the wake to let the kept body go")
         assert engine.refused_messages == refused
         assert client.get_workflow_run(run_id).status == "cancelled"
+
+
+def test_a_branch_of_one_call_costs_four_scripts(settings: Settings) -> None:
+    """Per branch of one call: the call (``call.lua``), its answer
+    (``call_done``), and the woken branch task's start (``branch_start``: the
+    run record, its lease, its outcome and its sequence in one script) and
+    end (``complete_branch`` ending its message). Separately, the woken task
+    cost four scripts and three plain reads (load_run, task_start,
+    read_sequences, two HMGETs, complete_branch, task_end)."""
+    width = 40
+
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.parallel([lambda k=k: ctx.call(f"r{k}", "gpu.add", args=(k, 1)) for k in range(width)])
+
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("woken-cost", run)], settings.model_copy(update={"branch_batch_ms": 60_000}), celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    client = engine.store.client
+    with worker_thread(engine, concurrency=4, queues=queues):
+        engine.client().run_workflow("woken-cost", timeout=TIMEOUT)  # scripts loaded, worker warm
+        before = _scripts(client)
+        envelope = engine.client().run_workflow("woken-cost", timeout=TIMEOUT)
+        spent = _scripts(client) - before
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [k + 1 for k in range(width)]
+    assert 4 * width <= spent <= 4 * width + 30, spent
+
+
+def _scripts(client: Any) -> int:
+    """Lua scripts Redis has run so far (commandstats also counts the commands
+    a script runs, so only the scripts themselves say what a caller asked)."""
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))

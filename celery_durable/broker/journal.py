@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import SequenceHistory
 
 ProgressRecordArgs = tuple[int, str, str, str]
@@ -127,6 +128,21 @@ class WaitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BranchStart:
+    """A branch task's start (``branch_start``): the run as the task must see
+    it, and what its first reads would have read, taken in one round trip."""
+
+    record: RunRecord
+    flags: Flags
+    outcomes: list[str | None]
+    """The journaled outcome of each branch the task holds, in its order."""
+    handed_off: list[int]
+    """The branches an earlier delivery of this task handed on, in this attempt."""
+    sequences: dict[str, SequenceHistory]
+    """The sequences it opens first, read ahead (perhaps fewer than asked)."""
+
+
+@dataclass(frozen=True, slots=True)
 class TaskCall:
     """The answer to a task call (``ctx.call``): ``hit`` (``outcome`` journaled:
     the task's result, or how it failed or timed out), ``publish`` (send the
@@ -215,9 +231,11 @@ class Journal(Protocol):
         """The branches of ``call`` that task ``giver`` handed on in this attempt."""
         ...
 
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         """Journal a branch outcome; True when the coordinator must be woken,
-        by a message whose task id is ``wake`` (then counted as in flight)."""
+        by a message whose task id is ``wake`` (then counted as in flight).
+        ``ending``: the task id of a branch task whose last branch this is,
+        ended here as ``RunStore.task_end`` would end it."""
         ...
 
     def agent_call(

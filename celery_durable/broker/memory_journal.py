@@ -29,7 +29,7 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.memory_liveness import refresh_waiting, take_signal, token_queued
+from celery_durable.broker.memory_liveness import refresh_waiting, take_signal, token_done, token_queued
 from celery_durable.broker.memory_prelude import (
     begin_call,
     check_limits,
@@ -41,6 +41,7 @@ from celery_durable.broker.memory_prelude import (
     is_stale_failure,
     made_progress,
     record_op,
+    sequence_replies,
     sequence_reply,
     settle_row,
 )
@@ -83,14 +84,8 @@ class MemoryJournal:
 
     def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
         """read_sequences.lua."""
-        replies: list[list[str | None]] = []
-        budget = READ_ENTRIES_BUDGET
         with self._run.lock:
-            for seq in seqs:
-                replies.append(sequence_reply(self._state, seq, 0))
-                budget -= (len(replies[-1]) - 2) // 2
-                if budget <= 0:
-                    break
+            replies = sequence_replies(self._state, seqs, READ_ENTRIES_BUDGET)
         return [schema.parse_sequence(self.run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=False)]
 
     def begin(self, seq: str, call: BeginCall) -> Began:
@@ -192,7 +187,7 @@ class MemoryJournal:
         with self._run.lock:
             return schema.parse_handoff(self._state.journal.get(schema.handoff_field(call, giver)), self.epoch)
 
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         """complete_branch.lua."""
         with self._run.lock:
             self._fence()
@@ -209,9 +204,15 @@ class MemoryJournal:
                 journal[name] = outcome
                 made_progress(self._state)
                 woken = hincrby(journal, counter, -1) <= 0 or outcome[:1] == "f"
+            run = self._state.run
+            if ending:
+                woken = woken or (run.get("status") == "running" and run.get("pause") == "1" and wake != "")
+            now = self._run.clock()
+            # Queued before the ending message is done, so the run never looks idle between.
             if woken:
-                now = self._run.clock()
                 token_queued(self._state, wake, "c", now, now)
+            if ending:
+                token_done(self._state, ending, now)
             return woken
 
     def agent_call(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from celery_durable.broker import schema
@@ -169,6 +170,17 @@ def sequence_reply(state: RunState, seq: str, start: int) -> list[str | None]:
             value = journal.get(schema.value_field(seq, i))
         reply += [entry, value]
     return reply
+
+
+def sequence_replies(state: RunState, seqs: Sequence[str], budget: int) -> list[list[str | None]]:
+    """sequence_replies in _prelude.lua: whole sequences, until one spends the budget of entries."""
+    replies: list[list[str | None]] = []
+    for seq in seqs:
+        replies.append(sequence_reply(state, seq, 0))
+        budget -= (len(replies[-1]) - 2) // 2
+        if budget <= 0:
+            break
+    return replies
 
 
 def forget_fanout(state: RunState, seq: str, index: int, width: int, epoch: str) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.fleet_store import Examined
-from celery_durable.broker.journal import Flags
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, BranchStart, Flags
 from celery_durable.broker.memory_agents import MemoryAgentTurns
 from celery_durable.broker.memory_liveness import (
     clock_start,
@@ -53,6 +53,7 @@ from celery_durable.broker.memory_prelude import (
     is_stale_failure,
     made_progress,
     next_epoch,
+    sequence_replies,
     sequence_reply,
     settle_row,
 )
@@ -215,6 +216,36 @@ class MemoryRun(MemoryAgentTurns):
             token_running(self.state, token, now + self.lease_ms, now)
             check_limits(self.state, now)
             return flags(self.state)
+
+    def branch_start(
+        self, epoch: int, workflow: str, token: str, call: str, indices: Sequence[int], seqs: Sequence[str]
+    ) -> BranchStart | str:
+        """branch_start.lua: ``task_start`` with a branch task's first reads, or the refusal."""
+        with self.lock:
+            run = self.state.run
+            if "epoch" not in run:
+                return "missing"
+            if run["epoch"] != str(epoch):
+                return "stale"
+            if run.get("workflow") != workflow:
+                return "forged"
+            if run.get("status") not in ("running", "paused"):
+                return "settled"
+            now = self.clock()
+            token_running(self.state, token, now + self.lease_ms, now)
+            check_limits(self.state, now)
+            journal = self.state.journal
+            replies = sequence_replies(self.state, seqs, READ_ENTRIES_BUDGET)
+            return BranchStart(
+                record=schema.parse_run(self.run_id, dict(run)),
+                flags=flags(self.state),
+                outcomes=[journal.get(schema.branch_field(call, j)) for j in indices],
+                handed_off=schema.parse_handoff(journal.get(schema.handoff_field(call, token)), epoch),
+                sequences={
+                    seq: schema.parse_sequence(self.run_id, seq, reply)
+                    for seq, reply in zip(seqs, replies, strict=False)
+                },
+            )
 
     def task_end(self, epoch: int, token: str, wake: str = "") -> bool:
         """task_end.lua: a branch task's message is no longer in flight; True

@@ -160,9 +160,9 @@ class RedisJournal:
         [raw] = self._hmget(self._keys.journal, [schema.handoff_field(call, giver)])
         return schema.parse_handoff(raw, self._epoch)
 
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         keys = [self._keys.run, self._keys.journal, self._keys.live]
-        reply = self._fenced("complete_branch", keys, [self._epoch, call, branch, outcome, wake, now_ms()])
+        reply = self._fenced("complete_branch", keys, [self._epoch, call, branch, outcome, wake, now_ms(), ending])
         return bool(reply[1] == 1)
 
     def agent_call(

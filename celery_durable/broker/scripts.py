@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "agent_finish",
     "agent_start",
     "begin_op",
+    "branch_start",
     "claim_dead_workers",
     "claim_due",
     "examine",

@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 from celery_durable.broker import schema
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.fleet_store import FleetLiveness
-from celery_durable.broker.journal import Flags
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, BranchStart, Flags
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
@@ -252,6 +252,43 @@ class RunStore(FleetLiveness):
         reply = self._run("task_start", [k.run, k.live], [epoch, token, now_ms(), self.lease_ms])
         refuse(run_id, reply)
         return flags_of(reply)
+
+    def branch_start(
+        self,
+        run_id: str,
+        epoch: int,
+        workflow: str,
+        token: str,
+        call: str,
+        indices: Sequence[int],
+        seqs: Sequence[str],
+    ) -> BranchStart | str:
+        """``task_start`` for branches ``indices`` of fan-out ``call``, with the
+        reads the task makes first (``branch_start.lua``); or the refusal:
+        'missing', 'stale' (another attempt's message), 'forged' (another
+        workflow's) or 'settled'."""
+        k = self.run_keys(run_id)
+        fields = [schema.branch_field(call, j) for j in indices]
+        args = [epoch, workflow, token, now_ms(), self.lease_ms, schema.handoff_field(call, token)]
+        reply = self._run("branch_start", [k.run, k.live, k.journal],
+                          [*args, READ_ENTRIES_BUDGET, len(fields), *fields, *seqs])
+        if not reply or reply[0] != "ok":
+            return str(reply[0]) if reply else "missing"
+        try:
+            flat, handed, outcomes, sequences = reply[4], reply[5], reply[6], reply[7]
+            raw = dict(zip(flat[::2], flat[1::2], strict=True))
+        except (IndexError, TypeError, ValueError):
+            raise StorageCorruptError(f"branch_start replied in a shape it never sends: {reply!r:.80}") from None
+        return BranchStart(
+            record=schema.parse_run(run_id, raw),
+            flags=flags_of(reply),
+            outcomes=[raw_outcome or None for raw_outcome in outcomes],
+            handed_off=schema.parse_handoff(handed or None, epoch),
+            sequences={
+                seq: schema.parse_sequence(run_id, seq, history)
+                for seq, history in zip(seqs, sequences, strict=False)
+            },
+        )
 
     def task_end(self, run_id: str, epoch: int, token: str, wake: str = "") -> bool:
         """A branch task ended; True when a pause waits for it and the

@@ -1,8 +1,11 @@
 """The branch task: one thunk of a fan-out, on any worker of the fleet.
 
 It replays the main body from the journal (every call a hit) until it reaches
-its fan-out, runs its own thunk in the branch's sequence, journals the
-outcome and, when it was the last one out, wakes the coordinator.
+its fan-out, or takes the thunks this process kept of it, runs its own thunk
+in the branch's sequence, journals the outcome and, when it was the last one
+out, wakes the coordinator. Its start (``RunStore.branch_start``) checks its
+message against the run, counts it running and reads what the pass opens
+first, in one round trip.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.broker import RunRecord
-from celery_durable.broker.schema import Outcome
+from celery_durable.broker import RunRecord, schema
+from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.schema import MAIN, Outcome
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.coordinator import settle_unknown_workflow
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
-from celery_durable.workflows.fanout import BranchTarget, BranchWork
+from celery_durable.workflows.fanout import READ_AHEAD, BranchTarget, BranchWork
 from celery_durable.workflows.passes import branch_pass
 from celery_durable.workflows.replay import Replay
 
@@ -56,24 +60,28 @@ def run_branch_task(
 
 def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str) -> None:
     store = engine.store
-    record = store.load_run(message.run_id)
-    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
-        engine.count_refused()
-        logger.warning("refused stale or forged branch message for run %s", message.run_id)
+    kept = engine.kept_fanouts.get(message.run_id, message.epoch, call_id)
+    started = _start(engine, message, call_id, indices, token, replays_body=kept is None)
+    if started is None:
         return
-    if record.status not in ("running", "paused"):
-        return
+    record = started.record
     definition = engine.workflows.get(record.workflow)
     if definition is None:
+        _end_quietly(engine, record, token)
         settle_unknown_workflow(engine, record)
         return
 
     run_journal = store.journal(record.run_id, record.epoch, record.namespace)
+    ended: list[bool] = []
 
     def journal(index: int, outcome: Outcome) -> None:
         wake = new_task_id()
-        if run_journal.complete_branch(call_id, index, outcome.encode(), wake):
+        # The last branch this task holds ends its message in the same script.
+        ending = token if work.finishing() else ""
+        if run_journal.complete_branch(call_id, index, outcome.encode(), wake, ending):
             engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)
+        if ending:
+            ended.append(True)
 
     def send_agent(agent: str, owner: str, task_id: str) -> None:
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
@@ -92,29 +100,30 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         return True
 
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
-    kept = engine.kept_fanouts.get(record.run_id, record.epoch, call_id)
     replay = Replay(
         journal=run_journal,
         run=record,
         workflow=definition,
         max_fanout=engine.settings.max_fanout,
         max_payload_bytes=engine.settings.max_payload_bytes,
-        target=BranchTarget(call_id, indices, journal, work),
+        target=BranchTarget(call_id, indices, journal, work, started),
         send_agent=send_agent,
         send_call=functools.partial(engine.send_call, record),
         keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
     )
     try:
-        # Its message runs from now: a branch that waited in a busy queue
-        # renews its run at once, not one interval later.
-        replay.apply_flags(store.task_start(record.run_id, record.epoch, token))
+        # Its message runs from now (branch_start): a branch that waited in a
+        # busy queue renewed its run at once, not one interval later.
+        replay.prime(started.sequences)
+        replay.apply_flags(started.flags)
         try:
             with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake):
                 branch_pass(replay, journal, kept)
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.
-            _end_quietly(engine, record, token)
+            if not ended:
+                _end_quietly(engine, record, token)
     except StaleAttemptError:
         engine.count_refused()
         logger.info("run %s: branches %s of %s belong to an older attempt", record.run_id, indices, call_id)
@@ -124,6 +133,26 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         # same damage and stops the run as workflow_storage_corrupt.
         logger.error("run %s: storage corrupt in branches %s of %s: %s", record.run_id, indices, call_id, exc)
         engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+
+
+def _start(
+    engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str, *, replays_body: bool
+) -> BranchStart | None:
+    """Check the message against the run and count it running, reading what
+    the task opens first: the main body's sequence when it replays the body
+    to reach the fan-out, and its first branches'. None: refused."""
+    seqs = [schema.branch_seq_of(call_id, j) for j in indices[:READ_AHEAD]]
+    if replays_body:
+        seqs.insert(0, MAIN)
+    started = engine.store.branch_start(
+        message.run_id, message.epoch, message.workflow, token, call_id, indices, seqs
+    )
+    if isinstance(started, str):
+        if started != "settled":
+            engine.count_refused()
+            logger.warning("refused stale or forged branch message for run %s (%s)", message.run_id, started)
+        return None
+    return started
 
 
 def _end_quietly(engine: Engine, record: RunRecord, token: str) -> None:

@@ -133,9 +133,9 @@ class CrashingJournal(MemoryJournal):
         self._plan.check_alive()
         super().hand_off(call, giver, branches, messages)
 
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         self._plan.check_alive()
-        return super().complete_branch(call, branch, outcome, wake)
+        return super().complete_branch(call, branch, outcome, wake, ending)
 
     def agent_call(
         self,

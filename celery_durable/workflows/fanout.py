@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Conflict
+from celery_durable.broker.journal import BranchStart, Conflict
 from celery_durable.broker.schema import Identity, Outcome, describe
 from celery_durable.errors import (
     FATAL_ERRORS,
@@ -83,6 +83,7 @@ class BranchWork:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._current_since = 0.0
+        self._started = False
         self._watcher: threading.Thread | None = None
 
     @property
@@ -90,6 +91,7 @@ class BranchWork:
         return self._hand_off is not None and self._after > 0
 
     def start(self, todo: Sequence[int]) -> None:
+        self._started = True
         self._left.extend(todo)
         self._current_since = self._clock()
         if self.can_hand_off and len(self._left) > 1:
@@ -106,6 +108,13 @@ class BranchWork:
         """The next ``count`` branches ``take`` would give, left in place."""
         with self._lock:
             return list(itertools.islice(self._left, count))
+
+    def finishing(self) -> bool:
+        """True once ``take`` has nothing more to give: the branch running is
+        the last this task journals (a hand-off under way has finished, as
+        it holds the lock)."""
+        with self._lock:
+            return self._started and not self._left
 
     def close(self) -> None:
         """No more hand-offs; waits for one under way, so the task's message
@@ -153,6 +162,9 @@ class BranchTarget:
     indices: tuple[int, ...]
     on_outcome: Callable[[int, Outcome], None]
     work: BranchWork | None = None
+    started: BranchStart | None = None
+    """What the task's start read of its branches (``RunStore.branch_start``);
+    None: they are read when the fan-out is reached."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,11 +301,17 @@ class FanoutOps:
         for index in target.indices:
             if index >= len(branches):
                 raise replay.nondeterminism(cursor, f"branch {index} of {describe(identity)} does not exist")
-        raws = replay.journal.branch_outcomes(call, len(branches), only=target.indices)
+        started = target.started
+        if started is not None:
+            raws = started.outcomes
+        else:
+            raws = replay.journal.branch_outcomes(call, len(branches), only=target.indices)
         done = {j for j, raw in zip(target.indices, raws, strict=True) if self._is_done(raw)}
         work = target.work or BranchWork()
         # A redelivered task: branches journaled already, or handed on to others.
-        given = set(replay.journal.handed_off(call, work.giver)) if work.can_hand_off else set()
+        given: set[int] = set()
+        if work.can_hand_off:
+            given = set(started.handed_off if started is not None else replay.journal.handed_off(call, work.giver))
         work.start([j for j in target.indices if j not in given and j not in done])
         try:
             while (branch := work.take()) is not None:

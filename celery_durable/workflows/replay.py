@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery_durable.broker import schema
@@ -149,8 +149,8 @@ class StickyJournal:
         result: list[int] = self._guard(lambda: self._inner.handed_off(call, giver))
         return result
 
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str) -> bool:
-        return bool(self._guard(lambda: self._inner.complete_branch(call, branch, outcome, wake)))
+    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
+        return bool(self._guard(lambda: self._inner.complete_branch(call, branch, outcome, wake, ending)))
 
     def agent_call(
         self,
@@ -269,6 +269,10 @@ class Replay:
         wanted = [seq for seq in seqs if seq not in self._read_ahead]
         if wanted:
             self._read_ahead.update(zip(wanted, self.journal.read_sequences(wanted), strict=False))
+
+    def prime(self, histories: Mapping[str, SequenceHistory]) -> None:
+        """Sequences read ahead elsewhere (a branch task's start), taken as ``read_ahead`` would."""
+        self._read_ahead.update(histories)
 
     def has_read_ahead(self, seq: str) -> bool:
         """Whether ``open_cursor`` will take this sequence from the read-ahead."""

@@ -21,6 +21,7 @@ import pytest
 from celery_durable import Engine, Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
 from celery_durable.broker.fleet_store import Examined
+from celery_durable.broker.journal import BranchStart
 from celery_durable.broker.memory import MemoryJournal
 from celery_durable.broker.progress import ProgressSlice
 from celery_durable.broker.schema import SequenceHistory
@@ -99,6 +100,12 @@ class Backend:
 
     def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
         """activate.lua with the tail of ``seq`` from ``start`` to read."""
+        raise NotImplementedError
+
+    def branch_start(
+        self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
+    ) -> BranchStart | str:
+        """branch_start.lua: a branch task's start and first reads, or its refusal."""
         raise NotImplementedError
 
     def release(self, token: str) -> bool:
@@ -186,6 +193,11 @@ class RedisBackend(Backend):
     def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
         return self.store.activate_reading(self.run_id, 1, token, "default", "resend", seq, start)
 
+    def branch_start(
+        self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
+    ) -> BranchStart | str:
+        return self.store.branch_start(self.run_id, epoch, workflow, token, call, indices, seqs)
+
     def release(self, token: str) -> bool:
         return self.store.release(self.run_id, token, 1)
 
@@ -270,6 +282,11 @@ class MemoryBackend(Backend):
 
     def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
         return self.run.activate_reading(1, token, "resend", seq, start)
+
+    def branch_start(
+        self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
+    ) -> BranchStart | str:
+        return self.run.branch_start(epoch, workflow, token, call, indices, seqs)
 
     def release(self, token: str) -> bool:
         return self.run.release(token, 1)

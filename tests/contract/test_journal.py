@@ -492,6 +492,57 @@ def test_both_journals_give_the_same_transcript(both: Any) -> None:
     assert ("refused", "Run <run>: this attempt no longer owns the run (stale)") in expected
 
 
+def test_a_branch_task_starts_and_reads_what_it_opens_first_in_one_script(make_backend: BackendFactory) -> None:
+    """branch_start: the message checked against the run and counted running,
+    and the run record, the branches' outcomes, what an earlier delivery
+    handed on and the first sequences, as the separate reads give them."""
+    backend = make_backend()
+    backend.write("run", {"status": "running"})  # its coordinator ran, and reached the fan-out
+    journal = backend.journal(1)
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", position(0, 0)) == Dispatch(indices=[0, 1, 2])
+    journal.sending("m:0", ["t0", "t1", "t2"])
+    journal.mark_sent("m:0")
+    assert journal.record("m.0.1", step(0, "b0", ok("b"))).winner is None
+    assert journal.complete_branch("m:0", 0, ok(0), "w0") is False
+    journal.hand_off("m:0", "t1", [2], ["t3"])
+    seqs = ["m", "m.0.1", "m.0.2"]
+    started = backend.branch_start(1, "t1", "m:0", [1, 0, 2], seqs)
+    assert not isinstance(started, str)
+    assert started.record == backend.record()
+    assert started.flags == Flags()
+    assert started.outcomes == journal.branch_outcomes("m:0", 3, only=[1, 0, 2]) == [None, ok(0), None]
+    assert started.handed_off == journal.handed_off("m:0", "t1") == [2]
+    assert started.sequences == dict(zip(seqs, journal.read_sequences(seqs), strict=True))
+    assert started.sequences["m.0.1"].entries == [(1, Identity.step("b0"), ok("b"))]
+    assert backend.live()["t1"].startswith("x|"), "its message is running, its lease from now"
+    assert backend.branch_start(1, "t2", "m:0", [2], [], workflow="other") == "forged"
+    assert backend.branch_start(2, "t2", "m:0", [2], []) == "stale"
+    assert backend.live()["t2"].startswith("q|"), "a refused start leaves its message as it was"
+    backend.settle("cancelled")
+    assert backend.branch_start(1, "t2", "m:0", [2], []) == "settled"
+
+
+def test_the_last_branch_a_task_holds_ends_its_message_where_its_outcome_is_journaled(
+    make_backend: BackendFactory,
+) -> None:
+    """complete_branch with ``ending``: the outcome, then what task_end does
+    (the message is no longer in flight; a pause asked for wakes the coordinator)."""
+    backend = make_backend()
+    backend.write("run", {"status": "running"})
+    journal = backend.journal(1)
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", position(0, 0)) == Dispatch(indices=[0, 1, 2])
+    journal.sending("m:0", ["t0", "t1", "t2"])
+    journal.mark_sent("m:0")
+    assert journal.complete_branch("m:0", 0, ok(0), "w0", ending="t0") is False
+    assert "t0" not in backend.live() and "w0" not in backend.live()
+    backend.write("run", {"pause": "1"})
+    assert journal.complete_branch("m:0", 1, ok(1), "w1", ending="t1") is True, "a pause waits for each end"
+    live = backend.live()
+    assert "t1" not in live and live["w1"].startswith("q|c|"), "the wake is counted before the end"
+    assert journal.complete_branch("m:0", 2, ok(2), "w2") is True, "the last one out wakes"
+    assert "t2" in backend.live(), "without ending, the message stays in flight"
+
+
 def test_reading_sequences_ahead_stops_once_its_budget_of_entries_is_spent(
     make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,6 +149,21 @@ local function sequence_reply(journal_key, seq, start)
   return out
 end
 
+-- Whole sequences args[first..] as sequence_reply gives them, stopping after
+-- the one that spends the budget of entries (the first is always read), so
+-- a task whose branches journaled long histories does not hold Redis with
+-- one read (read_sequences.lua, branch_start.lua).
+local function sequence_replies(journal_key, args, first, budget)
+  local out = {}
+  for i = first, #args do
+    local reply = sequence_reply(journal_key, args[i], 0)
+    out[#out + 1] = reply
+    budget = budget - (#reply - 2) / 2
+    if budget <= 0 then break end
+  end
+  return out
+end
+
 -- Forgets what belonged to an abandoned fan-out at <seq>:<index>: its
 -- branches' outcomes, counters and histories must not be mistaken for those
 -- of whatever op now stands at that index.

@@ -1,10 +1,13 @@
 -- Journals the outcome of one branch and says whether the coordinator must
--- be woken: when it was the last outstanding branch, or a fatal one.
+-- be woken: when it was the last outstanding branch, or a fatal one. A
+-- branch task journaling the last branch it holds ends its message here too
+-- (task_end.lua, one round trip fewer): while a pause is asked for, that
+-- also wakes the coordinator.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live
 -- ARGV[1] epoch, ARGV[2] call ("<seq>:<i>"), ARGV[3] branch index,
 -- ARGV[4] outcome ("o<json>", "e<epoch>|<json>" or "f<epoch>|<json>"),
 -- ARGV[5] task id of the coordinator message sent on wake ('' for none),
--- ARGV[6] now (ms)
+-- ARGV[6] now (ms), ARGV[7] the task id of the message that ends ('' for none)
 -- Returns {'ok', wake} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
@@ -13,22 +16,24 @@ if string.sub(stamp, 1, #ARGV[1] + 1) ~= ARGV[1] .. ':' then return {'stale'} en
 local field = 'r:' .. ARGV[2] .. ':' .. ARGV[3]
 local counter = 'c:' .. ARGV[2]
 local current = redis.call('HGET', KEYS[2], field)
+local wake
 if current and not is_stale_failure(current, ARGV[1]) then
   -- A second delivery: wake again when everything is in, in case the first
   -- delivery died between journaling and waking the coordinator.
-  local left = tonumber(redis.call('HGET', KEYS[2], counter) or '0')
-  if left <= 0 then
-    token_queued(KEYS[1], KEYS[3], ARGV[5], 'c', ARGV[6], ARGV[6])
-    return {'ok', 1}
-  end
-  return {'ok', 0}
+  wake = tonumber(redis.call('HGET', KEYS[2], counter) or '0') <= 0
+else
+  redis.call('HSET', KEYS[2], field, ARGV[4])
+  made_progress(KEYS[1])
+  local left = redis.call('HINCRBY', KEYS[2], counter, -1)
+  wake = left <= 0 or string.sub(ARGV[4], 1, 1) == 'f'
 end
-redis.call('HSET', KEYS[2], field, ARGV[4])
-made_progress(KEYS[1])
-local left = redis.call('HINCRBY', KEYS[2], counter, -1)
-local fatal = string.sub(ARGV[4], 1, 1) == 'f'
-if left <= 0 or fatal then
-  token_queued(KEYS[1], KEYS[3], ARGV[5], 'c', ARGV[6], ARGV[6])
-  return {'ok', 1}
+local ending = ARGV[7] or ''
+if ending ~= '' then
+  local f = redis.call('HMGET', KEYS[1], 'status', 'pause')
+  wake = wake or (f[1] == 'running' and f[2] == '1' and ARGV[5] ~= '')
 end
+-- Queued before the ending message is done, so the run never looks idle between.
+if wake then token_queued(KEYS[1], KEYS[3], ARGV[5], 'c', ARGV[6], ARGV[6]) end
+if ending ~= '' then token_done(KEYS[1], KEYS[3], ending, ARGV[6]) end
+if wake then return {'ok', 1} end
 return {'ok', 0}

@@ -7,12 +7,4 @@
 -- KEYS[1] journal
 -- ARGV[1] budget of entries, ARGV[2..n] the sequences
 -- Returns {reply of ARGV[2], reply of ARGV[3], ...}, perhaps fewer.
-local out = {}
-local budget = tonumber(ARGV[1])
-for i = 2, #ARGV do
-  local reply = sequence_reply(KEYS[1], ARGV[i], 0)
-  out[#out + 1] = reply
-  budget = budget - (#reply - 2) / 2
-  if budget <= 0 then break end
-end
-return out
+return sequence_replies(KEYS[1], ARGV, 2, tonumber(ARGV[1]))

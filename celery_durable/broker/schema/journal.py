@@ -85,6 +85,12 @@ def branch_seq(seq: str, index: int, branch: int) -> str:
     return f"{seq}.{index}.{branch}"
 
 
+def branch_seq_of(call: str, branch: int) -> str:
+    """The sequence of branch ``branch`` of fan-out op ``call`` (``call_id``)."""
+    seq, _, index = call.rpartition(":")
+    return branch_seq(seq, int(index), branch)
+
+
 def branch_owner(call: str, branch: int) -> str:
     return f"{call}/{branch}"
 
