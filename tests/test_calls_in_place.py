@@ -238,8 +238,8 @@ def test_a_branch_of_one_call_costs_four_scripts(settings: Settings) -> None:
     (``call_done``), and the woken branch task's start (``branch_start``: the
     run record, its lease, its outcome and its sequence in one script) and
     end (``complete_branch`` ending its message). Separately, the woken task
-    cost four scripts and three plain reads (load_run, task_start,
-    read_sequences, two HMGETs, complete_branch, task_end)."""
+    cost four scripts and three plain reads (load_run,
+    task_start, read_sequences, two HMGETs, complete_branch, task_end)."""
     width = 40
 
     def run(ctx: WorkflowContext) -> Any:

@@ -12,7 +12,7 @@ a real server. It is split along the Lua it ports:
   waits section (``refresh_waiting``, ``take_signal``, ``wake_waits``);
 - ``memory_journal``: ``MemoryJournal``, one method per journal script;
 - ``memory_run``: ``MemoryRun``, the run and its lifecycle scripts (create_run,
-  activate, release, heartbeat, task_start/task_end, finish, resume, cancel,
+  activate, release, heartbeat, branch_start/task_end, finish, resume, cancel,
   pause, halt, examine, signal, mark_lost, agent_start/agent_finish,
   read_progress), with the signatures of the ``RunStore`` methods that run
   them (less the run id and namespace).

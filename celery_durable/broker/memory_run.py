@@ -208,19 +208,10 @@ class MemoryRun(MemoryAgentTurns):
                 token_queued(state, wake, "c", now, now)
             return flags(state), woken
 
-    def task_start(self, epoch: int, token: str) -> Flags:
-        """task_start.lua: a branch task's message runs, and its lease starts now."""
-        with self.lock:
-            self._fence(epoch)
-            now = self.clock()
-            token_running(self.state, token, now + self.lease_ms, now)
-            check_limits(self.state, now)
-            return flags(self.state)
-
     def branch_start(
         self, epoch: int, workflow: str, token: str, call: str, indices: Sequence[int], seqs: Sequence[str]
     ) -> BranchStart | str:
-        """branch_start.lua: ``task_start`` with a branch task's first reads, or the refusal."""
+        """branch_start.lua: a branch task's message runs, its lease starts now, and its first reads; or the refusal."""
         with self.lock:
             run = self.state.run
             if "epoch" not in run:

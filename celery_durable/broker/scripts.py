@@ -53,7 +53,6 @@ SCRIPT_NAMES = (
     "resume",
     "sending",
     "task_end",
-    "task_start",
     "wait",
     "signal",
     "call",

@@ -246,13 +246,6 @@ class RunStore(FleetLiveness):
         refuse(run_id, reply)
         return flags_of(reply), reply[4] == 1
 
-    def task_start(self, run_id: str, epoch: int, token: str) -> Flags:
-        """A branch task starts: its message runs, and its lease starts now."""
-        k = self.run_keys(run_id)
-        reply = self._run("task_start", [k.run, k.live], [epoch, token, now_ms(), self.lease_ms])
-        refuse(run_id, reply)
-        return flags_of(reply)
-
     def branch_start(
         self,
         run_id: str,
@@ -263,8 +256,9 @@ class RunStore(FleetLiveness):
         indices: Sequence[int],
         seqs: Sequence[str],
     ) -> BranchStart | str:
-        """``task_start`` for branches ``indices`` of fan-out ``call``, with the
-        reads the task makes first (``branch_start.lua``); or the refusal:
+        """A branch task for branches ``indices`` of fan-out ``call`` starts:
+        its message runs, its lease starts now, and what it reads first comes
+        back with it (``branch_start.lua``); or the refusal:
         'missing', 'stale' (another attempt's message), 'forged' (another
         workflow's) or 'settled'."""
         k = self.run_keys(run_id)

@@ -331,9 +331,11 @@ class Fleet:
 
     def _branch(self, message: Message) -> None:
         run = self.runs[message.run_id]
-        record = run.record()
-        if record.epoch != message.epoch or record.status not in ("running", "paused"):
+        workflow = run.record().workflow
+        started = run.branch_start(message.epoch, workflow, message.task_id, message.call, message.indices, [])
+        if isinstance(started, str):
             return
+        record = started.record
         journal = CrashingJournal(run, record.epoch, self.plan, self.clock)
 
         def on_outcome(index: int, outcome: Outcome) -> None:
@@ -347,12 +349,12 @@ class Fleet:
             workflow=self.workflows[record.workflow],
             max_fanout=self.settings.max_fanout,
             max_payload_bytes=self.settings.max_payload_bytes,
-            target=BranchTarget(message.call, message.indices, on_outcome),
+            target=BranchTarget(message.call, message.indices, on_outcome, started=started),
             send_agent=self._agent_sender(record),
             send_call=self._call_sender(record),
         )
         try:
-            replay.apply_flags(run.task_start(record.epoch, message.task_id))
+            replay.apply_flags(started.flags)
             died = False
             try:
                 branch_pass(replay, on_outcome)

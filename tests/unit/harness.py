@@ -144,8 +144,10 @@ class Driver:
             if woke[-1]:
                 self.coordinator.append(wake)
 
-        replay = self.replay(target=BranchTarget(call, (index,), on_outcome), send_branches=None)
-        replay.apply_flags(self.run.task_start(self.epoch, token))
+        started = self.run.branch_start(self.epoch, self.run.record().workflow, token, call, (index,), [])
+        assert not isinstance(started, str), started
+        replay = self.replay(target=BranchTarget(call, (index,), on_outcome, started=started), send_branches=None)
+        replay.apply_flags(started.flags)
         try:
             branch_pass(replay, on_outcome)
         finally:

@@ -153,13 +153,15 @@ def test_active_time_runs_only_while_a_message_is_in_flight() -> None:
     assert run.release("pass-1", 1) is False
     assert (run.state.run["active_ms"], run.state.run["active_since"]) == ("10000", "")
     clock.now += 3_600_000  # an hour with nothing in flight: a wait, not work
-    assert run.task_start(1, "branch-1") == Flags()  # a wake-up (here a branch task) starts the clock again
+    # A wake-up (here a branch task) starts the clock again.
+    started = run.branch_start(1, lifecycle.name, "branch-1", "m:0", [0], [])
+    assert not isinstance(started, str) and started.flags == Flags()
     clock.now += 5_000
     run.task_end(1, "branch-1")
     assert run.state.run["active_ms"] == "15000"
     assert run.heartbeat(1, "gone", wake="wake-1") == (Flags(), False)  # not in flight: not renewed
     assert run.state.live == {}
-    run.task_start(1, "branch-2")
+    assert not isinstance(run.branch_start(1, lifecycle.name, "branch-2", "m:0", [0], []), str)
     clock.now += 50_000
     # A ceiling newly reached by a task other than the coordinator wakes the coordinator.
     assert run.heartbeat(1, "branch-2", wake="wake-2") == (Flags(limit="timeout_seconds"), True)

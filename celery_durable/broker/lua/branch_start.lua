@@ -1,8 +1,9 @@
 -- A branch task starts, and reads in the same round trip what it would
 -- otherwise read in five: the run record (load_run), its own message counted
--- running with its lease starting now (task_start.lua), the outcomes of the
--- branches it holds, what an earlier delivery of it handed on, and the
--- sequences it replays first (read_sequences.lua, with the same budget).
+-- running with its lease starting now (a branch that waited in a busy queue
+-- renews its run at once), the outcomes of the branches it holds, what an
+-- earlier delivery of it handed on, and the sequences it replays first
+-- (read_sequences.lua, with the same budget).
 -- A message of another attempt, of another workflow, or for a run that
 -- settled changes nothing. Every field name comes from the caller
 -- (schema/journal.py builds them).
@@ -30,4 +31,5 @@ for i = 1, n do
 end
 local sequences = sequence_replies(KEYS[3], ARGV, 9 + n, tonumber(ARGV[7]))
 local handed = redis.call('HGET', KEYS[3], ARGV[6]) or false
-return {'ok', fl[1], fl[2], fl[3], redis.call('HGETALL', KEYS[1]), handed, outcomes, sequences}
+local record = redis.call('HGETALL', KEYS[1])
+return {'ok', fl[1], fl[2], fl[3], record, handed, outcomes, sequences}
