@@ -238,6 +238,15 @@ class Journal(Protocol):
         ended here as ``RunStore.task_end`` would end it."""
         ...
 
+    def complete_held(
+        self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
+    ) -> bool | Winner | Conflict:
+        """``complete_branch`` with the branch's last step, held back, journaled
+        first (``record``). ``Winner``: another execution journaled that step
+        first, and nothing of the branch was written (run it again);
+        ``Conflict``: the journal holds another op there."""
+        ...
+
     def agent_call(
         self,
         seq: str,

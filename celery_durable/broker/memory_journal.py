@@ -189,11 +189,30 @@ class MemoryJournal:
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         """complete_branch.lua."""
+        done = self._complete(call, branch, outcome, wake, ending, None)
+        assert isinstance(done, bool)
+        return done
+
+    def complete_held(
+        self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
+    ) -> bool | Winner | Conflict:
+        """complete_branch.lua with a held step."""
+        return self._complete(call, branch, outcome, wake, ending, (seq, held))
+
+    def _complete(
+        self, call: str, branch: int, outcome: str, wake: str, ending: str, held: tuple[str, PendingCommit] | None
+    ) -> bool | Winner | Conflict:
         with self._run.lock:
             self._fence()
             journal, e = self._state.journal, self._e
             if not (journal.get(f"d:{call}") or "").startswith(f"{e}:"):
                 refuse(self.run_id, ["stale"])  # not counted as refused, as in the script
+            if held is not None:
+                verdict, detail = commit_call(self._state, e, *held)
+                if verdict == "conflict":
+                    return Conflict(detail)
+                if verdict == "winner":
+                    return Winner(detail)
             name, counter = schema.branch_field(call, branch), f"c:{call}"
             current = journal.get(name)
             if current is not None and not is_stale_failure(current, e):

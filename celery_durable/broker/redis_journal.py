@@ -161,9 +161,24 @@ class RedisJournal:
         return schema.parse_handoff(raw, self._epoch)
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
-        keys = [self._keys.run, self._keys.journal, self._keys.live]
-        reply = self._fenced("complete_branch", keys, [self._epoch, call, branch, outcome, wake, now_ms(), ending])
+        reply = self._complete(call, branch, outcome, wake, ending, [])
         return bool(reply[1] == 1)
+
+    def complete_held(
+        self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
+    ) -> bool | Winner | Conflict:
+        reply = self._complete(call, branch, outcome, wake, ending, [seq, *astuple(held)])
+        if reply[0] == "winner":
+            return Winner(str(reply[1]))
+        if reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        return bool(reply[1] == 1)
+
+    def _complete(self, call: str, branch: int, outcome: str, wake: str, ending: str, held: list[Any]) -> Any:
+        k = self._keys
+        keys = [k.run, k.journal, k.live, k.steps, k.running]
+        args = [self._epoch, call, branch, outcome, wake, now_ms(), ending, *held]
+        return self._fenced("complete_branch", keys, args)
 
     def agent_call(
         self,

@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import RunRecord, schema
-from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.journal import BranchStart, Conflict, Journal, PendingCommit, Winner
 from celery_durable.broker.schema import MAIN, Outcome
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
@@ -72,16 +72,6 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         return
 
     run_journal = store.journal(record.run_id, record.epoch, record.namespace)
-    ended: list[bool] = []
-
-    def journal(index: int, outcome: Outcome) -> None:
-        wake = new_task_id()
-        # The last branch this task holds ends its message in the same script.
-        ending = token if work.finishing() else ""
-        if run_journal.complete_branch(call_id, index, outcome.encode(), wake, ending):
-            engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)
-        if ending:
-            ended.append(True)
 
     def send_agent(agent: str, owner: str, task_id: str) -> None:
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
@@ -100,13 +90,14 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         return True
 
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
+    outcomes = _Outcomes(engine, record, run_journal, call_id, work)
     replay = Replay(
         journal=run_journal,
         run=record,
         workflow=definition,
         max_fanout=engine.settings.max_fanout,
         max_payload_bytes=engine.settings.max_payload_bytes,
-        target=BranchTarget(call_id, indices, journal, work, started),
+        target=BranchTarget(call_id, indices, outcomes.journal, work, started, on_held=outcomes.journal_held),
         send_agent=send_agent,
         send_call=functools.partial(engine.send_call, record),
         keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
@@ -118,11 +109,11 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         replay.apply_flags(started.flags)
         try:
             with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake):
-                branch_pass(replay, journal, kept)
+                branch_pass(replay, outcomes.journal, kept)
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.
-            if not ended:
+            if not outcomes.ended:
                 _end_quietly(engine, record, token)
     except StaleAttemptError:
         engine.count_refused()
@@ -133,6 +124,41 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         # same damage and stops the run as workflow_storage_corrupt.
         logger.error("run %s: storage corrupt in branches %s of %s: %s", record.run_id, indices, call_id, exc)
         engine.send_coordinator(record.run_id, record.epoch, record.workflow)
+
+
+class _Outcomes:
+    """Journals the outcomes of the branches one task holds; the last one
+    ends the task's message in the same script (``complete_branch``)."""
+
+    def __init__(self, engine: Engine, record: RunRecord, journal: Journal, call: str, work: BranchWork) -> None:
+        self._engine = engine
+        self._record = record
+        self._journal = journal
+        self._call = call
+        self._work = work
+        self.ended = False
+
+    def journal(self, index: int, outcome: Outcome) -> None:
+        self.journal_held(index, outcome, "", None)
+
+    def journal_held(
+        self, index: int, outcome: Outcome, seq: str, step: PendingCommit | None
+    ) -> Winner | Conflict | None:
+        """With the branch's held-back last ``step`` of sequence ``seq``, when it has one."""
+        wake = new_task_id()
+        ending = self._work.giver if self._work.finishing() else ""
+        encoded = outcome.encode()
+        if step is None:
+            woke: bool | Winner | Conflict = self._journal.complete_branch(self._call, index, encoded, wake, ending)
+        else:
+            woke = self._journal.complete_held(self._call, index, encoded, wake, ending, seq, step)
+            if isinstance(woke, Winner | Conflict):
+                return woke  # nothing of the branch was written, and its message still runs
+        if woke:
+            record = self._record
+            self._engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)
+        self.ended = self.ended or bool(ending)
+        return None
 
 
 def _start(

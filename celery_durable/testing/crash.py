@@ -137,6 +137,12 @@ class CrashingJournal(MemoryJournal):
         self._plan.check_alive()
         return super().complete_branch(call, branch, outcome, wake, ending)
 
+    def complete_held(
+        self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
+    ) -> bool | Winner | Conflict:
+        self._plan.check_alive()
+        return super().complete_held(call, branch, outcome, wake, ending, seq, held)
+
     def agent_call(
         self,
         seq: str,

@@ -35,6 +35,9 @@ class Cursor:
     sequence's next journal write (``Replay.flush``), before more work runs."""
     pending_started: int = 0
     """When the held-back step began (ms), for its row."""
+    holds_steps: bool = False
+    """A branch whose steps' writes are held back like the main body's: its
+    last one travels with the branch's outcome (``Journal.complete_held``)."""
 
     def position(self) -> int:
         return schema.position(self.index, self.logs_since_op)

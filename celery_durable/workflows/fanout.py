@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import BranchStart, Conflict
+from celery_durable.broker.journal import BranchStart, Conflict, PendingCommit, Winner
 from celery_durable.broker.schema import Identity, Outcome, describe
 from celery_durable.errors import (
     FATAL_ERRORS,
@@ -36,7 +36,7 @@ from celery_durable.errors import (
 )
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.unwind import BranchFinished, BranchSuspended
+from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
@@ -154,7 +154,10 @@ class BranchTarget:
     """The thunks a branch task runs: branches ``indices`` of op ``call``.
 
     ``on_outcome`` journals each branch as soon as it finishes, so a task
-    that dies halfway loses only the branch it was running. ``work`` hands on
+    that dies halfway loses only the branch it was running. With ``on_held``
+    a branch's last step is held back and journaled with its outcome, in one
+    write (``Journal.complete_held``): ``Winner`` says another execution
+    journaled that step first, and the branch runs again with its value. ``work`` hands on
     those not begun when they run slow (None: the task runs them all).
     """
 
@@ -165,6 +168,7 @@ class BranchTarget:
     started: BranchStart | None = None
     """What the task's start read of its branches (``RunStore.branch_start``);
     None: they are read when the fan-out is reached."""
+    on_held: Callable[[int, Outcome, str, PendingCommit], Winner | Conflict | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,15 +320,38 @@ class FanoutOps:
         try:
             while (branch := work.take()) is not None:
                 self._read_ahead(cursor, branch, work)
-                try:
-                    outcome = self.run_branch(cursor, branches[branch], branch)
-                except BranchSuspended:
-                    continue  # waits for something whose completion sends this branch again
-                target.on_outcome(branch, outcome)
+                self._run_target_branch(cursor, branches[branch], branch)
         finally:
             work.close()
         replay.unwinding = BranchFinished()
         raise replay.unwinding
+
+    def _run_target_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> None:
+        """Run one of the target's branches and journal its outcome, its last
+        step with it when the target holds steps back (``on_held``)."""
+        replay = self._replay
+        target = replay.target
+        assert target is not None
+        while True:
+            try:
+                outcome, cursor = self._run_in_branch(parent, fn, index, hold_last=target.on_held is not None)
+            except BranchSuspended:
+                return  # waits for something whose completion sends this branch again
+            except BranchRerun:
+                continue  # a held step lost its first write: its value is journaled now
+            held = cursor.pending
+            if held is None or target.on_held is None:
+                target.on_outcome(index, outcome)
+                return
+            cursor.pending = None
+            found = target.on_held(index, outcome, cursor.seq, held)
+            if isinstance(found, Winner):
+                continue  # the journal's value, not this run's, is the step's result: run the branch on it
+            if isinstance(found, Conflict):
+                detail = f"expected {describe(found.journaled)}, got {describe(held.identity)}"
+                error = replay.nondeterminism(cursor, detail, index=held.index)
+                target.on_outcome(index, schema.failure_outcome(replay.epoch, error, fatal=True))
+            return
 
     def _read_ahead(self, parent: Cursor, branch: int, work: BranchWork) -> None:
         """Read the sequences of this branch and of the next ones this task
@@ -405,24 +432,41 @@ class FanoutOps:
 
     def run_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> Outcome:
         """Run one branch in its own sequence; its outcome, never an ordinary exception."""
+        return self._run_in_branch(parent, fn, index, hold_last=False)[0]
+
+    def _run_in_branch(
+        self, parent: Cursor, fn: Callable[[], Any], index: int, *, hold_last: bool
+    ) -> tuple[Outcome, Cursor]:
+        """``run_branch``, and the branch's cursor. With ``hold_last`` its steps'
+        writes are held back as the main body's are, and the last one is left
+        on the cursor (``pending``) for the caller to journal with the outcome,
+        unless progress records must be written after it."""
         replay = self._replay
         seq = schema.branch_seq(parent.seq, parent.index, index)
         cursor = replay.open_cursor(seq, writes=True, phase_id=parent.phase_id)
+        cursor.holds_steps = hold_last
         call = schema.call_id(parent.seq, parent.index)
         cursor.owner = parent.owner if not parent.is_main else schema.branch_owner(call, index)
         try:
             result = replay.run_in(cursor, fn)
-        except (StorageUnavailableError, StaleAttemptError, BranchSuspended):
+        except (StorageUnavailableError, StaleAttemptError, BranchSuspended, BranchRerun):
             raise  # nothing to record: this execution cannot, or the branch is not done
         except FATAL_ERRORS as exc:
-            return schema.failure_outcome(replay.epoch, exc, fatal=True)
+            return schema.failure_outcome(replay.epoch, exc, fatal=True), cursor
         except Exception as exc:
-            replay.flush(cursor)
-            return schema.failure_outcome(replay.epoch, exc)
-        replay.flush(cursor)
+            self._flush_unless_held(cursor)
+            return schema.failure_outcome(replay.epoch, exc), cursor
+        self._flush_unless_held(cursor)
         try:
             encoded = jsonvalue.encode_payload(result, replay.max_payload_bytes, noun="Branch result")
         except jsonvalue.PayloadError as exc:
             error = TypeError(str(exc)) if exc.reason == "not_json" else ValueError(str(exc))
-            return schema.failure_outcome(replay.epoch, error)
-        return schema.value_outcome(jsonvalue.loads(encoded))
+            return schema.failure_outcome(replay.epoch, error), cursor
+        return schema.value_outcome(jsonvalue.loads(encoded)), cursor
+
+    def _flush_unless_held(self, cursor: Cursor) -> None:
+        """Write what the branch buffered; a held step with nothing after it
+        stays on the cursor, to go with the outcome."""
+        if cursor.holds_steps and cursor.pending is not None and not cursor.buffer:
+            return
+        self._replay.flush(cursor)

@@ -52,7 +52,7 @@ from celery_durable.errors import (
 )
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.unwind import BranchSuspended, PauseRequested, Suspend
+from celery_durable.workflows.unwind import BranchRerun, BranchSuspended, PauseRequested, Suspend
 
 if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
@@ -151,6 +151,14 @@ class StickyJournal:
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         return bool(self._guard(lambda: self._inner.complete_branch(call, branch, outcome, wake, ending)))
+
+    def complete_held(
+        self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
+    ) -> bool | Winner | Conflict:
+        result: bool | Winner | Conflict = self._guard(
+            lambda: self._inner.complete_held(call, branch, outcome, wake, ending, seq, held)
+        )
+        return result
 
     def agent_call(
         self,
@@ -456,8 +464,10 @@ class Replay:
         if isinstance(result, Winner):
             # Another execution journaled this step first while its producer
             # ran (first write wins). The workflow code since saw this pass's
-            # value, but no work has run on it: end the pass, and the next
-            # one replays with the journaled value.
+            # value, but no work has run on it: end the pass (in a branch, the
+            # branch's run), and the next one replays with the journaled value.
+            if cursor.holds_steps:
+                raise BranchRerun()
             self.rerun = True
             raise self.suspend()
         return result
@@ -466,8 +476,10 @@ class Replay:
         """A coordinator's main body holds each step's write back to send it
         with the next call: the one place where nothing else journals the
         same keys meanwhile (a fan-out is a barrier), so the held-back value
-        is what the journal will say."""
-        return cursor.is_main and cursor.writes and self.target is None
+        is what the journal will say. A branch task's branch may too
+        (``holds_steps``): there another execution may journal the key
+        first, and the branch runs again (``BranchRerun``)."""
+        return cursor.writes and ((cursor.is_main and self.target is None) or cursor.holds_steps)
 
     def commit(self, cursor: Cursor, commit: PendingCommit) -> str | None:
         """Journal the op at the cursor and advance; returns a winning earlier value."""

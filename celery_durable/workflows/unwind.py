@@ -25,5 +25,11 @@ class BranchSuspended(BaseException):
     again when it is done."""
 
 
+class BranchRerun(BaseException):
+    """Ends one run of a branch whose held-back step lost its first write to
+    another execution: the branch runs again, and the step replays the
+    journaled value its later code must see."""
+
+
 class PauseRequested(BaseException):
     """Ends the main body at its first new call after a pause was requested."""

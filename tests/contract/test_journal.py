@@ -543,6 +543,35 @@ def test_the_last_branch_a_task_holds_ends_its_message_where_its_outcome_is_jour
     assert "t2" in backend.live(), "without ending, the message stays in flight"
 
 
+def test_a_branch_outcome_takes_its_held_step_along_unless_another_write_came_first(
+    make_backend: BackendFactory,
+) -> None:
+    """complete_held: the branch's last step (record_op's write), then its
+    outcome, in one script; when the step's key holds a live value already,
+    or another op stands at its index, nothing of the branch is written."""
+    backend = make_backend()
+    backend.write("run", {"status": "running"})
+    journal = backend.journal(1)
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", position(0, 0)) == Dispatch(indices=[0, 1, 2])
+    assert journal.complete_held("m:0", 0, ok(1), "w0", "", "m.0.0", step(0, "a", ok(1))) is False
+    assert journal.read_sequence("m.0.0").entries == [(1, Identity.step("a"), ok(1))]
+    assert "a" in backend.step_rows()
+    assert journal.branch_outcomes("m:0", 3) == [ok(1), None, None]
+    assert backend.record().steps_done == 1
+    assert journal.record("m.0.1", step(0, "b", ok("first"))).winner is None  # a second delivery wrote first
+    assert journal.complete_held("m:0", 1, ok("mine"), "w1", "", "m.0.1", step(0, "b", ok("mine"))) == Winner(
+        ok("first")
+    )
+    assert journal.branch_outcomes("m:0", 3) == [ok(1), None, None], "nothing of the branch written"
+    assert backend.field("journal", "c:m:0") == "2"
+    assert journal.complete_held("m:0", 2, ok(3), "w2", "", "m.0.2", step(0, "c", ok(3))) is False
+    assert journal.complete_held("m:0", 2, ok(3), "w2", "", "m.0.2", step(0, "d", ok(3))) == Conflict(
+        Identity.step("c")
+    )
+    # Run again, the branch replays the step (a hit: nothing held) and completes the fan-out.
+    assert journal.complete_branch("m:0", 1, ok("first"), "w1") is True
+
+
 def test_reading_sequences_ahead_stops_once_its_budget_of_entries_is_spent(
     make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

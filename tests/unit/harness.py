@@ -19,6 +19,7 @@ from typing import Any
 
 from celery_durable import Workflow
 from celery_durable.broker import Flags, schema
+from celery_durable.broker.journal import Conflict, PendingCommit, Winner
 from celery_durable.broker.memory import MemoryJournal, MemoryRun
 from celery_durable.broker.store import Signalled
 from celery_durable.testing.clock import VirtualClock
@@ -144,9 +145,20 @@ class Driver:
             if woke[-1]:
                 self.coordinator.append(wake)
 
+        def on_held(j: int, outcome: schema.Outcome, seq: str, step: PendingCommit) -> Winner | Conflict | None:
+            wake = new_id("wake")
+            result = journal.complete_held(call, j, outcome.encode(), wake, "", seq, step)
+            if isinstance(result, Winner | Conflict):
+                return result
+            woke.append(result)
+            if result:
+                self.coordinator.append(wake)
+            return None
+
         started = self.run.branch_start(self.epoch, self.run.record().workflow, token, call, (index,), [])
         assert not isinstance(started, str), started
-        replay = self.replay(target=BranchTarget(call, (index,), on_outcome, started=started), send_branches=None)
+        target = BranchTarget(call, (index,), on_outcome, started=started, on_held=on_held)
+        replay = self.replay(target=target, send_branches=None)
         replay.apply_flags(started.flags)
         try:
             branch_pass(replay, on_outcome)

@@ -11,6 +11,7 @@ from typing import Any
 
 from celery_durable import WorkflowCancelled, WorkflowContext, workflow
 from celery_durable.broker import schema
+from celery_durable.broker.journal import PendingCommit
 from celery_durable.workflows.fanout import BranchWork
 from tests.unit.harness import Driver
 
@@ -49,6 +50,39 @@ def test_the_last_branch_out_wakes_the_coordinator_whose_pass_collects_in_order(
     assert driver.main() is not None
     assert driver.run.record().result == ["x", 0, 10, 20]
     assert calls == Counter({"before": 1, "b0": 1, "b1": 1, "b2": 1})  # the branch tasks only replayed "before"
+
+
+def test_a_branch_whose_held_step_lost_its_first_write_runs_again_on_the_journaled_value() -> None:
+    """A branch task holds its branch's last step back and journals it with
+    the outcome. When another execution (a second delivery) journaled that
+    step first, nothing of the branch is written: the branch runs again, the
+    step replays the journaled value, and the outcome is computed from it."""
+    runs: Counter[str] = Counter()
+
+    @workflow(name="held", description="one branch, one step, then code on its value", phases=[])
+    def held(ctx: WorkflowContext) -> Any:
+        def branch() -> Any:
+            runs["branch"] += 1
+            return ctx.step("s", first_write_elsewhere) + 1
+
+        return ctx.parallel([branch])
+
+    driver = Driver.of(held)
+
+    def first_write_elsewhere() -> int:
+        other = driver.journal()
+        row = schema.StepRow.running(1, 1_000).settled(schema.value_outcome(41), 2_000).encode()
+        commit = PendingCommit(0, schema.Identity.step("s"), schema.step_field("s"), 'o41', "s", row)
+        assert other.record("m.0.0", commit).winner is None
+        return 7  # this execution's own value: it loses
+
+    driver.main()
+    assert driver.branch("m:0", 0) is True
+    assert runs["branch"] == 2, "the branch ran again once its step lost the write"
+    assert driver.journal().branch_outcomes("m:0", 1) == ["o42"]
+    assert driver.main() is not None
+    assert driver.run.record().result == [42]
+    assert driver.run.record().steps_done == 1
 
 
 def test_a_redelivered_branch_task_or_a_second_pass_sends_and_runs_nothing_again() -> None:

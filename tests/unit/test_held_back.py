@@ -1,6 +1,8 @@
-"""Held-back commits: a main-body step's journal write travels with the next
-call (``commit_begin``), one script per straight-line step; a branch, where
-several executions may journal one key, writes each step at once."""
+"""Held-back commits: a step's journal write travels with the next call
+(``commit_begin``), one script per straight-line step. In a branch task a
+branch's last step travels with the branch's outcome (``complete_held``);
+there several executions may journal one key, and the one that loses the
+first write runs the branch again."""
 
 from __future__ import annotations
 
@@ -37,21 +39,30 @@ def test_a_main_body_step_is_journaled_together_with_the_next_call() -> None:
     assert driver.run.record().steps_done == 2
 
 
-def test_a_branch_step_is_journaled_before_its_next_call() -> None:
-    seen: list[str | None] = []
+def test_a_branch_step_is_journaled_with_its_next_call_and_the_last_with_the_outcome() -> None:
+    seen: list[Any] = []
 
     @workflow(name="branch-writes", description="A branch of two steps", phases=[])
     def branch_writes(ctx: WorkflowContext) -> Any:
         def branch() -> Any:
             ctx.step("a", lambda: 1)
-            seen.append(driver.run.state.journal.get("v:a"))
-            return ctx.step("b", lambda: 2)
+            seen.append(journal.get("v:a"))
+
+            def b() -> int:
+                seen.append((journal.get("v:a"), "b" in driver.run.state.running))
+                return 2
+
+            return ctx.step("b", b)
 
         return ctx.parallel([branch])
 
     driver = Driver.of(branch_writes)
-    driver.settle()
-    assert seen == ["o1"]
+    journal = driver.run.state.journal
+    driver.main()
+    assert driver.branch("m:0", 0) is True
+    assert seen == [None, ("o1", True)]
+    assert (journal["v:b"], journal["r:m:0:0"]) == ("o2", "o2"), "the last step went with the outcome"
+    assert driver.run.record().steps_done == 2
 
 
 def test_a_held_back_step_that_lost_a_first_write_race_ends_the_pass_for_a_rerun() -> None:

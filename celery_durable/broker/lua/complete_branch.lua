@@ -2,17 +2,29 @@
 -- be woken: when it was the last outstanding branch, or a fatal one. A
 -- branch task journaling the last branch it holds ends its message here too
 -- (task_end.lua, one round trip fewer): while a pause is asked for, that
--- also wakes the coordinator.
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live
+-- also wakes the coordinator. The branch's last step, held back by replay,
+-- may come along (commit_call in _prelude.lua, as record_op.lua): when
+-- another execution journaled that step first, nothing of the branch is
+-- written and the caller runs the branch again with the journaled value.
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live, KEYS[4] steps,
+-- KEYS[5] running steps
 -- ARGV[1] epoch, ARGV[2] call ("<seq>:<i>"), ARGV[3] branch index,
 -- ARGV[4] outcome ("o<json>", "e<epoch>|<json>" or "f<epoch>|<json>"),
 -- ARGV[5] task id of the coordinator message sent on wake ('' for none),
--- ARGV[6] now (ms), ARGV[7] the task id of the message that ends ('' for none)
--- Returns {'ok', wake} or {refusal}.
+-- ARGV[6] now (ms), ARGV[7] the task id of the message that ends ('' for none),
+-- ARGV[8] the held step's sequence ('' for none), then as record_op.lua's
+-- ARGV[4..9]: ARGV[9] op index, ARGV[10] identity, ARGV[11] value field,
+-- ARGV[12] value, ARGV[13] step key, ARGV[14] row to leave
+-- Returns {'ok', wake}, {'winner', value}, {'conflict', identity} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local stamp = redis.call('HGET', KEYS[2], 'd:' .. ARGV[2]) or ''
 if string.sub(stamp, 1, #ARGV[1] + 1) ~= ARGV[1] .. ':' then return {'stale'} end
+if (ARGV[8] or '') ~= '' then
+  local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[4], KEYS[5], ARGV[1], ARGV[8], ARGV[9], ARGV[10],
+                                      ARGV[11], ARGV[12], ARGV[13], ARGV[14])
+  if verdict ~= 'ok' then return {verdict, detail} end
+end
 local field = 'r:' .. ARGV[2] .. ':' .. ARGV[3]
 local counter = 'c:' .. ARGV[2]
 local current = redis.call('HGET', KEYS[2], field)
