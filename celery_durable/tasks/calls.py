@@ -33,6 +33,7 @@ from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_tas
 from celery_durable.tasks.in_place import consumes, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
+from celery_durable.tasks.sending import SentMessage
 from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         link_error=link_error,
         serializer="json",
         add_to_parent=False,  # not a child of a task this thread may be running (a pass run in place)
+        result_cls=SentMessage,  # the answer comes by the link; nothing reads a result here
         **request.options,
     )
 
