@@ -265,3 +265,32 @@ def _scripts(client: Any) -> int:
     a script runs, so only the scripts themselves say what a caller asked)."""
     stats = client.info("commandstats")
     return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+
+def test_a_kept_body_sends_its_calls_and_branches_without_building_a_result_backend(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery builds the app's result backend once per thread, for the
+    ``AsyncResult`` that ``send_task`` returns; each kept main body runs on a
+    thread of its own, so each run built one (a Redis client and package
+    metadata read from disk). The engine's sends return only their id."""
+    from celery.backends.redis import RedisBackend
+
+    built: list[int] = []
+    original = RedisBackend.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(threading.get_ident())
+        original(self, *args, **kwargs)
+
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("no-backend", _sequence_and_fan_out)], settings, celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues):
+        client = engine.client()
+        client.run_workflow("no-backend", timeout=TIMEOUT)  # the pool's threads store results: theirs are built
+        monkeypatch.setattr(RedisBackend, "__init__", counting)
+        envelopes = [client.run_workflow("no-backend", timeout=TIMEOUT) for _ in range(4)]
+    assert [e.result for e in envelopes] == [[15, 10, 11, 12, 13, 14]] * 4
+    assert len(built) <= 1, f"{len(built)} result backends built for 4 runs"

@@ -16,11 +16,16 @@ when the journal shows nothing journaled past where it waits (see
 The body runs on a thread of its own for its whole life; each pass's thread
 waits for it to park or end. A parked body holds no worker slot. Evicting it
 resumes it with ``Suspend``, which unwinds it as the end of a pass always
-did: it journals nothing more.
+did: it journals nothing more. A body that ends gives its thread back for
+the next one (``BODY_THREADS``): what Celery caches per thread is then built
+once per thread, not once per run.
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +39,49 @@ if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
 
 _EVICT = object()
+
+
+class BodyThreads:
+    """Daemon threads that run kept bodies, each one body at a time, reused.
+
+    Celery keeps the app's result backend per thread and builds it on the
+    thread's first ``send_task`` that may want a result (a task call): a
+    Redis client, and package metadata read from disk. On a new thread per
+    run that was several ms of a worker's CPU per run. Written here because
+    ``ThreadPoolExecutor`` joins its threads at interpreter exit, where a
+    parked body would hold the exit up; these are daemons, as the body's own
+    thread was.
+    """
+
+    def __init__(self) -> None:
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+        # A forked pool child inherits the list, not the threads behind it.
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._idle = []
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on an idle thread, or on a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), name="durable-body", daemon=True).start()
+        inbox.put(work)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            # A context of its own, as a new thread would have: nothing one
+            # body set in a context variable is seen by the next.
+            contextvars.Context().run(inbox.get())  # never raises: ParkedBody._run keeps what its body raised
+            with self._lock:
+                self._idle.append(inbox)
+
+
+BODY_THREADS = BodyThreads()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +114,14 @@ class ParkedBody:
         self.identity = ""
         """The op it waits at."""
         self.parked_at = 0.0
-        self._thread: threading.Thread | None = None
+        self._started = False
+        self._ended = threading.Event()
         replay.parking = self
 
     def start(self) -> PassEnd:
         """Run the body until it parks or ends."""
-        self._thread = threading.Thread(
-            target=self._run, name=f"durable-body-{self.replay.run.run_id}", daemon=True
-        )
-        self._thread.start()
+        self._started = True
+        BODY_THREADS.run(self._run)
         return self._wait()
 
     def resume(self, answer: str | None) -> PassEnd:
@@ -88,10 +135,8 @@ class ParkedBody:
         self._give(_EVICT)
 
     def join(self, timeout: float) -> bool:
-        """Wait for the body's thread to end; whether it did."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self._thread is None or not self._thread.is_alive()
+        """Wait for the body to end; whether it did."""
+        return not self._started or self._ended.wait(timeout)
 
     # -- the body's side ----------------------------------------------------------
 
@@ -121,6 +166,7 @@ class ParkedBody:
         with self._lock:
             self._end = end
             self._lock.notify_all()
+        self._ended.set()
 
     # -- the pass's side ----------------------------------------------------------
 
