@@ -8,7 +8,7 @@ serve the sweep rather than one run's attempt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -54,6 +54,11 @@ class FleetLiveness:
     client: RedisClient
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def _run_with(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]
+    ) -> Any:
         raise NotImplementedError
 
     def run_keys(self, run_id: str) -> RunKeys:
@@ -118,14 +123,15 @@ class FleetLiveness:
     def hold_message(self, worker: str, task_id: str, run_id: str, at_ms: int) -> None:
         """Worker ``worker`` just received message ``task_id`` of the run: said
         at once, before the worker can die holding a message nobody knows of,
-        and marked held in the run's live hash (``received.lua``). Two writes:
-        the fleet's keys and the run's live under different hash tags."""
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=True)
+        and marked held in the run's live hash (``received.lua``). The
+        fleet's keys and the run's live hash have different hash tags: one
+        round trip on one Redis, two on a Cluster."""
+
+        def beat(pipe: Any) -> None:
             pipe.zadd(self.keys.workers, {worker: at_ms})
             pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
-            pipe.execute()
-        self._run("received", [self.run_keys(run_id).live], [at_ms, task_id])
+
+        self._run_with("received", [self.run_keys(run_id).live], [at_ms, task_id], beat)
 
     def forget_worker(self, worker: str) -> None:
         """A worker that stops cleanly holds nothing: it is not dead, only gone."""

@@ -10,7 +10,7 @@ in ``fleet_store.py``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, cast
 
@@ -60,24 +60,39 @@ class RunStore(FleetLiveness):
 
     def _run_and_look(self, name: str, keys: Sequence[str], args: Sequence[Any], run_id: str, now: int) -> Any:
         """Run a script, and have the sweep look at the run a lease from
-        ``now`` at the latest: in one round trip on one Redis (a pipeline,
-        not a transaction: the schedule is a hint, and lives in a slot of its
-        own), in two on a Cluster."""
+        ``now`` at the latest (the schedule is a hint, in a slot of its own)."""
         at_ms = now + self.lease_ms
+        return self._run_with(
+            name, keys, args, lambda pipe: pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True)
+        )
+
+    def _run_with(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]
+    ) -> Any:
+        """Run a script, then ``writes`` (commands on keys outside its slot,
+        none of which depends on it): in one round trip on one Redis, a
+        pipeline but not a transaction; in two on a Cluster, where they
+        live on other nodes. Returns the script's reply."""
         if isinstance(self.client, RedisCluster):
             reply = self._run(name, keys, args)
-            self.schedule_check(run_id, at_ms, sooner_only=True)
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+                writes(pipe)
+                pipe.execute()
             return reply
         script = self._scripts[name]
         with storage_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True)
-            reply, _ = pipe.execute(raise_on_error=False)
+            writes(pipe)
+            reply, *rest = pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError):  # a restarted Redis: the script loads again
                 reply = script(keys=list(keys), args=list(args))
             elif isinstance(reply, Exception):
                 raise reply
+            for failed in rest:
+                if isinstance(failed, Exception):
+                    raise failed
         return reply
 
     def run_keys(self, run_id: str) -> RunKeys:
