@@ -235,7 +235,8 @@ class Journal(Protocol):
         """Journal a branch outcome; True when the coordinator must be woken,
         by a message whose task id is ``wake`` (then counted as in flight).
         ``ending``: the task id of a branch task whose last branch this is,
-        ended here as ``RunStore.task_end`` would end it."""
+        ended here as ``RunStore.task_end`` would end it, unless this returns
+        True: the caller then sends the wake and ends its message after."""
         ...
 
     def complete_held(

@@ -227,10 +227,9 @@ class MemoryJournal:
             if ending:
                 woken = woken or (run.get("status") == "running" and run.get("pause") == "1" and wake != "")
             now = self._run.clock()
-            # Queued before the ending message is done, so the run never looks idle between.
-            if woken:
+            if woken:  # the message stays running until the caller sent the wake
                 token_queued(self._state, wake, "c", now, now)
-            if ending:
+            elif ending:
                 token_done(self._state, ending, now)
             return woken
 

@@ -155,9 +155,12 @@ class _Outcomes:
             if isinstance(woke, Winner | Conflict):
                 return woke  # nothing of the branch was written, and its message still runs
         if woke:
+            # Its message still runs (complete_branch does not end it): it
+            # ends after the wake is sent, in the task's own end.
             record = self._record
             self._engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)
-        self.ended = self.ended or bool(ending)
+        else:
+            self.ended = self.ended or bool(ending)
         return None
 
 

@@ -526,7 +526,9 @@ def test_the_last_branch_a_task_holds_ends_its_message_where_its_outcome_is_jour
     make_backend: BackendFactory,
 ) -> None:
     """complete_branch with ``ending``: the outcome, then what task_end does
-    (the message is no longer in flight; a pause asked for wakes the coordinator)."""
+    (the message is no longer in flight), unless the coordinator must be
+    woken (the last one out, or a pause asked for): then the message stays
+    running until its task has sent the wake and ends it itself."""
     backend = make_backend()
     backend.write("run", {"status": "running"})
     journal = backend.journal(1)
@@ -538,9 +540,10 @@ def test_the_last_branch_a_task_holds_ends_its_message_where_its_outcome_is_jour
     backend.write("run", {"pause": "1"})
     assert journal.complete_branch("m:0", 1, ok(1), "w1", ending="t1") is True, "a pause waits for each end"
     live = backend.live()
-    assert "t1" not in live and live["w1"].startswith("q|c|"), "the wake is counted before the end"
-    assert journal.complete_branch("m:0", 2, ok(2), "w2") is True, "the last one out wakes"
-    assert "t2" in backend.live(), "without ending, the message stays in flight"
+    assert "t1" in live and live["w1"].startswith("q|c|"), "in flight until its wake is sent"
+    backend.write("run", {"pause": None})
+    assert journal.complete_branch("m:0", 2, ok(2), "w2", ending="t2") is True, "the last one out wakes"
+    assert "t2" in backend.live()
 
 
 def test_a_branch_outcome_takes_its_held_step_along_unless_another_write_came_first(

@@ -1,8 +1,11 @@
 -- Journals the outcome of one branch and says whether the coordinator must
 -- be woken: when it was the last outstanding branch, or a fatal one. A
 -- branch task journaling the last branch it holds ends its message here too
--- (task_end.lua, one round trip fewer): while a pause is asked for, that
--- also wakes the coordinator. The branch's last step, held back by replay,
+-- (task_end.lua, one round trip fewer; while a pause is asked for, that
+-- also wakes the coordinator), unless the coordinator must be woken: then
+-- the message stays running until the caller has sent the wake and ends it
+-- itself, so a worker that dies in between leaves a running message whose
+-- lease runs out, not only a wake that was never sent. The branch's last step, held back by replay,
 -- may come along (commit_call in _prelude.lua, as record_op.lua): when
 -- another execution journaled that step first, nothing of the branch is
 -- written and the caller runs the branch again with the journaled value.
@@ -44,8 +47,9 @@ if ending ~= '' then
   local f = redis.call('HMGET', KEYS[1], 'status', 'pause')
   wake = wake or (f[1] == 'running' and f[2] == '1' and ARGV[5] ~= '')
 end
--- Queued before the ending message is done, so the run never looks idle between.
-if wake then token_queued(KEYS[1], KEYS[3], ARGV[5], 'c', ARGV[6], ARGV[6]) end
+if wake then
+  token_queued(KEYS[1], KEYS[3], ARGV[5], 'c', ARGV[6], ARGV[6])
+  return {'ok', 1}
+end
 if ending ~= '' then token_done(KEYS[1], KEYS[3], ending, ARGV[6]) end
-if wake then return {'ok', 1} end
 return {'ok', 0}
