@@ -289,8 +289,12 @@ def test_a_kept_body_sends_its_calls_and_branches_without_building_a_result_back
     queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
     with worker_thread(engine, concurrency=4, queues=queues):
         client = engine.client()
-        client.run_workflow("no-backend", timeout=TIMEOUT)  # the pool's threads store results: theirs are built
+        for _ in range(2):  # the pool's threads store results: theirs are built
+            client.run_workflow("no-backend", timeout=TIMEOUT)
         monkeypatch.setattr(RedisBackend, "__init__", counting)
-        envelopes = [client.run_workflow("no-backend", timeout=TIMEOUT) for _ in range(4)]
-    assert [e.result for e in envelopes] == [[15, 10, 11, 12, 13, 14]] * 4
-    assert len(built) <= 1, f"{len(built)} result backends built for 4 runs"
+        envelopes = [client.run_workflow("no-backend", timeout=TIMEOUT) for _ in range(8)]
+    assert [e.result for e in envelopes] == [[15, 10, 11, 12, 13, 14]] * 8
+    # A thread new to this process builds one (a body thread started while
+    # the last one was still on its way back to the idle list, a pool thread
+    # that stored no result yet); a run never does.
+    assert len(built) <= 3, f"{len(built)} result backends built for 8 runs"
