@@ -128,7 +128,9 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
 
 class _Outcomes:
     """Journals the outcomes of the branches one task holds; the last one
-    ends the task's message in the same script (``complete_branch``)."""
+    ends the task's message in the same script (``complete_branch``), unless
+    it wakes the coordinator: the task then ends its message after the wake
+    is sent, so a worker that dies in between leaves a lease to run out."""
 
     def __init__(self, engine: Engine, record: RunRecord, journal: Journal, call: str, work: BranchWork) -> None:
         self._engine = engine

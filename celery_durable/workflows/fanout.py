@@ -157,8 +157,9 @@ class BranchTarget:
     that dies halfway loses only the branch it was running. With ``on_held``
     a branch's last step is held back and journaled with its outcome, in one
     write (``Journal.complete_held``): ``Winner`` says another execution
-    journaled that step first, and the branch runs again with its value. ``work`` hands on
-    those not begun when they run slow (None: the task runs them all).
+    journaled that step first, and the branch runs again with its value.
+    ``work`` hands on those not begun when they run slow (None: the task
+    runs them all).
     """
 
     call: str

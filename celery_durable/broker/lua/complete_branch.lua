@@ -5,10 +5,11 @@
 -- also wakes the coordinator), unless the coordinator must be woken: then
 -- the message stays running until the caller has sent the wake and ends it
 -- itself, so a worker that dies in between leaves a running message whose
--- lease runs out, not only a wake that was never sent. The branch's last step, held back by replay,
--- may come along (commit_call in _prelude.lua, as record_op.lua): when
--- another execution journaled that step first, nothing of the branch is
--- written and the caller runs the branch again with the journaled value.
+-- lease runs out, not only a wake that was never sent. The branch's last
+-- step, held back by replay, may come along (commit_call in _prelude.lua, as
+-- record_op.lua): when another execution journaled that step first, nothing
+-- of the branch is written and the caller runs the branch again with the
+-- journaled value.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live, KEYS[4] steps,
 -- KEYS[5] running steps
 -- ARGV[1] epoch, ARGV[2] call ("<seq>:<i>"), ARGV[3] branch index,
