@@ -80,8 +80,9 @@ def test_a_branch_that_failed_runs_again_on_resume_and_may_take_another_path(dur
 
 def test_a_broker_that_refuses_the_branches_once_is_retried_in_place_and_they_are_sent(durable) -> None:
     """The pass dispatched its fan-out, then publishing failed: it runs again
-    in place (the same message, the same lock) and sends the branches."""
-    d = durable([wf("redeliver", lambda ctx: ctx.parallel([lambda: 1, lambda: 2]))])
+    in place (the same message, the same lock) and sends the branches (a
+    task each: branch_batch_ms 0, or the pass would run them itself)."""
+    d = durable([wf("redeliver", lambda ctx: ctx.parallel([lambda: 1, lambda: 2]))], branch_batch_ms=0)
     real_send = d.engine.send_branches
     refused = threading.Event()
 

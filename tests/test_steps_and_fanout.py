@@ -75,15 +75,16 @@ def journal_wf(ctx):
     first = ctx.step("a", lambda: count("producer-a") and {"n": 1, "items": [1, 2.5, "x", None, True]})
     live = ctx.step("v", lambda: count("producer-v"), volatile=True)
     record(("volatile", live))
-    # A fan-out suspends the pass: the main body is replayed (in the branch task
-    # and in the coordinator's next pass), so step "a" is read back from the journal.
+    # A fan-out sent as a task (branch_batch_ms 0) suspends the pass: the main
+    # body is replayed (in the branch task and in the coordinator's next pass),
+    # so step "a" is read back from the journal.
     fanned = ctx.parallel([lambda: 7])
     again = ctx.step("a", lambda: count("producer-a-again") and "never")
     return {"first": first, "again": again, "fanned": fanned}
 
 
 def test_a_step_runs_once_per_key_and_a_repeated_key_returns_the_journaled_value(durable) -> None:
-    d = durable([journal_wf])
+    d = durable([journal_wf], branch_batch_ms=0)
     envelope = d.client.run_workflow("journal", timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
     value = {"n": 1, "items": [1, 2.5, "x", None, True]}
@@ -357,9 +358,10 @@ def quick_then_slow_wf(ctx):
     return quick + slow
 
 
-def test_quick_branches_share_one_task_and_slow_ones_are_handed_on_to_the_fleet(durable) -> None:
-    """A branch task replays the body: eight quick branches in one task cost
-    one replay; four slow ones in one task are handed on, and overlap."""
+def test_quick_branches_run_in_the_coordinators_pass_and_slow_ones_are_handed_on_to_the_fleet(durable) -> None:
+    """A narrow fan-out runs in the pass that dispatched it (``InlineBranches``):
+    eight quick branches cost no task at all; of four slow ones, the pass runs
+    the first and hands the other three on as tasks, and they overlap."""
     tasks: Counter[str] = Counter()
 
     def counted(sender: Any = None, kwargs: Any = None, **_: Any) -> None:
@@ -376,7 +378,7 @@ def test_quick_branches_share_one_task_and_slow_ones_are_handed_on_to_the_fleet(
         task_prerun.disconnect(counted)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [*range(8), *range(4)]
-    assert tasks == Counter({"m:0": 1, "m:1": 4}), tasks  # the slow call: its task, and three handed on
+    assert tasks == Counter({"m:1": 3}), tasks
     assert wall < 4 * 0.6, f"four slow branches did not overlap: {wall:.2f}s"
 
 
@@ -477,7 +479,7 @@ def helpers_wf(ctx):
     now = ctx.now()
     ident = ctx.uuid4()
     record(("before", now, ident))
-    ctx.parallel([lambda: 1])  # suspends: the body is replayed in a later pass
+    ctx.parallel([lambda: 1])  # sent as a task (branch_batch_ms 0): the body is replayed in a later pass
     record(("after", now, ident))
     try:
         ctx.workflow("child")
@@ -494,7 +496,7 @@ def helpers_wf(ctx):
 
 
 def test_now_and_uuid4_are_stable_across_replays_and_helpers_behave(durable) -> None:
-    d = durable([helpers_wf])
+    d = durable([helpers_wf], branch_batch_ms=0)
     envelope = d.client.run_workflow("helpers", timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
     result = envelope.result

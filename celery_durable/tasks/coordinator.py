@@ -21,6 +21,7 @@ from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows import passes
+from celery_durable.workflows.fanout import InlineBranches
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
@@ -226,6 +227,21 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
     def send_agent(agent: str, owner: str, task_id: str) -> None:
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
 
+    def hand_on(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
+        return engine.send_branches(
+            record.run_id, record.epoch, record.workflow, call, indices, tasks=len(indices), before=count
+        )
+
+    # A fan-out that would start as one branch task runs in the pass itself
+    # (branch_batch_ms 0 asks for a task per branch, so it never does).
+    kept = engine.kept_fanouts
+    inline = InlineBranches(
+        settings.fanout_tasks,
+        settings.branch_batch_ms / 1000,
+        hand_on,
+        keep=functools.partial(kept.keep, record.run_id, record.epoch),
+        forget=functools.partial(kept.forget, record.run_id, record.epoch),
+    )
     return Replay(
         send_call=functools.partial(engine.send_call, record),
         journal=engine.store.journal(record.run_id, record.epoch, record.namespace),
@@ -236,6 +252,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         send_branches=send,
         token=execution,
         send_agent=send_agent,
+        inline=inline if settings.branch_batch_ms > 0 else None,
     )
 
 

@@ -66,6 +66,11 @@ class KeptFanouts:
             self.used += 1
             return entry[1]
 
+    def forget(self, run_id: str, epoch: int, call: str) -> None:
+        """Let go of a fan-out no later branch task will need (all its branches are in)."""
+        with self._lock:
+            self._fanouts.pop((run_id, epoch, call), None)
+
     def _touch(self, key: Key, fanout: KeptFanout) -> None:
         """(Under the lock) used now: the most recently used."""
         self._fanouts[key] = (self._clock(), fanout)

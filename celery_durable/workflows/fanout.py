@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import BranchStart, Conflict, PendingCommit, Winner
+from celery_durable.broker.journal import BranchStart, Conflict, Dispatch, PendingCommit, Winner
 from celery_durable.broker.schema import Identity, Outcome, describe
 from celery_durable.errors import (
     FATAL_ERRORS,
@@ -48,6 +48,11 @@ READ_AHEAD = 64
 """Branch sequences a branch task reads in one round trip, before it runs them."""
 
 
+BranchSender = Callable[[str, Sequence[int], Callable[[Sequence[str]], None]], Sequence[str]]
+"""Publishes branches ``indices`` of ``call`` as tasks, calling the third
+argument with their task ids before it publishes any (``Journal.sending``)."""
+HeldOutcome = Callable[[int, Outcome, str, PendingCommit], Winner | Conflict | None]
+"""Journals a branch's outcome with its held-back last step (``BranchTarget.on_held``)."""
 HandOff = Callable[[list[int], int], bool]
 """Sends branches on to the fleet as new branch tasks (at most the given
 number of tasks); False when the fleet has no room for them now."""
@@ -169,7 +174,7 @@ class BranchTarget:
     started: BranchStart | None = None
     """What the task's start read of its branches (``RunStore.branch_start``);
     None: they are read when the fan-out is reached."""
-    on_held: Callable[[int, Outcome, str, PendingCommit], Winner | Conflict | None] | None = None
+    on_held: HeldOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,32 @@ class KeptFanout:
     seq: str
     index: int
     phase_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class InlineBranches:
+    """How a coordinator pass runs a narrow fan-out's branches itself.
+
+    A fan-out no wider than ``widest`` starts as one branch task
+    (``tasks.sending.first_chunks``), which replays the body up to the
+    fan-out, runs the branches one after another and wakes a second pass to
+    collect them: two messages, two replays and a dozen round trips more than
+    the work itself, for a handful of quick steps. The pass that dispatched
+    the fan-out is that task already, with the thunks in hand: it runs the
+    branches in place, hands those not begun on to the fleet once one has run
+    ``after`` seconds (``BranchWork``, as the task would), and goes on past
+    the fan-out when all are in.
+    """
+
+    widest: int
+    after: float
+    send: BranchSender
+    """Publishes branches handed on, one task each."""
+    keep: Callable[[KeptFanout], None] = lambda _kept: None
+    """Keeps the thunks while the pass runs them, for branch tasks that run
+    them later in this process: a branch woken by its call's answer, say."""
+    forget: Callable[[str], None] = lambda _call: None
+    """Lets go of them once every branch is in."""
 
 
 class FanoutOps:
@@ -269,24 +300,40 @@ class FanoutOps:
             replay.conflict(cursor, result, identity)
         if result.cut:
             cursor.cut_here()
+        results = None
         if cursor.is_main and replay.send_branches is not None:
-            if result.pending and result.in_flight <= 1:
-                # No branch runs or waits in a queue: those left wait for the
-                # outside world (a timer, a signal, a task). A pause asked for
-                # settles the run now instead of waiting with them.
-                replay.check_pause(cursor)
-            if result.pending or result.indices:
-                if result.indices:
-                    self._send(call, result.indices)
-                    replay.journal.mark_sent(call)
-                raise replay.suspend()
+            results = self._dispatched(cursor, call, identity, branches, result)
         else:
             self._run_locally(call, cursor, branches)
-        results = self._collect(call, len(branches))
+        if results is None:
+            results = self._collect(call, len(branches))
         if results is None:
             raise StaleAttemptError(f"Run {replay.run.run_id}: branches of {call} did not all finish")
         cursor.advance()
         return results
+
+    def _dispatched(
+        self, cursor: Cursor, call: str, identity: str, branches: list[Callable[[], Any]], result: Dispatch
+    ) -> list[Any] | None:
+        """In a coordinator pass: run or send the branches the dispatch left;
+        the results when this pass has them all, else it suspends until the
+        outcomes still to come wake the next (None: nothing was left)."""
+        replay = self._replay
+        if result.pending and result.in_flight <= 1:
+            # No branch runs or waits in a queue: those left wait for the
+            # outside world (a timer, a signal, a task). A pause asked for
+            # settles the run now instead of waiting with them.
+            replay.check_pause(cursor)
+        if result.indices and self._runs_inline(result.indices):
+            results = self._run_inline(cursor, call, identity, branches, result.indices)
+            if results is not None:
+                return results
+        elif result.indices:
+            self._send(call, result.indices)
+            replay.journal.mark_sent(call)
+        if result.pending or result.indices:
+            raise replay.suspend()
+        return None
 
     def run_kept(self, kept: KeptFanout) -> None:
         """In a branch task: run the target's branches from thunks a replay of
@@ -328,31 +375,85 @@ class FanoutOps:
         raise replay.unwinding
 
     def _run_target_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> None:
-        """Run one of the target's branches and journal its outcome, its last
-        step with it when the target holds steps back (``on_held``)."""
-        replay = self._replay
-        target = replay.target
+        target = self._replay.target
         assert target is not None
+        self._run_journaled(parent, fn, index, target.on_outcome, target.on_held)
+
+    def _run_journaled(
+        self,
+        parent: Cursor,
+        fn: Callable[[], Any],
+        index: int,
+        on_outcome: Callable[[int, Outcome], None],
+        on_held: HeldOutcome | None,
+    ) -> None:
+        """Run one branch and journal its outcome, its last step with it when
+        steps are held back (``on_held``)."""
+        replay = self._replay
         while True:
             try:
-                outcome, cursor = self._run_in_branch(parent, fn, index, hold_last=target.on_held is not None)
+                outcome, cursor = self._run_in_branch(parent, fn, index, hold_last=on_held is not None)
             except BranchSuspended:
                 return  # waits for something whose completion sends this branch again
             except BranchRerun:
                 continue  # a held step lost its first write: its value is journaled now
             held = cursor.pending
-            if held is None or target.on_held is None:
-                target.on_outcome(index, outcome)
+            if held is None or on_held is None:
+                on_outcome(index, outcome)
                 return
             cursor.pending = None
-            found = target.on_held(index, outcome, cursor.seq, held)
+            found = on_held(index, outcome, cursor.seq, held)
             if isinstance(found, Winner):
                 continue  # the journal's value, not this run's, is the step's result: run the branch on it
             if isinstance(found, Conflict):
                 detail = f"expected {describe(found.journaled)}, got {describe(held.identity)}"
                 error = replay.nondeterminism(cursor, detail, index=held.index)
-                target.on_outcome(index, schema.failure_outcome(replay.epoch, error, fatal=True))
+                on_outcome(index, schema.failure_outcome(replay.epoch, error, fatal=True))
             return
+
+    def _runs_inline(self, indices: Sequence[int]) -> bool:
+        inline = self._replay.inline
+        return inline is not None and len(indices) <= inline.widest
+
+    def _run_inline(
+        self, cursor: Cursor, call: str, identity: str, branches: list[Callable[[], Any]], indices: Sequence[int]
+    ) -> list[Any] | None:
+        """Run the branches a dispatch left to send in this pass (``InlineBranches``);
+        their results, or None when some wait or were handed on: their
+        outcomes wake the next pass, as those of sent branches do."""
+        replay = self._replay
+        inline = replay.inline
+        assert inline is not None
+        journal = replay.journal
+
+        def hand_off(given: list[int], _tasks: int) -> bool:
+            self._send(call, given, inline.send)
+            return True
+
+        def on_outcome(index: int, outcome: Outcome) -> None:
+            journal.complete_branch(call, index, outcome.encode(), wake="")  # this pass collects them
+
+        def on_held(index: int, outcome: Outcome, seq: str, step: PendingCommit) -> Winner | Conflict | None:
+            found = journal.complete_held(call, index, outcome.encode(), "", "", seq, step)
+            return found if isinstance(found, Winner | Conflict) else None
+
+        inline.keep(KeptFanout(replay, call, identity, branches, cursor.seq, cursor.index, cursor.phase_id))
+        work = BranchWork(hand_off=hand_off, after=inline.after)
+        work.start(list(indices))
+        try:
+            while (branch := work.take()) is not None:
+                self._read_ahead(cursor, branch, work)
+                self._run_journaled(cursor, branches[branch], branch, on_outcome, on_held)
+        finally:
+            work.close()
+        results = self._collect(call, len(branches))
+        if results is None:
+            # Handed on or waiting: in flight as sent branches would be, and
+            # not to be sent again by a later execution of this attempt.
+            journal.mark_sent(call)
+        else:
+            inline.forget(call)
+        return results
 
     def _read_ahead(self, parent: Cursor, branch: int, work: BranchWork) -> None:
         """Read the sequences of this branch and of the next ones this task
@@ -366,9 +467,10 @@ class FanoutOps:
     def _is_done(self, raw: str | None) -> bool:
         return raw is not None and self._replay.decode(raw).is_live(self._replay.epoch)
 
-    def _send(self, call: str, indices: Sequence[int]) -> Sequence[str]:
+    def _send(self, call: str, indices: Sequence[int], sender: BranchSender | None = None) -> Sequence[str]:
         replay = self._replay
-        assert replay.send_branches is not None
+        send = sender or replay.send_branches
+        assert send is not None
         journal_failed: list[BaseException] = []
 
         def count(messages: Sequence[str]) -> None:
@@ -379,7 +481,7 @@ class FanoutOps:
                 raise
 
         try:
-            return replay.send_branches(call, indices, count)
+            return send(call, indices, count)
         except Exception as exc:  # kombu/amqp connection errors have no common base
             if journal_failed:
                 raise  # the journal's own error (an outage, a lost attempt), not the broker's

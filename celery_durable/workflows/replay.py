@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
     from celery_durable.workflows.calls import CallOps, CallSender
     from celery_durable.workflows.definition import Workflow
-    from celery_durable.workflows.fanout import BranchTarget, FanoutOps, KeptFanout
+    from celery_durable.workflows.fanout import BranchSender, BranchTarget, FanoutOps, InlineBranches, KeptFanout
     from celery_durable.workflows.parking import ParkedBody
     from celery_durable.workflows.steps import StepOps
     from celery_durable.workflows.waits import WaitOps
@@ -66,10 +66,6 @@ if TYPE_CHECKING:
 MAIN = schema.MAIN
 MAX_KEY_LENGTH = 1024
 
-BranchSender = Callable[[str, Sequence[int], Callable[[Sequence[str]], None]], Sequence[str]]
-"""Publishes branches ``indices`` of ``call`` as tasks, calling the third
-argument with their task ids before it publishes any (``Journal.sending``)."""
-"""Sends branch tasks: (call id "<seq>:<op index>", branch indices) -> the task ids sent."""
 AgentSender = Callable[[str, str, str], None]
 """Sends an agent task: (agent id, owner to wake, task id)."""
 
@@ -209,6 +205,7 @@ class Replay:
         send_agent: AgentSender | None = None,
         send_call: CallSender | None = None,
         keep_fanout: Callable[[KeptFanout], None] | None = None,
+        inline: InlineBranches | None = None,
     ) -> None:
         from celery_durable.workflows.agent_ops import AgentOps
         from celery_durable.workflows.calls import CallOps
@@ -227,6 +224,8 @@ class Replay:
         self.send_call = send_call
         self.keep_fanout = keep_fanout
         """Given a top-level fan-out's thunks when this branch task built them (``KeptFanout``)."""
+        self.inline = inline
+        """Set in a coordinator pass that runs narrow fan-outs itself."""
         self.target = target
         self.token = token
         self.cancel_event = threading.Event()
