@@ -271,11 +271,14 @@ def freeze_worker_with_the_car_in_flight(settings: Settings, fleet: Any, raw: re
     run_key = client.engine.store.run_keys(run_id).run
 
     def car_at_gate_rest_journaled() -> bool:
+        # The three bookings are a narrow fan-out: A's coordinator pass runs
+        # them itself (InlineBranches), so A is frozen inside that pass, its
+        # lock held, the car's step running.
         done = {row.key for row in client.get_workflow_run_detail(run_id).steps if row.status == "completed"}
         return (
             bool(raw.sismember(f"{prefix}:gate:{run_id}:reached", "car"))
             and {"book-flight", "book-hotel"} <= done
-            and raw.hget(run_key, "lock") == ""  # the coordinator pass has ended
+            and raw.hget(run_key, "lock") not in (None, "")
         )
 
     poll(car_at_gate_rest_journaled, "flight and hotel journaled, the car at its gate in worker A")

@@ -79,7 +79,8 @@ class Settings(BaseSettings):
             "A branch task runs the branches it holds one after another, and hands those not begun on to the "
             "fleet as new tasks once one has run this long: quick branches share a task and one replay of the "
             "body, slow ones still spread within this delay. A fan-out starts as one task per fanout_tasks "
-            "branches (at most fanout_tasks tasks). "
+            "branches (at most fanout_tasks tasks); one that would start as a single task runs in the "
+            "coordinator's pass that dispatched it, which hands branches on the same way. "
             "0: every branch is its own task from the start, up to fanout_tasks tasks."
         ),
     )

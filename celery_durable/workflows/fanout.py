@@ -3,7 +3,9 @@
 In the coordinator's main body a fan-out journals its op, sends its
 unfinished branches to the steps queue as Celery tasks and *suspends* the
 pass; the last branch to finish wakes the coordinator, whose next pass
-replays up to the fan-out and finds every outcome journaled. A branch task
+replays up to the fan-out and finds every outcome journaled. One narrow
+enough to start as a single task runs in the pass itself, handing slow
+branches on (``InlineBranches``). A branch task
 replays the main body (all journal hits) up to its fan-out and runs only its
 own thunks (``BranchTarget``); fan-outs nested inside a branch run on that
 worker, in threads. A branch's outcome is its result, ``None`` for an
