@@ -437,7 +437,13 @@ def test_cancel_stops_code_that_checks_ctx_cancelled(durable) -> None:
     assert resume_error(lambda: d.client.resume_workflow(run_id, timeout=5)).code == "non_resumable"
 
 
-def test_cancel_a_run_waiting_on_a_parallel_fan_out(durable) -> None:
+@pytest.mark.parametrize("in_pass", [False, True], ids=["branch-tasks", "in-the-pass"])
+def test_cancel_a_run_waiting_on_a_parallel_fan_out(durable, in_pass) -> None:
+    """Each branch blocks until its attempt learns of the cancel. As tasks
+    (branch_batch_ms 0) all three are abandoned. Run by the coordinator's
+    pass (InlineBranches), the first is the pass's own: it returns when the
+    pass learns of the cancel, and is journaled before the pass settles the
+    run; the two it handed on are abandoned."""
     size = 3
     entered = [threading.Event() for _ in range(size)]
     noticed = [threading.Event() for _ in range(size)]
@@ -456,7 +462,8 @@ def test_cancel_a_run_waiting_on_a_parallel_fan_out(durable) -> None:
         steps = d.client.get_workflow_run_detail(run_id).steps
         return {row.key: row.status for row in steps if row.key.startswith("branch-")}
 
-    d = durable([make_workflow("cancel-fanout", run)])
+    d = durable([make_workflow("cancel-fanout", run)], branch_batch_ms=20 if in_pass else 0)
+    abandoned = {f"branch-{i}": "interrupted" for i in range(1 if in_pass else 0, size)}
     with finished_tasks() as done:
         run_id = d.client.start_workflow("cancel-fanout")
         for event in entered:
@@ -468,19 +475,23 @@ def test_cancel_a_run_waiting_on_a_parallel_fan_out(durable) -> None:
         assert envelope.has_result is False
         # A settled run has no step left running: the abandoned branches are interrupted.
         assert envelope.snapshot["steps_running"] == 0
-        assert branch_rows() == {f"branch-{i}": "interrupted" for i in range(size)}
+        rows = branch_rows()
+        assert {key: rows[key] for key in abandoned} == abandoned, rows
+        if in_pass:
+            assert rows["branch-0"] == "completed", rows
 
         # Every blocked branch learns of it through its attempt's cancel_event,
         # and its late result changes nothing.
         for event in noticed:
             assert event.wait(10)
         wait_until(
-            lambda: sum(1 for name, rid, _ in done if name == "celery_durable.branch" and rid == run_id) == size,
+            lambda: sum(1 for name, rid, _ in done if name == "celery_durable.branch" and rid == run_id)
+            == len(abandoned),
             "the branch tasks to end",
         )
     after = d.client.get_workflow_run(run_id)
     assert after == envelope
-    assert branch_rows() == {f"branch-{i}": "interrupted" for i in range(size)}
+    assert branch_rows() == rows
 
 
 # -- non-determinism -------------------------------------------------------------
@@ -493,7 +504,7 @@ def shifty_run(ctx):
     key = "first" if PASSES["count"] == 0 else "second"
     PASSES["count"] += 1
     ctx.step(key, lambda: 1)
-    ctx.parallel([lambda: "branch"])  # a second pass replays the body after the fan-out
+    ctx.parallel([lambda: "branch"])  # sent as a task, so a second pass replays the body after the fan-out
     return "unreachable"
 
 
@@ -517,7 +528,7 @@ def deployed_run(ctx):
 def test_nondeterminism_stops_the_run_and_only_a_code_change_resumes_it(durable) -> None:
     PASSES["count"] = 0
     DEPLOYED["run"] = shifty_run
-    old = durable([make_workflow("shifty", deployed_run)])
+    old = durable([make_workflow("shifty", deployed_run)], branch_batch_ms=0)  # the fan-out sent: a second pass
     run_id = old.client.start_workflow("shifty")
     envelope = old.client.wait_for_workflow_run(run_id, timeout=20)
     assert envelope.status == "error"

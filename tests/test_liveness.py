@@ -237,7 +237,7 @@ def test_a_non_utf8_journal_entry_stops_the_run_as_corrupt_on_the_first_try(dura
         return ctx.step("b", lambda: 2)
 
     wf = define_workflow({"name": "bytes", "description": "d", "phases": []}, run)
-    d = durable([wf], lease_seconds=2)
+    d = durable([wf], lease_seconds=2, branch_batch_ms=0)  # the branch a task, so the next pass replays
     run_id = d.client.start_workflow("bytes")
     poll(lambda: d.client.get_workflow_run(run_id).snapshot["steps_done"] == 1, 20, "step a journaled")
     journal = d.engine.store.run_keys(run_id).journal

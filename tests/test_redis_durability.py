@@ -186,8 +186,10 @@ def kill_redis_mid_fanout(
     """Start a worker process and a run; once three steps and two branches are
     journaled and the third branch is blocked at its gate, SIGKILL redis-server,
     check the outage is felt on both sides, restart it on the same port and
-    data directory, and open the gate. Returns (worker, client, run_id)."""
-    settings = on(server, settings)
+    data directory, and open the gate. Returns (worker, client, run_id).
+    A task per branch (branch_batch_ms 0): the gate holds a branch task, not
+    the coordinator's pass, which would run a fan-out this narrow itself."""
+    settings = on(server, settings).model_copy(update={"branch_batch_ms": 0})
     fleet.settings = settings
     worker = fleet.start(APP, concurrency=4)
     client = Engine([chain], settings).client()

@@ -101,6 +101,35 @@ def test_a_broker_that_refuses_the_branches_once_is_retried_in_place_and_they_ar
     assert envelope.attempt == 1
 
 
+def test_a_hand_off_the_broker_refuses_leaves_the_branches_to_the_pass_that_runs_them(durable) -> None:
+    """A narrow fan-out runs in the coordinator's pass, which hands slow
+    branches on as tasks. When that publish fails, the pass runs them itself;
+    the broker error then runs the pass again in place, which finds every
+    outcome journaled: each step ran once, and the attempt is the first."""
+    ran: list[int] = []
+
+    def slow(i: int) -> int:
+        ran.append(i)
+        time.sleep(0.15)
+        return i
+
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.parallel([lambda i=i: ctx.step(f"slow-{i}", lambda: slow(i)) for i in range(3)])
+
+    d = durable([wf("hand-off-refused", run)], branch_batch_ms=30)
+    refused = threading.Event()
+
+    def refuse(*args: Any, **kwargs: Any) -> list[str]:
+        refused.set()
+        raise ConnectionError("broker connection reset")
+
+    d.engine.send_branches = refuse  # type: ignore[method-assign]
+    envelope = d.client.run_workflow("hand-off-refused", timeout=20)
+    assert refused.is_set(), "the first branch ran past branch_batch_ms: the rest was handed on"
+    assert (envelope.status, envelope.result, envelope.attempt) == ("completed", [0, 1, 2], 1), envelope.error
+    assert sorted(ran) == [0, 1, 2]
+
+
 def test_an_activation_that_finds_a_dead_pass_holding_the_lock_comes_back_when_it_expires(
     durable, raw_redis
 ) -> None:

@@ -104,7 +104,7 @@ def _wrong_type(raw: Any, journal: str) -> Any:
 
 @pytest.mark.parametrize("corrupt", [_garbage_value, _garbage_entry, _wrong_type], ids=["value", "entry", "type"])
 def test_a_corrupt_journal_stops_the_run_resumably_and_a_repair_lets_it_finish(durable, raw_redis, corrupt) -> None:
-    d = durable([journaled])
+    d = durable([journaled], branch_batch_ms=0)  # the held branch in a task of its own, the next pass a replay
     run_id = d.client.start_workflow("journaled")
     assert HELD.wait(TIMEOUT)
     journal = d.engine.store.run_keys(run_id).journal
@@ -176,7 +176,7 @@ def test_one_corrupt_run_does_not_stop_the_recovery_of_the_others(durable, raw_r
 
 
 def test_a_missing_run_record_is_not_found_and_its_attempt_stops_quietly(durable, raw_redis) -> None:
-    d = durable([journaled, plain])
+    d = durable([journaled, plain], branch_batch_ms=0)  # the held branch in a task of its own
     run_id = d.client.start_workflow("journaled")
     assert HELD.wait(TIMEOUT)
     raw_redis.delete(d.engine.store.run_keys(run_id).run)
