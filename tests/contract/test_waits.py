@@ -323,7 +323,9 @@ def transcript(backend: Backend, due: int) -> list[Any]:
     out.append(sleep(journal, "m", 0, due))
     out.append(journal.read_sequence("m"))
     out.append(
-        sorted((task, value[:4]) for task, value in backend.live().items() if task[:2] in ("s1", "s2", "f1", "f2"))
+        # By the prefixes given above, with their dash: the run's first
+        # message has a random hex id, which starts with "f2" one time in 256.
+        sorted((task, value[:4]) for task, value in backend.live().items() if task[:3] in ("s1-", "s2-", "f1-", "f2-"))
     )
     out.append((backend.waits(), backend.record().waiting_for, backend.progress()))
     return out
