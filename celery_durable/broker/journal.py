@@ -77,6 +77,24 @@ class Began:
     existing: str | None = None
     """The step's live journaled outcome when another sequence (or an attempt
     that died before recording this op) already journaled the key."""
+    woke: bool = False
+    """``complete_begin``: the branch it completed must wake the coordinator."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBranch:
+    """A finished branch's completion, held back to travel with the first
+    begin of the next branch the same execution runs (``complete_begin``):
+    its outcome (never a fatal one), and its last step, held back too."""
+
+    call: str
+    branch: int
+    outcome: str
+    seq: str
+    """The branch's sequence, where its step goes."""
+    step: PendingCommit
+    wake: str
+    """Task id of the coordinator message to send should this outcome wake it ('' for none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +264,14 @@ class Journal(Protocol):
         first (``record``). ``Winner``: another execution journaled that step
         first, and nothing of the branch was written (run it again);
         ``Conflict``: the journal holds another op there."""
+        ...
+
+    def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
+        """``complete_held`` of ``held`` (ending no message), then ``begin`` of
+        ``call`` in ``seq``, in one round trip: a branch task's quick branches
+        cost one script each. ``Winner``/``Conflict``: about the held step, as
+        ``complete_held`` says; then nothing was written, not even the begin.
+        ``Began.woke``: the coordinator must be woken (``held.wake`` is counted)."""
         ...
 
     def agent_call(

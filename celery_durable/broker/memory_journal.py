@@ -23,6 +23,7 @@ from celery_durable.broker.journal import (
     BeginCall,
     Conflict,
     Dispatch,
+    HeldBranch,
     PendingCommit,
     Recorded,
     TaskCall,
@@ -199,30 +200,56 @@ class MemoryJournal:
         """complete_branch.lua with a held step."""
         return self._complete(call, branch, outcome, wake, ending, (seq, held))
 
+    def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
+        """complete_begin.lua: complete_branch's write, then begin_call, in one atomic step."""
+        with self._run.lock:
+            self._fence()
+            e = self._e
+            self._check_dispatched(held.call)
+            verdict, detail = commit_call(self._state, e, held.seq, held.step)
+            if verdict == "conflict":
+                return Conflict(detail)
+            if verdict == "winner":
+                return Winner(detail)
+            now = self._run.clock()
+            woken = self._branch_outcome(held.call, held.branch, held.outcome)
+            if woken:
+                token_queued(self._state, held.wake, "c", now, now)
+            outcome = begin_call(self._state, e, now, seq, call)
+            return Began(flags(self._state), outcome or None, woke=woken)
+
+    def _check_dispatched(self, call: str) -> None:
+        """(Under the lock) refuse an outcome of a fan-out another attempt dispatched."""
+        if not (self._state.journal.get(f"d:{call}") or "").startswith(f"{self._e}:"):
+            refuse(self.run_id, ["stale"])  # not counted as refused, as in the script
+
+    def _branch_outcome(self, call: str, branch: int, outcome: str) -> bool:
+        """(Under the lock) branch_outcome in _prelude.lua: journal it; whether to wake."""
+        journal, e = self._state.journal, self._e
+        name, counter = schema.branch_field(call, branch), f"c:{call}"
+        current = journal.get(name)
+        if current is not None and not is_stale_failure(current, e):
+            # A second delivery: wake again when everything is in, in case
+            # the first delivery died between journaling and waking.
+            return int(journal.get(counter) or "0") <= 0
+        journal[name] = outcome
+        made_progress(self._state)
+        return hincrby(journal, counter, -1) <= 0 or outcome[:1] == "f"
+
     def _complete(
         self, call: str, branch: int, outcome: str, wake: str, ending: str, held: tuple[str, PendingCommit] | None
     ) -> bool | Winner | Conflict:
         with self._run.lock:
             self._fence()
-            journal, e = self._state.journal, self._e
-            if not (journal.get(f"d:{call}") or "").startswith(f"{e}:"):
-                refuse(self.run_id, ["stale"])  # not counted as refused, as in the script
+            e = self._e
+            self._check_dispatched(call)
             if held is not None:
                 verdict, detail = commit_call(self._state, e, *held)
                 if verdict == "conflict":
                     return Conflict(detail)
                 if verdict == "winner":
                     return Winner(detail)
-            name, counter = schema.branch_field(call, branch), f"c:{call}"
-            current = journal.get(name)
-            if current is not None and not is_stale_failure(current, e):
-                # A second delivery: wake again when everything is in, in case
-                # the first delivery died between journaling and waking.
-                woken = int(journal.get(counter) or "0") <= 0
-            else:
-                journal[name] = outcome
-                made_progress(self._state)
-                woken = hincrby(journal, counter, -1) <= 0 or outcome[:1] == "f"
+            woken = self._branch_outcome(call, branch, outcome)
             run = self._state.run
             if ending:
                 woken = woken or (run.get("status") == "running" and run.get("pause") == "1" and wake != "")

@@ -20,6 +20,7 @@ from celery_durable.broker.journal import (
     Conflict,
     Dispatch,
     Flags,
+    HeldBranch,
     PendingCommit,
     Recorded,
     TaskCall,
@@ -173,6 +174,19 @@ class RedisJournal:
         if reply[0] == "conflict":
             return Conflict(str(reply[1]))
         return bool(reply[1] == 1)
+
+    def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
+        k = self._keys
+        keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.live]
+        finished = [held.call, held.branch, held.outcome, held.wake, held.seq, *astuple(held.step)]
+        reply = self._fenced(
+            "complete_begin", keys, [self._epoch, now_ms(), self._channel, seq, *finished, *_begin_args(call)]
+        )
+        if reply[0] == "winner":
+            return Winner(str(reply[1]))
+        if reply[0] == "conflict":
+            return Conflict(str(reply[1]))
+        return Began(flags_of(reply), reply[4] or None, woke=reply[5] == 1)
 
     def _complete(self, call: str, branch: int, outcome: str, wake: str, ending: str, held: list[Any]) -> Any:
         k = self._keys

@@ -31,6 +31,7 @@ SCRIPT_NAMES = (
     "examine",
     "commit_begin",
     "cancel",
+    "complete_begin",
     "complete_branch",
     "create_run",
     "discard_run",

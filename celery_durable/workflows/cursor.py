@@ -9,9 +9,13 @@ and the step whose journal write is held back to travel with the next call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit, ProgressRecordArgs
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.fanout import Carrier
 
 
 @dataclass(slots=True)
@@ -38,6 +42,9 @@ class Cursor:
     holds_steps: bool = False
     """A branch whose steps' writes are held back like the main body's: its
     last one travels with the branch's outcome (``Journal.complete_held``)."""
+    carrier: Carrier | None = None
+    """A branch's: where the completion of the branch run before it may wait,
+    to travel with this one's first write (``Journal.complete_begin``)."""
 
     def position(self) -> int:
         return schema.position(self.index, self.logs_since_op)

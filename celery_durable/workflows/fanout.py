@@ -27,7 +27,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import BranchStart, Conflict, Dispatch, PendingCommit, Winner
+from celery_durable.broker.journal import (
+    Began,
+    BeginCall,
+    BranchStart,
+    Conflict,
+    Dispatch,
+    HeldBranch,
+    Journal,
+    PendingCommit,
+    Winner,
+)
 from celery_durable.broker.schema import Identity, Outcome, describe
 from celery_durable.errors import (
     FATAL_ERRORS,
@@ -177,6 +187,10 @@ class BranchTarget:
     """What the task's start read of its branches (``RunStore.branch_start``);
     None: they are read when the fan-out is reached."""
     on_held: HeldOutcome | None = None
+    new_wake: Callable[[], str] = lambda: ""
+    """A task id for the coordinator message a carried completion may need (``Carrier``)."""
+    send_wake: Callable[[str], None] = lambda _task_id: None
+    """Sends that message, once ``Journal.complete_begin`` said to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +243,63 @@ class InlineBranches:
     them later in this process: a branch woken by its call's answer, say."""
     forget: Callable[[str], None] = lambda _call: None
     """Lets go of them once every branch is in."""
+
+
+class Carrier:
+    """The completion of the branch an execution ran last, held back to travel
+    with the first write of the next branch it runs (``Journal.complete_begin``).
+
+    Quick branches run one after another (a branch task's, or a pass's
+    ``InlineBranches``) then cost one script each: the next branch's first
+    begin carries the last one's held step and outcome. A completion is held
+    only when another branch follows in the same thread, and never a fatal
+    one (that wakes the coordinator at once); what is still held when that
+    branch makes no write first goes alone, as before (``on_held``). Holding
+    it is safe as holding a step is: an execution that dies with a completion
+    held lost only that branch's write, and the branch runs again.
+    """
+
+    def __init__(self, call: str, on_held: HeldOutcome, new_wake: Callable[[], str], send_wake: Callable[[str], None]):
+        self._call = call
+        self._on_held = on_held
+        self._new_wake = new_wake
+        self._send_wake = send_wake
+        self._held: tuple[HeldBranch, Outcome, Callable[[], Any]] | None = None
+        self.lost: list[tuple[int, Callable[[], Any]]] = []
+        """Branches whose held step another execution journaled first (or
+        whose place holds another op): nothing of them was written, and they
+        run again, on the journaled value (or into the conflict)."""
+
+    @property
+    def holds(self) -> bool:
+        return self._held is not None
+
+    def hold(self, index: int, outcome: Outcome, seq: str, step: PendingCommit, fn: Callable[[], Any]) -> None:
+        self.flush()
+        held = HeldBranch(self._call, index, outcome.encode(), seq, step, self._new_wake())
+        self._held = (held, outcome, fn)
+
+    def begin_with(self, journal: Journal, seq: str, call: BeginCall) -> Began:
+        """``Journal.begin`` of ``call``, carrying the held completion."""
+        assert self._held is not None
+        held, _, fn = self._held
+        self._held = None
+        result = journal.complete_begin(seq, held, call)
+        if isinstance(result, Winner | Conflict):
+            self.lost.append((held.branch, fn))
+            return journal.begin(seq, call)
+        if result.woke:
+            self._send_wake(held.wake)
+        return result
+
+    def flush(self) -> None:
+        """Journal the held completion on its own."""
+        if self._held is None:
+            return
+        held, outcome, fn = self._held
+        self._held = None
+        if self._on_held(held.branch, outcome, held.seq, held.step) is not None:
+            self.lost.append((held.branch, fn))
 
 
 class FanoutOps:
@@ -367,19 +438,45 @@ class FanoutOps:
         if work.can_hand_off:
             given = set(started.handed_off if started is not None else replay.journal.handed_off(call, work.giver))
         work.start([j for j in target.indices if j not in given and j not in done])
+        on_held = target.on_held
+        carrier = Carrier(call, on_held, target.new_wake, target.send_wake) if on_held is not None else None
         try:
-            while (branch := work.take()) is not None:
-                self._read_ahead(cursor, branch, work)
-                self._run_target_branch(cursor, branches[branch], branch)
+            self._run_work(cursor, branches, work, target.on_outcome, on_held, carrier)
         finally:
             work.close()
         replay.unwinding = BranchFinished()
         raise replay.unwinding
 
-    def _run_target_branch(self, parent: Cursor, fn: Callable[[], Any], index: int) -> None:
-        target = self._replay.target
-        assert target is not None
-        self._run_journaled(parent, fn, index, target.on_outcome, target.on_held)
+    def _run_work(
+        self,
+        parent: Cursor,
+        branches: list[Callable[[], Any]],
+        work: BranchWork,
+        on_outcome: Callable[[int, Outcome], None],
+        on_held: HeldOutcome | None,
+        carrier: Carrier | None,
+    ) -> None:
+        """Run the branches ``work`` gives, one after another, each
+        completion carried by the next branch's first write when it can be."""
+        while (branch := work.take()) is not None:
+            self._read_ahead(parent, branch, work)
+            self._run_journaled(parent, branches[branch], branch, on_outcome, on_held, carrier, work)
+        if carrier is None:
+            return
+        carrier.flush()
+        self._run_lost(parent, carrier, on_outcome, on_held)
+
+    def _run_lost(
+        self,
+        parent: Cursor,
+        carrier: Carrier,
+        on_outcome: Callable[[int, Outcome], None],
+        on_held: HeldOutcome | None,
+    ) -> None:
+        """Run again the branches whose carried completion was not written."""
+        while carrier.lost:
+            index, fn = carrier.lost.pop(0)
+            self._run_journaled(parent, fn, index, on_outcome, on_held)
 
     def _run_journaled(
         self,
@@ -388,22 +485,33 @@ class FanoutOps:
         index: int,
         on_outcome: Callable[[int, Outcome], None],
         on_held: HeldOutcome | None,
+        carrier: Carrier | None = None,
+        work: BranchWork | None = None,
     ) -> None:
         """Run one branch and journal its outcome, its last step with it when
-        steps are held back (``on_held``)."""
+        steps are held back (``on_held``); with a ``carrier``, hold both for
+        the next branch ``work`` gives to carry."""
         replay = self._replay
         while True:
             try:
-                outcome, cursor = self._run_in_branch(parent, fn, index, hold_last=on_held is not None)
+                outcome, cursor = self._run_in_branch(
+                    parent, fn, index, hold_last=on_held is not None, carrier=carrier
+                )
             except BranchSuspended:
                 return  # waits for something whose completion sends this branch again
             except BranchRerun:
                 continue  # a held step lost its first write: its value is journaled now
             held = cursor.pending
+            if carrier is not None and carrier.lost:
+                # Written before this branch's own completion, which may end the task's message.
+                self._run_lost(parent, carrier, on_outcome, on_held)
             if held is None or on_held is None:
                 on_outcome(index, outcome)
                 return
             cursor.pending = None
+            if carrier is not None and work is not None and outcome.kind != "f" and work.upcoming(1):
+                carrier.hold(index, outcome, cursor.seq, held, fn)
+                return
             found = on_held(index, outcome, cursor.seq, held)
             if isinstance(found, Winner):
                 continue  # the journal's value, not this run's, is the step's result: run the branch on it
@@ -442,10 +550,9 @@ class FanoutOps:
         inline.keep(KeptFanout(replay, call, identity, branches, cursor.seq, cursor.index, cursor.phase_id))
         work = BranchWork(hand_off=hand_off, after=inline.after)
         work.start(list(indices))
+        carrier = Carrier(call, on_held, lambda: "", lambda _task_id: None)  # this pass collects them
         try:
-            while (branch := work.take()) is not None:
-                self._read_ahead(cursor, branch, work)
-                self._run_journaled(cursor, branches[branch], branch, on_outcome, on_held)
+            self._run_work(cursor, branches, work, on_outcome, on_held, carrier)
         finally:
             work.close()
         results = self._collect(call, len(branches))
@@ -540,7 +647,7 @@ class FanoutOps:
         return self._run_in_branch(parent, fn, index, hold_last=False)[0]
 
     def _run_in_branch(
-        self, parent: Cursor, fn: Callable[[], Any], index: int, *, hold_last: bool
+        self, parent: Cursor, fn: Callable[[], Any], index: int, *, hold_last: bool, carrier: Carrier | None = None
     ) -> tuple[Outcome, Cursor]:
         """``run_branch``, and the branch's cursor. With ``hold_last`` its steps'
         writes are held back as the main body's are, and the last one is left
@@ -550,6 +657,7 @@ class FanoutOps:
         seq = schema.branch_seq(parent.seq, parent.index, index)
         cursor = replay.open_cursor(seq, writes=True, phase_id=parent.phase_id)
         cursor.holds_steps = hold_last
+        cursor.carrier = carrier
         call = schema.call_id(parent.seq, parent.index)
         cursor.owner = parent.owner if not parent.is_main else schema.branch_owner(call, index)
         try:

@@ -31,6 +31,7 @@ from celery_durable.broker.journal import (
     Conflict,
     Dispatch,
     Flags,
+    HeldBranch,
     Journal,
     PendingCommit,
     Recorded,
@@ -154,6 +155,10 @@ class StickyJournal:
         result: bool | Winner | Conflict = self._guard(
             lambda: self._inner.complete_held(call, branch, outcome, wake, ending, seq, held)
         )
+        return result
+
+    def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
+        result: Began | Winner | Conflict = self._guard(lambda: self._inner.complete_begin(seq, held, call))
         return result
 
     def agent_call(
@@ -440,10 +445,12 @@ class Replay:
         meanwhile by another sequence.
         """
         if not cursor.writes or not (cursor.buffer or step_key or cut is not None or cursor.pending):
-            return None
+            return None  # a held branch completion (cursor.carrier) waits for a write to travel with
         call = BeginCall(cut=cut, step_key=step_key, step_row=step_row, records=list(cursor.buffer))
         if cursor.pending is not None:
             began = self._commit_and_begin(cursor, call)
+        elif cursor.carrier is not None and cursor.carrier.holds:
+            began = cursor.carrier.begin_with(self.journal, cursor.seq, call)
         else:
             began = self.journal.begin(cursor.seq, call)
         if cursor.buffer:

@@ -20,6 +20,7 @@ from celery_durable.broker.journal import (
     Conflict,
     Dispatch,
     Flags,
+    HeldBranch,
     Journal,
     PendingCommit,
     Recorded,
@@ -573,6 +574,42 @@ def test_a_branch_outcome_takes_its_held_step_along_unless_another_write_came_fi
     )
     # Run again, the branch replays the step (a hit: nothing held) and completes the fan-out.
     assert journal.complete_branch("m:0", 1, ok("first"), "w1") is True
+
+
+def test_a_branch_completion_travels_with_the_next_branchs_begin(make_backend: BackendFactory) -> None:
+    """complete_begin: a finished branch's held step and outcome, then the
+    next branch's begin, in one script; it wakes the coordinator when that
+    outcome was the last one out; a lost first write writes nothing at all,
+    not even the begin; and an outcome of another attempt's fan-out is refused."""
+    backend = make_backend()
+    backend.write("run", {"status": "running"})
+    journal = backend.journal(1)
+    assert journal.dispatch("m", 0, "p|3", 3, "x1", position(0, 0)) == Dispatch(indices=[0, 1, 2])
+    begin_b = BeginCall(step_key="b", step_row=RUNNING)
+    began = journal.complete_begin("m.0.1", HeldBranch("m:0", 0, ok(1), "m.0.0", step(0, "a", ok(1)), "w0"), begin_b)
+    assert isinstance(began, Began) and (began.existing, began.woke) == (None, False)
+    assert journal.read_sequence("m.0.0").entries == [(1, Identity.step("a"), ok(1))]
+    assert journal.branch_outcomes("m:0", 3) == [ok(1), None, None]
+    assert backend.step_rows()["b"] == RUNNING and "a" in backend.step_rows()
+    assert "w0" not in backend.live()
+
+    assert journal.record("m.0.1", step(0, "b", ok("first"))).winner is None  # a second delivery wrote first
+    rows = backend.step_rows()
+    held_b = HeldBranch("m:0", 1, ok("mine"), "m.0.1", step(0, "b", ok("mine")), "w1")
+    lost = journal.complete_begin("m.0.2", held_b, BeginCall(step_key="c", step_row=RUNNING))
+    assert lost == Winner(ok("first"))
+    assert journal.branch_outcomes("m:0", 3) == [ok(1), None, None] and backend.step_rows() == rows, "nothing written"
+
+    assert journal.complete_branch("m:0", 2, ok(3), "w2") is False
+    # Run again, the branch replays b (a hit) and holds the step after it.
+    held_again = HeldBranch("m:0", 1, ok("first"), "m.0.1", step(1, "b2", ok(2)), "w1")
+    woke = journal.complete_begin("m.1.0", held_again, BeginCall())
+    assert isinstance(woke, Began) and woke.woke is True, "the last outcome in wakes the coordinator"
+    assert backend.live()["w1"].startswith("q|c|")
+
+    later = backend.journal(backend.take_over())
+    with pytest.raises(StaleAttemptError, match=r"\(stale\)"):
+        later.complete_begin("m.0.2", HeldBranch("m:0", 2, ok(3), "m.0.2", step(0, "c", ok(3)), ""), BeginCall())
 
 
 def test_reading_sequences_ahead_stops_once_its_budget_of_entries_is_spent(

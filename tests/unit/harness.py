@@ -135,8 +135,13 @@ class Driver:
     def branch(self, call: str, index: int) -> bool:
         """One branch task (its message the last one sent for it); True when
         its outcome woke the coordinator."""
+        return self.branch_task(call, (index,), self.task_ids.get((call, index), new_id("branch")))
+
+    def branch_task(self, call: str, indices: tuple[int, ...], token: str = "") -> bool:
+        """One branch task holding ``indices``, run one after another; True
+        when an outcome woke the coordinator."""
         journal = self.journal()
-        token = self.task_ids.get((call, index), new_id("branch"))
+        token = token or new_id("branch")
         woke: list[bool] = []
 
         def on_outcome(j: int, outcome: schema.Outcome) -> None:
@@ -155,9 +160,21 @@ class Driver:
                 self.coordinator.append(wake)
             return None
 
-        started = self.run.branch_start(self.epoch, self.run.record().workflow, token, call, (index,), [])
+        def send_wake(wake: str) -> None:
+            woke.append(True)
+            self.coordinator.append(wake)
+
+        started = self.run.branch_start(self.epoch, self.run.record().workflow, token, call, indices, [])
         assert not isinstance(started, str), started
-        target = BranchTarget(call, (index,), on_outcome, started=started, on_held=on_held)
+        target = BranchTarget(
+            call,
+            indices,
+            on_outcome,
+            started=started,
+            on_held=on_held,
+            new_wake=lambda: new_id("wake"),
+            send_wake=send_wake,
+        )
         replay = self.replay(target=target, send_branches=None)
         replay.apply_flags(started.flags)
         try:

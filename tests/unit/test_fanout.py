@@ -85,6 +85,61 @@ def test_a_branch_whose_held_step_lost_its_first_write_runs_again_on_the_journal
     assert driver.run.record().steps_done == 1
 
 
+def test_a_branch_completion_carried_by_the_next_branch_that_lost_its_first_write_runs_again() -> None:
+    """A task holding two branches sends the first one's held step and
+    outcome with the second one's begin (``Carrier``). When another execution
+    journaled that step first, nothing of the first branch is written: it
+    runs again on the journaled value, before the second one's outcome (the
+    task's last) goes out and wakes the coordinator."""
+    runs: Counter[str] = Counter()
+
+    @workflow(name="carried", description="two branches of one step each", phases=[])
+    def carried(ctx: WorkflowContext) -> Any:
+        def first() -> Any:
+            runs["first"] += 1
+            return ctx.step("s", first_write_elsewhere) + 1
+
+        def second() -> Any:
+            runs["second"] += 1
+            return ctx.step("t", lambda: 5)
+
+        return ctx.parallel([first, second])
+
+    driver = Driver.of(carried)
+
+    def first_write_elsewhere() -> int:
+        other = driver.journal()
+        row = schema.StepRow.running(1, 1_000).settled(schema.value_outcome(41), 2_000).encode()
+        commit = PendingCommit(0, schema.Identity.step("s"), schema.step_field("s"), "o41", "s", row)
+        assert other.record("m.0.0", commit).winner is None
+        return 7  # this execution's own value: it loses
+
+    driver.main()
+    assert driver.branch_task("m:0", (0, 1)) is True
+    assert runs == Counter({"first": 2, "second": 1})
+    assert driver.journal().branch_outcomes("m:0", 2) == ["o42", "o5"]
+    assert driver.main() is not None
+    assert driver.run.record().result == [42, 5]
+    assert driver.run.record().steps_done == 2
+
+
+def test_quick_branches_of_one_task_carry_each_completion_with_the_next_begin() -> None:
+    """Three one-step branches in one task: every completion but the last
+    travels with the next branch's first begin, and the last wakes the coordinator."""
+
+    @workflow(name="three", description="three branches of one step each", phases=[])
+    def three(ctx: WorkflowContext) -> Any:
+        return ctx.parallel([lambda i=i: ctx.step(f"s{i}", lambda i=i: i) for i in range(3)])
+
+    driver = Driver.of(three)
+    driver.main()
+    assert driver.branch_task("m:0", (0, 1, 2)) is True
+    assert driver.journal().branch_outcomes("m:0", 3) == ["o0", "o1", "o2"]
+    assert driver.main() is not None
+    assert driver.run.record().result == [0, 1, 2]
+    assert driver.run.record().steps_done == 3
+
+
 def test_a_redelivered_branch_task_or_a_second_pass_sends_and_runs_nothing_again() -> None:
     calls.clear()
     driver = Driver.of(fan)

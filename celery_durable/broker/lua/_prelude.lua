@@ -281,6 +281,31 @@ local function made_progress(run_key)
   if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end
 
+-- == Branch outcomes (complete_branch.lua, complete_begin.lua) ==========
+-- Was fan-out <call> dispatched in attempt <epoch>? Outcomes of any other
+-- attempt's dispatch are refused ('stale').
+local function dispatched_in(journal_key, call, epoch)
+  local stamp = redis.call('HGET', journal_key, 'd:' .. call) or ''
+  return string.sub(stamp, 1, #epoch + 1) == epoch .. ':'
+end
+
+-- Journals the outcome of branch <index> of <call>; true when the
+-- coordinator must be woken: it was the last outstanding branch, or a fatal
+-- one. A second delivery writes nothing and wakes again when everything is
+-- in, in case the first died between journaling and waking the coordinator.
+local function branch_outcome(run_key, journal_key, call, index, outcome, epoch)
+  local field = 'r:' .. call .. ':' .. index
+  local counter = 'c:' .. call
+  local current = redis.call('HGET', journal_key, field)
+  if current and not is_stale_failure(current, epoch) then
+    return tonumber(redis.call('HGET', journal_key, counter) or '0') <= 0
+  end
+  redis.call('HSET', journal_key, field, outcome)
+  made_progress(run_key)
+  local left = redis.call('HINCRBY', journal_key, counter, -1)
+  return left <= 0 or string.sub(outcome, 1, 1) == 'f'
+end
+
 -- == Liveness: the run's work in flight ==================================
 -- The live hash (KEYS "live" of a run) holds one entry per Celery message
 -- of the current attempt that has not finished, by task id:

@@ -22,27 +22,13 @@
 -- Returns {'ok', wake}, {'winner', value}, {'conflict', identity} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-local stamp = redis.call('HGET', KEYS[2], 'd:' .. ARGV[2]) or ''
-if string.sub(stamp, 1, #ARGV[1] + 1) ~= ARGV[1] .. ':' then return {'stale'} end
+if not dispatched_in(KEYS[2], ARGV[2], ARGV[1]) then return {'stale'} end
 if (ARGV[8] or '') ~= '' then
   local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[4], KEYS[5], ARGV[1], ARGV[8], ARGV[9], ARGV[10],
                                       ARGV[11], ARGV[12], ARGV[13], ARGV[14])
   if verdict ~= 'ok' then return {verdict, detail} end
 end
-local field = 'r:' .. ARGV[2] .. ':' .. ARGV[3]
-local counter = 'c:' .. ARGV[2]
-local current = redis.call('HGET', KEYS[2], field)
-local wake
-if current and not is_stale_failure(current, ARGV[1]) then
-  -- A second delivery: wake again when everything is in, in case the first
-  -- delivery died between journaling and waking the coordinator.
-  wake = tonumber(redis.call('HGET', KEYS[2], counter) or '0') <= 0
-else
-  redis.call('HSET', KEYS[2], field, ARGV[4])
-  made_progress(KEYS[1])
-  local left = redis.call('HINCRBY', KEYS[2], counter, -1)
-  wake = left <= 0 or string.sub(ARGV[4], 1, 1) == 'f'
-end
+local wake = branch_outcome(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
 local ending = ARGV[7] or ''
 if ending ~= '' then
   local f = redis.call('HMGET', KEYS[1], 'status', 'pause')

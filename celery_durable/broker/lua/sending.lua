@@ -13,8 +13,7 @@
 -- Returns {'ok'} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-local stamp = redis.call('HGET', KEYS[2], 'd:' .. ARGV[2]) or ''
-if string.sub(stamp, 1, #ARGV[1] + 1) ~= ARGV[1] .. ':' then return {'stale'} end
+if not dispatched_in(KEYS[2], ARGV[2], ARGV[1]) then return {'stale'} end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'g:' .. ARGV[2] .. ':' .. ARGV[3], ARGV[4]) end
 local now = tonumber(ARGV[5])
 for i = 6, #ARGV do token_queued(KEYS[1], KEYS[3], ARGV[i], 's', now, now) end
