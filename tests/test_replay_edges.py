@@ -103,9 +103,10 @@ def test_a_broker_that_refuses_the_branches_once_is_retried_in_place_and_they_ar
 
 def test_a_hand_off_the_broker_refuses_leaves_the_branches_to_the_pass_that_runs_them(durable) -> None:
     """A narrow fan-out runs in the coordinator's pass, which hands slow
-    branches on as tasks. When that publish fails, the pass runs them itself;
-    the broker error then runs the pass again in place, which finds every
-    outcome journaled: each step ran once, and the attempt is the first."""
+    branches on as tasks. When that publish fails, the broker error ends the
+    pass before its next op, and it runs again in place: each pass journals
+    the branches it ran (a completion held for the next branch's begin
+    included), so each step ran once, and the attempt is the first."""
     ran: list[int] = []
 
     def slow(i: int) -> int:

@@ -15,6 +15,7 @@ ordinary exception, or a fatal failure that aborts the whole call.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import functools
 import itertools
@@ -458,9 +459,18 @@ class FanoutOps:
     ) -> None:
         """Run the branches ``work`` gives, one after another, each
         completion carried by the next branch's first write when it can be."""
-        while (branch := work.take()) is not None:
-            self._read_ahead(parent, branch, work)
-            self._run_journaled(parent, branches[branch], branch, on_outcome, on_held, carrier, work)
+        try:
+            while (branch := work.take()) is not None:
+                self._read_ahead(parent, branch, work)
+                self._run_journaled(parent, branches[branch], branch, on_outcome, on_held, carrier, work)
+        except BaseException:
+            if carrier is not None:
+                # What ran is journaled all the same, as it was before it was
+                # held: an execution that fails the same way each time still
+                # gets one branch further each time.
+                with contextlib.suppress(Exception):
+                    carrier.flush()
+            raise
         if carrier is None:
             return
         carrier.flush()
