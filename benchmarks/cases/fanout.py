@@ -33,7 +33,8 @@ PROFILE_DURABLE_ONLY = True
 """--py-spy records only the durable measurements of this case."""
 CASE = "2. Fan-out"
 FOOTPRINT = "7. Footprint"
-RATIO_LIMIT = 1.3
+RATIO_LIMIT = 0.25
+"""Issue 14's goal (the first fan-out issue asked for 1.3x)."""
 GROWTH_LIMIT_10K = 2.7
 """The issue's limit for 10,000 vs 4,096 items: 2.7x, i.e. per-item time may
 grow by at most 2.7 / (10,000 / 4,096) = 1.106x. Every wider size is held
