@@ -52,6 +52,15 @@ def test_the_last_branch_out_wakes_the_coordinator_whose_pass_collects_in_order(
     assert calls == Counter({"before": 1, "b0": 1, "b1": 1, "b2": 1})  # the branch tasks only replayed "before"
 
 
+def _lose_first_write(driver: Driver) -> int:
+    """A producer's body: another execution journals step "s" of branch 0
+    as 41 meanwhile, and this one's own value, 7, loses."""
+    row = schema.StepRow.running(1, 1_000).settled(schema.value_outcome(41), 2_000).encode()
+    commit = PendingCommit(0, schema.Identity.step("s"), schema.step_field("s"), "o41", "s", row)
+    assert driver.journal().record("m.0.0", commit).winner is None
+    return 7
+
+
 def test_a_branch_whose_held_step_lost_its_first_write_runs_again_on_the_journaled_value() -> None:
     """A branch task holds its branch's last step back and journals it with
     the outcome. When another execution (a second delivery) journaled that
@@ -70,11 +79,7 @@ def test_a_branch_whose_held_step_lost_its_first_write_runs_again_on_the_journal
     driver = Driver.of(held)
 
     def first_write_elsewhere() -> int:
-        other = driver.journal()
-        row = schema.StepRow.running(1, 1_000).settled(schema.value_outcome(41), 2_000).encode()
-        commit = PendingCommit(0, schema.Identity.step("s"), schema.step_field("s"), 'o41', "s", row)
-        assert other.record("m.0.0", commit).winner is None
-        return 7  # this execution's own value: it loses
+        return _lose_first_write(driver)
 
     driver.main()
     assert driver.branch("m:0", 0) is True
@@ -108,11 +113,7 @@ def test_a_branch_completion_carried_by_the_next_branch_that_lost_its_first_writ
     driver = Driver.of(carried)
 
     def first_write_elsewhere() -> int:
-        other = driver.journal()
-        row = schema.StepRow.running(1, 1_000).settled(schema.value_outcome(41), 2_000).encode()
-        commit = PendingCommit(0, schema.Identity.step("s"), schema.step_field("s"), "o41", "s", row)
-        assert other.record("m.0.0", commit).winner is None
-        return 7  # this execution's own value: it loses
+        return _lose_first_write(driver)
 
     driver.main()
     assert driver.branch_task("m:0", (0, 1)) is True
