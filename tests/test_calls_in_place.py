@@ -25,6 +25,7 @@ from celery.signals import before_task_publish, task_prerun
 
 from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.tasks.app import BRANCH_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
+from celery_durable.workflows.calls import call_task_id
 from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
 from tests.test_calls import TIMEOUT, Gpu, poll, wf
@@ -298,3 +299,35 @@ def test_a_kept_body_sends_its_calls_and_branches_without_building_a_result_back
     # the last one was still on its way back to the idle list, a pool thread
     # that stored no result yet); a run never does.
     assert len(built) <= 3, f"{len(built)} result backends built for 8 runs"
+
+
+def test_a_worker_does_not_stay_subscribed_to_the_results_of_the_calls_it_sent(settings: Settings) -> None:
+    """``send_task`` subscribes to the sent task's result channel on the
+    app's Redis result backend (joins do not block in a threads pool). The
+    answer comes by the task's link, so the engine lets the subscription go:
+    before, a worker was still subscribed to all 30 after 30 calls, with
+    every result's publish queued unread on its connection."""
+    calls = 30
+
+    def run(ctx: WorkflowContext) -> Any:
+        total = 0
+        for i in range(calls):
+            total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
+        return total
+
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("unsubscribed", run)], settings, celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    redis_client = engine.store.client
+
+    def subscriptions() -> int:
+        return sum(int(client.get("sub", 0)) for client in redis_client.client_list())
+
+    with worker_thread(engine, concurrency=4, queues=queues):
+        envelope = engine.client().run_workflow("unsubscribed", timeout=TIMEOUT)
+        assert envelope.result == sum(range(calls))
+        poll(lambda: subscriptions() == 0, what="the worker to let the calls' result channels go")
+        # The called task still stores its result, as Celery's default has it.
+        last = app.AsyncResult(call_task_id(envelope.run_id, f"add-{calls - 1}"))
+        assert last.get(timeout=TIMEOUT) == sum(range(calls))

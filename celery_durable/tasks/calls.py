@@ -62,6 +62,25 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         result_cls=SentMessage,  # the answer comes by the link; nothing reads a result here
         **request.options,
     )
+    _unsubscribe_result(app, request.task_id)
+
+
+def _unsubscribe_result(app: Celery, task_id: str) -> None:
+    """Drop the result subscription ``send_task`` made for the called task.
+
+    Celery's Redis (and other async) result backends subscribe to a task's
+    result channel when it is sent from a process whose joins do not block
+    (a threads-pool worker, a client), for the ``AsyncResult`` it returns;
+    the ``AsyncResult``'s ``__del__`` lets it go. The answer reaches the
+    engine by the task's link, and ``SentMessage`` has no ``__del__``: left
+    alone, a worker stayed subscribed to every call's channel it sent (30
+    subscriptions after 30 calls), each result's publish queued unread on
+    that connection. The task still stores its result as it always would.
+    """
+    consumer = getattr(app.backend, "result_consumer", None)
+    cancel = getattr(consumer, "cancel_for", None)
+    if callable(cancel):
+        cancel(task_id)
 
 
 def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
