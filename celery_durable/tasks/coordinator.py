@@ -235,13 +235,15 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
     # A fan-out that would start as one branch task runs in the pass itself
     # (branch_batch_ms 0 asks for a task per branch, so it never does).
     kept = engine.kept_fanouts
-    inline = InlineBranches(
-        settings.fanout_tasks,
-        settings.branch_batch_ms / 1000,
-        hand_on,
-        keep=functools.partial(kept.keep, record.run_id, record.epoch),
-        forget=functools.partial(kept.forget, record.run_id, record.epoch),
-    )
+    inline = None
+    if settings.branch_batch_ms > 0:
+        inline = InlineBranches(
+            settings.fanout_tasks,
+            settings.branch_batch_ms / 1000,
+            hand_on,
+            keep=functools.partial(kept.keep, record.run_id, record.epoch),
+            forget=functools.partial(kept.forget, record.run_id, record.epoch),
+        )
     return Replay(
         send_call=functools.partial(engine.send_call, record),
         journal=engine.store.journal(record.run_id, record.epoch, record.namespace),
@@ -252,7 +254,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         send_branches=send,
         token=execution,
         send_agent=send_agent,
-        inline=inline if settings.branch_batch_ms > 0 else None,
+        inline=inline,
     )
 
 
