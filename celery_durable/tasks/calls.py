@@ -28,9 +28,10 @@ from celery import Celery, Task
 from kombu.serialization import dumps, loads
 
 from celery_durable.broker import RunRecord, schema
+from celery_durable.broker.journal import CallDone
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
-from celery_durable.tasks.in_place import consumes, wake_owners
+from celery_durable.tasks.in_place import consumes, kept_pass, run_taken_pass, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.sending import SentMessage
@@ -43,7 +44,22 @@ logger = logging.getLogger(__name__)
 
 
 def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRequest) -> None:
-    """Send the called task, linked to the engine's answer tasks."""
+    """Send the called task, linked to the engine's answer tasks.
+
+    Sent without subscribing to its result, which it still stores. Celery's
+    asynchronous result backends (Redis's) subscribe to a task's result
+    channel in ``send_task`` when the sender's joins do not block (a
+    threads-pool worker, a client), for the ``AsyncResult`` it returns. The
+    answer comes by the link and nothing here reads a result: left
+    subscribed, a worker kept every call's channel (30 after 30 calls), each
+    result's publish queued unread on that connection; let go after the send,
+    it paid a SUBSCRIBE and an UNSUBSCRIBE per call, a quarter of a publish's
+    CPU. ``ignore_result=True`` skips the subscription and sets the message's
+    ``ignore_result`` header; the headers given then put it back to what
+    ``send_task`` writes when none is given (None: the task's own option
+    decides, on the worker), so the task stores its result, or not, exactly
+    as when it is called from plain Celery.
+    """
     fields = {"run_id": record.run_id, "epoch": record.epoch, "workflow": record.workflow, "key": request.key}
     queue = engine.settings.coordinator_queue
     answer = {**fields, "task_name": request.task_name}
@@ -61,26 +77,9 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         add_to_parent=False,  # not a child of a task this thread may be running (a pass run in place)
         result_cls=SentMessage,  # the answer comes by the link; nothing reads a result here
         **request.options,
+        ignore_result=True,  # no subscription (docstring)
+        headers={"ignore_result": None},
     )
-    _unsubscribe_result(app, request.task_id)
-
-
-def _unsubscribe_result(app: Celery, task_id: str) -> None:
-    """Drop the result subscription ``send_task`` made for the called task.
-
-    Celery's Redis (and other async) result backends subscribe to a task's
-    result channel when it is sent from a process whose joins do not block
-    (a threads-pool worker, a client), for the ``AsyncResult`` it returns;
-    the ``AsyncResult``'s ``__del__`` lets it go. The answer reaches the
-    engine by the task's link, and ``SentMessage`` has no ``__del__``: left
-    alone, a worker stayed subscribed to every call's channel it sent (30
-    subscriptions after 30 calls), each result's publish queued unread on
-    that connection. The task still stores its result as it always would.
-    """
-    consumer = getattr(app.backend, "result_consumer", None)
-    cancel = getattr(consumer, "cancel_for", None)
-    if callable(cancel):
-        cancel(task_id)
 
 
 def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
@@ -205,26 +204,35 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
 
 
 def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome) -> None:
-    """Journal the call's answer and continue what waits for it (``wake_owners``)."""
+    """Journal the call's answer and continue what waits for it (``wake_owners``).
+
+    When this thread would run the main body's pass, for a body kept parked
+    here at the call, the script that journals the answer takes that pass's
+    lock too (``kept_pass``): a call in a row costs one script fewer."""
     error = failure_error(outcome)
     prefix = new_task_id()
+    kept = kept_pass(engine, run_id, epoch, workflow, prefix)
 
-    def write() -> list[str] | None:
-        return engine.store.call_done(run_id, epoch, key, outcome.encode(), error, prefix)
+    def write() -> CallDone | None:
+        here = kept[1] if kept is not None else None
+        return engine.store.call_done_here(run_id, epoch, key, outcome.encode(), error, prefix, here)
 
     try:
-        owners = retry_storage(f"run {run_id}: the answer of call {key!r}", write)
+        done = retry_storage(f"run {run_id}: the answer of call {key!r}", write)
     except StaleAttemptError:
         engine.count_refused()
         logger.info("run %s: the answer of call %r belongs to an older attempt; refused", run_id, key)
         return
-    if not owners:
+    if done is None or not done.owners:
+        return
+    if kept is not None and done.activation is not None:
+        run_taken_pass(engine, run_id, epoch, workflow, kept, done.activation)
         return
     # Journaled: from here on, a failure must not send the answer again (it
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
     try:
-        wake_owners(engine, run_id, epoch, workflow, owners, prefix)
+        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix)
     except Exception:
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
 

@@ -56,6 +56,10 @@ def make_app(broker: str, queue: str, *, accept_pickle: bool = False) -> Celery:
     def add(a: int, b: int) -> int:
         return a + b
 
+    @app.task(name="gpu.add_quietly", shared=False, ignore_result=True)
+    def add_quietly(a: int, b: int) -> int:
+        return a + b
+
     @app.task(name="gpu.add_limited", shared=False, soft_time_limit=60, time_limit=90)
     def add_limited(a: int, b: int) -> int:
         return a + b
