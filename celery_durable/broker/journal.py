@@ -46,6 +46,34 @@ class Flags:
 
 
 @dataclass(frozen=True, slots=True)
+class PassHere:
+    """The main body's pass that a call's answer would run where it came:
+    ``call_done`` takes its lock in the same script, as ``activate_reading``
+    would (``token`` is the wake's task id, ``<prefix>-1``)."""
+
+    token: str
+    namespace: str
+    resend: str
+    seq: str
+    start: int
+
+
+Activation = tuple[Flags, SequenceHistory] | int
+"""``activate_reading``'s answer: the flags and the sequence's tail once the
+lock is taken, or the ms until message ``resend`` is due (the lock was busy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallDone:
+    """``call_done.lua``'s answer: the owners woken, and, when the caller asked
+    to run the main body's pass and the call woke it alone, that pass's
+    activation (its lock taken, or busy); None when it did not activate."""
+
+    owners: list[str]
+    activation: Activation | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BeginCall:
     """What happens before a call runs: the sequence's buffered progress is
     written (records an earlier replay wrote are dropped by position), a

@@ -25,7 +25,7 @@ from typing import Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.fleet_store import Examined
-from celery_durable.broker.journal import READ_ENTRIES_BUDGET, BranchStart, Flags
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, BranchStart, CallDone, Flags, PassHere
 from celery_durable.broker.memory_agents import MemoryAgentTurns
 from celery_durable.broker.memory_liveness import (
     clock_start,
@@ -304,6 +304,20 @@ class MemoryRun(MemoryAgentTurns):
             return Signalled("ok", epoch=int(run["epoch"]), owners=owners)
 
     # -- task calls -------------------------------------------------------------------
+
+    def call_done_here(
+        self, epoch: int, key: str, outcome: str, error: str, wake_prefix: str, here: PassHere | None
+    ) -> CallDone | None:
+        """call_done.lua with the pass to run here: ``call_done``, then, when it
+        woke the main body alone and the run is not paused, ``activate_reading``
+        for ``here``, under the same lock."""
+        with self.lock:
+            owners = self.call_done(epoch, key, outcome, error, wake_prefix)
+            if owners is None:
+                return None
+            if here is None or owners != [schema.MAIN] or self.state.run.get("status") == "paused":
+                return CallDone(owners)
+            return CallDone(owners, self.activate_reading(epoch, here.token, here.resend, here.seq, here.start))
 
     def call_done(self, epoch: int, key: str, outcome: str, error: str, wake_prefix: str) -> list[str] | None:
         """call_done.lua: a called task's outcome, journaled by the attempt that

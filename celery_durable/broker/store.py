@@ -20,12 +20,11 @@ from redis.exceptions import NoScriptError
 from celery_durable.broker import schema
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.fleet_store import FleetLiveness
-from celery_durable.broker.journal import READ_ENTRIES_BUDGET, BranchStart, Flags
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal, flags_of
-from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.scripts import Scripts, now_ms, refuse
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
@@ -42,7 +41,6 @@ class Signalled:
     status: str = ""
     epoch: int = 0
     owners: list[str] = field(default_factory=list)
-
 
 
 class RunStore(FleetLiveness):
@@ -221,14 +219,12 @@ class RunStore(FleetLiveness):
 
     def activate_reading(
         self, run_id: str, epoch: int, token: str, namespace: str, resend: str, seq: str, start: int
-    ) -> tuple[Flags, SequenceHistory] | int:
+    ) -> Activation:
         """``activate``, and once the lock is taken, sequence ``seq`` of the
         journal from index ``start`` on, read in the same script: a kept body
         learns whether it is still current without a round trip of its own."""
         reply = self._activate(run_id, epoch, token, namespace, resend, [seq, start])
-        if isinstance(reply, int):
-            return reply
-        return flags_of(reply), schema.parse_sequence(run_id, seq, reply[4:], start)
+        return _activation(run_id, reply, seq, start)
 
     def _activate(
         self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]
@@ -241,6 +237,10 @@ class RunStore(FleetLiveness):
             return int(reply[1])
         refuse(run_id, reply)
         return cast(list[Any], reply)
+
+    def _pass_args(self, here: PassHere) -> list[Any]:
+        """activate.lua's ARGV[4:] for ``here``, after its token."""
+        return [self.lease_ms, self.lease_ms, self.channel(here.namespace), here.resend, here.seq, here.start]
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
@@ -479,20 +479,36 @@ class RunStore(FleetLiveness):
         """Journal a called task's outcome (``call_done.lua``): the owners to
         wake, the n-th by message ``f"{wake_prefix}-{n}"``; None when the call
         already had an outcome (a late or second delivery)."""
+        done = self.call_done_here(run_id, epoch, key, outcome, error, wake_prefix, None)
+        return None if done is None else done.owners
+
+    def call_done_here(
+        self, run_id: str, epoch: int, key: str, outcome: str, error: str, wake_prefix: str, here: PassHere | None
+    ) -> CallDone | None:
+        """``call_done``; with ``here``, when the answer wakes the main body
+        alone, the same script takes the lock of its pass for the caller (one
+        round trip where a wake run in place took two)."""
         k = self.run_keys(run_id)
         now = now_ms()
         keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps]
+        args: list[Any] = [epoch, now, key, outcome, error, wake_prefix]
+        if here is not None:
+            keys.append(k.progress)
+            args += [here.token, *self._pass_args(here)]
         # The sweep looks at the run a lease from now, should the wake this
         # answer sends be lost (a run waiting on a call without a time-out is
         # not on its schedule otherwise). Sent with the script, before its
         # reply says whether the answer was taken.
-        reply = self._run_and_look("call_done", keys, [epoch, now, key, outcome, error, wake_prefix], run_id, now)
+        reply = self._run_and_look("call_done", keys, args, run_id, now)
         if reply and reply[0] in ("settled", "missing"):
             self.unschedule(run_id)  # an answer after the end: the run has nothing for the sweep to watch
         if reply and reply[0] == "late":
             return None
+        if reply and reply[0] == "here" and here is not None:
+            activation = _activation(run_id, list(reply[1:]), here.seq, here.start)
+            return CallDone([schema.MAIN], activation)
         refuse(run_id, reply)
-        return [str(owner) for owner in reply[1:]]
+        return CallDone([str(owner) for owner in reply[1:]])
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
         """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
@@ -535,3 +551,12 @@ class RunStore(FleetLiveness):
         reply = self._run("read_progress", [k.run, k.progress, k.progress_phases], [phase_id, mode, cursor, count])
         return parse_slice(run_id, reply)
 
+
+def _activation(run_id: str, reply: list[Any] | int, seq: str, start: int) -> Activation:
+    """activate.lua's reply with a tail, parsed (a busy lock: already the ms)."""
+    if isinstance(reply, int):
+        return reply
+    if reply and reply[0] == "busy":
+        return int(reply[1])
+    refuse(run_id, reply)
+    return flags_of(reply), schema.parse_sequence(run_id, seq, reply[4:], start)

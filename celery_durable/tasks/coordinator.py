@@ -11,9 +11,11 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import Flags, RunRecord
+from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
@@ -33,8 +35,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class TakenPass:
+    """A pass whose lock the script that woke it already took (``call_done``
+    with ``PassHere``), for the body this process keeps parked: the pass
+    starts from ``activation`` instead of activating again."""
+
+    body: ParkedBody
+    request: PassHere
+    activation: Activation
+
+
 def run_coordinator_task(
-    engine: Engine, *, task_id: str, run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]
+    engine: Engine,
+    *,
+    task_id: str,
+    run_id: Any,
+    epoch: Any,
+    workflow: Any,
+    extra: dict[str, Any],
+    taken: TakenPass | None = None,
 ) -> None:
     try:
         message = parse_run_message(run_id, epoch, workflow, extra)
@@ -44,10 +64,18 @@ def run_coordinator_task(
     # The lock token is the task id, so a message redelivered after its worker
     # died re-enters its own lock instead of waiting for it to expire.
     token = task_id or new_task_id()
-    retry_storage(f"run {message.run_id}: a coordinator pass", lambda: _coordinate(engine, message, token))
+    unused = [taken]
+
+    def attempt() -> None:
+        # A pass taken by the waking script is that try's: a try again after
+        # a storage error activates as any pass does (its token re-enters).
+        first, unused[0] = unused[0], None
+        _coordinate(engine, message, token, first)
+
+    retry_storage(f"run {message.run_id}: a coordinator pass", attempt)
 
 
-def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
+def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: TakenPass | None = None) -> None:
     store = engine.store
     peeked = _kept_body(engine, message)
     record = peeked.replay.run if peeked is not None else _load_record(engine, message)
@@ -57,8 +85,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str) -> None:
     if definition is None:
         settle_unknown_workflow(engine, record)
         return
-    resend = new_task_id()
-    taken = _take_lock(engine, message, record, token, resend, peeked)
+    resend = taken_pass.request.resend if taken_pass is not None else new_task_id()
+    taken = _take_lock(engine, message, record, token, resend, peeked, taken_pass)
     if taken is None:
         return
     activation, tail = taken
@@ -125,11 +153,17 @@ def _kept_body(engine: Engine, message: RunMessage) -> ParkedBody | None:
 
 
 def _take_lock(
-    engine: Engine, message: RunMessage, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None
+    engine: Engine,
+    message: RunMessage,
+    record: RunRecord,
+    token: str,
+    resend: str,
+    peeked: ParkedBody | None,
+    taken: TakenPass | None,
 ) -> tuple[Flags | int, tuple[str, SequenceHistory] | None] | None:
     """``_activate``; None when the pass must not run."""
     try:
-        return _activate(engine, record, token, resend, peeked)
+        return _activate(engine, record, token, resend, peeked, taken)
     except StaleAttemptError:
         if peeked is not None:
             # The body's attempt is over: the message is refused (and counted)
@@ -149,17 +183,27 @@ def _take_lock(
 
 
 def _activate(
-    engine: Engine, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None
+    engine: Engine, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None, taken: TakenPass | None
 ) -> tuple[Flags | int, tuple[str, SequenceHistory] | None]:
     """Take the run's lock (``RunStore.activate``). With a kept body, its run
     and call are known without a read, and the same script reads the journal
-    from the body's call on, which ``ParkedRuns.take`` checks."""
+    from the body's call on, which ``ParkedRuns.take`` checks. A pass taken
+    already is not activated again: its lock is held (the token re-enters it
+    should the body have changed meanwhile), or it was busy, and its resend
+    is on its way."""
     store = engine.store
+    if taken is not None and isinstance(taken.activation, int):
+        return taken.activation, None
     cursor = peeked.cursor if peeked is not None else None
     if cursor is None:
         return store.activate(record.run_id, record.epoch, token, record.namespace, resend), None
     seq = cursor.seq
-    reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, cursor.index)
+    if taken is not None and taken.body is peeked and (taken.request.seq, taken.request.start) == (seq, cursor.index):
+        reading = taken.activation
+    else:
+        reading = store.activate_reading(
+            record.run_id, record.epoch, token, record.namespace, resend, seq, cursor.index
+        )
     return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
 
 

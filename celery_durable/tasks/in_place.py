@@ -30,10 +30,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import MAIN, branch_of
-from celery_durable.tasks.app import DURABLE_TASK_PREFIX
+from celery_durable.tasks.app import DURABLE_TASK_PREFIX, new_task_id
 from celery_durable.tasks.branch import run_branch_task
-from celery_durable.tasks.coordinator import run_coordinator_task
+from celery_durable.tasks.coordinator import TakenPass, run_coordinator_task
+from celery_durable.workflows.parking import ParkedBody
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -99,6 +101,43 @@ def wake_owners(engine: Engine, run_id: str, epoch: int, workflow: str, owners: 
         # same id, and a worker picks the work up where this one stopped.
         logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, owner)
         engine.wake(run_id, epoch, workflow, owner, task_id)
+
+
+def kept_pass(
+    engine: Engine, run_id: str, epoch: int, workflow: str, prefix: str
+) -> tuple[ParkedBody, PassHere] | None:
+    """The main body's pass a wake ``<prefix>-1`` would run in this thread,
+    for a body this process keeps parked at a call: what the script that
+    wakes it needs to take that pass's lock itself (``call_done``), saving
+    the pass's own activation. None when the wake would not run here."""
+    if workflow not in engine.workflows or not may_run_here(engine, queue_of(engine, MAIN)):
+        return None
+    body = engine.parked.peek(run_id, epoch)
+    cursor = body.cursor if body is not None else None
+    if body is None or cursor is None or body.replay.run.workflow != workflow:
+        return None
+    return body, PassHere(f"{prefix}-1", body.replay.run.namespace, new_task_id(), cursor.seq, cursor.index)
+
+
+def run_taken_pass(
+    engine: Engine, run_id: str, epoch: int, workflow: str, kept: tuple[ParkedBody, PassHere], activation: Activation
+) -> None:
+    """Run the pass whose lock the waking script took (``kept_pass``), here;
+    its message is sent instead should that fail, as for ``wake_owners``."""
+    body, here = kept
+    try:
+        run_coordinator_task(
+            engine,
+            task_id=here.token,
+            run_id=run_id,
+            epoch=epoch,
+            workflow=workflow,
+            extra={},
+            taken=TakenPass(body, here, activation),
+        )
+    except Exception:
+        logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, MAIN)
+        engine.wake(run_id, epoch, workflow, MAIN, here.token)
 
 
 def _run_here(engine: Engine, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:

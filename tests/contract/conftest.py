@@ -21,7 +21,7 @@ import pytest
 from celery_durable import Engine, Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
 from celery_durable.broker.fleet_store import Examined
-from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.journal import BranchStart, CallDone, PassHere
 from celery_durable.broker.memory import MemoryJournal
 from celery_durable.broker.progress import ProgressSlice
 from celery_durable.broker.schema import SequenceHistory
@@ -88,6 +88,10 @@ class Backend:
 
     def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
         """call_done.lua: a called task's answer."""
+        raise NotImplementedError
+
+    def call_done_here(self, key: str, outcome: str, token: str, seq: str, start: int) -> CallDone | None:
+        """call_done.lua for attempt 1, asking to run the main body's pass ``token`` here."""
         raise NotImplementedError
 
     def pass_time(self, ms: int) -> None:
@@ -187,6 +191,10 @@ class RedisBackend(Backend):
     def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
         return self.store.call_done(self.run_id, epoch, key, outcome, error, prefix)
 
+    def call_done_here(self, key: str, outcome: str, token: str, seq: str, start: int) -> CallDone | None:
+        here = PassHere(token, "default", "resend", seq, start)
+        return self.store.call_done_here(self.run_id, 1, key, outcome, "", token.rsplit("-", 1)[0], here)
+
     def activate(self, token: str) -> Flags | int:
         return self.store.activate(self.run_id, 1, token, "default", "resend")
 
@@ -276,6 +284,10 @@ class MemoryBackend(Backend):
 
     def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
         return self.run.call_done(epoch, key, outcome, error, prefix)
+
+    def call_done_here(self, key: str, outcome: str, token: str, seq: str, start: int) -> CallDone | None:
+        here = PassHere(token, "default", "resend", seq, start)
+        return self.run.call_done_here(1, key, outcome, "", token.rsplit("-", 1)[0], here)
 
     def activate(self, token: str) -> Flags | int:
         return self.run.activate(1, token, "resend")

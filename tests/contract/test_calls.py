@@ -101,3 +101,44 @@ def test_an_activation_reads_the_tail_a_kept_body_checks(make_backend: BackendFa
     busy = backend.activate_reading("pass-2", "m", 1)
     assert isinstance(busy, int) and 0 < busy <= 30_100, "the lock is busy: nothing read"
     assert backend.release("pass-1"), "the busy activation asked the holder to run once more"
+
+
+def test_an_answer_that_wakes_the_main_body_alone_takes_its_pass_in_the_same_script(
+    make_backend: BackendFactory,
+) -> None:
+    """``call_done`` asked to run the main body's pass here: the answer is
+    journaled, and its wake's lock is taken and the tail read, as
+    ``activate_reading`` would after it; a busy lock says so instead."""
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert call(journal, "render").verdict == "publish"
+    done = backend.call_done_here("render", ok({"png": 1}), "wake-1", "m", 0)
+    assert done is not None and done.owners == ["m"]
+    assert done.activation == (NO_FLAGS, journal.read_sequence("m", start=0))
+    assert backend.field("run", "lock") == "wake-1"
+    assert backend.live()["wake-1"].startswith("x|"), "the wake's message is running, as activate marks it"
+    second = journal.call("m", 1, "resize", "m", None, None, RUNNING, TIMED_OUT)
+    assert isinstance(second, TaskCall) and second.verdict == "publish"
+    busy = backend.call_done_here("resize", ok(2), "next-1", "m", 1)
+    assert busy is not None and busy.owners == ["m"]
+    assert isinstance(busy.activation, int) and 0 < busy.activation <= 30_100, "the lock is busy"
+    assert "next-1" not in backend.live() and backend.live()["resend"].startswith("q|c|"), "its message comes later"
+    assert backend.release("wake-1"), "the holder runs once more"
+    again = journal.call("m", 1, "resize", "m", None, None, RUNNING, TIMED_OUT)
+    assert again == TaskCall("hit", NO_FLAGS, ok(2)), "the answer was journaled all the same"
+
+
+def test_an_answer_takes_no_pass_for_a_paused_run_or_a_branch(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    fanout = schema.call_id("m", 5)
+    seq, owner = schema.branch_seq_of(fanout, 0), schema.branch_owner(fanout, 0)
+    assert journal.call(seq, 0, "leaf", owner, None, None, RUNNING, TIMED_OUT).verdict == "publish"
+    done = backend.call_done_here("leaf", ok(1), "wake-1", "m", 0)
+    assert done is not None and (done.owners, done.activation) == ([owner], None)
+    assert call(journal, "render").verdict == "publish"
+    backend.settle("paused")
+    paused = backend.call_done_here("render", ok(2), "wake2-1", "m", 0)
+    assert paused is not None and (paused.owners, paused.activation) == (["m"], None)
+    assert backend.field("run", "lock") in (None, ""), "no lock taken"
+    assert backend.call_done_here("render", ok(3), "wake3-1", "m", 0) is None, "a second answer is late"

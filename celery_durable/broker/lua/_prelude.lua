@@ -665,3 +665,43 @@ local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
   if summarized then refresh_waiting(run_key, waits_key) end
   return owners
 end
+
+-- Takes the activation lock of a run for one coordinator pass (activate.lua,
+-- and call_done.lua when the main body's pass runs where the answer came),
+-- the caller's fence already checked. <token> is the pass's task id; <resend>
+-- the id of the message that comes back if another pass holds the lock; with
+-- <seq>, the tail of that sequence from <start> on is read once the lock is
+-- taken. Returns {'ok', cancel, pause, limit, tail...}, {'busy', ms until
+-- the resend is due} or {'settled'} (paused).
+local function activate_run(run_key, progress_key, live_key, journal_key, epoch, token, now_arg, lock_ms, lease_ms,
+                            channel, resend, seq, start)
+  local now = tonumber(now_arg)
+  if redis.call('HGET', run_key, 'status') == 'paused' then return {'settled'} end
+  local lock = redis.call('HMGET', run_key, 'lock', 'lock_until')
+  if lock[1] and lock[1] ~= '' and lock[1] ~= token and tonumber(lock[2] or '0') > now then
+    redis.call('HSET', run_key, 'wake', '1')
+    local wait = tonumber(lock[2]) - now + 100
+    token_done(run_key, live_key, token, now)
+    token_queued(run_key, live_key, resend, 'c', now + wait, now)
+    return {'busy', wait}
+  end
+  redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0')
+  if redis.call('HGET', run_key, 'status') == 'pending' then
+    redis.call('HSET', run_key, 'status', 'running', 'started_at', now_arg, 'updated_at', now_arg,
+      'active_since', '')
+    local attempt = redis.call('HGET', run_key, 'attempt') or '1'
+    append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt .. ' started', epoch, now_arg)
+    local run_id = redis.call('HGET', run_key, 'id')
+    redis.call('PUBLISH', channel, run_id .. ' status')
+    clock_start(run_key, now)
+    redis.call('PERSIST', run_key)  -- see create_run.lua
+    redis.call('PERSIST', live_key)
+  end
+  token_running(run_key, live_key, token, now + tonumber(lease_ms), now)
+  local f = flags(run_key)
+  local reply = {'ok', f[1], f[2], f[3]}
+  if seq and seq ~= '' then
+    for _, item in ipairs(sequence_reply(journal_key, seq, start)) do table.insert(reply, item) end
+  end
+  return reply
+end

@@ -1,5 +1,5 @@
 -- Takes the activation lock of a run for one coordinator pass, and marks the
--- pass's message running (see liveness in _prelude.lua).
+-- pass's message running (see liveness in _prelude.lua; activate_run there).
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] journal
 -- (only with ARGV[8])
 -- ARGV[1] epoch, ARGV[2] lock token (the pass's task id), ARGV[3] now (ms),
@@ -14,32 +14,5 @@
 -- looks again when the lock would have expired); or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-local now = tonumber(ARGV[3])
-if redis.call('HGET', KEYS[1], 'status') == 'paused' then return {'settled'} end
-local lock = redis.call('HMGET', KEYS[1], 'lock', 'lock_until')
-if lock[1] and lock[1] ~= '' and lock[1] ~= ARGV[2] and tonumber(lock[2] or '0') > now then
-  redis.call('HSET', KEYS[1], 'wake', '1')
-  local wait = tonumber(lock[2]) - now + 100
-  token_done(KEYS[1], KEYS[3], ARGV[2], now)
-  token_queued(KEYS[1], KEYS[3], ARGV[7], 'c', now + wait, now)
-  return {'busy', wait}
-end
-redis.call('HSET', KEYS[1], 'lock', ARGV[2], 'lock_until', now + tonumber(ARGV[4]), 'wake', '0')
-if redis.call('HGET', KEYS[1], 'status') == 'pending' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[3], 'updated_at', ARGV[3],
-    'active_since', '')
-  local attempt = redis.call('HGET', KEYS[1], 'attempt') or '1'
-  append_progress(KEYS[1], KEYS[2], 'system', '', 'Attempt ' .. attempt .. ' started', ARGV[1], ARGV[3])
-  local run_id = redis.call('HGET', KEYS[1], 'id')
-  redis.call('PUBLISH', ARGV[6], run_id .. ' status')
-  clock_start(KEYS[1], now)
-  redis.call('PERSIST', KEYS[1])  -- see create_run.lua
-  redis.call('PERSIST', KEYS[3])
-end
-token_running(KEYS[1], KEYS[3], ARGV[2], now + tonumber(ARGV[5]), now)
-local f = flags(KEYS[1])
-local reply = {'ok', f[1], f[2], f[3]}
-if ARGV[8] and ARGV[8] ~= '' then
-  for _, item in ipairs(sequence_reply(KEYS[4], ARGV[8], ARGV[9])) do table.insert(reply, item) end
-end
-return reply
+return activate_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
+  ARGV[8], ARGV[9])

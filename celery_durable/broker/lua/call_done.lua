@@ -3,12 +3,20 @@
 -- attempt that published it only (a stale attempt's result is refused), and
 -- what waits for the call is woken.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] live,
--- KEYS[5] running steps, KEYS[6] steps
+-- KEYS[5] running steps, KEYS[6] steps, KEYS[7] progress stream (only with
+-- ARGV[7])
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] key, ARGV[4] outcome
 -- ("o<json>" or "e<epoch>|<json>"), ARGV[5] the step row's error ('' for a
 -- result), ARGV[6] prefix of the task ids that wake the waiters ("<prefix>-<n>")
--- Returns {'ok', owner, owner, ...}, {'late'} (the call already has a live
--- outcome) or {refusal}.
+-- Optional, when the caller would run the main body's pass itself (it keeps
+-- the body parked at this call): ARGV[7] that pass's lock token
+-- ("<prefix>-1"), then activate.lua's ARGV[4] to ARGV[9] as ARGV[8] to
+-- ARGV[13] (lock ttl, lease ttl, events channel, resend id, sequence, start).
+-- Returns {'ok', owner, owner, ...}; {'here', ...} when ARGV[7] was given and
+-- the call woke the main body ('m') alone, followed by what activate.lua returns
+-- ('ok' and the flags and tail, or 'busy' and the ms): the lock is taken for
+-- the caller, or it was told to look again; {'late'} (the call already has a
+-- live outcome) or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local key = ARGV[3]
@@ -35,6 +43,15 @@ end
 local owners = wake_call_wait(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), at, ours)
 if not owners then
   owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), ours)
+end
+if ARGV[7] and ARGV[7] ~= '' and #owners == 1 and owners[1] == 'm' then
+  local activation = activate_run(KEYS[1], KEYS[7], KEYS[4], KEYS[2], ARGV[1], ARGV[7], ARGV[2], ARGV[8], ARGV[9],
+    ARGV[10], ARGV[11], ARGV[12], ARGV[13])
+  if activation[1] ~= 'settled' then
+    local out = {'here'}
+    for _, item in ipairs(activation) do table.insert(out, item) end
+    return out
+  end
 end
 local out = {'ok'}
 for _, owner in ipairs(owners) do table.insert(out, owner) end
