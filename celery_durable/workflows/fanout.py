@@ -49,7 +49,7 @@ from celery_durable.errors import (
 )
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended
+from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended, unwound
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
@@ -507,7 +507,8 @@ class FanoutOps:
                 outcome, cursor = self._run_in_branch(
                     parent, fn, index, hold_last=on_held is not None, carrier=carrier
                 )
-            except BranchSuspended:
+            except BranchSuspended as waiting:
+                unwound(waiting)
                 return  # waits for something whose completion sends this branch again
             except BranchRerun:
                 continue  # a held step lost its first write: its value is journaled now
@@ -635,7 +636,8 @@ class FanoutOps:
         def run_one(j: int) -> bool:
             try:
                 outcome = self.run_branch(cursor, branches[j], j)
-            except BranchSuspended:
+            except BranchSuspended as waiting:
+                unwound(waiting)
                 return False
             replay.journal.complete_branch(call, j, outcome.encode(), wake="")  # nested: nothing to wake
             return True

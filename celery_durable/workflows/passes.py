@@ -29,7 +29,7 @@ from celery_durable.errors import (
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.replay import MAIN, Replay
-from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend
+from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend, unwound
 
 if TYPE_CHECKING:
     from celery_durable.workflows.fanout import KeptFanout
@@ -71,10 +71,11 @@ def main_pass(replay: Replay) -> Settlement | None:
     failure: Exception | None = None
     try:
         result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
-    except Suspend:
+    except Suspend as waiting:
+        unwound(waiting)
         return None
-    except PauseRequested:
-        pass
+    except PauseRequested as pausing:
+        unwound(pausing)
     except (StaleAttemptError, StorageUnavailableError):
         raise
     except Exception as exc:
@@ -87,7 +88,8 @@ def main_pass(replay: Replay) -> Settlement | None:
     # is decided: the flags that come back may say it was cancelled.
     try:
         replay.flush(cursor)
-    except Suspend:
+    except Suspend as rerun:
+        unwound(rerun)
         return None  # that step lost a first-write race: the pass runs again
     except NonDeterminismError as exc:
         failure = exc
@@ -157,7 +159,8 @@ def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None], kept: K
         else:
             cursor = replay.open_cursor(MAIN, writes=False)
             replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
-    except BranchFinished:
+    except BranchFinished as finished:
+        unwound(finished)
         return
     except (StaleAttemptError, StorageUnavailableError):
         raise

@@ -33,3 +33,16 @@ class BranchRerun(BaseException):
 
 class PauseRequested(BaseException):
     """Ends the main body at its first new call after a pause was requested."""
+
+
+def unwound(exc: BaseException) -> None:
+    """Drop the traceback of an unwinding exception that reached its handler.
+
+    The engine keeps these exceptions (``Replay.unwinding``, a cursor's
+    ``suspended``) to raise them again at any later op, and a traceback holds
+    the frames it unwound, whose locals hold the replay or the cursor that
+    holds the exception: a reference cycle, which only the cyclic GC frees.
+    In a fan-out of 4,096 task calls that was a hundred-odd objects a branch
+    (frames, locks, conditions) and full collections of 0.2 s each.
+    """
+    exc.__traceback__ = None
