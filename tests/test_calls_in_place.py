@@ -95,6 +95,34 @@ def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
     assert sorted(row.status for row in steps) == ["completed"] * 11
 
 
+def test_an_answer_that_comes_before_its_pass_let_go_waits_for_it_and_sends_nothing(
+    settings: Settings, messages: Messages
+) -> None:
+    """The called task runs on another thread the moment it is sent, so its
+    answer can come while the pass that sent it has not yet parked the body
+    or released the lock. The answer waits for the release: before, about one
+    call in twenty found the lock busy, sent its wake back a lease later and
+    had the pass run once more for it."""
+    calls = 100
+
+    def run(ctx: WorkflowContext) -> Any:
+        total = 0
+        for i in range(calls):
+            total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
+        return total
+
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf("tight", run)], settings, celery_app=app)
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues):
+        envelope = engine.client().run_workflow("tight", timeout=TIMEOUT)
+        resumed = engine.parked.resumed
+    assert envelope.result == sum(range(calls))
+    assert messages.sent_of(COORDINATOR_TASK) == 1, "the start only: no wake found the lock busy"
+    assert resumed == calls, "the kept body went on at every answer"
+
+
 @pytest.mark.parametrize(
     ("task", "args", "result"),
     [

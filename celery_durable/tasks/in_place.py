@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+LET_GO_SECONDS = 5.0
+"""How long an answer waits for the pass that kept the body to release the
+run's lock, its very next step; past that, the answer wakes as any other."""
+
 
 def consumes(engine: Engine, queue: str) -> bool:
     """True while this thread runs a task of a worker that consumes ``queue``.
@@ -112,7 +116,7 @@ def kept_pass(
     the pass's own activation. None when the wake would not run here."""
     if workflow not in engine.workflows or not may_run_here(engine, queue_of(engine, MAIN)):
         return None
-    body = engine.parked.peek(run_id, epoch)
+    body = engine.parked.peek_let_go(run_id, epoch, LET_GO_SECONDS)
     cursor = body.cursor if body is not None else None
     if body is None or cursor is None or body.replay.run.workflow != workflow:
         return None

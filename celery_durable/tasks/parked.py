@@ -35,6 +35,8 @@ class ParkedRuns:
         self.resumed = 0
         """Passes that went on from a kept body instead of replaying."""
         self._bodies: OrderedDict[str, tuple[int, ParkedBody]] = OrderedDict()
+        self._passes: dict[str, threading.Event] = {}
+        """run id -> set when the pass running in this process for it lets go of its lock."""
         self._lock = threading.Lock()
         # A forked pool child inherits the map, not the threads behind it, and
         # the lock maybe held by one of them.
@@ -42,6 +44,7 @@ class ParkedRuns:
 
     def _after_fork(self) -> None:
         self._bodies.clear()
+        self._passes.clear()
         self._lock = threading.Lock()
 
     @property
@@ -67,6 +70,35 @@ class ParkedRuns:
         with self._lock:
             entry = self._bodies.get(run_id)
         return entry[1] if entry is not None and entry[0] == epoch else None
+
+    def holding(self, run_id: str) -> None:
+        """A pass of the run holds its lock in this process, from now until ``let_go``."""
+        with self._lock:
+            self._passes[run_id] = threading.Event()
+
+    def let_go(self, run_id: str) -> None:
+        """The run's pass in this process released its lock (or ended)."""
+        with self._lock:
+            released = self._passes.pop(run_id, None)
+        if released is not None:
+            released.set()
+
+    def peek_let_go(self, run_id: str, epoch: int, timeout: float) -> ParkedBody | None:
+        """``peek``, once a pass of the run in this process let go of its lock.
+
+        A call's answer can come back while the pass that sent the call still
+        holds the lock: the task ran on another thread the moment it was sent,
+        before the body parked or the pass released. A wake run then finds the
+        lock busy, and sends itself back a lease later while that pass runs
+        once more for it. It waits for the release instead, which is the
+        pass's next step. None when no body is kept for the attempt, or the
+        pass did not let go within ``timeout``.
+        """
+        with self._lock:
+            holding = self._passes.get(run_id)
+        if holding is not None and not holding.wait(timeout):
+            return None
+        return self.peek(run_id, epoch)
 
     def discard(self, run_id: str, body: ParkedBody) -> None:
         """Unwind ``body``, kept for a run another attempt took over (not a
