@@ -31,7 +31,7 @@ from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import CallDone
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
-from celery_durable.tasks.in_place import consumes, kept_pass, run_taken_pass, wake_owners
+from celery_durable.tasks.in_place import consumes, kept_pass, run_taken_pass, wait_for_the_pass, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.sending import SentMessage
@@ -231,6 +231,7 @@ def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, o
     # Journaled: from here on, a failure must not send the answer again (it
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
+    wait_for_the_pass(engine, run_id, done.owners)
     try:
         wake_owners(engine, run_id, epoch, workflow, done.owners, prefix)
     except Exception:

@@ -120,8 +120,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
         overdue=overdue,
         grace=engine.settings.lease_seconds,
     )
-    # However the passes end, a wake waiting to take the body they kept
-    # (``ParkedRuns.peek_let_go``) stops waiting.
+    # However the passes end, a call's answer waiting for them to release
+    # the lock (``ParkedRuns.wait_let_go``) stops waiting.
     with heartbeat, contextlib.ExitStack() as ending:
         engine.parked.holding(record.run_id)
         ending.callback(engine.parked.let_go, record.run_id)

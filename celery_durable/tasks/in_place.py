@@ -116,11 +116,21 @@ def kept_pass(
     the pass's own activation. None when the wake would not run here."""
     if workflow not in engine.workflows or not may_run_here(engine, queue_of(engine, MAIN)):
         return None
-    body = engine.parked.peek_let_go(run_id, epoch, LET_GO_SECONDS)
+    if engine.parked.holds(run_id):
+        return None  # the pass that sent the call still runs: see wait_for_the_pass
+    body = engine.parked.peek(run_id, epoch)
     cursor = body.cursor if body is not None else None
     if body is None or cursor is None or body.replay.run.workflow != workflow:
         return None
     return body, PassHere(f"{prefix}-1", body.replay.run.namespace, new_task_id(), cursor.seq, cursor.index)
+
+
+def wait_for_the_pass(engine: Engine, run_id: str, owners: Sequence[str]) -> None:
+    """Before a call's answer wakes the main body: let the pass of the run
+    still running in this process (the one that sent the call) release the
+    lock first, else the wake finds it busy (``ParkedRuns.wait_let_go``)."""
+    if MAIN in owners:
+        engine.parked.wait_let_go(run_id, LET_GO_SECONDS)
 
 
 def run_taken_pass(

@@ -83,22 +83,25 @@ class ParkedRuns:
         if released is not None:
             released.set()
 
-    def peek_let_go(self, run_id: str, epoch: int, timeout: float) -> ParkedBody | None:
-        """``peek``, once a pass of the run in this process let go of its lock.
+    def holds(self, run_id: str) -> bool:
+        """Whether a pass of the run holds its lock in this process now."""
+        with self._lock:
+            return run_id in self._passes
+
+    def wait_let_go(self, run_id: str, timeout: float) -> bool:
+        """Wait until no pass of the run holds its lock in this process; False
+        when one still does after ``timeout``.
 
         A call's answer can come back while the pass that sent the call still
         holds the lock: the task ran on another thread the moment it was sent,
         before the body parked or the pass released. A wake run then finds the
         lock busy, and sends itself back a lease later while that pass runs
-        once more for it. It waits for the release instead, which is the
-        pass's next step. None when no body is kept for the attempt, or the
-        pass did not let go within ``timeout``.
+        once more for it. The wake waits for the release instead, which is the
+        pass's next step.
         """
         with self._lock:
             holding = self._passes.get(run_id)
-        if holding is not None and not holding.wait(timeout):
-            return None
-        return self.peek(run_id, epoch)
+        return holding is None or holding.wait(timeout)
 
     def discard(self, run_id: str, body: ParkedBody) -> None:
         """Unwind ``body``, kept for a run another attempt took over (not a
