@@ -56,6 +56,9 @@ class PassHere:
     resend: str
     seq: str
     start: int
+    soft: bool = False
+    """A pass of the run holds the lock in the caller's process: a busy lock
+    is left alone (the caller waits for that pass, then activates)."""
 
 
 Activation = tuple[Flags, SequenceHistory] | int

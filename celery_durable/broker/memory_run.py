@@ -310,12 +310,16 @@ class MemoryRun(MemoryAgentTurns):
     ) -> CallDone | None:
         """call_done.lua with the pass to run here: ``call_done``, then, when it
         woke the main body alone and the run is not paused, ``activate_reading``
-        for ``here``, under the same lock."""
+        for ``here``, under the same lock (none when soft and the lock is busy)."""
         with self.lock:
             owners = self.call_done(epoch, key, outcome, error, wake_prefix)
             if owners is None:
                 return None
-            if here is None or owners != [schema.MAIN] or self.state.run.get("status") == "paused":
+            run = self.state.run
+            if here is None or owners != [schema.MAIN] or run.get("status") == "paused":
+                return CallDone(owners)
+            held = run.get("lock") not in (None, "", here.token) and int(run.get("lock_until") or "0") > self.clock()
+            if here.soft and held:
                 return CallDone(owners)
             return CallDone(owners, self.activate_reading(epoch, here.token, here.resend, here.seq, here.start))
 

@@ -239,8 +239,9 @@ class RunStore(FleetLiveness):
         return cast(list[Any], reply)
 
     def _pass_args(self, here: PassHere) -> list[Any]:
-        """activate.lua's ARGV[4:] for ``here``, after its token."""
-        return [self.lease_ms, self.lease_ms, self.channel(here.namespace), here.resend, here.seq, here.start]
+        """activate.lua's ARGV[4:] for ``here``, after its token, and the soft flag."""
+        channel = self.channel(here.namespace)
+        return [self.lease_ms, self.lease_ms, channel, here.resend, here.seq, here.start, "1" if here.soft else ""]
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""

@@ -116,13 +116,15 @@ def kept_pass(
     the pass's own activation. None when the wake would not run here."""
     if workflow not in engine.workflows or not may_run_here(engine, queue_of(engine, MAIN)):
         return None
-    if engine.parked.holds(run_id):
-        return None  # the pass that sent the call still runs: see wait_for_the_pass
     body = engine.parked.peek(run_id, epoch)
     cursor = body.cursor if body is not None else None
     if body is None or cursor is None or body.replay.run.workflow != workflow:
         return None
-    return body, PassHere(f"{prefix}-1", body.replay.run.namespace, new_task_id(), cursor.seq, cursor.index)
+    # The pass that parked the body may not have released the lock yet (the
+    # answer came quickly): then a busy lock is left alone, and the answer
+    # waits for that pass (wait_for_the_pass) instead of enlisting it.
+    soft = engine.parked.holds(run_id)
+    return body, PassHere(f"{prefix}-1", body.replay.run.namespace, new_task_id(), cursor.seq, cursor.index, soft)
 
 
 def wait_for_the_pass(engine: Engine, run_id: str, owners: Sequence[str]) -> None:

@@ -90,7 +90,9 @@ class Backend:
         """call_done.lua: a called task's answer."""
         raise NotImplementedError
 
-    def call_done_here(self, key: str, outcome: str, token: str, seq: str, start: int) -> CallDone | None:
+    def call_done_here(
+        self, key: str, outcome: str, token: str, seq: str, start: int, soft: bool = False
+    ) -> CallDone | None:
         """call_done.lua for attempt 1, asking to run the main body's pass ``token`` here."""
         raise NotImplementedError
 
@@ -191,8 +193,10 @@ class RedisBackend(Backend):
     def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
         return self.store.call_done(self.run_id, epoch, key, outcome, error, prefix)
 
-    def call_done_here(self, key: str, outcome: str, token: str, seq: str, start: int) -> CallDone | None:
-        here = PassHere(token, "default", "resend", seq, start)
+    def call_done_here(
+        self, key: str, outcome: str, token: str, seq: str, start: int, soft: bool = False
+    ) -> CallDone | None:
+        here = PassHere(token, "default", "resend", seq, start, soft)
         return self.store.call_done_here(self.run_id, 1, key, outcome, "", token.rsplit("-", 1)[0], here)
 
     def activate(self, token: str) -> Flags | int:
@@ -285,8 +289,10 @@ class MemoryBackend(Backend):
     def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
         return self.run.call_done(epoch, key, outcome, error, prefix)
 
-    def call_done_here(self, key: str, outcome: str, token: str, seq: str, start: int) -> CallDone | None:
-        here = PassHere(token, "default", "resend", seq, start)
+    def call_done_here(
+        self, key: str, outcome: str, token: str, seq: str, start: int, soft: bool = False
+    ) -> CallDone | None:
+        here = PassHere(token, "default", "resend", seq, start, soft)
         return self.run.call_done_here(1, key, outcome, "", token.rsplit("-", 1)[0], here)
 
     def activate(self, token: str) -> Flags | int:

@@ -128,6 +128,25 @@ def test_an_answer_that_wakes_the_main_body_alone_takes_its_pass_in_the_same_scr
     assert again == TaskCall("hit", NO_FLAGS, ok(2)), "the answer was journaled all the same"
 
 
+def test_an_answer_waiting_for_a_pass_of_its_own_process_leaves_a_busy_lock_alone(
+    make_backend: BackendFactory,
+) -> None:
+    """Soft: the pass holding the lock runs in the answer's process, which
+    waits for it and activates after; nothing asks that pass to run again."""
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert backend.activate("pass-1") == NO_FLAGS
+    assert call(journal, "render").verdict == "publish"
+    done = backend.call_done_here("render", ok(1), "wake-1", "m", 0, soft=True)
+    assert done is not None and (done.owners, done.activation) == (["m"], None), "journaled, no pass taken"
+    assert backend.field("run", "lock") == "pass-1"
+    assert backend.field("run", "wake") in (None, "", "0"), "the holder is not asked to run again"
+    assert backend.live()["wake-1"].startswith("q|c|"), "the wake is still to come, and no resend is queued"
+    assert "resend" not in backend.live()
+    assert not backend.release("pass-1")
+    assert backend.activate_reading("wake-1", "m", 0) == (NO_FLAGS, journal.read_sequence("m", start=0))
+
+
 def test_an_answer_takes_no_pass_for_a_paused_run_or_a_branch(make_backend: BackendFactory) -> None:
     backend = make_backend()
     journal = backend.journal(1)

@@ -671,14 +671,17 @@ end
 -- the caller's fence already checked. <token> is the pass's task id; <resend>
 -- the id of the message that comes back if another pass holds the lock; with
 -- <seq>, the tail of that sequence from <start> on is read once the lock is
--- taken. Returns {'ok', cancel, pause, limit, tail...}, {'busy', ms until
--- the resend is due} or {'settled'} (paused).
+-- taken. With <soft> ('1'), a lock another pass holds is left as it is: the
+-- caller waits for that pass where it runs, and activates after it.
+-- Returns {'ok', cancel, pause, limit, tail...}, {'busy', ms until the
+-- resend is due}, {'held'} (soft, and busy) or {'settled'} (paused).
 local function activate_run(run_key, progress_key, live_key, journal_key, epoch, token, now_arg, lock_ms, lease_ms,
-                            channel, resend, seq, start)
+                            channel, resend, seq, start, soft)
   local now = tonumber(now_arg)
   if redis.call('HGET', run_key, 'status') == 'paused' then return {'settled'} end
   local lock = redis.call('HMGET', run_key, 'lock', 'lock_until')
   if lock[1] and lock[1] ~= '' and lock[1] ~= token and tonumber(lock[2] or '0') > now then
+    if soft == '1' then return {'held'} end
     redis.call('HSET', run_key, 'wake', '1')
     local wait = tonumber(lock[2]) - now + 100
     token_done(run_key, live_key, token, now)

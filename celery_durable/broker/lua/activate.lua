@@ -15,4 +15,4 @@
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 return activate_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
-  ARGV[8], ARGV[9])
+  ARGV[8], ARGV[9], '')

@@ -11,7 +11,9 @@
 -- Optional, when the caller would run the main body's pass itself (it keeps
 -- the body parked at this call): ARGV[7] that pass's lock token
 -- ("<prefix>-1"), then activate.lua's ARGV[4] to ARGV[9] as ARGV[8] to
--- ARGV[13] (lock ttl, lease ttl, events channel, resend id, sequence, start).
+-- ARGV[13] (lock ttl, lease ttl, events channel, resend id, sequence, start),
+-- ARGV[14] '1' when a pass of the run holds the lock in the caller's process
+-- (activate_run's soft: a busy lock is left alone, the caller waits for it).
 -- Returns {'ok', owner, owner, ...}; {'here', ...} when ARGV[7] was given and
 -- the call woke the main body ('m') alone, followed by what activate.lua returns
 -- ('ok' and the flags and tail, or 'busy' and the ms): the lock is taken for
@@ -46,8 +48,8 @@ if not owners then
 end
 if ARGV[7] and ARGV[7] ~= '' and #owners == 1 and owners[1] == 'm' then
   local activation = activate_run(KEYS[1], KEYS[7], KEYS[4], KEYS[2], ARGV[1], ARGV[7], ARGV[2], ARGV[8], ARGV[9],
-    ARGV[10], ARGV[11], ARGV[12], ARGV[13])
-  if activation[1] ~= 'settled' then
+    ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14])
+  if activation[1] ~= 'settled' and activation[1] ~= 'held' then
     local out = {'here'}
     for _, item in ipairs(activation) do table.insert(out, item) end
     return out
