@@ -228,10 +228,10 @@ def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, o
     if kept is not None and done.activation is not None:
         run_taken_pass(engine, run_id, epoch, workflow, kept, done.activation)
         return
+    wait_for_the_pass(engine, run_id, done.owners)
     # Journaled: from here on, a failure must not send the answer again (it
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
-    wait_for_the_pass(engine, run_id, done.owners)
     try:
         wake_owners(engine, run_id, epoch, workflow, done.owners, prefix)
     except Exception:
