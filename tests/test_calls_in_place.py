@@ -17,7 +17,7 @@ import functools
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -65,6 +65,17 @@ def messages() -> Iterator[Messages]:
     task_prerun.disconnect(seen.on_prerun)
 
 
+def _on_gpu_app(
+    settings: Settings, name: str, run: Callable[[WorkflowContext], Any], **overrides: Any
+) -> tuple[Engine, list[str]]:
+    """An engine mounted on the plain gpu app, with settings ``overrides``, and
+    the queues of a worker that serves both (the called tasks run there too)."""
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    app = make_app(settings.redis_url, gpu_queue)
+    engine = Engine([wf(name, run)], settings.model_copy(update=overrides), celery_app=app)
+    return engine, [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+
+
 def _sequence_and_fan_out(ctx: WorkflowContext) -> Any:
     total = 0
     for i in range(6):
@@ -76,10 +87,7 @@ def _sequence_and_fan_out(ctx: WorkflowContext) -> Any:
 def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
     settings: Settings, messages: Messages
 ) -> None:
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-    engine = Engine([wf("in-place", _sequence_and_fan_out)], settings, celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "in-place", _sequence_and_fan_out)
     with worker_thread(engine, concurrency=4, queues=queues):
         envelope = engine.client().run_workflow("in-place", timeout=TIMEOUT)
         resumed = engine.parked.resumed
@@ -111,10 +119,7 @@ def test_an_answer_that_comes_before_its_pass_let_go_waits_for_it_and_sends_noth
             total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
         return total
 
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-    engine = Engine([wf("tight", run)], settings, celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "tight", run)
     with worker_thread(engine, concurrency=4, queues=queues):
         envelope = engine.client().run_workflow("tight", timeout=TIMEOUT)
         resumed = engine.parked.resumed
@@ -136,14 +141,10 @@ def test_an_answer_that_comes_before_its_pass_let_go_waits_for_it_and_sends_noth
 def test_after_a_task_whose_options_bind_the_pass_the_answer_is_journaled_in_place_and_the_pass_sent(
     settings: Settings, messages: Messages, task: str, args: tuple[Any, ...], result: Any
 ) -> None:
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-
     def run(ctx: WorkflowContext) -> Any:
         return [ctx.call(f"c{k}", task, args=args) for k in range(3)]
 
-    engine = Engine([wf("bound", run)], settings, celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "bound", run)
     with worker_thread(engine, concurrency=4, queues=queues):
         envelope = engine.client().run_workflow("bound", timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
@@ -156,14 +157,10 @@ def test_after_a_task_whose_options_bind_the_pass_the_answer_is_journaled_in_pla
 def test_an_answer_in_place_is_the_value_its_message_would_carry(settings: Settings, messages: Messages) -> None:
     """JSON on the wire makes a tuple a list and an int key a string; the
     answer given in place is the same value, not a failure to be JSON."""
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-
     def run(ctx: WorkflowContext) -> Any:
         return ctx.call("pair", "gpu.pair", args=(7,))
 
-    engine = Engine([wf("wired", run)], settings, celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "wired", run)
     with worker_thread(engine, concurrency=4, queues=queues):
         envelope = engine.client().run_workflow("wired", timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
@@ -214,10 +211,7 @@ def test_branches_woken_by_their_answers_run_from_kept_thunks_not_a_replay(
 
         return ctx.parallel([functools.partial(branch, k) for k in range(width)])
 
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-    engine = Engine([wf("kept-fanout", run)], settings.model_copy(update={"parked_executions": kept}), celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "kept-fanout", run, parked_executions=kept)
     with worker_thread(engine, concurrency=4, queues=queues):
         envelope = engine.client().run_workflow("kept-fanout", timeout=TIMEOUT)
         used = engine.kept_fanouts.used
@@ -274,10 +268,7 @@ def test_a_branch_of_one_call_costs_four_scripts(settings: Settings) -> None:
     def run(ctx: WorkflowContext) -> Any:
         return ctx.parallel([lambda k=k: ctx.call(f"r{k}", "gpu.add", args=(k, 1)) for k in range(width)])
 
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-    engine = Engine([wf("woken-cost", run)], settings.model_copy(update={"branch_batch_ms": 60_000}), celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "woken-cost", run, branch_batch_ms=60_000)
     client = engine.store.client
     with worker_thread(engine, concurrency=4, queues=queues):
         engine.client().run_workflow("woken-cost", timeout=TIMEOUT)  # scripts loaded, worker warm
@@ -312,10 +303,7 @@ def test_a_kept_body_sends_its_calls_and_branches_without_building_a_result_back
         built.append(threading.get_ident())
         original(self, *args, **kwargs)
 
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-    engine = Engine([wf("no-backend", _sequence_and_fan_out)], settings, celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "no-backend", _sequence_and_fan_out)
     with worker_thread(engine, concurrency=4, queues=queues):
         client = engine.client()
         for _ in range(2):  # the pool's threads store results: theirs are built
@@ -344,10 +332,7 @@ def test_a_worker_does_not_stay_subscribed_to_the_results_of_the_calls_it_sent(s
             total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
         return ctx.call("quiet", "gpu.add_quietly", args=(total, 0))
 
-    gpu_queue = f"{settings.key_prefix}.gpu"
-    app = make_app(settings.redis_url, gpu_queue)
-    engine = Engine([wf("unsubscribed", run)], settings, celery_app=app)
-    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    engine, queues = _on_gpu_app(settings, "unsubscribed", run)
     redis_client = engine.store.client
 
     def subscriptions() -> int:
@@ -358,6 +343,7 @@ def test_a_worker_does_not_stay_subscribed_to_the_results_of_the_calls_it_sent(s
         assert envelope.result == sum(range(calls))
         poll(lambda: subscriptions() == 0, what="the worker to let the calls' result channels go")
         # The called task still stores its result, as Celery's default has it.
+        app = engine.celery
         last = app.AsyncResult(call_task_id(envelope.run_id, f"add-{calls - 1}"))
         assert last.get(timeout=TIMEOUT) == sum(range(calls))
         # A task whose own option is ignore_result keeps none.
