@@ -147,10 +147,9 @@ class MemoryRun(MemoryAgentTurns):
             state, run, now = self.state, self.state.run, self.clock()
             if run.get("status") == "paused":
                 refuse(self.run_id, ["settled"])
-            lock, lock_until = run.get("lock"), int(run.get("lock_until") or "0")
-            if lock and lock != token and lock_until > now:
+            if self._lock_busy(token, now):
                 run["wake"] = "1"
-                wait = lock_until - now + 100
+                wait = int(run["lock_until"]) - now + 100
                 token_done(state, token, now)
                 token_queued(state, resend, "c", now + wait, now)
                 return wait
@@ -162,6 +161,12 @@ class MemoryRun(MemoryAgentTurns):
                 clock_start(state, now)
             token_running(state, token, now + self.lease_ms, now)
             return flags(state)
+
+    def _lock_busy(self, token: str, now: int) -> bool:
+        """Another pass holds the run's lock (activate_run's busy test)."""
+        run = self.state.run
+        lock = run.get("lock")
+        return bool(lock) and lock != token and int(run.get("lock_until") or "0") > now
 
     def activate_reading(
         self, epoch: int, token: str, resend: str, seq: str, start: int
@@ -318,8 +323,7 @@ class MemoryRun(MemoryAgentTurns):
             run = self.state.run
             if here is None or owners != [schema.MAIN] or run.get("status") == "paused":
                 return CallDone(owners)
-            held = run.get("lock") not in (None, "", here.token) and int(run.get("lock_until") or "0") > self.clock()
-            if here.soft and held:
+            if here.soft and self._lock_busy(here.token, self.clock()):
                 return CallDone(owners)
             return CallDone(owners, self.activate_reading(epoch, here.token, here.resend, here.seq, here.start))
 

@@ -231,17 +231,16 @@ class RunStore(FleetLiveness):
     ) -> list[Any] | int:
         k = self.run_keys(run_id)
         keys = [k.run, k.progress, k.live, *([k.journal] if tail else [])]
-        args = [epoch, token, now_ms(), self.lease_ms, self.lease_ms, self.channel(namespace), resend, *tail]
+        args = [epoch, token, now_ms(), *self._lock_args(namespace, resend), *tail]
         reply = self._run("activate", keys, args)
         if reply and reply[0] == "busy":
             return int(reply[1])
         refuse(run_id, reply)
         return cast(list[Any], reply)
 
-    def _pass_args(self, here: PassHere) -> list[Any]:
-        """activate.lua's ARGV[4:] for ``here``, after its token, and the soft flag."""
-        channel = self.channel(here.namespace)
-        return [self.lease_ms, self.lease_ms, channel, here.resend, here.seq, here.start, "1" if here.soft else ""]
+    def _lock_args(self, namespace: str, resend: str) -> list[Any]:
+        """activate.lua's ARGV[4] to ARGV[7]: lock ttl, lease ttl, events channel, resend id."""
+        return [self.lease_ms, self.lease_ms, self.channel(namespace), resend]
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
@@ -495,7 +494,8 @@ class RunStore(FleetLiveness):
         args: list[Any] = [epoch, now, key, outcome, error, wake_prefix]
         if here is not None:
             keys.append(k.progress)
-            args += [here.token, *self._pass_args(here)]
+            lock = self._lock_args(here.namespace, here.resend)
+            args += [here.token, *lock, here.seq, here.start, "1" if here.soft else ""]
         # The sweep looks at the run a lease from now, should the wake this
         # answer sends be lost (a run waiting on a call without a time-out is
         # not on its schedule otherwise). Sent with the script, before its

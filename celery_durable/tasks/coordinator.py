@@ -64,12 +64,11 @@ def run_coordinator_task(
     # The lock token is the task id, so a message redelivered after its worker
     # died re-enters its own lock instead of waiting for it to expire.
     token = task_id or new_task_id()
-    unused = [taken]
-
     def attempt() -> None:
-        # A pass taken by the waking script is that try's: a try again after
-        # a storage error activates as any pass does (its token re-enters).
-        first, unused[0] = unused[0], None
+        # A pass taken by the waking script is the first try's: a try again
+        # after a storage error activates as any pass does (its token re-enters).
+        nonlocal taken
+        first, taken = taken, None
         _coordinate(engine, message, token, first)
 
     retry_storage(f"run {message.run_id}: a coordinator pass", attempt)
@@ -120,11 +119,9 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
         overdue=overdue,
         grace=engine.settings.lease_seconds,
     )
-    # However the passes end, a call's answer waiting for them to release
-    # the lock (``ParkedRuns.wait_let_go``) stops waiting.
-    with heartbeat, contextlib.ExitStack() as ending:
-        engine.parked.holding(record.run_id)
-        ending.callback(engine.parked.let_go, record.run_id)
+    # A call's answer that comes meanwhile waits for these passes to let go
+    # of the lock (``ParkedRuns.wait_let_go``), however they end.
+    with heartbeat, engine.parked.holding(record.run_id):
         while True:
             try:
                 _one_pass(engine, replay, kept)

@@ -97,14 +97,7 @@ def wake_owners(engine: Engine, run_id: str, epoch: int, workflow: str, owners: 
             engine.wake(run_id, epoch, workflow, owner, task_id)
     if here is None:
         return
-    owner, task_id = here
-    try:
-        _run_here(engine, run_id, epoch, workflow, owner, task_id)
-    except Exception:
-        # The message this replaced was never sent: send it now, under the
-        # same id, and a worker picks the work up where this one stopped.
-        logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, owner)
-        engine.wake(run_id, epoch, workflow, owner, task_id)
+    _continue_here(engine, run_id, epoch, workflow, *here)
 
 
 def kept_pass(
@@ -138,27 +131,30 @@ def wait_for_the_pass(engine: Engine, run_id: str, owners: Sequence[str]) -> Non
 def run_taken_pass(
     engine: Engine, run_id: str, epoch: int, workflow: str, kept: tuple[ParkedBody, PassHere], activation: Activation
 ) -> None:
-    """Run the pass whose lock the waking script took (``kept_pass``), here;
-    its message is sent instead should that fail, as for ``wake_owners``."""
+    """Run the pass whose lock the waking script took (``kept_pass``), here."""
     body, here = kept
+    _continue_here(engine, run_id, epoch, workflow, MAIN, here.token, TakenPass(body, here, activation))
+
+
+def _continue_here(
+    engine: Engine, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, taken: TakenPass | None = None
+) -> None:
     try:
-        run_coordinator_task(
-            engine,
-            task_id=here.token,
-            run_id=run_id,
-            epoch=epoch,
-            workflow=workflow,
-            extra={},
-            taken=TakenPass(body, here, activation),
-        )
+        _run_here(engine, run_id, epoch, workflow, owner, task_id, taken)
     except Exception:
-        logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, MAIN)
-        engine.wake(run_id, epoch, workflow, MAIN, here.token)
+        # The message this replaced was never sent: send it now, under the
+        # same id, and a worker picks the work up where this one stopped.
+        logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, owner)
+        engine.wake(run_id, epoch, workflow, owner, task_id)
 
 
-def _run_here(engine: Engine, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
+def _run_here(
+    engine: Engine, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, taken: TakenPass | None
+) -> None:
     if owner == MAIN:
-        run_coordinator_task(engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra={})
+        run_coordinator_task(
+            engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra={}, taken=taken
+        )
         return
     call, branch = branch_of(owner)
     run_branch_task(

@@ -17,10 +17,12 @@ resumed only when the journal shows it is where the body stopped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from celery_durable.broker.schema import SequenceHistory
 from celery_durable.workflows.parking import ParkedBody
@@ -71,16 +73,19 @@ class ParkedRuns:
             entry = self._bodies.get(run_id)
         return entry[1] if entry is not None and entry[0] == epoch else None
 
-    def holding(self, run_id: str) -> None:
-        """A pass of the run holds its lock in this process, from now until ``let_go``."""
+    @contextlib.contextmanager
+    def holding(self, run_id: str) -> Iterator[None]:
+        """A pass of the run holds its lock in this process for the block;
+        whoever waits for it (``wait_let_go``) goes on when the block ends."""
+        released = threading.Event()
         with self._lock:
-            self._passes[run_id] = threading.Event()
-
-    def let_go(self, run_id: str) -> None:
-        """The run's pass in this process released its lock (or ended)."""
-        with self._lock:
-            released = self._passes.pop(run_id, None)
-        if released is not None:
+            self._passes[run_id] = released
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._passes.get(run_id) is released:
+                    del self._passes[run_id]
             released.set()
 
     def holds(self, run_id: str) -> bool:
