@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from celery import Celery
+from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable.agents import AgentRunner, load_runner
 from celery_durable.broker import RunRecord, RunStore
@@ -15,6 +16,7 @@ from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.calls import publish_call
+from celery_durable.tasks.home import install as install_home
 from celery_durable.tasks.kept_fanouts import KeptFanouts
 from celery_durable.tasks.parked import ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
@@ -60,7 +62,10 @@ class Engine:
         os.register_at_fork(after_in_child=self._new_lock)
         self.parked = ParkedRuns(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
         self.kept_fanouts = KeptFanouts(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
+        self.home: Queue | None = None
+        """This worker process's home queue (``tasks/home.py``), set when its worker starts."""
         install_recovery(self)
+        install_home(self)
 
     def _new_lock(self) -> None:
         self._lock = threading.Lock()
@@ -91,9 +96,15 @@ class Engine:
         return Client(self, namespace or self.settings.namespace)
 
     def send_coordinator(
-        self, run_id: str, epoch: int, workflow: str, countdown: float | None = None, task_id: str | None = None
+        self,
+        run_id: str,
+        epoch: int,
+        workflow: str,
+        countdown: float | None = None,
+        task_id: str | None = None,
+        queue: Queue | None = None,
     ) -> str:
-        return send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown, task_id)
+        return send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown, task_id, queue)
 
     def send_agent(
         self,
@@ -132,11 +143,14 @@ class Engine:
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
         publish_call(self.celery, self, record, request)
 
-    def wake(self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
+    def wake(
+        self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, home: Queue | None = None
+    ) -> None:
         """Send the message that continues ``owner`` of a run: a coordinator
-        pass ("m"), or the branch task of a top-level branch ("<call>/<j>")."""
+        pass ("m"), to ``home`` when given, or the branch task of a top-level
+        branch ("<call>/<j>")."""
         if owner == MAIN:
-            self.send_coordinator(run_id, epoch, workflow, task_id=task_id)
+            self.send_coordinator(run_id, epoch, workflow, task_id=task_id, queue=home)
         else:
             call, branch = branch_of(owner)
             self.send_branch(run_id, epoch, workflow, call, branch, task_id)

@@ -45,6 +45,8 @@ class WorkerProcess:
         concurrency: int = 4,
         name: str = "w",
         log_dir: Path | None = None,
+        queues: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.app = app
@@ -52,6 +54,8 @@ class WorkerProcess:
         self.concurrency = concurrency
         self.name = name
         self.log_dir = log_dir
+        self.queues = queues
+        self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -60,10 +64,12 @@ class WorkerProcess:
             "-P", self.pool, "-c", str(self.concurrency), "--quiet", "--loglevel", "WARNING",
             "--hostname", f"{self.name}-{os.getpid()}-{id(self)}@%h",
         ]
+        if self.queues:
+            command += ["--queues", ",".join(self.queues)]
         log = open(self.log_dir / f"{self.name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             command,
-            env=settings_env(self.settings),
+            env={**settings_env(self.settings), **self.env},
             cwd=ROOT,
             stdout=log,
             stderr=log,

@@ -33,6 +33,10 @@ from tests.test_agents import (  # noqa: F401
     test_pause_lets_work_in_flight_finish_and_resume_continues,
     test_sixty_four_agents_never_exceed_a_ceiling_of_four,
 )
+from tests.test_home_queue import (  # noqa: F401
+    home_wakes,
+    test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home,
+)
 from tests.test_lifecycle import (  # noqa: F401
     test_cancel_a_run_waiting_on_a_parallel_fan_out,
     test_force_resume_takes_over_and_fences_out_the_old_attempt,
@@ -53,7 +57,8 @@ from tests.topologies import delete_queues
 def settings(settings: Settings, rabbitmq_url: str) -> Iterator[Settings]:
     """conftest's settings (this test's key prefix and queue names), with RabbitMQ as the broker."""
     yield settings.model_copy(update={"broker_url": rabbitmq_url})
-    delete_queues(rabbitmq_url, [settings.coordinator_queue, settings.steps_queue, settings.agents_queue])
+    queues = [settings.coordinator_queue, settings.steps_queue, settings.agents_queue, f"{settings.key_prefix}.gpu"]
+    delete_queues(rabbitmq_url, queues)
 
 
 # -- the broker's queue counts ----------------------------------------------------------

@@ -31,6 +31,7 @@ from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import CallDone
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
+from celery_durable.tasks.home import home_queue, is_home_name
 from celery_durable.tasks.in_place import consumes, kept_pass, run_taken_pass, wait_for_the_pass, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
@@ -63,6 +64,8 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     fields = {"run_id": record.run_id, "epoch": record.epoch, "workflow": record.workflow, "key": request.key}
     queue = engine.settings.coordinator_queue
     answer = {**fields, "task_name": request.task_name}
+    if engine.home is not None:
+        answer["home"] = engine.home.name  # where the body waiting for it is kept (tasks/home.py)
     link = app.signature(CALL_RESULT_TASK, kwargs=answer, queue=queue, serializer="json")
     link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, queue=queue, serializer="json")
     app.send_task(
@@ -85,14 +88,14 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
 def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
     """The called task returned ``args[0]``: journal it as the call's outcome."""
     try:
-        run_id, epoch, workflow, key, _ = _parse(fields)
+        run_id, epoch, workflow, key, _, home = _parse(engine, fields)
         if len(args) != 1:
             raise BadMessage(f"expected the task's result as the one positional argument, got {len(args)}")
     except BadMessage as exc:
         logger.error("rejected call result message: %s", exc)
         return
     outcome = result_outcome(key, args[0], epoch, engine.settings.max_payload_bytes)
-    _journal(engine, run_id, epoch, workflow, key, outcome)
+    _journal(engine, run_id, epoch, workflow, key, outcome, home)
 
 
 class CallAnswerTask(Task):  # type: ignore[misc]
@@ -169,7 +172,7 @@ def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -
     """The called task raised: in place ``(request, exception, traceback)``,
     or by message ``(task_id,)`` from a worker without the engine's tasks."""
     try:
-        run_id, epoch, workflow, key, task = _parse(fields)
+        run_id, epoch, workflow, key, task, home = _parse(engine, fields)
     except BadMessage as exc:
         logger.error("rejected call error message: %s", exc)
         return
@@ -181,7 +184,7 @@ def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -
         logger.error("rejected call error message for run %s: unexpected arguments %.80r", run_id, args)
         return
     outcome = schema.failure_outcome(epoch, StepFailed(key, error_type, message))
-    _journal(engine, run_id, epoch, workflow, key, outcome)
+    _journal(engine, run_id, epoch, workflow, key, outcome, home)
 
 
 def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str]:
@@ -203,15 +206,20 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
     return "TaskFailed", f"Task {task} failed: {error!r:.200}"
 
 
-def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome) -> None:
+def _journal(
+    engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome, home: str | None
+) -> None:
     """Journal the call's answer and continue what waits for it (``wake_owners``).
 
     When this thread would run the main body's pass, for a body kept parked
     here at the call, the script that journals the answer takes that pass's
-    lock too (``kept_pass``): a call in a row costs one script fewer."""
+    lock too (``kept_pass``): a call in a row costs one script fewer. When
+    the call was sent by another worker process (``home``), its body is kept
+    there, and the main body's wake is sent to it."""
     error = failure_error(outcome)
     prefix = new_task_id()
-    kept = kept_pass(engine, run_id, epoch, workflow, prefix)
+    away = home_queue(engine.celery, home) if home is not None and home != _own_home(engine) else None
+    kept = kept_pass(engine, run_id, epoch, workflow, prefix) if away is None else None
 
     def write() -> CallDone | None:
         here = kept[1] if kept is not None else None
@@ -233,18 +241,24 @@ def _journal(engine: Engine, run_id: str, epoch: int, workflow: str, key: str, o
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
     try:
-        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix)
+        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, away)
     except Exception:
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
 
 
-def _parse(fields: dict[str, Any]) -> tuple[str, int, str, str, str]:
-    known = {name: fields.pop(name, None) for name in ("key", "task_name")}
-    key, task = known["key"], known["task_name"]
+def _own_home(engine: Engine) -> str | None:
+    return engine.home.name if engine.home is not None else None
+
+
+def _parse(engine: Engine, fields: dict[str, Any]) -> tuple[str, int, str, str, str, str | None]:
+    known = {name: fields.pop(name, None) for name in ("key", "task_name", "home")}
+    key, task, home = known["key"], known["task_name"], known["home"]
     run_id, epoch, workflow = (fields.pop(name, None) for name in ("run_id", "epoch", "workflow"))
     message = parse_run_message(run_id, epoch, workflow, fields)
     if not isinstance(key, str) or not key:
         raise BadMessage(f"key is not a call key: {key!r:.80}")
     if not isinstance(task, str):
         raise BadMessage(f"task is not a task name: {task!r:.80}")
-    return message.run_id, message.epoch, message.workflow, key, task
+    if home is not None and not is_home_name(engine.settings, home):
+        raise BadMessage(f"home is not a home queue of this engine: {home!r:.80}")
+    return message.run_id, message.epoch, message.workflow, key, task, home

@@ -30,6 +30,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kombu import Queue  # type: ignore[attr-defined]
+
 from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.tasks.app import DURABLE_TASK_PREFIX, new_task_id
@@ -85,16 +87,27 @@ def queue_of(engine: Engine, owner: str) -> str:
     return engine.settings.coordinator_queue if owner == MAIN else engine.settings.steps_queue
 
 
-def wake_owners(engine: Engine, run_id: str, epoch: int, workflow: str, owners: Sequence[str], prefix: str) -> None:
+def wake_owners(
+    engine: Engine,
+    run_id: str,
+    epoch: int,
+    workflow: str,
+    owners: Sequence[str],
+    prefix: str,
+    home: Queue | None = None,
+) -> None:
     """Continue each owner woken by a script (task ids ``<prefix>-<n>``):
-    one of them in place when this worker consumes its queue, the rest by message."""
+    one of them in place when this worker consumes its queue, the rest by
+    message; the main body's to ``home`` when given, the worker that keeps
+    it (``tasks/home.py``), never here."""
     woken = [(owner, f"{prefix}-{n}") for n, owner in enumerate(owners, start=1)]
     here = None
     if workflow in engine.workflows:
-        here = next((w for w in woken if may_run_here(engine, queue_of(engine, w[0]))), None)
+        local = [w for w in woken if home is None or w[0] != MAIN]
+        here = next((w for w in local if may_run_here(engine, queue_of(engine, w[0]))), None)
     for owner, task_id in woken:
         if (owner, task_id) != here:
-            engine.wake(run_id, epoch, workflow, owner, task_id)
+            engine.wake(run_id, epoch, workflow, owner, task_id, home)
     if here is None:
         return
     _continue_here(engine, run_id, epoch, workflow, *here)

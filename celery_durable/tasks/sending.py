@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
+from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable.broker import schema
 from celery_durable.config import Settings
@@ -42,7 +43,7 @@ def _send(
     name: str,
     kwargs: dict[str, Any],
     *,
-    queue: str,
+    queue: str | Queue,
     task_id: str,
     shadow: str,
     shown: dict[str, Any],
@@ -77,14 +78,16 @@ def send_coordinator(
     workflow: str,
     countdown: float | None = None,
     task_id: str | None = None,
+    queue: Queue | None = None,
 ) -> str:
+    """A coordinator pass, to the coordinator queue or to a worker's ``queue`` (its home)."""
     task_id = task_id or new_task_id()
     kwargs = {"run_id": run_id, "epoch": epoch, "workflow": workflow}
     _send(
         app,
         COORDINATOR_TASK,
         kwargs,
-        queue=settings.coordinator_queue,
+        queue=queue or settings.coordinator_queue,
         task_id=task_id,
         countdown=countdown,
         shadow=f"{workflow} · coordinator",

@@ -17,9 +17,10 @@ import redis
 from celery import Celery
 
 
-def make_app(broker: str, queue: str, *, accept_pickle: bool = False) -> Celery:
-    store = redis.Redis.from_url(broker, decode_responses=True)
-    app = Celery("gpu", broker=broker, backend=broker, set_as_current=False)
+def make_app(broker: str, queue: str, *, accept_pickle: bool = False, results: str | None = None) -> Celery:
+    """The app on ``broker``; its results and counts on the Redis ``results`` (default: the broker)."""
+    store = redis.Redis.from_url(results or broker, decode_responses=True)
+    app = Celery("gpu", broker=broker, backend=results or broker, set_as_current=False)
     app.conf.update(
         task_routes={"gpu.*": {"queue": queue}},
         # The team's own settings, none of them celery-durable's: results

@@ -1,0 +1,45 @@
+"""A durable worker on the team's gpu app, for the home-queue tests
+(``tests/test_home_queue.py``), started with ``-Q`` of the coordinator and
+steps queues only: the tasks its workflows call run on another worker.
+
+``<key_prefix>:home:starts:<run id>`` counts how many times a run's body
+ran from its top (the first pass, and every replay after it). A test that
+runs these workflows in its own process too points ``counter`` at its Redis.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+
+from celery_durable import Engine, Settings, WorkflowContext, define_workflow
+from tests.apps.gpu import make_app
+
+settings = Settings()
+counter = (redis.Redis.from_url(settings.redis_url, decode_responses=True), settings.key_prefix)
+CALLS = 20
+
+
+def starts_key(prefix: str, run_id: str) -> str:
+    return f"{prefix}:home:starts:{run_id}"
+
+
+def _render_one(ctx: WorkflowContext) -> Any:
+    return ctx.call("render", "gpu.render", args=("x",), kwargs={"seconds": 0.5})
+
+
+def _adds(ctx: WorkflowContext) -> Any:
+    store, prefix = counter
+    store.incr(starts_key(prefix, ctx.run_id))
+    total = 0
+    for i in range(CALLS):
+        total = ctx.call(f"add-{i}", "gpu.add", args=(total, i))
+    return total
+
+
+render_one = define_workflow({"name": "render-one", "description": "one call", "phases": []}, _render_one)
+adds = define_workflow({"name": "adds", "description": "calls in a row", "phases": []}, _adds)
+app = make_app(settings.effective_broker_url, os.environ.get("GPU_QUEUE", "gpu"), results=settings.redis_url)
+engine = Engine([render_one, adds], settings, celery_app=app)
