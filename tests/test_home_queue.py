@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.signals import before_task_publish
+from celery.signals import before_task_publish, worker_shutdown
 
 from celery_durable import Engine, Settings
 from celery_durable.broker.keys import KeySpace
@@ -163,3 +163,20 @@ def test_an_answer_naming_a_home_that_is_not_this_engines_is_rejected_and_sends_
     assert all(message.startswith("rejected call result message") for message in rejected())
     assert home_wakes.count == 0
     assert engine.store.load_run("0" * 32) is None
+
+
+def test_a_worker_forgets_its_home_when_it_stops(settings: Settings) -> None:
+    """A stopped worker's bodies are unwound: a call this process sends
+    afterwards must not name a queue no one consumes. (A worker stopped by
+    a signal sends ``worker_shutdown``; the test's worker thread stops
+    another way, so the test sends it, as from another worker first.)"""
+    engine = Engine([render_one], settings)
+    with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue], hostname="homed@test") as worker:
+        assert engine.home is not None and engine.home.name == f"{settings.coordinator_queue}.homed@test"
+        worker_shutdown.send(sender=object())
+        assert engine.home is not None, "another worker's shutdown"
+        worker_shutdown.send(sender=worker)
+        assert engine.home is None
+    gpu_only = Engine([render_one], settings.model_copy(update={"key_prefix": f"{settings.key_prefix}x"}))
+    with worker_thread(gpu_only, concurrency=2, queues=[f"{settings.key_prefix}.gpu"], hostname="gpu@test"):
+        assert gpu_only.home is None, "a worker that does not consume the coordinator queue keeps no bodies"

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
+from celery.signals import worker_shutdown
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 if TYPE_CHECKING:
@@ -67,7 +68,11 @@ def install(engine: Engine) -> None:
     """Give each worker of ``engine``'s app a home queue it consumes."""
 
     class HomeQueueStep(bootsteps.Step):  # type: ignore[misc]
-        """Adds the worker's home queue before its consumer starts."""
+        """Adds the worker's home queue before its consumer starts; forgets it
+        when the worker stops (its bodies are unwound then), so nothing this
+        process sends afterwards names a queue no one consumes. Celery's
+        ``worker_shutdown`` says so even for a worker stopped before it fully
+        started, whose steps' ``stop`` it skips."""
 
         def __init__(self, worker: Any, **kwargs: Any) -> None:
             super().__init__(worker, **kwargs)
@@ -80,5 +85,12 @@ def install(engine: Engine) -> None:
             ):
                 return
             engine.home = queues.select_add(home_queue(worker.app, home_name(engine.settings, worker.hostname)))
+
+            def forget(sender: Any = None, **_: Any) -> None:
+                if sender is worker:
+                    engine.home = None
+                    worker_shutdown.disconnect(forget)
+
+            worker_shutdown.connect(forget, weak=False)
 
     engine.celery.steps["worker"].add(HomeQueueStep)
