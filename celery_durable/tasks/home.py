@@ -68,11 +68,12 @@ def install(engine: Engine) -> None:
     """Give each worker of ``engine``'s app a home queue it consumes."""
 
     class HomeQueueStep(bootsteps.Step):  # type: ignore[misc]
-        """Adds the worker's home queue before its consumer starts; forgets it
-        when the worker stops (its bodies are unwound then), so nothing this
-        process sends afterwards names a queue no one consumes. Celery's
-        ``worker_shutdown`` says so even for a worker stopped before it fully
-        started, whose steps' ``stop`` it skips."""
+        """Adds the worker's home queue before its consumer starts, and
+        forgets it at the worker's warm shutdown (Celery's ``worker_shutdown``,
+        sent whether or not the worker had fully started, when it skips the
+        steps' ``stop``): its bodies are unwound then, and nothing the process
+        sends afterwards may name a queue no one consumes. A cold shutdown
+        ends the process."""
 
         def __init__(self, worker: Any, **kwargs: Any) -> None:
             super().__init__(worker, **kwargs)
