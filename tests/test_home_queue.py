@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish, worker_shutdown
 
-from celery_durable import Engine, Settings
+from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.broker.keys import KeySpace
 from celery_durable.tasks.app import CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
@@ -30,7 +30,7 @@ from tests.apps.gpu import make_app
 from tests.apps.kept_home import CALLS, adds, render_one, starts_key
 from tests.conftest import worker_thread
 from tests.fleet import Fleet, WorkerProcess, fleet  # noqa: F401  (the fixture)
-from tests.test_calls import TIMEOUT, Gpu, poll
+from tests.test_calls import TIMEOUT, Gpu, poll, wf
 
 
 class HomeWakes:
@@ -70,7 +70,7 @@ def test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home(
     monkeypatch.setattr(kept_home, "counter", (raw_redis, settings.key_prefix))
     gpu_queue = f"{settings.key_prefix}.gpu"
     _keeper(settings, fleet, gpu_queue)
-    engine = Engine([adds, render_one], settings, celery_app=_gpu_app(settings, gpu_queue))
+    engine = Engine([adds, render_one], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
     client = engine.client()
     run_id = client.start_workflow("adds")
     running = KeySpace(settings.key_prefix).run(run_id).running
@@ -96,7 +96,7 @@ def test_a_wake_sent_home_to_a_dead_worker_is_found_and_the_run_taken_over(
     broker: the test reads its queue and its unacknowledged messages.)"""
     gpu_queue = f"{settings.key_prefix}.gpu"
     keeper = _keeper(settings, fleet, gpu_queue)
-    engine = Engine([render_one, adds], settings, celery_app=_gpu_app(settings, gpu_queue))
+    engine = Engine([render_one, adds], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
     client = engine.client()
     run_id = client.start_workflow("render-one")
     task_id = call_task_id(run_id, "render")
@@ -121,7 +121,12 @@ def test_a_wake_sent_home_to_a_dead_worker_is_found_and_the_run_taken_over(
 def _keeper(settings: Settings, fleet: Fleet, gpu_queue: str) -> WorkerProcess:  # noqa: F811
     """The worker process that keeps the bodies: no gpu queue, so its calls run elsewhere."""
     queues = [settings.coordinator_queue, settings.steps_queue]
-    return fleet.start("tests.apps.kept_home:engine", name="keeper", queues=queues, env={"GPU_QUEUE": gpu_queue})
+    env = {"GPU_QUEUE": gpu_queue, "CELERY_DURABLE_HOME_QUEUES": "true"}
+    return fleet.start("tests.apps.kept_home:engine", name="keeper", queues=queues, env=env)
+
+
+def _homed(settings: Settings) -> Settings:
+    return settings.model_copy(update={"home_queues": True})
 
 
 def _gpu_app(settings: Settings, gpu_queue: str) -> Celery:
@@ -140,7 +145,7 @@ def test_an_answer_naming_a_home_that_is_not_this_engines_is_rejected_and_sends_
     home queue of this engine (another engine's, or anything else) is refused
     with the rest of the message, before anything is journaled."""
     caplog.set_level(logging.ERROR, logger="celery_durable")
-    engine = Engine([render_one], settings)
+    engine = Engine([render_one], _homed(settings))
     answer = {"run_id": "0" * 32, "epoch": 1, "workflow": "render-one", "key": "render", "task_name": "gpu.render"}
     homes: list[Any] = [
         "elsewhere",
@@ -165,18 +170,44 @@ def test_an_answer_naming_a_home_that_is_not_this_engines_is_rejected_and_sends_
     assert engine.store.load_run("0" * 32) is None
 
 
-def test_a_worker_forgets_its_home_when_it_stops(settings: Settings) -> None:
+def test_a_worker_has_a_home_only_when_asked_and_forgets_it_when_it_stops(settings: Settings) -> None:
     """A stopped worker's bodies are unwound: a call this process sends
     afterwards must not name a queue no one consumes. (A worker stopped by
     a signal sends ``worker_shutdown``; the test's worker thread stops
     another way, so the test sends it, as from another worker first.)"""
-    engine = Engine([render_one], settings)
+    engine = Engine([render_one], _homed(settings))
     with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue], hostname="homed@test") as worker:
         assert engine.home is not None and engine.home.name == f"{settings.coordinator_queue}.homed@test"
         worker_shutdown.send(sender=object())
         assert engine.home is not None, "another worker's shutdown"
         worker_shutdown.send(sender=worker)
         assert engine.home is None
-    gpu_only = Engine([render_one], settings.model_copy(update={"key_prefix": f"{settings.key_prefix}x"}))
+    gpu_only = Engine([render_one], _homed(settings))
     with worker_thread(gpu_only, concurrency=2, queues=[f"{settings.key_prefix}.gpu"], hostname="gpu@test"):
         assert gpu_only.home is None, "a worker that does not consume the coordinator queue keeps no bodies"
+    default = Engine([render_one], settings)
+    with worker_thread(default, concurrency=2, queues=[settings.coordinator_queue], hostname="off@test"):
+        assert default.home is None, "home queues are off by default (settings.home_queues)"
+
+
+def test_a_wake_that_cannot_run_where_the_body_is_kept_goes_to_its_own_home(
+    settings: Settings, home_wakes: HomeWakes
+) -> None:
+    """``gpu.render`` is ``acks_late``, so its answer journaled in place sends
+    the wake rather than run the pass inside the user's task. Sent to the
+    coordinator queue, any worker of a fleet could take it and replay the
+    run; sent home, it comes back to the body here."""
+
+    def run(ctx: WorkflowContext) -> Any:
+        return [ctx.call(f"r{i}", "gpu.render", args=(f"i{i}",))["runs"] for i in range(3)]
+
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    engine = Engine([wf("own-home", run)], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
+    queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
+    with worker_thread(engine, concurrency=4, queues=queues, hostname="own@test"):
+        envelope = engine.client().run_workflow("own-home", timeout=TIMEOUT)
+        resumed = engine.parked.resumed
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [1, 1, 1]
+    assert home_wakes.count == 3, "each wake went to this worker's own home queue"
+    assert resumed == 3, "and the kept body went on at each"

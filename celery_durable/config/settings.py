@@ -71,6 +71,18 @@ class Settings(BaseSettings):
             "at most lease_seconds; 0 replays every pass."
         ),
     )
+    home_queues: bool = Field(
+        default=False,
+        description=(
+            "Each threads (or solo, gevent, eventlet) worker that consumes the coordinator queue also consumes "
+            "its own home queue, <coordinator_queue>.<node name>, and a call's answer journaled by another "
+            "process sends the wake of a body kept parked at that call there, instead of replaying the run where "
+            "the answer landed: calls in a row then cost the same each on a fleet of several processes. Off by "
+            "default: a wake sent home waits for that worker, and one not started within a few seconds (the "
+            "worker stopped, died or is busy) is judged lost and its run taken over; and workers of an older "
+            "version refuse answers that name a home. Turn it on once every worker runs this version."
+        ),
+    )
     branch_batch_ms: int = Field(
         default=20,
         ge=0,

@@ -25,6 +25,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
+from kombu import Queue  # type: ignore[attr-defined]
 from kombu.serialization import dumps, loads
 
 from celery_durable.broker import RunRecord, schema
@@ -213,13 +214,13 @@ def _journal(
 
     When this thread would run the main body's pass, for a body kept parked
     here at the call, the script that journals the answer takes that pass's
-    lock too (``kept_pass``): a call in a row costs one script fewer. When
-    the call was sent by another worker process (``home``), its body is kept
-    there, and the main body's wake is sent to it."""
+    lock too (``kept_pass``): a call in a row costs one script fewer. The
+    body is kept where the call was sent from (``home``, ``tasks/home.py``):
+    a main body's wake that does not run here is sent there."""
     error = failure_error(outcome)
     prefix = new_task_id()
-    away = home_queue(engine.celery, home) if home is not None and home != _own_home(engine) else None
-    kept = kept_pass(engine, run_id, epoch, workflow, prefix) if away is None else None
+    target = _home_of(engine, home)
+    kept = kept_pass(engine, run_id, epoch, workflow, prefix) if target is None or target is engine.home else None
 
     def write() -> CallDone | None:
         here = kept[1] if kept is not None else None
@@ -241,13 +242,18 @@ def _journal(
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
     try:
-        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, away)
+        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, target)
     except Exception:
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
 
 
-def _own_home(engine: Engine) -> str | None:
-    return engine.home.name if engine.home is not None else None
+def _home_of(engine: Engine, home: str | None) -> Queue | None:
+    """The queue of the process that keeps the body: this one's (``engine.home``), or another's."""
+    if home is None:
+        return None
+    if engine.home is not None and home == engine.home.name:
+        return engine.home
+    return home_queue(engine.celery, engine.settings, home)
 
 
 def _parse(engine: Engine, fields: dict[str, Any]) -> tuple[str, int, str, str, str, str | None]:

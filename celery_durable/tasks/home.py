@@ -21,6 +21,13 @@ consumes what was left for it, which the fence then refuses as stale.
 
 Only a pool whose node is one process has a home: a prefork pool's node
 hands a message to any of its children, not to the one keeping the body.
+
+Off unless ``settings.home_queues``: liveness judges a wake sent home by
+the coordinator queue, so a home worker that takes nothing for a few
+seconds (stopped, or every thread busy) has the run taken over, where a
+wake in the coordinator queue would have waited for any worker. The fix is
+Temporal's: a wake not started at home within a few seconds is sent again
+to the coordinator queue, as the same message, rather than judged lost.
 """
 
 from __future__ import annotations
@@ -41,14 +48,15 @@ lease, so liveness has long taken over what waited in it."""
 MAX_NAME = 400
 
 
-def home_queue(app: Celery, name: str) -> Queue:
+def home_queue(app: Celery, settings: Settings, name: str) -> Queue:
     """The home queue called ``name``, declared alike by its worker and by
     senders: RabbitMQ refuses a declaration whose arguments differ, and the
     worker's copy gets the app's ``task_queue_max_priority`` when it joins
-    the app's queues."""
+    the app's queues. It is bound to the coordinator queue's exchange, so a
+    node leaves no exchange of its own behind."""
     priority = app.amqp.queues.max_priority
     arguments = {"x-max-priority": priority} if priority is not None else None
-    exchange = Exchange(name, type="direct")  # type: ignore[no-untyped-call]
+    exchange = Exchange(settings.coordinator_queue, type="direct")  # type: ignore[no-untyped-call]
     return Queue(  # type: ignore[no-untyped-call]
         name, exchange, routing_key=name, expires=EXPIRES_SECONDS, queue_arguments=arguments
     )
@@ -80,12 +88,14 @@ def install(engine: Engine) -> None:
             pool = getattr(worker, "pool_cls", None)
             queues = worker.app.amqp.queues
             if (
-                not engine.parked.enabled
+                not engine.settings.home_queues
+                or not engine.parked.enabled
                 or "prefork" in str(getattr(pool, "__module__", pool))
                 or engine.settings.coordinator_queue not in queues.consume_from  # it keeps no bodies
             ):
                 return
-            engine.home = queues.select_add(home_queue(worker.app, home_name(engine.settings, worker.hostname)))
+            name = home_name(engine.settings, worker.hostname)
+            engine.home = queues.select_add(home_queue(worker.app, engine.settings, name))
 
             def forget(sender: Any = None, **_: Any) -> None:
                 if sender is worker:

@@ -98,12 +98,12 @@ def wake_owners(
 ) -> None:
     """Continue each owner woken by a script (task ids ``<prefix>-<n>``):
     one of them in place when this worker consumes its queue, the rest by
-    message; the main body's to ``home`` when given, the worker that keeps
-    it (``tasks/home.py``), never here."""
+    message; the main body's to ``home`` when given, the queue of the worker
+    that keeps it (``tasks/home.py``), and in place only when that is this one."""
     woken = [(owner, f"{prefix}-{n}") for n, owner in enumerate(owners, start=1)]
     here = None
     if workflow in engine.workflows:
-        local = [w for w in woken if home is None or w[0] != MAIN]
+        local = [w for w in woken if home is None or home is engine.home or w[0] != MAIN]
         here = next((w for w in local if may_run_here(engine, queue_of(engine, w[0]))), None)
     for owner, task_id in woken:
         if (owner, task_id) != here:
