@@ -16,6 +16,7 @@ from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.calls import publish_call
+from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
 from celery_durable.tasks.kept_fanouts import KeptFanouts
 from celery_durable.tasks.parked import ParkedRuns
@@ -64,6 +65,7 @@ class Engine:
         self.kept_fanouts = KeptFanouts(self.settings.parked_executions, idle_seconds=self.settings.lease_seconds)
         self.home: Queue | None = None
         """This worker process's home queue (``tasks/home.py``), set when its worker starts."""
+        self.home_wakes = HomeWakes(self)
         install_recovery(self)
         install_home(self)
 
@@ -147,10 +149,12 @@ class Engine:
         self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, home: Queue | None = None
     ) -> None:
         """Send the message that continues ``owner`` of a run: a coordinator
-        pass ("m"), to ``home`` when given, or the branch task of a top-level
-        branch ("<call>/<j>")."""
+        pass ("m"), to ``home`` when given (and watched there,
+        ``HomeWakes``), or the branch task of a top-level branch ("<call>/<j>")."""
         if owner == MAIN:
             self.send_coordinator(run_id, epoch, workflow, task_id=task_id, queue=home)
+            if home is not None:
+                self.home_wakes.watch(run_id, epoch, workflow, task_id)
         else:
             call, branch = branch_of(owner)
             self.send_branch(run_id, epoch, workflow, call, branch, task_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from celery_durable.tasks.app import CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
 from tests.apps import kept_home
 from tests.apps.gpu import make_app
-from tests.apps.kept_home import CALLS, adds, render_one, starts_key
+from tests.apps.kept_home import CALLS, adds, hold, render_one, starts_key
 from tests.conftest import worker_thread
 from tests.fleet import Fleet, WorkerProcess, fleet  # noqa: F401  (the fixture)
 from tests.test_calls import TIMEOUT, Gpu, poll, wf
@@ -70,7 +71,7 @@ def test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home(
     monkeypatch.setattr(kept_home, "counter", (raw_redis, settings.key_prefix))
     gpu_queue = f"{settings.key_prefix}.gpu"
     _keeper(settings, fleet, gpu_queue)
-    engine = Engine([adds, render_one], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
+    engine = Engine([adds, render_one, hold], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
     client = engine.client()
     run_id = client.start_workflow("adds")
     running = KeySpace(settings.key_prefix).run(run_id).running
@@ -85,18 +86,19 @@ def test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home(
 
 
 @pytest.mark.slow
-def test_a_wake_sent_home_to_a_dead_worker_is_found_and_the_run_taken_over(
+def test_a_wake_sent_home_to_a_dead_worker_goes_to_the_coordinator_queue_in_the_same_attempt(
     settings: Settings, fleet: Fleet, tmp_path: Path, raw_redis: redis.Redis  # noqa: F811
 ) -> None:
     """The worker keeping the body is killed while the call's task waits for
-    a GPU worker; the task then runs elsewhere and its answer is journaled
-    there, and the wake goes to the dead worker's home queue, where nothing
-    will take it. The sweep finds it lost, the run is taken over, and the
-    new attempt reads the journaled answer: the task ran once. (Redis as the
-    broker: the test reads its queue and its unacknowledged messages.)"""
+    a GPU worker; the task then runs here, its answer is journaled here, and
+    the wake goes to the dead worker's home queue, where nothing will take
+    it. Not started in time, it is sent again to the coordinator queue: the
+    run goes on here by a replay, in the same attempt, and the task ran once.
+    (Redis as the broker: the test reads its queue and its unacknowledged
+    messages.)"""
     gpu_queue = f"{settings.key_prefix}.gpu"
     keeper = _keeper(settings, fleet, gpu_queue)
-    engine = Engine([render_one, adds], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
+    engine = Engine([render_one, adds, hold], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
     client = engine.client()
     run_id = client.start_workflow("render-one")
     task_id = call_task_id(run_id, "render")
@@ -105,7 +107,7 @@ def test_a_wake_sent_home_to_a_dead_worker_is_found_and_the_run_taken_over(
     def kept() -> bool:
         """The call sent, the pass over and its message acknowledged (a message
         the keeper had not acknowledged would come back, and its pass wake the
-        run in the same attempt)."""
+        run by itself)."""
         return _queued(raw_redis, gpu_queue, task_id) and not raw_redis.hlen(live) and not raw_redis.hlen("unacked")
 
     poll(kept, what="the body kept at the call")
@@ -114,15 +116,51 @@ def test_a_wake_sent_home_to_a_dead_worker_is_found_and_the_run_taken_over(
         envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == {"item": "x", "rendered": "x.png", "runs": 1}
-    assert Gpu(settings, gpu_queue, tmp_path).runs(task_id) == 1, "the answer journaled before the take-over was kept"
-    assert envelope.attempt == 2, "the run was taken over once the wake sent home was found lost"
+    assert Gpu(settings, gpu_queue, tmp_path).runs(task_id) == 1, "the task ran once"
+    assert envelope.attempt == 1, "not taken over: the wake went to the coordinator queue"
 
 
-def _keeper(settings: Settings, fleet: Fleet, gpu_queue: str) -> WorkerProcess:  # noqa: F811
+@pytest.mark.slow
+def test_a_wake_sent_home_to_a_busy_worker_goes_on_elsewhere_in_the_same_attempt(
+    settings: Settings,
+    fleet: Fleet,  # noqa: F811
+    raw_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keeper has one thread. It keeps a run's body at its first call,
+    then takes another run whose inline step holds that thread for 15 s. The
+    answer journaled here is sent home, where nothing can start it: sent
+    again to the coordinator queue, it goes on here long before the step
+    ends, in the same attempt. Before, liveness took it for lost and the run
+    was taken over."""
+    monkeypatch.setattr(kept_home, "counter", (raw_redis, settings.key_prefix))
+    gpu_queue = f"{settings.key_prefix}.gpu"
+    _keeper(settings, fleet, gpu_queue, concurrency=1)
+    engine = Engine([adds, render_one, hold], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
+    client = engine.client()
+    calls = client.start_workflow("adds")
+    running = KeySpace(settings.key_prefix).run(calls).running
+    poll(lambda: raw_redis.hlen(running), what="the first call sent")
+    held = client.start_workflow("hold", args={"seconds": 15})
+    poll(lambda: client.get_workflow_run(held).status == "running", what="the keeper's one thread held")
+    started = time.monotonic()
+    with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue, gpu_queue]):
+        envelope = client.wait_for_workflow_run(calls, timeout=TIMEOUT)
+        took = time.monotonic() - started
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == sum(range(CALLS))
+    assert envelope.attempt == 1, "not taken over"
+    assert took < 12, f"went on while the keeper's thread was held ({took:.1f} s)"
+    assert client.get_workflow_run(held).status == "running", "the long step still runs"
+
+
+def _keeper(settings: Settings, fleet: Fleet, gpu_queue: str, concurrency: int = 4) -> WorkerProcess:  # noqa: F811
     """The worker process that keeps the bodies: no gpu queue, so its calls run elsewhere."""
     queues = [settings.coordinator_queue, settings.steps_queue]
     env = {"GPU_QUEUE": gpu_queue, "CELERY_DURABLE_HOME_QUEUES": "true"}
-    return fleet.start("tests.apps.kept_home:engine", name="keeper", queues=queues, env=env)
+    return fleet.start(
+        "tests.apps.kept_home:engine", name="keeper", queues=queues, env=env, concurrency=concurrency
+    )
 
 
 def _homed(settings: Settings) -> Settings:
@@ -170,7 +208,7 @@ def test_an_answer_naming_a_home_that_is_not_this_engines_is_rejected_and_sends_
     assert engine.store.load_run("0" * 32) is None
 
 
-def test_a_worker_has_a_home_only_when_asked_and_forgets_it_when_it_stops(settings: Settings) -> None:
+def test_a_worker_has_a_home_unless_turned_off_and_forgets_it_when_it_stops(settings: Settings) -> None:
     """A stopped worker's bodies are unwound: a call this process sends
     afterwards must not name a queue no one consumes. (A worker stopped by
     a signal sends ``worker_shutdown``; the test's worker thread stops
@@ -185,9 +223,9 @@ def test_a_worker_has_a_home_only_when_asked_and_forgets_it_when_it_stops(settin
     gpu_only = Engine([render_one], _homed(settings))
     with worker_thread(gpu_only, concurrency=2, queues=[f"{settings.key_prefix}.gpu"], hostname="gpu@test"):
         assert gpu_only.home is None, "a worker that does not consume the coordinator queue keeps no bodies"
-    default = Engine([render_one], settings)
-    with worker_thread(default, concurrency=2, queues=[settings.coordinator_queue], hostname="off@test"):
-        assert default.home is None, "home queues are off by default (settings.home_queues)"
+    off = Engine([render_one], settings.model_copy(update={"home_queues": False}))
+    with worker_thread(off, concurrency=2, queues=[settings.coordinator_queue], hostname="off@test"):
+        assert off.home is None, "settings.home_queues turned off (an upgrade from a version without it)"
 
 
 def test_a_wake_that_cannot_run_where_the_body_is_kept_goes_to_its_own_home(

@@ -194,6 +194,19 @@ class MemoryRun(MemoryAgentTurns):
                 token_done(self.state, token, self.clock())
             return False
 
+    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
+        """redirect_wake.lua: a wake sent home, not started yet, goes to the coordinator queue as ``new``."""
+        with self.lock:
+            run, live = self.state.run, self.state.live
+            if run.get("epoch") != str(epoch) or run.get("status") != "running":
+                return False
+            if (live.get(token) or "")[:2] != "q|":
+                return False
+            now = self.clock()
+            del live[token]
+            token_queued(self.state, new, "c", now, now)
+            return True
+
     def heartbeat(self, epoch: int, token: str, *, coordinator: bool = False, wake: str = "") -> tuple[Flags, bool]:
         """heartbeat.lua: renew the running task ``token``; the flags, and whether a
         ceiling was newly reached and the coordinator must be woken by message ``wake``."""

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "read_sequences",
     "received",
     "record_op",
+    "redirect_wake",
     "release",
     "release_idempotency",
     "resume",

@@ -247,6 +247,12 @@ class RunStore(FleetLiveness):
         k = self.run_keys(run_id)
         return bool(self._run("release", [k.run, k.live], [token, epoch, now_ms()]))
 
+    def redirect_wake(self, run_id: str, epoch: int, token: str, new: str) -> bool:
+        """A wake sent home and not started yet is to go to the coordinator
+        queue as message ``new`` (``redirect_wake.lua``): True when it is."""
+        k = self.run_keys(run_id)
+        return bool(self._run("redirect_wake", [k.run, k.live], [epoch, token, new, now_ms()]))
+
     def heartbeat(
         self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
     ) -> tuple[Flags, bool]:

@@ -72,15 +72,15 @@ class Settings(BaseSettings):
         ),
     )
     home_queues: bool = Field(
-        default=False,
+        default=True,
         description=(
             "Each threads (or solo, gevent, eventlet) worker that consumes the coordinator queue also consumes "
             "its own home queue, <coordinator_queue>.<node name>, and a call's answer journaled by another "
             "process sends the wake of a body kept parked at that call there, instead of replaying the run where "
-            "the answer landed: calls in a row then cost the same each on a fleet of several processes. Off by "
-            "default: a wake sent home waits for that worker, and one not started within a few seconds (the "
-            "worker stopped, died or is busy) is judged lost and its run taken over; and workers of an older "
-            "version refuse answers that name a home. Turn it on once every worker runs this version."
+            "the answer landed: calls in a row then cost the same each on a fleet of several processes. A wake "
+            "not started at home within 2 s (the worker stopped, died or is busy) goes to the coordinator queue. "
+            "Workers of versions before this setting refuse answers that name a home: during an upgrade from "
+            "one, turn it off until every worker runs this version."
         ),
     )
     branch_batch_ms: int = Field(

@@ -22,26 +22,41 @@ consumes what was left for it, which the fence then refuses as stale.
 Only a pool whose node is one process has a home: a prefork pool's node
 hands a message to any of its children, not to the one keeping the body.
 
-Off unless ``settings.home_queues``: liveness judges a wake sent home by
-the coordinator queue, so a home worker that takes nothing for a few
-seconds (stopped, or every thread busy) has the run taken over, where a
-wake in the coordinator queue would have waited for any worker. The fix is
-Temporal's: a wake not started at home within a few seconds is sent again
-to the coordinator queue, as the same message, rather than judged lost.
+A home worker may also be stopping, or have every thread busy with long
+steps. So a wake sent home and not started within ``REDIRECT_SECONDS`` is
+sent again to the coordinator queue, under a new id (``HomeWakes``,
+``redirect_wake.lua``), as Temporal's sticky queues fall back to the normal
+one: any worker goes on with the run, by a replay, in the same attempt.
+That is well inside liveness's own margin for a message that left an empty
+queue, so the run is never taken over for it; only when the process that
+sent the wake dies within that time too does liveness find it, and take
+the run over.
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
+import os
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
 from celery.signals import worker_shutdown
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
+from celery_durable.tasks.app import new_task_id
+
 if TYPE_CHECKING:
     from celery_durable.config import Settings
     from celery_durable.engine import Engine
 
+logger = logging.getLogger(__name__)
+
+REDIRECT_SECONDS = 2.0
+"""A wake sent home and not started after this goes to the coordinator queue;
+well below liveness's 5 s for a message that left an empty queue."""
 EXPIRES_SECONDS = 3600.0
 """An unused home queue is deleted after this on RabbitMQ: far past any
 lease, so liveness has long taken over what waited in it."""
@@ -105,3 +120,49 @@ def install(engine: Engine) -> None:
             worker_shutdown.connect(forget, weak=False)
 
     engine.celery.steps["worker"].add(HomeQueueStep)
+
+
+class HomeWakes:
+    """The wakes this process sent home, each sent again to the coordinator
+    queue should it not have started in time (module docstring).
+
+    One thread, started at the first wake, sleeps until the next one is due;
+    a check costs a script, off every wake's path."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._due: list[tuple[float, str, int, str, str]] = []
+        self._thread: threading.Thread | None = None
+        self._changed = threading.Condition()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._due = []
+        self._thread = None
+        self._changed = threading.Condition()
+
+    def watch(self, run_id: str, epoch: int, workflow: str, task_id: str) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (time.monotonic() + REDIRECT_SECONDS, run_id, epoch, workflow, task_id))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="celery-durable-home-wakes", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, run_id, epoch, workflow, task_id = heapq.heappop(self._due)
+            self._check(run_id, epoch, workflow, task_id)
+
+    def _check(self, run_id: str, epoch: int, workflow: str, task_id: str) -> None:
+        again = new_task_id()
+        try:
+            if self._engine.store.redirect_wake(run_id, epoch, task_id, again):
+                logger.info("run %s: its wake was not started at home in time; sent to the coordinator queue", run_id)
+                self._engine.send_coordinator(run_id, epoch, workflow, task_id=again)
+        except Exception:
+            # Counted in flight and never sent: liveness finds it, as any lost message.
+            logger.warning("run %s: a wake sent home could not be sent again", run_id, exc_info=True)

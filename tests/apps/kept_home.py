@@ -10,6 +10,7 @@ runs these workflows in its own process too points ``counter`` at its Redis.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import redis
@@ -39,7 +40,16 @@ def _adds(ctx: WorkflowContext) -> Any:
     return total
 
 
+def _hold(ctx: WorkflowContext) -> Any:
+    """A long step inline in the pass: it holds a worker thread throughout."""
+    return ctx.step("hold", lambda: time.sleep(float(ctx.args["seconds"])) or "held")
+
+
 render_one = define_workflow({"name": "render-one", "description": "one call", "phases": []}, _render_one)
 adds = define_workflow({"name": "adds", "description": "calls in a row", "phases": []}, _adds)
 app = make_app(settings.effective_broker_url, os.environ.get("GPU_QUEUE", "gpu"), results=settings.redis_url)
-engine = Engine([render_one, adds], settings, celery_app=app)
+# A worker takes a message only when a thread is free for it, as the engine's
+# own app does: a busy keeper must not hold the wake sent again for it.
+app.conf.worker_prefetch_multiplier = 1
+hold = define_workflow({"name": "hold", "description": "a long inline step", "phases": []}, _hold)
+engine = Engine([render_one, adds, hold], settings, celery_app=app)

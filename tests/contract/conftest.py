@@ -118,6 +118,10 @@ class Backend:
         """release.lua for that pass."""
         raise NotImplementedError
 
+    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
+        """redirect_wake.lua: a wake sent home goes to the coordinator queue as ``new``."""
+        raise NotImplementedError
+
     def refused(self) -> int:
         return int(self.field("run", "refused") or 0)
 
@@ -212,6 +216,9 @@ class RedisBackend(Backend):
 
     def release(self, token: str) -> bool:
         return self.store.release(self.run_id, token, 1)
+
+    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
+        return self.store.redirect_wake(self.run_id, epoch, token, new)
 
     def pass_time(self, ms: int) -> None:
         """The scripts take ``now`` from this process's clock, which a test does
@@ -308,6 +315,9 @@ class MemoryBackend(Backend):
 
     def release(self, token: str) -> bool:
         return self.run.release(token, 1)
+
+    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
+        return self.run.redirect_wake(epoch, token, new)
 
     def pass_time(self, ms: int) -> None:
         """The run's clock moves on."""

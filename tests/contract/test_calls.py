@@ -147,6 +147,29 @@ def test_an_answer_waiting_for_a_pass_of_its_own_process_leaves_a_busy_lock_alon
     assert backend.activate_reading("wake-1", "m", 0) == (NO_FLAGS, journal.read_sequence("m", start=0))
 
 
+def test_a_wake_sent_home_and_not_started_goes_to_the_coordinator_queue_once(make_backend: BackendFactory) -> None:
+    """The home worker did not start the wake in time: its entry is replaced
+    by the new message's, queued now, so liveness judges that one; a wake
+    that started, another attempt's, or a paused run's is left alone."""
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert backend.activate("pass-1") == NO_FLAGS
+    assert call(journal, "render").verdict == "publish"
+    assert not backend.release("pass-1")
+    assert backend.call_done(1, "render", ok(1), prefix="home") == ["m"]
+    assert backend.live()["home-1"].startswith("q|c|")
+    assert not backend.redirect_wake(2, "home-1", "again"), "another attempt's wake"
+    backend.settle("paused")
+    assert not backend.redirect_wake(1, "home-1", "again"), "a paused run waits for no wake"
+    backend.settle("running")
+    assert backend.redirect_wake(1, "home-1", "again")
+    assert "home-1" not in backend.live() and backend.live()["again"].startswith("q|c|")
+    assert not backend.redirect_wake(1, "home-1", "twice"), "redirected once"
+    assert backend.activate("again") == NO_FLAGS
+    assert not backend.redirect_wake(1, "again", "late"), "started: nothing to redirect"
+    assert backend.live()["again"].startswith("x|") and "late" not in backend.live()
+
+
 def test_an_answer_takes_no_pass_for_a_paused_run_or_a_branch(make_backend: BackendFactory) -> None:
     backend = make_backend()
     journal = backend.journal(1)
