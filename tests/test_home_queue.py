@@ -188,6 +188,7 @@ def test_an_answer_naming_a_home_that_is_not_this_engines_is_rejected_and_sends_
     homes: list[Any] = [
         "elsewhere",
         f"{settings.coordinator_queue}.",
+        f"{settings.coordinator_queue}.{settings.steps_queue}",
         "other.coordinator.w@host",
         f"{settings.coordinator_queue}.{'w' * 500}",
         7,

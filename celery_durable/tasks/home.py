@@ -82,9 +82,13 @@ def home_name(settings: Settings, hostname: str) -> str:
 
 
 def is_home_name(settings: Settings, name: Any) -> bool:
-    """Whether a message's ``home`` field names a home queue of this engine."""
+    """Whether a message's ``home`` field names a home queue of this engine:
+    the coordinator queue's name, a dot, and a Celery node name (``name@host``)."""
     prefix = f"{settings.coordinator_queue}."
-    return isinstance(name, str) and len(prefix) < len(name) <= MAX_NAME and name.startswith(prefix)
+    if not isinstance(name, str) or not len(prefix) < len(name) <= MAX_NAME or not name.startswith(prefix):
+        return False
+    node, at, host = name[len(prefix):].partition("@")
+    return bool(node and at and host)
 
 
 def install(engine: Engine) -> None:
