@@ -10,27 +10,23 @@ it, and an answer journaled elsewhere sends the main body's wake there:
 the kept body goes on where it waits, for one message. Temporal's sticky
 task queues do the same for a worker's cached workflows.
 
-A home queue is an optimisation, never the truth. A wake sent to the home
-of a process that has since died is counted in flight as a coordinator
-message, like any other: once the coordinator queue is found empty, a
-message still not started a few seconds later is judged lost, and the run
-is taken over (liveness in ``_prelude.lua``), as when a worker dies holding
-a message. On RabbitMQ the queue of a node gone for an hour is deleted with
-what it held (``x-expires``); on Redis, a restarted node of the same name
-consumes what was left for it, which the fence then refuses as stale.
+A home queue is an optimisation, never the truth. The home worker may have
+died, be stopping, or have every thread busy with long steps; so a wake sent
+home and not started within ``REDIRECT_SECONDS`` is sent again to the
+coordinator queue, under a new id (``HomeWakes``, ``redirect_wake.lua``), as
+Temporal's sticky queues fall back to the normal one: any worker goes on
+with the run, by a replay, in the same attempt. Until then the wake is
+counted in flight as a coordinator message like any other, and the fallback
+comes well inside liveness's own margin for a message that left an empty
+queue (``_prelude.lua``), so the run is not taken over for it; only when the
+process that sent the wake dies within that time too does liveness find it,
+and take the run over. A wake left behind in a home queue is one more pass
+if its node comes back under the same name (fenced, as any pass); on
+RabbitMQ a home queue unused for an hour is deleted with what it held
+(``x-expires``).
 
 Only a pool whose node is one process has a home: a prefork pool's node
 hands a message to any of its children, not to the one keeping the body.
-
-A home worker may also be stopping, or have every thread busy with long
-steps. So a wake sent home and not started within ``REDIRECT_SECONDS`` is
-sent again to the coordinator queue, under a new id (``HomeWakes``,
-``redirect_wake.lua``), as Temporal's sticky queues fall back to the normal
-one: any worker goes on with the run, by a replay, in the same attempt.
-That is well inside liveness's own margin for a message that left an empty
-queue, so the run is never taken over for it; only when the process that
-sent the wake dies within that time too does liveness find it, and take
-the run over.
 """
 
 from __future__ import annotations

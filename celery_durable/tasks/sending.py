@@ -87,7 +87,7 @@ def send_coordinator(
         app,
         COORDINATOR_TASK,
         kwargs,
-        queue=queue or settings.coordinator_queue,
+        queue=queue if queue is not None else settings.coordinator_queue,
         task_id=task_id,
         countdown=countdown,
         shadow=f"{workflow} · coordinator",
