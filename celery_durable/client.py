@@ -12,7 +12,7 @@ import redis.exceptions
 from kombu.exceptions import KombuError
 
 from celery_durable import progress as paging
-from celery_durable.broker import STATUSES, RunRecord, now_ms, schema
+from celery_durable.broker import STATUSES, RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.errors import (
     RunNotFoundError,
@@ -85,7 +85,7 @@ class Client:
             raise ValueError(f"idempotency_key must be a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters")
         store = self.engine.store
         run_id = uuid.uuid4().hex
-        created = now_ms()
+        created = store.now_ms()
         lease_ms = int(self.engine.settings.lease_seconds * 1000)
         fields = schema.new_run_fields(
             run_id=run_id,
@@ -351,7 +351,7 @@ class Client:
             self._wake(record.run_id, answer.epoch, record.workflow, owner, f"{prefix}-{n}")
         if answer.owners:
             # It was waiting, unwatched by the sweep: watch it again while it works.
-            self.engine.store.schedule_check(record.run_id, now_ms() + self.engine.store.lease_ms)
+            self.engine.store.schedule_check(record.run_id, self.engine.store.now_ms() + self.engine.store.lease_ms)
 
     def resume_workflow(
         self,

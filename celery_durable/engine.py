@@ -15,13 +15,19 @@ from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
-from celery_durable.tasks.calls import publish_call
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
 from celery_durable.tasks.kept_fanouts import KeptFanouts
 from celery_durable.tasks.parked import ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
-from celery_durable.tasks.sending import first_chunks, send_agent, send_branch, send_branches, send_coordinator
+from celery_durable.tasks.sending import (
+    CelerySender,
+    Sender,
+    agent_message,
+    branch_messages,
+    coordinator_message,
+    first_chunks,
+)
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
@@ -53,6 +59,9 @@ class Engine:
         self.workflows: Mapping[str, Workflow] = check_unique_names(workflows)
         self.celery: Celery = celery_app if celery_app is not None else build_celery_app(self.settings)
         mount(self.celery, self)
+        self.sender: Sender = CelerySender(self.celery)
+        """How this engine's messages travel: through its Celery app, or the
+        in-process test fleet's queue (``celery_durable.testing``)."""
         self._store: RunStore | None = None
         self._store_pid = 0
         self._lock = threading.Lock()
@@ -106,7 +115,9 @@ class Engine:
         task_id: str | None = None,
         queue: Queue | None = None,
     ) -> str:
-        return send_coordinator(self.celery, self.settings, run_id, epoch, workflow, countdown, task_id, queue)
+        message = coordinator_message(self.settings, run_id, epoch, workflow, countdown, task_id, queue)
+        self.sender.send([message])
+        return message.task_id
 
     def send_agent(
         self,
@@ -118,10 +129,9 @@ class Engine:
         countdown: float | None = None,
         task_id: str | None = None,
     ) -> str:
-        return send_agent(self.celery, self.settings, run_id, epoch, workflow, agent, owner, countdown, task_id)
-
-    def send_branch(self, run_id: str, epoch: int, workflow: str, call: str, branch: int, task_id: str) -> None:
-        send_branch(self.celery, self.settings, run_id, epoch, workflow, call, branch, task_id)
+        message = agent_message(self.settings, run_id, epoch, workflow, agent, owner, countdown, task_id)
+        self.sender.send([message])
+        return message.task_id
 
     def send_branches(
         self,
@@ -140,10 +150,11 @@ class Engine:
         ids = list(task_ids) if task_ids is not None else [new_task_id() for _ in range(min(len(indices), count))]
         if before is not None:
             before(ids)
-        return send_branches(self.celery, self.settings, run_id, epoch, workflow, call, indices, len(ids), ids)
+        self.sender.send(branch_messages(self.settings, run_id, epoch, workflow, call, indices, ids))
+        return ids
 
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
-        publish_call(self.celery, self, record, request)
+        self.sender.send_call(self, record, request)
 
     def wake(
         self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, home: Queue | None = None
@@ -157,7 +168,7 @@ class Engine:
                 self.home_wakes.watch(run_id, epoch, workflow, task_id)
         else:
             call, branch = branch_of(owner)
-            self.send_branch(run_id, epoch, workflow, call, branch, task_id)
+            self.send_branches(run_id, epoch, workflow, call, [branch], task_ids=[task_id])
 
     def count_refused(self) -> None:
         """Count a task message refused by the fence (stale epoch or forged run)."""

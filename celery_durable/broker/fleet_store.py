@@ -15,7 +15,7 @@ from typing import Any, cast
 from celery_durable.broker.connection import RedisClient, storage_errors
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.records import STATUSES
-from celery_durable.broker.scripts import now_ms
+from celery_durable.broker.scripts import Clock
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError
 
@@ -52,6 +52,7 @@ class FleetLiveness:
     settings: Settings
     keys: KeySpace
     client: RedisClient
+    clock: Clock
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         raise NotImplementedError
@@ -93,7 +94,7 @@ class FleetLiveness:
         not exist. With ``fire_prefix``, its due timers fire: the owners to wake
         come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
         k = self.run_keys(run_id)
-        args = [now_ms(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
+        args = [self.clock(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
         reply = self._run("examine", [k.run, k.live, k.waits], args)
         if not reply:
             return None
@@ -157,7 +158,7 @@ class FleetLiveness:
     def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
         """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
         k = self.run_keys(run_id)
-        return int(self._run("mark_lost", [k.run, k.live], [now_ms(), *task_ids]))
+        return int(self._run("mark_lost", [k.run, k.live], [self.clock(), *task_ids]))
 
     def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
         """The broker held no message in ``queues`` at ``at_ms`` (a look at every

@@ -29,7 +29,7 @@ from celery_durable.broker.journal import (
 )
 from celery_durable.broker.keys import RunKeys
 from celery_durable.broker.schema import SequenceHistory
-from celery_durable.broker.scripts import now_ms, refuse
+from celery_durable.broker.scripts import Clock, refuse
 from celery_durable.errors import StorageCorruptError
 
 ScriptRunner = Callable[[str, Sequence[str], Sequence[Any]], Any]
@@ -63,8 +63,10 @@ class RedisJournal:
         epoch: int,
         channel: str,
         look_at: Callable[[int], None],
+        clock: Clock,
     ) -> None:
         self._run = run
+        self._clock = clock
         self._hmget = read
         self._look_at = look_at
         self._keys = keys
@@ -81,7 +83,7 @@ class RedisJournal:
         return self._epoch
 
     def now_ms(self) -> int:
-        return now_ms()
+        return self._clock()
 
     def _fenced(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         reply = self._run(name, keys, args)
@@ -100,13 +102,13 @@ class RedisJournal:
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         k = self._keys
-        args = [self._epoch, now_ms(), self._channel, seq, *_begin_args(call)]
+        args = [self._epoch, self._clock(), self._channel, seq, *_begin_args(call)]
         reply = self._fenced("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
         return Began(flags_of(reply), reply[4] or None)
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
         k = self._keys
-        args = [self._epoch, now_ms(), self._channel, seq, *astuple(commit), *_begin_args(call)]
+        args = [self._epoch, self._clock(), self._channel, seq, *astuple(commit), *_begin_args(call)]
         reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
         if reply and reply[0] == "conflict":
             return Conflict(str(reply[1]))
@@ -118,7 +120,7 @@ class RedisJournal:
     def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
         k = self._keys
         reply = self._run(
-            "record_op", [k.run, k.journal, k.steps, k.running], [self._epoch, now_ms(), seq, *astuple(commit)]
+            "record_op", [k.run, k.journal, k.steps, k.running], [self._epoch, self._clock(), seq, *astuple(commit)]
         )
         if reply and reply[0] == "conflict":
             return Conflict(str(reply[1]))
@@ -140,7 +142,7 @@ class RedisJournal:
 
     def sending(self, call: str, messages: Sequence[str]) -> None:
         k = self._keys
-        self._fenced("sending", [k.run, k.journal, k.live], [self._epoch, call, "", "", now_ms(), *messages])
+        self._fenced("sending", [k.run, k.journal, k.live], [self._epoch, call, "", "", self._clock(), *messages])
 
     def mark_sent(self, call: str) -> None:
         k = self._keys
@@ -154,7 +156,7 @@ class RedisJournal:
 
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
         k = self._keys
-        args = [self._epoch, call, giver, schema.handoff_value(self._epoch, branches), now_ms(), *messages]
+        args = [self._epoch, call, giver, schema.handoff_value(self._epoch, branches), self._clock(), *messages]
         self._fenced("sending", [k.run, k.journal, k.live], args)
 
     def handed_off(self, call: str, giver: str) -> list[int]:
@@ -180,7 +182,7 @@ class RedisJournal:
         keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.live]
         finished = [held.call, held.branch, held.outcome, held.wake, held.seq, *astuple(held.step)]
         reply = self._fenced(
-            "complete_begin", keys, [self._epoch, now_ms(), self._channel, seq, *finished, *_begin_args(call)]
+            "complete_begin", keys, [self._epoch, self._clock(), self._channel, seq, *finished, *_begin_args(call)]
         )
         if reply[0] == "winner":
             return Winner(str(reply[1]))
@@ -191,7 +193,7 @@ class RedisJournal:
     def _complete(self, call: str, branch: int, outcome: str, wake: str, ending: str, held: list[Any]) -> Any:
         k = self._keys
         keys = [k.run, k.journal, k.live, k.steps, k.running]
-        args = [self._epoch, call, branch, outcome, wake, now_ms(), ending, *held]
+        args = [self._epoch, call, branch, outcome, wake, self._clock(), ending, *held]
         return self._fenced("complete_branch", keys, args)
 
     def agent_call(
@@ -210,7 +212,10 @@ class RedisJournal:
         reply = self._run(
             "agent_call",
             [k.run, k.journal, k.agents, k.live],
-            [self._epoch, now_ms(), seq, index, identity, agent_id, request_json, owner, row_json, cut or "", message],
+            [
+                *(self._epoch, self._clock(), seq, index, identity, agent_id),
+                *(request_json, owner, row_json, cut or "", message),
+            ],
         )
         if reply and reply[0] == "conflict":
             return Conflict(str(reply[1]))
@@ -221,7 +226,7 @@ class RedisJournal:
         self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
     ) -> WaitResult | Conflict:
         k = self._keys
-        args = [self._epoch, now_ms(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
+        args = [self._epoch, self._clock(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
         reply = self._run("wait", [k.run, k.journal, k.waits, k.signals], [*args, self._channel])
         if reply and reply[0] == "conflict":
             return Conflict(str(reply[1]))
@@ -239,7 +244,7 @@ class RedisJournal:
         k = self._keys
         identity = schema.Identity.call(key)
         due = "" if due_ms is None else due_ms
-        args = [self._epoch, now_ms(), seq, index, identity, key, owner, due, cut or ""]
+        args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]
         error = schema.decode_outcome(timeout_outcome).message
         args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel]
         reply = self._run("call", [k.run, k.journal, k.waits, k.running, k.steps], args)

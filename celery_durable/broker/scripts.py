@@ -8,7 +8,7 @@ runs in the same script as the write it guards.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any, cast
@@ -89,6 +89,10 @@ class Scripts:
 
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]
+
+
+Clock = Callable[[], int]
+"""Milliseconds since the epoch."""
 
 
 def now_ms() -> int:

@@ -25,7 +25,7 @@ from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice, parse_slice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal, flags_of
-from celery_durable.broker.scripts import Scripts, now_ms, refuse
+from celery_durable.broker.scripts import Clock, Scripts, now_ms, refuse
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
 
@@ -46,8 +46,11 @@ class Signalled:
 class RunStore(FleetLiveness):
     """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
 
-    def __init__(self, settings: Settings, client: RedisClient | None = None) -> None:
+    def __init__(self, settings: Settings, client: RedisClient | None = None, clock: Clock = now_ms) -> None:
         self.settings = settings
+        self.clock = clock
+        """Milliseconds since the epoch, as every script is told the time: the
+        wall clock, or a test environment's virtual one (``testing.clock``)."""
         self.keys = KeySpace(settings.key_prefix)
         self.client: RedisClient = client or connect(settings)
         self._scripts = Scripts(self.client)
@@ -93,6 +96,9 @@ class RunStore(FleetLiveness):
                     raise failed
         return reply
 
+    def now_ms(self) -> int:
+        return self.clock()
+
     def run_keys(self, run_id: str) -> RunKeys:
         return self.keys.run(run_id)
 
@@ -112,7 +118,7 @@ class RunStore(FleetLiveness):
             flat.extend((name, value))
         k = self.run_keys(run_id)
         retention_ms = self.settings.run_retention_seconds * 1000
-        return bool(self._run("create_run", [k.run, k.live], [message, now_ms(), retention_ms, *flat]))
+        return bool(self._run("create_run", [k.run, k.live], [message, self.clock(), retention_ms, *flat]))
 
     def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
         ns = self.keys.namespace(namespace)
@@ -231,7 +237,7 @@ class RunStore(FleetLiveness):
     ) -> list[Any] | int:
         k = self.run_keys(run_id)
         keys = [k.run, k.progress, k.live, *([k.journal] if tail else [])]
-        args = [epoch, token, now_ms(), *self._lock_args(namespace, resend), *tail]
+        args = [epoch, token, self.clock(), *self._lock_args(namespace, resend), *tail]
         reply = self._run("activate", keys, args)
         if reply and reply[0] == "busy":
             return int(reply[1])
@@ -245,13 +251,13 @@ class RunStore(FleetLiveness):
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
         k = self.run_keys(run_id)
-        return bool(self._run("release", [k.run, k.live], [token, epoch, now_ms()]))
+        return bool(self._run("release", [k.run, k.live], [token, epoch, self.clock()]))
 
     def redirect_wake(self, run_id: str, epoch: int, token: str, new: str) -> bool:
         """A wake sent home and not started yet is to go to the coordinator
         queue as message ``new`` (``redirect_wake.lua``): True when it is."""
         k = self.run_keys(run_id)
-        return bool(self._run("redirect_wake", [k.run, k.live], [epoch, token, new, now_ms()]))
+        return bool(self._run("redirect_wake", [k.run, k.live], [epoch, token, new, self.clock()]))
 
     def heartbeat(
         self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
@@ -262,7 +268,7 @@ class RunStore(FleetLiveness):
         reply = self._run(
             "heartbeat",
             [k.run, k.live],
-            [epoch, token, now_ms(), self.lease_ms, self.lease_ms, wake, int(coordinator)],
+            [epoch, token, self.clock(), self.lease_ms, self.lease_ms, wake, int(coordinator)],
         )
         refuse(run_id, reply)
         return flags_of(reply), reply[4] == 1
@@ -284,7 +290,7 @@ class RunStore(FleetLiveness):
         workflow's) or 'settled'."""
         k = self.run_keys(run_id)
         fields = [schema.branch_field(call, j) for j in indices]
-        args = [epoch, workflow, token, now_ms(), self.lease_ms, schema.handoff_field(call, token)]
+        args = [epoch, workflow, token, self.clock(), self.lease_ms, schema.handoff_field(call, token)]
         reply = self._run("branch_start", [k.run, k.live, k.journal],
                           [*args, READ_ENTRIES_BUDGET, len(fields), *fields, *seqs])
         if not reply or reply[0] != "ok":
@@ -309,7 +315,7 @@ class RunStore(FleetLiveness):
         """A branch task ended; True when a pause waits for it and the
         coordinator must be woken by message ``wake``."""
         k = self.run_keys(run_id)
-        reply = self._run("task_end", [k.run, k.live], [epoch, token, now_ms(), wake])
+        reply = self._run("task_end", [k.run, k.live], [epoch, token, self.clock(), wake])
         return bool(reply and len(reply) > 1 and reply[1] == 1)
 
     # -- the journal -------------------------------------------------------------
@@ -324,6 +330,7 @@ class RunStore(FleetLiveness):
             epoch=epoch,
             channel=self.channel(namespace),
             look_at=lambda at_ms: self.schedule_check(run_id, at_ms, sooner_only=True),
+            clock=self.clock,
         )
 
     def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
@@ -342,7 +349,7 @@ class RunStore(FleetLiveness):
         reply = self._run(
             "agent_start",
             [k.run, k.journal, k.agents, k.live],
-            [epoch, now_ms(), agent_id, token, self.lease_ms, resend, delay_ms],
+            [epoch, self.clock(), agent_id, token, self.lease_ms, resend, delay_ms],
         )
         refuse(run_id, reply)
         return str(reply[0]), (str(reply[1]) if len(reply) > 1 else None)
@@ -365,7 +372,7 @@ class RunStore(FleetLiveness):
         reply = self._run(
             "agent_finish",
             [k.run, k.journal, k.agents, k.live],
-            [epoch, now_ms(), agent_id, outcome, row_json, *usage, token, wake_prefix],
+            [epoch, self.clock(), agent_id, outcome, row_json, *usage, token, wake_prefix],
         )
         refuse(run_id, reply)
         return str(reply[1]).split()
@@ -377,7 +384,7 @@ class RunStore(FleetLiveness):
     def pause(self, run_id: str, namespace: str, message: str) -> tuple[str, int | None]:
         """Request a pause; on 'requested' the caller sends coordinator message ``message``."""
         k = self.run_keys(run_id)
-        reply = self._run("pause", [k.run, k.live], [self.channel(namespace), now_ms(), message])
+        reply = self._run("pause", [k.run, k.live], [self.channel(namespace), self.clock(), message])
         return str(reply[0]), (int(reply[1]) if reply[0] == "requested" else None)
 
     def step_rows(self, run_id: str) -> dict[str, str]:
@@ -411,7 +418,7 @@ class RunStore(FleetLiveness):
             [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
             [
                 epoch,
-                now_ms(),
+                self.clock(),
                 self.channel(namespace),
                 status,
                 reason,
@@ -448,7 +455,7 @@ class RunStore(FleetLiveness):
             [
                 record.epoch,
                 record.status,
-                now_ms(),
+                self.clock(),
                 self.channel(record.namespace),
                 limits_json,
                 message,
@@ -462,17 +469,18 @@ class RunStore(FleetLiveness):
         )
         if reply[0] != "ok":
             return None
-        self.schedule_check(record.run_id, now_ms() + self.lease_ms)
+        self.schedule_check(record.run_id, self.clock() + self.lease_ms)
         self._persist_idempotency(record)
         return int(reply[1])
 
     def halt(self, record: RunRecord) -> bool:
         """Halt a run whose attempt died (auto_recover off); False if it changed meanwhile."""
         k = self.run_keys(record.run_id)
+        room = self.queue_room()
         reply = self._run(
             "halt",
             [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
-            [record.epoch, record.status, now_ms(), self.channel(record.namespace), self.lease_ms, self.queue_room()],
+            [record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room],
         )
         if reply[0] == "ok":
             self.unschedule(record.run_id)
@@ -495,7 +503,7 @@ class RunStore(FleetLiveness):
         alone, the same script takes the lock of its pass for the caller (one
         round trip where a wake run in place took two)."""
         k = self.run_keys(run_id)
-        now = now_ms()
+        now = self.clock()
         keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps]
         args: list[Any] = [epoch, now, key, outcome, error, wake_prefix]
         if here is not None:
@@ -523,7 +531,7 @@ class RunStore(FleetLiveness):
         reply = self._run(
             "signal",
             [k.run, k.signals, k.waits, k.live, k.progress],
-            [now_ms(), name, payload_json, wake_prefix, self.channel(namespace)],
+            [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)],
         )
         if not reply or reply[0] == "missing":
             return Signalled("missing")
@@ -539,7 +547,8 @@ class RunStore(FleetLiveness):
     def cancel(self, run_id: str, namespace: str, message: str) -> tuple[str, int | None]:
         """Request cancellation; on 'requested' the caller sends coordinator message ``message``."""
         k = self.run_keys(run_id)
-        reply = self._run("cancel", [k.run, k.progress, k.live, k.waits], [now_ms(), self.channel(namespace), message])
+        args = [self.clock(), self.channel(namespace), message]
+        reply = self._run("cancel", [k.run, k.progress, k.live, k.waits], args)
         epoch = int(reply[1]) if reply[0] == "requested" else None
         if reply[0] == "cancelled":
             self.unschedule(run_id)

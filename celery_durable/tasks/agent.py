@@ -24,7 +24,7 @@ import jsonschema.exceptions
 
 from celery_durable.agents import AgentRequest, AgentResult
 from celery_durable.agents.errors import AgentOutputError
-from celery_durable.broker import Flags, RunRecord, now_ms, schema
+from celery_durable.broker import Flags, RunRecord, schema
 from celery_durable.broker.schema import Outcome
 from celery_durable.errors import StaleAttemptError
 from celery_durable.tasks.app import new_task_id
@@ -106,7 +106,7 @@ def run_agent_task(
             engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
 
         with Heartbeat(engine.store, attempt, token=token, interval=engine.heartbeat_interval, wake=wake_coordinator):
-            begun, clock = now_ms(), time.monotonic()
+            begun, clock = engine.store.now_ms(), time.monotonic()
             turn = run_turn(engine, record, agent, json.loads(request_json))
             active_ms = int((time.monotonic() - clock) * 1000)
         # The turn ran: only its journaling is retried, never the turn itself.
@@ -139,7 +139,7 @@ def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Tur
         store.agent_rows(record.run_id).get(schema.agent_row_key(agent, record.epoch)),
         failed=turn.error is not None,
         started_at=begun,
-        completed_at=now_ms(),
+        completed_at=engine.store.now_ms(),
         active_ms=active_ms,
         usage=turn.usage,
         error=turn.error,

@@ -154,80 +154,22 @@ first engine's app and run its messages against the wrong key prefix."""
 
 
 def _register(app: Celery, engine: Engine) -> None:
-    from celery_durable.tasks.agent import run_agent_task
-    from celery_durable.tasks.branch import run_branch_task
     from celery_durable.tasks.calls import CallAnswerTask, call_failed, call_succeeded
-    from celery_durable.tasks.coordinator import run_coordinator_task
+    from celery_durable.tasks.entry import run_durable_task
 
-    # Every field is keyword-only: celery-durable sends keyword arguments, so
-    # a message with positional ones was not sent by it (see _positional).
-    @app.task(name=COORDINATOR_TASK, **DURABLE_OPTIONS)
-    def coordinator(
-        task: Task, *args: Any, run_id: Any = None, epoch: Any = None, workflow: Any = None, **extra: Any
-    ) -> None:
-        if _positional("coordinator", args):
-            return
-        run_coordinator_task(
-            engine, task_id=_task_id(task), run_id=run_id, epoch=epoch, workflow=workflow, extra=extra
-        )
+    def durable_task(name: str) -> None:
+        @app.task(name=name, **DURABLE_OPTIONS)
+        def body(task: Task, *args: Any, **kwargs: Any) -> None:
+            if not _positional(name.rpartition(".")[2], args):
+                run_durable_task(engine, name, _task_id(task), kwargs)
 
-    @app.task(name=AGENT_TASK, **DURABLE_OPTIONS)
-    def agent(
-        task: Task,
-        *args: Any,
-        run_id: Any = None,
-        epoch: Any = None,
-        workflow: Any = None,
-        agent: Any = None,
-        owner: Any = None,
-        **extra: Any,
-    ) -> None:
-        if _positional("agent", args):
-            return
-        run_agent_task(
-            engine,
-            task_id=_task_id(task),
-            run_id=run_id,
-            epoch=epoch,
-            workflow=workflow,
-            agent=agent,
-            owner=owner,
-            extra=extra,
-        )
+    for name in (COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK):
+        durable_task(name)
 
-    @app.task(name=BRANCH_TASK, **DURABLE_OPTIONS)
-    def branch(
-        task: Task,
-        *args: Any,
-        run_id: Any = None,
-        epoch: Any = None,
-        workflow: Any = None,
-        call: Any = None,
-        branches: Any = None,
-        **extra: Any,
-    ) -> None:
-        if _positional("branch", args):
-            return
-        run_branch_task(
-            engine,
-            task_id=_task_id(task),
-            run_id=run_id,
-            epoch=epoch,
-            workflow=workflow,
-            call=call,
-            branches=branches,
-            extra=extra,
-        )
-
-    # A called task's link: the worker that ran it sends its return value as
-    # the one positional argument, or answers in place (CallAnswerTask).
     @app.task(name=CALL_RESULT_TASK, base=CallAnswerTask, engine=engine, **DURABLE_OPTIONS)
     def call_result(this: Task, *args: Any, **fields: Any) -> None:
         call_succeeded(engine, args, fields)
 
-    # Its link_error: called in place with (request, exception, traceback)
-    # on a worker that has this task, else sent with the failed task's id.
-    # Not bound: Celery calls a bound errback the old way, with the id only.
     @app.task(name=CALL_FAILED_TASK, **{**DURABLE_OPTIONS, "bind": False})
     def call_error(*args: Any, **fields: Any) -> None:
         call_failed(engine, args, fields)

@@ -1,4 +1,4 @@
-"""Publishing the durable tasks' messages.
+"""The durable tasks' messages, and the one seam that sends them.
 
 Each message is JSON, sent to its queue with a task id chosen by the caller
 (the run counts it as in flight in the same script that decides to send it,
@@ -6,12 +6,20 @@ see liveness in ``_prelude.lua``). Flower shows what a message is for: the
 task's displayed name (Celery's ``shadow``) says the workflow and what the
 message does, and its arguments say the run, the fan-out and its branches'
 sequences, so Flower's search finds a run's tasks by run id or sequence.
+
+What a message says is built here once (``coordinator_message``,
+``agent_message``, ``branch_messages``); how it travels is a ``Sender``:
+``CelerySender`` publishes through the engine's Celery app, and the
+in-process test fleet (``celery_durable.testing``) delivers the same
+messages to the same task bodies (``tasks.entry.run_durable_task``) from a
+queue in memory. Nothing else differs between the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
@@ -19,6 +27,11 @@ from kombu import Queue  # type: ignore[attr-defined]
 from celery_durable.broker import schema
 from celery_durable.config import Settings
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
+
+if TYPE_CHECKING:
+    from celery_durable.broker import RunRecord
+    from celery_durable.engine import Engine
+    from celery_durable.workflows.calls import CallRequest
 
 
 class SentMessage:
@@ -38,40 +51,72 @@ class SentMessage:
         self.ignored = True
 
 
-def _send(
-    app: Celery,
-    name: str,
-    kwargs: dict[str, Any],
-    *,
-    queue: str | Queue,
-    task_id: str,
-    shadow: str,
-    shown: dict[str, Any],
-    countdown: float | None = None,
-    producer: Any = None,
-) -> None:
-    app.send_task(
-        name,
-        kwargs=kwargs,
-        queue=queue,
-        task_id=task_id,
-        countdown=countdown,
-        serializer="json",
-        shadow=shadow,
-        kwargsrepr=repr(shown),
-        producer=producer,
-        # Durable tasks keep no result (their own option); said here too, the
-        # sender does not subscribe to a result that never comes.
-        ignore_result=True,
-        # Not a child of whatever task this thread runs (a pass run in place
-        # inside a called task): that task's stored result would list it.
-        add_to_parent=False,
-        result_cls=SentMessage,
-    )
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One durable task's message: the task, its keyword arguments, where it goes."""
+
+    task: str
+    kwargs: dict[str, Any]
+    task_id: str
+    queue: str | Queue
+    shadow: str
+    """The name Flower shows."""
+    shown: dict[str, Any]
+    """The arguments Flower shows (``kwargsrepr``)."""
+    countdown: float | None = None
 
 
-def send_coordinator(
-    app: Celery,
+class Sender(Protocol):
+    """How the engine's messages travel: ``CelerySender`` on a fleet."""
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        """Send each message, in order."""
+
+    def send_call(self, engine: Engine, record: RunRecord, request: CallRequest) -> None:
+        """Send a called task of the user's (``ctx.call``), linked to its answer."""
+
+
+class CelerySender:
+    """Publishes through the engine's Celery app: several messages on one connection."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        if len(messages) == 1:
+            self._publish(messages[0], None)
+            return
+        with self.app.producer_or_acquire() as producer:
+            for message in messages:
+                self._publish(message, producer)
+
+    def send_call(self, engine: Engine, record: RunRecord, request: CallRequest) -> None:
+        from celery_durable.tasks.calls import publish_call
+
+        publish_call(self.app, engine, record, request)
+
+    def _publish(self, message: Outgoing, producer: Any) -> None:
+        self.app.send_task(
+            message.task,
+            kwargs=message.kwargs,
+            queue=message.queue,
+            task_id=message.task_id,
+            countdown=message.countdown,
+            serializer="json",
+            shadow=message.shadow,
+            kwargsrepr=repr(message.shown),
+            producer=producer,
+            # Durable tasks keep no result (their own option); said here too, the
+            # sender does not subscribe to a result that never comes.
+            ignore_result=True,
+            # Not a child of whatever task this thread runs (a pass run in place
+            # inside a called task): that task's stored result would list it.
+            add_to_parent=False,
+            result_cls=SentMessage,
+        )
+
+
+def coordinator_message(
     settings: Settings,
     run_id: str,
     epoch: int,
@@ -79,25 +124,21 @@ def send_coordinator(
     countdown: float | None = None,
     task_id: str | None = None,
     queue: Queue | None = None,
-) -> str:
+) -> Outgoing:
     """A coordinator pass, to the coordinator queue or to a worker's ``queue`` (its home)."""
-    task_id = task_id or new_task_id()
     kwargs = {"run_id": run_id, "epoch": epoch, "workflow": workflow}
-    _send(
-        app,
+    return Outgoing(
         COORDINATOR_TASK,
         kwargs,
-        queue=queue if queue is not None else settings.coordinator_queue,
-        task_id=task_id,
-        countdown=countdown,
+        task_id or new_task_id(),
+        queue if queue is not None else settings.coordinator_queue,
         shadow=f"{workflow} · coordinator",
         shown=kwargs,
+        countdown=countdown,
     )
-    return task_id
 
 
-def send_agent(
-    app: Celery,
+def agent_message(
     settings: Settings,
     run_id: str,
     epoch: int,
@@ -106,20 +147,17 @@ def send_agent(
     owner: str,
     countdown: float | None = None,
     task_id: str | None = None,
-) -> str:
-    task_id = task_id or new_task_id()
+) -> Outgoing:
     kwargs = {"run_id": run_id, "epoch": epoch, "workflow": workflow, "agent": agent, "owner": owner}
-    _send(
-        app,
+    return Outgoing(
         AGENT_TASK,
         kwargs,
-        queue=settings.agents_queue,
-        task_id=task_id,
-        countdown=countdown,
+        task_id or new_task_id(),
+        settings.agents_queue,
         shadow=f"{workflow} · agent turn",
         shown=kwargs,
+        countdown=countdown,
     )
-    return task_id
 
 
 def _branch_kwargs(run_id: str, epoch: int, workflow: str, call: str, branches: list[int]) -> dict[str, Any]:
@@ -140,22 +178,6 @@ def _branch_shown(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "sequences": shown}
 
 
-def send_branch(
-    app: Celery, settings: Settings, run_id: str, epoch: int, workflow: str, call: str, branch: int, task_id: str
-) -> None:
-    """Send one branch again: a branch that waited (for an agent turn, a timer...) continues."""
-    kwargs = _branch_kwargs(run_id, epoch, workflow, call, [branch])
-    _send(
-        app,
-        BRANCH_TASK,
-        kwargs,
-        queue=settings.steps_queue,
-        task_id=task_id,
-        shadow=f"{workflow} · branch {call}/{branch}",
-        shown=_branch_shown(kwargs),
-    )
-
-
 def first_chunks(indices: Sequence[int], settings: Settings) -> int:
     """How many branch tasks a fan-out's dispatch sends.
 
@@ -171,36 +193,28 @@ def first_chunks(indices: Sequence[int], settings: Settings) -> int:
     return min(cap, -(-n // cap))
 
 
-def send_branches(
-    app: Celery,
+def branch_messages(
     settings: Settings,
     run_id: str,
     epoch: int,
     workflow: str,
     call: str,
     indices: Sequence[int],
-    tasks: int,
-    task_ids: Sequence[str] | None = None,
-) -> list[str]:
-    """Publish the branches as ``tasks`` tasks (at most one per branch), on one
-    connection, branch j in task j mod ``tasks``; returns their task ids
-    (``task_ids`` when given: ids the journal already counts in flight)."""
-    chunks = max(1, min(len(indices), tasks))
-    sent = list(task_ids) if task_ids is not None else [new_task_id() for _ in range(chunks)]
-    if len(sent) != chunks:
-        raise ValueError(f"{chunks} branch tasks need as many task ids, got {len(sent)}")
-    with app.producer_or_acquire() as producer:
-        for chunk, task_id in enumerate(sent):
-            branches = list(indices[chunk::chunks])
-            kwargs = _branch_kwargs(run_id, epoch, workflow, call, branches)
-            _send(
-                app,
-                BRANCH_TASK,
-                kwargs,
-                queue=settings.steps_queue,
-                task_id=task_id,
-                shadow=f"{workflow} · branches of {call}",
-                shown=_branch_shown(kwargs),
-                producer=producer,
-            )
-    return sent
+    task_ids: Sequence[str],
+) -> list[Outgoing]:
+    """The branches as ``len(task_ids)`` tasks (at most one per branch),
+    branch j in task j mod that count; a task that continues one branch
+    (a branch that waited) is named after it."""
+    chunks = max(1, min(len(indices), len(task_ids)))
+    if len(task_ids) != chunks:
+        raise ValueError(f"{chunks} branch tasks need as many task ids, got {len(task_ids)}")
+    messages = []
+    for chunk, task_id in enumerate(task_ids):
+        branches = list(indices[chunk::chunks])
+        kwargs = _branch_kwargs(run_id, epoch, workflow, call, branches)
+        one = len(indices) == 1
+        shadow = f"{workflow} · branch {call}/{branches[0]}" if one else f"{workflow} · branches of {call}"
+        messages.append(
+            Outgoing(BRANCH_TASK, kwargs, task_id, settings.steps_queue, shadow=shadow, shown=_branch_shown(kwargs))
+        )
+    return messages
