@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -303,12 +303,7 @@ class Client:
     def cancel_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
         """Request cancellation and wait until the run has settled."""
         paging.check_wait(timeout)
-        record = self._record(run_id)
-        message = new_task_id()
-        verdict, epoch = self.engine.store.cancel(record.run_id, record.namespace, message)
-        if verdict == "requested" and epoch is not None:
-            # Wake the coordinator: a run waiting on branches has no pass running.
-            self._dispatch(record.run_id, epoch, record.workflow, message)
+        self._request(run_id, self.engine.store.cancel)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def pause_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
@@ -319,12 +314,18 @@ class Client:
         continues the run.
         """
         paging.check_wait(timeout)
+        self._request(run_id, self.engine.store.pause)
+        return self.wait_for_workflow_run(run_id, timeout=timeout)
+
+    def _request(self, run_id: str, request: Callable[[str, str, str], tuple[str, int | None]]) -> None:
+        """Ask for a cancellation or a pause (``RunStore.cancel``/``pause``) and
+        wake the coordinator to act on it: a run waiting on branches, a timer
+        or a signal has no pass running."""
         record = self._record(run_id)
         message = new_task_id()
-        verdict, epoch = self.engine.store.pause(record.run_id, record.namespace, message)
+        verdict, epoch = request(record.run_id, record.namespace, message)
         if verdict == "requested" and epoch is not None:
             self._dispatch(record.run_id, epoch, record.workflow, message)
-        return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def signal_workflow_run(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver signal ``name`` with a JSON ``payload`` to the run (SPEC §5).
@@ -363,6 +364,13 @@ class Client:
     ) -> RunEnvelope:
         """Take execution authority of a run with a new attempt and block until it settles."""
         paging.check_wait(timeout)
+        self._resume(run_id, limits, force=force, allow_code_change=allow_code_change)
+        return self.wait_for_workflow_run(run_id, timeout=timeout)
+
+    def _resume(
+        self, run_id: str, limits: dict[str, Any] | None, *, force: bool, allow_code_change: bool
+    ) -> None:
+        """Give the run a new attempt and send its first coordinator message."""
         if limits is not None:
             try:
                 validate_limits(limits, allow_none=True)
@@ -373,7 +381,6 @@ class Client:
             message = new_task_id()
             epoch = self._take_authority(record, limits, message, force=force, allow_code_change=allow_code_change)
             self._dispatch(record.run_id, epoch, record.workflow, message)
-        return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def _take_authority(
         self, record: RunRecord, limits: dict[str, Any] | None, message: str, *, force: bool, allow_code_change: bool

@@ -80,6 +80,7 @@ class RedisServer:
         *,
         port: int | None = None,
         appendfsync: str = "always",
+        appendonly: bool = True,
         extra_args: tuple[str, ...] = (),
         pass_fds: tuple[int, ...] = (),
     ) -> None:
@@ -87,6 +88,8 @@ class RedisServer:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="cd-redis-"))
         self.port = port or free_port()
         self.appendfsync = appendfsync
+        self.appendonly = appendonly
+        """False for a server nothing restarts (an in-process test environment's): no file at all."""
         self.extra_args = extra_args
         # Descriptors the server inherits: the embedded default passes its
         # data directory's lock, so the lock lives exactly as long as the server.
@@ -109,7 +112,7 @@ class RedisServer:
             "--bind", "127.0.0.1",
             "--port", str(self.port),
             "--dir", str(self.data_dir),
-            "--appendonly", "yes",
+            "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
             "--save", "",
             "--maxmemory-policy", "noeviction",

@@ -30,7 +30,7 @@ from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import DurableFactory
 from tests.contract import test_calls, test_journal, test_waits
-from tests.contract.conftest import BackendFactory, RedisBackend, both  # noqa: F401
+from tests.contract.conftest import BackendFactory, RedisBackend
 from tests.test_agents import (  # noqa: F401
     test_an_agent_turn_is_journaled_and_identical_calls_are_memoized,
     test_pause_lets_work_in_flight_finish_and_resume_continues,
@@ -57,8 +57,7 @@ from tests.test_recovery import (  # noqa: F401
 from tests.test_retention import test_expired_runs_leave_the_index_and_free_their_idempotency_key  # noqa: F401
 from tests.topologies import RedisClusterNodes, keys_per_node, node_client
 
-# Every journal contract test, on the cluster (the memory journal is held to
-# the same answers in tests/contract itself).
+# Every journal contract test, on the cluster as on one Redis (tests/contract).
 globals().update(
     {
         name: test

@@ -1,5 +1,5 @@
 """``examples/code_review.py`` tested as a user tests their own workflow:
-in-process with ``celery_durable.testing``, no Redis and no worker.
+in-process with ``celery_durable.testing``: no worker, and no service started beforehand.
 
 The example's promise is the seed's experiment: each file's review is
 journaled before the next one starts, so a run killed during the second

@@ -16,17 +16,14 @@ answers a 404 by closing the channel.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from celery_durable import Settings, WorkflowContext, workflow
 from celery_durable.broker import schema
-from celery_durable.broker.memory import MemoryJournal
 from celery_durable.tasks.recovery import BrokerQueues
-from celery_durable.testing.fleet import new_memory_run
 from tests.conftest import DurableFactory, put_in_steps_queue
 from tests.test_agents import (  # noqa: F401
     test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers,
@@ -93,7 +90,12 @@ def one_turn(ctx: WorkflowContext) -> Any:
 AGENT = "a" * 32
 
 
-def _redis_turn(durable: DurableFactory) -> tuple[Callable[[str], str], Callable[[], dict[str, str]]]:
+def test_an_agent_message_delivered_again_leaves_its_running_turn_to_its_heartbeat(durable: DurableFactory) -> None:
+    """RabbitMQ redelivers the message of a turn whose worker died while the
+    turn's row still says running. Queuing it for later under a new id would
+    drop the dead delivery's running entry, and the run would look alive for
+    ever; it is left to its heartbeat, so a stale one makes the run dead and
+    the take-over runs the turn again."""
     d = durable([one_turn], worker=False)
     store = d.engine.store
     run_id = d.client.start_workflow("one-turn")
@@ -103,26 +105,9 @@ def _redis_turn(durable: DurableFactory) -> tuple[Callable[[str], str], Callable
     def start(token: str) -> str:
         return store.agent_start(run_id, 1, AGENT, token, "later", 200)[0]
 
-    return start, lambda: dict(store.client.hgetall(store.run_keys(run_id).live))
+    def live() -> dict[str, str]:
+        return dict(store.client.hgetall(store.run_keys(run_id).live))
 
-
-def _memory_turn(durable: DurableFactory) -> tuple[Callable[[str], str], Callable[[], dict[str, str]]]:
-    run = new_memory_run(one_turn, run_id=uuid.uuid4().hex, message="pass-1")
-    row = schema.queued_agent_row(AGENT, None, None, 1, 0)
-    MemoryJournal(run, 1).agent_call("m", 0, AGENT, '{"prompt":"p"}', "m", row, None, "turn")
-    return (lambda token: run.agent_start(1, AGENT, token, "later", 200)[0]), lambda: dict(run.state.live)
-
-
-@pytest.mark.parametrize("make_turn", [_redis_turn, _memory_turn], ids=["redis", "memory"])
-def test_an_agent_message_delivered_again_leaves_its_running_turn_to_its_heartbeat(
-    durable: DurableFactory, make_turn: Any
-) -> None:
-    """RabbitMQ redelivers the message of a turn whose worker died while the
-    turn's row still says running. Queuing it for later under a new id would
-    drop the dead delivery's running entry, and the run would look alive for
-    ever; it is left to its heartbeat, so a stale one makes the run dead and
-    the take-over runs the turn again."""
-    start, live = make_turn(durable)
     assert start("turn") == "go"
     running_entry = live()["turn"]
     assert start("turn") == "running"

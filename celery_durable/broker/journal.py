@@ -13,9 +13,10 @@ id (``wake``, ``message``, ``messages``): the run records it as in flight in
 the same script, which is how the recovery sweep tells a run whose work
 waits in a queue from one whose work was lost (``tasks/liveness``).
 
-Two implementations pass the same contract tests (``tests/contract``):
-``RedisJournal``, where every write is one fenced Lua script, and
-``MemoryJournal``, which replay unit tests and ``celery_durable.testing`` use.
+One implementation: ``RedisJournal``, where every write is one fenced Lua
+script, held to this contract by ``tests/contract`` on one Redis and on a
+Redis Cluster. Tests and ``celery_durable.testing`` run the same scripts on
+a private redis-server.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class Journal(Protocol):
     def now_ms(self) -> int:
         """The store's time, which its scripts compare due times with: replay
         computes a wait's or a call's due time, and ``ctx.now()``, from it, so
-        an in-memory journal on a virtual clock skips time consistently."""
+        a store on a virtual clock (``celery_durable.testing``) skips time consistently."""
         ...
 
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:

@@ -43,6 +43,24 @@ class Signalled:
     owners: list[str] = field(default_factory=list)
 
 
+HASHES = ("run", "journal", "steps", "running", "agents", "live", "waits", "signals")
+
+
+@dataclass(frozen=True, slots=True)
+class RunHashes:
+    """Every hash of one run as stored, read together: what a test asserts
+    on, and what a debugger reads (field formats: ``broker/schema/``)."""
+
+    run: dict[str, str]
+    journal: dict[str, str]
+    steps: dict[str, str]
+    running: dict[str, str]
+    agents: dict[str, str]
+    live: dict[str, str]
+    waits: dict[str, str]
+    signals: dict[str, str]
+
+
 class RunStore(FleetLiveness):
     """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
 
@@ -172,6 +190,15 @@ class RunStore(FleetLiveness):
         with storage_errors():
             raw = cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).run))
         return schema.parse_run(run_id, raw) if raw else None
+
+    def hashes(self, run_id: str) -> RunHashes:
+        """The run's hashes as they are now (one round trip; all empty for an unknown run)."""
+        k = self.run_keys(run_id)
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for name in HASHES:
+                pipe.hgetall(getattr(k, name))
+            return RunHashes(*pipe.execute())
 
     def load_runs(self, run_ids: Sequence[str]) -> tuple[list[RunRecord], dict[str, StorageCorruptError]]:
         """The runs that exist, in order, and apart from them the ones whose

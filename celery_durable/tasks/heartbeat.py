@@ -188,7 +188,11 @@ class _Beats:
                 while not self._due or self._due[0][0] > time.monotonic():
                     self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 _, _, heartbeat = heapq.heappop(self._due)
-            pool.submit(heartbeat.beat).add_done_callback(functools.partial(self._beaten, heartbeat))
+            try:
+                beat = pool.submit(heartbeat.beat)
+            except RuntimeError:
+                return  # the interpreter is exiting: concurrent.futures takes no more work
+            beat.add_done_callback(functools.partial(self._beaten, heartbeat))
 
     def _beaten(self, heartbeat: Heartbeat, done: Future[bool]) -> None:
         try:

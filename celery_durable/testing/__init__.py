@@ -1,7 +1,9 @@
-"""Test your workflows in-process: no Redis, no worker.
+"""Test your workflows in-process: no worker, no service to start.
 
-``WorkflowTestEnvironment`` runs registered workflows on the in-memory
-journal through the engine's own replay, with fan-outs run serially or in
+``WorkflowTestEnvironment`` runs registered workflows through the engine
+itself — its replay, its task bodies and its Lua scripts, on a private
+redis-server it starts (``pip install 'celery-durable[testing]'`` where none
+is installed) — with fan-outs run serially or in
 threads, agents through a runner of your choice (``FunctionRunner``), and
 crashes simulated at a chosen step so that a test can check what a resumed
 run does and does not run again::

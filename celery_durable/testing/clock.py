@@ -1,8 +1,8 @@
 """Virtual time for in-process runs: a clock a test moves.
 
-A run held in memory reads ``VirtualClock.now_ms`` wherever a script reads
-``now`` on Redis (active time and so ``timeout_seconds``, liveness, progress
-times, whether a timer is due), and replay reads it through its journal
+A test environment's store tells every script ``VirtualClock.now_ms`` as its
+``now`` (active time and so ``timeout_seconds``, liveness, progress times,
+whether a timer is due), and replay reads it through its journal
 (``Journal.now_ms``: a wait's due time, ``ctx.now()``): ``ctx.sleep(60)``
 is due 60 seconds of virtual time after the call, however far the clock has
 jumped, and ``ctx.now()`` tells the virtual time.

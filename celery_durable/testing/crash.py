@@ -13,22 +13,19 @@ any of its threads raises too, so nothing journals past the crash.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from celery_durable.broker.journal import (
-    AgentCall,
     Began,
     BeginCall,
     Conflict,
-    Dispatch,
+    HeldBranch,
+    Journal,
     PendingCommit,
     Recorded,
-    WaitResult,
     Winner,
 )
-from celery_durable.broker.memory import MemoryJournal, MemoryRun
-from celery_durable.testing.clock import VirtualClock
 
 
 class SimulatedCrash(BaseException):
@@ -79,86 +76,82 @@ class CrashPlan:
         raise SimulatedCrash(f"simulated crash {moment} step {key!r}")
 
 
-class CrashingJournal(MemoryJournal):
-    """The environment's journal: a ``MemoryJournal`` (on the run's virtual
-    clock) that dies at the plan's crash points.
+class CrashingJournal:
+    """The environment's journal: the store's real one, dying at the plan's crash points.
 
-    It subclasses the journal, so a method the protocol gains later is there
-    at once (journaling on, with no crash check until one is added here).
+    Every call first checks that the attempt is alive, so once a point
+    fired nothing of that attempt journals again, in any of its threads;
+    the calls that begin or journal a step also fire the points armed for
+    it. Any other method of the ``Journal`` protocol passes straight through
+    (``__getattr__``), so a method the protocol gains is covered at once.
     """
 
-    def __init__(self, run: MemoryRun, epoch: int, plan: CrashPlan, clock: VirtualClock) -> None:
-        super().__init__(run, epoch)
+    def __init__(self, inner: Journal, plan: CrashPlan) -> None:
+        self._inner = inner
         self._plan = plan
+
+    @property
+    def run_id(self) -> str:
+        return self._inner.run_id
+
+    @property
+    def epoch(self) -> int:
+        return self._inner.epoch
+
+    def now_ms(self) -> int:
+        return self._inner.now_ms()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+
+        def alive_first(*args: Any, **kwargs: Any) -> Any:
+            self._plan.check_alive()
+            return method(*args, **kwargs)
+
+        return alive_first
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         self._plan.check_alive()
-        began = super().begin(seq, call)
-        if call.step_key:
-            self._plan.reached(call.step_key, "before")
+        began = self._inner.begin(seq, call)
+        self._began(call)
         return began
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
         self._plan.check_alive()
-        result = super().commit_begin(seq, commit, call)
+        result = self._inner.commit_begin(seq, commit, call)
         if isinstance(result, Began):
-            if commit.step_key:
-                self._plan.reached(commit.step_key, "after")
-            if call.step_key:
-                self._plan.reached(call.step_key, "before")
+            self._committed(commit)
+            self._began(call)
         return result
 
-    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
+    def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
         self._plan.check_alive()
-        result = super().record(seq, commit)
-        if isinstance(result, Recorded) and commit.step_key:
-            self._plan.reached(commit.step_key, "after")
+        result = self._inner.complete_begin(seq, held, call)
+        if isinstance(result, Began):
+            self._committed(held.step)
+            self._began(call)
         return result
-
-    def dispatch(
-        self, seq: str, index: int, identity: str, width: int, token: str, position: int
-    ) -> Dispatch | Conflict:
-        self._plan.check_alive()
-        return super().dispatch(seq, index, identity, width, token, position)
-
-    def sending(self, call: str, messages: Sequence[str]) -> None:
-        self._plan.check_alive()
-        super().sending(call, messages)
-
-    def mark_sent(self, call: str) -> None:
-        self._plan.check_alive()
-        super().mark_sent(call)
-
-    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
-        self._plan.check_alive()
-        super().hand_off(call, giver, branches, messages)
-
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
-        self._plan.check_alive()
-        return super().complete_branch(call, branch, outcome, wake, ending)
 
     def complete_held(
         self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
     ) -> bool | Winner | Conflict:
         self._plan.check_alive()
-        return super().complete_held(call, branch, outcome, wake, ending, seq, held)
+        result = self._inner.complete_held(call, branch, outcome, wake, ending, seq, held)
+        if isinstance(result, bool):
+            self._committed(held)
+        return result
 
-    def agent_call(
-        self,
-        seq: str,
-        index: int,
-        agent_id: str,
-        request_json: str,
-        owner: str,
-        row_json: str,
-        cut: str | None,
-        message: str,
-    ) -> AgentCall | Conflict:
+    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
         self._plan.check_alive()
-        return super().agent_call(seq, index, agent_id, request_json, owner, row_json, cut, message)
+        result = self._inner.record(seq, commit)
+        if isinstance(result, Recorded):
+            self._committed(commit)
+        return result
 
-    def wait(
-        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
-    ) -> WaitResult | Conflict:
-        self._plan.check_alive()
-        return super().wait(seq, index, identity, kind, name, due_ms, owner)
+    def _began(self, call: BeginCall) -> None:
+        if call.step_key:
+            self._plan.reached(call.step_key, "before")
+
+    def _committed(self, commit: PendingCommit) -> None:
+        if commit.step_key:
+            self._plan.reached(commit.step_key, "after")

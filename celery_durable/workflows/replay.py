@@ -13,7 +13,7 @@ knows: its journal, its cursors, the run's control flags and why it must
 stop. The ops themselves live beside it, one module each: ``steps`` (steps
 and replay-safe values), ``fanout`` (parallel and pipeline), ``agent_ops``
 (agent turns). Replay talks to storage only through the ``Journal``
-protocol, so it runs as well on the in-memory journal as on Redis.
+protocol, so a test can drive it by hand on the real store (``tests/unit``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The two journals the contract tests run against, behind one small interface.
+"""The storage the contract tests hold to its answers: the Lua scripts, on one Redis
+(here) and on a Redis Cluster (``tests/test_cluster.py`` imports these tests).
 
 A ``Backend`` is one run, created as the client creates it (with its first
 coordinator message in flight), and what the tests need around its journal:
@@ -12,22 +13,20 @@ protocol; and the two run scripts that end durable waits from outside,
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
 
-from celery_durable import Engine, Settings, define_workflow
+from celery_durable import Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
 from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.journal import BranchStart, CallDone, PassHere
-from celery_durable.broker.memory import MemoryJournal
 from celery_durable.broker.progress import ProgressSlice
 from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.store import Signalled
 from celery_durable.testing import VirtualClock
-from celery_durable.testing.fleet import new_memory_run
+from celery_durable.testing.environment import _Engine
 
 WORKFLOW = define_workflow(
     meta={
@@ -144,8 +143,10 @@ class RedisBackend(Backend):
     name = "redis"
 
     def __init__(self, settings: Settings, limits: dict[str, Any] | None) -> None:
-        engine = Engine([WORKFLOW], settings)
-        self.store: RunStore = engine.store
+        self.clock = VirtualClock()
+        engine = _Engine([WORKFLOW], settings, None)
+        self.store = RunStore(settings, clock=self.clock.now_ms)
+        engine.env_store = self.store
         self.run_id = engine.client().start_workflow(WORKFLOW, limits=limits)
         self.keys = self.store.run_keys(self.run_id)
 
@@ -221,124 +222,14 @@ class RedisBackend(Backend):
         return self.store.redirect_wake(self.run_id, epoch, token, new)
 
     def pass_time(self, ms: int) -> None:
-        """The scripts take ``now`` from this process's clock, which a test does
-        not move: the stored due times move back instead (the op's ``wd:``, its
-        waits entry, the run's summary), which is the same to every script."""
-        client = self.store.client
-        for name, value in client.hgetall(self.keys.journal).items():
-            if name.startswith("wd:") and value:
-                client.hset(self.keys.journal, name, int(value) - ms)
-        for at, wait in self.waits().items():
-            if isinstance(wait.get("until"), int):
-                client.hset(self.keys.waits, at, json.dumps({**wait, "until": wait["until"] - ms}))
-        waiting = self.field("run", "waiting")
-        if waiting:
-            summary = json.loads(waiting)
-            if isinstance(summary.get("until"), int):
-                self.write("run", {"waiting": json.dumps({**summary, "until": summary["until"] - ms})})
-
-
-class MemoryBackend(Backend):
-    name = "memory"
-
-    def __init__(self, limits: dict[str, Any] | None) -> None:
-        self.run_id = uuid.uuid4().hex
-        self.clock = VirtualClock()
-        self.run = new_memory_run(
-            WORKFLOW, run_id=self.run_id, limits=limits, clock=self.clock.now_ms, message=uuid.uuid4().hex
-        )
-        self.state = self.run.state
-
-    def _hash(self, where: Where) -> dict[str, str]:
-        return self.state.run if where == "run" else self.state.journal
-
-    def journal(self, epoch: int) -> Journal:
-        return MemoryJournal(self.run, epoch)
-
-    def write(self, where: Where, fields: dict[str, str | None]) -> None:
-        with self.run.lock:
-            for name, value in fields.items():
-                if value is None:
-                    self._hash(where).pop(name, None)
-                else:
-                    self._hash(where)[name] = value
-
-    def field(self, where: Where, name: str) -> str | None:
-        with self.run.lock:
-            return self._hash(where).get(name)
-
-    def page(self) -> ProgressSlice:
-        return self.run.progress_page("", "after", 0, 500)
-
-    def step_rows(self) -> dict[str, str]:
-        return self.run.step_rows()
-
-    def agent_rows(self) -> dict[str, str]:
-        return self.run.agent_rows()
-
-    def record(self) -> RunRecord:
-        return self.run.record()
-
-    def live(self) -> dict[str, str]:
-        with self.run.lock:
-            return dict(self.state.live)
-
-    def waits(self) -> dict[str, dict[str, Any]]:
-        with self.run.lock:
-            return {at: json.loads(raw) for at, raw in self.state.waits.items()}
-
-    def signal(self, name: str, payload_json: str = "null", prefix: str = "sig") -> Signalled:
-        return self.run.signal(name, payload_json, prefix)
-
-    def examine(self, fire_prefix: str = "") -> Examined:
-        return self.run.examine(fire_prefix=fire_prefix)
-
-    def call_done(self, epoch: int, key: str, outcome: str, error: str = "", prefix: str = "done") -> list[str] | None:
-        return self.run.call_done(epoch, key, outcome, error, prefix)
-
-    def call_done_here(
-        self, key: str, outcome: str, token: str, seq: str, start: int, soft: bool = False
-    ) -> CallDone | None:
-        here = PassHere(token, "default", "resend", seq, start, soft)
-        return self.run.call_done_here(1, key, outcome, "", token.rsplit("-", 1)[0], here)
-
-    def activate(self, token: str) -> Flags | int:
-        return self.run.activate(1, token, "resend")
-
-    def activate_reading(self, token: str, seq: str, start: int) -> tuple[Flags, SequenceHistory] | int:
-        return self.run.activate_reading(1, token, "resend", seq, start)
-
-    def branch_start(
-        self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
-    ) -> BranchStart | str:
-        return self.run.branch_start(epoch, workflow, token, call, indices, seqs)
-
-    def release(self, token: str) -> bool:
-        return self.run.release(token, 1)
-
-    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
-        return self.run.redirect_wake(epoch, token, new)
-
-    def pass_time(self, ms: int) -> None:
-        """The run's clock moves on."""
+        """The store's clock moves on: every script is told the later time."""
         self.clock.advance(ms / 1000)
 
 
 BackendFactory = Callable[..., Backend]
 
 
-@pytest.fixture(params=["redis", "memory"])
-def make_backend(request: pytest.FixtureRequest) -> Iterator[BackendFactory]:
-    """``make_backend(limits=None)``: a new run on the parametrized storage."""
-    if request.param == "redis":
-        settings: Settings = request.getfixturevalue("settings")
-        yield lambda limits=None: RedisBackend(settings, limits)
-    else:
-        yield lambda limits=None: MemoryBackend(limits)
-
-
 @pytest.fixture
-def both(request: pytest.FixtureRequest) -> Callable[..., tuple[Backend, Backend]]:
-    """``both(limits=None)``: the same new run on Redis and in memory, for side-by-side transcripts."""
-    settings: Settings = request.getfixturevalue("settings")
-    return lambda limits=None: (RedisBackend(settings, limits), MemoryBackend(limits))
+def make_backend(settings: Settings) -> BackendFactory:
+    """``make_backend(limits=None)``: a new run, created as the client creates one."""
+    return lambda limits=None: RedisBackend(settings, limits)

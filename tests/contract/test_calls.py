@@ -1,4 +1,4 @@
-"""Task calls (``ctx.call``) on both journals: call.lua and call_done.lua."""
+"""Task calls (``ctx.call``): call.lua and call_done.lua."""
 
 from __future__ import annotations
 

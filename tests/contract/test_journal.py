@@ -1,9 +1,6 @@
-"""The ``Journal`` contract, run against ``RedisJournal`` on a real redis-server
-and against ``MemoryJournal``: the same calls give the same typed results.
-
-Every test below runs twice (``make_backend`` is parametrized) with the same
-expectations; ``test_both_journals_give_the_same_transcript`` also runs one
-long mixed sequence on both side by side and compares every answer.
+"""The ``Journal`` contract: ``RedisJournal``'s typed results for every call, on
+the real scripts on a real redis-server (and on a Redis Cluster:
+``tests/test_cluster.py`` runs these tests again there).
 """
 
 from __future__ import annotations
@@ -440,59 +437,6 @@ def test_a_failed_turn_is_the_same_failure_within_its_attempt_and_asked_again_af
     assert backend.field("run", "subagents_used") == "2"
 
 
-# -- side by side -------------------------------------------------------------------------------------------
-
-
-def transcript(backend: Backend) -> list[Any]:
-    """One long mixed sequence of calls; every answer, and what storage holds after."""
-    out: list[Any] = []
-
-    def call(fn: Any, *args: Any) -> None:
-        try:
-            out.append(fn(*args))
-        except StaleAttemptError as exc:
-            out.append(("refused", str(exc).replace(backend.run_id, "<run>")))
-
-    journal = backend.journal(1)
-    logs = [(position(0, 0), "phase", PHASE_ID, "Work")]
-    call(journal.begin, "m", BeginCall(step_key="a", step_row=RUNNING, records=logs))
-    call(journal.commit_begin, "m", step(0, "a", ok(1)), BeginCall(step_key="b", step_row=RUNNING))
-    call(journal.record, "m", step(1, "b", failed(1)))
-    call(journal.dispatch, "m", 2, "p|2", 2, "x", position(2, 0))
-    call(journal.sending, "m:2", ["t0", "t1"])
-    call(journal.mark_sent, "m:2")
-    call(journal.hand_off, "m:2", "t0", [1], ["t2"])
-    call(journal.handed_off, "m:2", "t0")
-    call(journal.begin, "m.2.0", BeginCall(step_key="c", step_row=RUNNING))
-    call(journal.record, "m.2.0", step(0, "c", ok("c")))
-    call(journal.complete_branch, "m:2", 0, ok("c"), "w")
-    call(journal.complete_branch, "m:2", 1, failed(1), "w")
-    call(ask, journal, "m", 3)
-    call(journal.record, "m", step(3, "z", ok(0)))
-    second = backend.journal(backend.take_over())
-    call(journal.record, "m", step(4, "late", ok(0)))
-    call(second.begin, "m", BeginCall(cut=cut_argument(1, position(1, 0)), step_key="b", step_row=RUNNING))
-    call(second.record, "m", step(1, "b", ok("b")))
-    call(second.dispatch, "m", 2, "p|2", 2, "y", position(2, 0))
-    call(second.complete_branch, "m:2", 1, ok("again"), "w")
-    call(ask, second, "m", 3)
-    for seq in ("m", "m.2.0", "m.2.1"):
-        call(second.read_sequence, seq)
-    call(second.branch_outcomes, "m:2", 2)
-    out.append(backend.progress())
-    out.append(sorted((key, schema.StepRow.parse(key, row).status) for key, row in backend.step_rows().items()))
-    out.append(sorted(backend.agent_rows()))
-    out.append([backend.field("run", name) for name in ("steps_done", "steps_running", "subagents_used", "refused")])
-    return out
-
-
-def test_both_journals_give_the_same_transcript(both: Any) -> None:
-    on_redis, in_memory = both(limits={"max_total_subagents": 5})
-    expected = transcript(on_redis)
-    assert transcript(in_memory) == expected
-    assert ("refused", "Run <run>: this attempt no longer owns the run (stale)") in expected
-
-
 def test_a_branch_task_starts_and_reads_what_it_opens_first_in_one_script(make_backend: BackendFactory) -> None:
     """branch_start: the message checked against the run and counted running,
     and the run record, the branches' outcomes, what an earlier delivery
@@ -617,10 +561,9 @@ def test_reading_sequences_ahead_stops_once_its_budget_of_entries_is_spent(
 ) -> None:
     """A read of many sequences holds Redis for a bounded time: after the one
     that spends the budget it stops, and the caller reads the rest later."""
-    from celery_durable.broker import memory_journal, redis_journal
+    from celery_durable.broker import redis_journal
 
-    for module in (memory_journal, redis_journal):
-        monkeypatch.setattr(module, "READ_ENTRIES_BUDGET", 3)
+    monkeypatch.setattr(redis_journal, "READ_ENTRIES_BUDGET", 3)
     backend = make_backend()
     journal = backend.journal(1)
     for i in range(2):

@@ -1,15 +1,11 @@
-"""Durable waits on both journals: ``Journal.wait`` (wait.lua), delivering a
-signal (signal.lua) and firing due timers (examine.lua), with the same calls
-and the same answers on a real Redis and in memory.
+"""Durable waits: ``Journal.wait`` (wait.lua), delivering a signal (signal.lua)
+and firing due timers (examine.lua).
 
-Time passes through ``Backend.pass_time``: in memory the run's clock moves
-on; on Redis, whose scripts read this process's clock, the stored due times
-move back by as much, which is the same to every script.
+Time passes through ``Backend.pass_time``: the store's clock moves on, and
+every script is told the later time.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
@@ -292,40 +288,3 @@ def test_waiting_with_nothing_in_flight_stops_the_active_clock(make_backend: Bac
     assert fire(backend) == ["m"]
     assert backend.field("run", "active_since")  # the wake-up is work in flight: the clock runs again
     assert backend.examine().verdict == "alive"
-
-
-def test_both_journals_give_the_same_wait_transcript(both: Any) -> None:
-    on_redis, in_memory = both()
-    on_redis.settle("running")
-    in_memory.settle("running")
-    due = now_ms() + 24 * HOUR
-    expected = transcript(on_redis, due)
-    assert transcript(in_memory, due) == expected
-
-
-def transcript(backend: Backend, due: int) -> list[Any]:
-    out: list[Any] = []
-    journal = backend.journal(1)
-    out.append(backend.signal("early", '{"n":1}', prefix="s1"))
-    out.append(sleep(journal, "m", 0, due))
-    out.append(wait_for(journal, "m.1.0", 0, "early", owner="m:1/0"))
-    out.append(wait_for(journal, "m.1.1", 0, "late", due - HOUR, owner="m:1/1"))
-    out.append(wait_for(journal, "m.1.2", 0, "late", owner="m:1/2"))
-    out.append(backend.record().waiting_for)
-    backend.pass_time(23 * HOUR)
-    out.append(fire(backend, "f1"))
-    signalled = backend.signal("late", '"x"', prefix="s2")
-    out.append((signalled.verdict, signalled.epoch, sorted(signalled.owners)))  # in the waits hash's order
-    out.append(wait_for(journal, "m.1.2", 0, "late", owner="m:1/2"))
-    out.append(wait_for(journal, "m.1.1", 0, "late", due - HOUR, owner="m:1/1"))
-    backend.pass_time(HOUR)
-    out.append(fire(backend, "f2"))
-    out.append(sleep(journal, "m", 0, due))
-    out.append(journal.read_sequence("m"))
-    out.append(
-        # By the prefixes given above, with their dash: the run's first
-        # message has a random hex id, which starts with "f2" one time in 256.
-        sorted((task, value[:4]) for task, value in backend.live().items() if task[:3] in ("s1-", "s2-", "f1-", "f2-"))
-    )
-    out.append((backend.waits(), backend.record().waiting_for, backend.progress()))
-    return out

@@ -1,12 +1,14 @@
-"""Drive replay by hand on the in-memory journal: no Redis, no Celery, no worker.
+"""Drive replay by hand on the real scripts: no Celery, no worker.
 
 ``Driver`` plays the fleet's part one message at a time, so a test decides
 what happens between passes: which branch task runs when, twice, or never;
 when an attempt is taken over; when a timer fires or a signal arrives. Every
 pass is ``passes.main_pass`` and every branch task ``passes.branch_pass``
-over a real ``Replay``, and every message carries the task id the run counts
+over a real ``Replay`` on the store's real journal (the Lua scripts, on the
+private redis-server ``celery_durable.testing`` starts, under a key prefix
+of each driver's own), and every message carries the task id the run counts
 in flight (its live hash), as on a real fleet. Time is a ``VirtualClock``
-the test moves (``advance``), as in ``celery_durable.testing``.
+the test moves (``advance``): the store tells every script that time.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable import Workflow
-from celery_durable.broker import Flags, schema
+from celery_durable.broker import Flags, Journal, RunRecord, RunStore, schema
 from celery_durable.broker.journal import Conflict, PendingCommit, Winner
-from celery_durable.broker.memory import MemoryJournal, MemoryRun
-from celery_durable.broker.store import Signalled
+from celery_durable.broker.progress import ProgressSlice
+from celery_durable.broker.store import RunHashes, Signalled
+from celery_durable.config import Settings
+from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.clock import VirtualClock
-from celery_durable.testing.fleet import new_memory_run, settle
+from celery_durable.testing.environment import _Engine
+from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.fanout import BranchTarget
 from celery_durable.workflows.passes import Settlement, branch_pass, main_pass
 from celery_durable.workflows.replay import Replay
@@ -37,16 +43,31 @@ def new_id(kind: str) -> str:
     return f"{kind}-{next(_ids)}"
 
 
+class _Started:
+    """A sender that keeps what the client sends at a run's start: its first coordinator message."""
+
+    def __init__(self) -> None:
+        self.sent: list[Outgoing] = []
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        self.sent.extend(messages)
+
+    def send_call(self, engine: Any, record: RunRecord, request: CallRequest) -> None:
+        raise AssertionError("a start sends no task call")
+
+
 def new_run(
     workflow: Workflow, args: Any = None, limits: dict[str, Any] | None = None, clock: VirtualClock | None = None
-) -> MemoryRun:
-    return new_memory_run(
-        workflow,
-        run_id=uuid.uuid4().hex,
-        args_json=jsonvalue.dumps({} if args is None else args),
-        limits=limits,
-        clock=(clock or VirtualClock()).now_ms,
-    )
+) -> tuple[RunStore, str, str]:
+    """A run started as the client starts one, on a store of its own: the
+    store, the run id, and the task id of its first coordinator message."""
+    settings = Settings(redis_url=environment_redis_url(), key_prefix=f"u{uuid.uuid4().hex[:12]}")
+    store = RunStore(settings, clock=(clock or VirtualClock()).now_ms)
+    engine = _Engine([workflow], settings, None)
+    engine.env_store = store
+    engine.sender = started = _Started()
+    run_id = engine.client().start_workflow(workflow, args=args, limits=limits)
+    return store, run_id, started.sent[0].task_id
 
 
 @dataclass
@@ -54,7 +75,8 @@ class Driver:
     """One run, and the messages its passes sent that no one delivered yet."""
 
     workflow: Workflow
-    run: MemoryRun
+    store: RunStore
+    run_id: str
     clock: VirtualClock
     branches: list[tuple[str, int]] = field(default_factory=list)
     """Branch tasks sent: (call, branch index)."""
@@ -66,21 +88,33 @@ class Driver:
     """The task id of the last message sent for a branch (call, index) or an agent turn."""
     execution: str = "execution-1"
     last: Replay | None = None
+    namespace: str = "default"
 
     @classmethod
     def of(cls, workflow: Workflow, **options: Any) -> Driver:
         clock = VirtualClock()
-        return cls(workflow, new_run(workflow, clock=clock, **options), clock)
+        store, run_id, first = new_run(workflow, clock=clock, **options)
+        return cls(workflow, store, run_id, clock, coordinator=[first])
+
+    def record(self) -> RunRecord:
+        record = self.store.load_run(self.run_id)
+        assert record is not None
+        return record
+
+    @property
+    def state(self) -> RunHashes:
+        """The run's hashes as stored now."""
+        return self.store.hashes(self.run_id)
 
     @property
     def epoch(self) -> int:
-        return self.run.record().epoch
+        return self.record().epoch
 
-    def journal(self) -> MemoryJournal:
-        return MemoryJournal(self.run, self.epoch)
+    def journal(self) -> Journal:
+        return self.store.journal(self.run_id, self.epoch, self.namespace)
 
     def replay(self, **extra: Any) -> Replay:
-        record = self.run.record()
+        record = self.record()
 
         def send_branches(call: str, indices: list[int], count: Callable[[Sequence[str]], None]) -> list[str]:
             ids = [new_id("branch") for _ in indices]
@@ -93,7 +127,7 @@ class Driver:
 
         options: dict[str, Any] = {"send_branches": send_branches, "token": self.execution, **extra}
         self.last = Replay(
-            journal=MemoryJournal(self.run, record.epoch),
+            journal=self.store.journal(self.run_id, record.epoch, self.namespace),
             run=record,
             workflow=self.workflow,
             max_fanout=4096,
@@ -116,20 +150,33 @@ class Driver:
             call, _, branch = owner.rpartition("/")
             self._send_branch(call, int(branch), task_id)
 
+    def activate(self, token: str) -> Flags | int:
+        return self.store.activate(self.run_id, self.epoch, token, self.namespace, new_id("resend"))
+
     def main(self) -> Settlement | None:
         """One coordinator pass, as the coordinator task runs it: its message
         (the first one sent, or a new one) takes the lock, and a settlement is
         written as the coordinator writes it."""
         epoch = self.epoch
         token = self.coordinator.pop(0) if self.coordinator else new_id("pass")
-        activation = self.run.activate(epoch, token, new_id("resend"))
+        activation = self.activate(token)
         assert isinstance(activation, Flags), "another pass holds the lock"
         replay = self.replay()
         replay.apply_flags(activation)
         settlement = main_pass(replay)
         if settlement is not None:
-            settle(self.run, epoch, settlement)
-        self.run.release(token, epoch)
+            self.store.finish(
+                self.run_id,
+                epoch,
+                self.namespace,
+                settlement.status,
+                reason=settlement.reason,
+                error=settlement.error,
+                can_resume=settlement.can_resume,
+                result_json=settlement.result_json,
+                message=settlement.message,
+            )
+        self.store.release(self.run_id, token, epoch)
         return settlement
 
     def branch(self, call: str, index: int) -> bool:
@@ -164,7 +211,8 @@ class Driver:
             woke.append(True)
             self.coordinator.append(wake)
 
-        started = self.run.branch_start(self.epoch, self.run.record().workflow, token, call, indices, [])
+        record = self.record()
+        started = self.store.branch_start(self.run_id, self.epoch, record.workflow, token, call, indices, [])
         assert not isinstance(started, str), started
         target = BranchTarget(
             call,
@@ -181,7 +229,7 @@ class Driver:
             branch_pass(replay, on_outcome)
         finally:
             wake = new_id("wake")
-            if self.run.task_end(journal.epoch, token, wake):
+            if self.store.task_end(self.run_id, journal.epoch, token, wake):
                 self.coordinator.append(wake)
         return any(woke)
 
@@ -195,14 +243,15 @@ class Driver:
         sent, self.turns = self.turns, []
         for agent, _owner in sent:
             token = self.task_ids[agent]
-            verdict, _ = self.run.agent_start(self.epoch, agent, token, new_id("resend"), 100)
+            verdict, _ = self.store.agent_start(self.run_id, self.epoch, agent, token, new_id("resend"), 100)
             assert verdict == "go", verdict
             outcome = schema.value_outcome(answer).encode()
             row = schema.finished_agent_row(
                 None, failed=False, started_at=1, completed_at=2, active_ms=1, usage={}, error=None
             )
             prefix = new_id("turn")
-            for n, owner in enumerate(self.run.agent_finish(self.epoch, agent, outcome, row, (0, 0, 0), token, prefix)):
+            woken = self.store.agent_finish(self.run_id, self.epoch, agent, outcome, row, (0, 0, 0), token, prefix)
+            for n, owner in enumerate(woken):
                 self.wake(owner, f"{prefix}-{n + 1}")
 
     def settle(self, limit: int = 20) -> Settlement:
@@ -217,7 +266,7 @@ class Driver:
     def resume(self, message: str = "Run resumed") -> int:
         """A new attempt takes the run (resume.lua), with a new execution."""
         first = new_id("resumed")
-        epoch = self.run.resume(self.run.record(), limits_json="", message=message, code_hash="", message_id=first)
+        epoch = self.store.resume(self.record(), limits_json="", message=message, code_hash="", message_id=first)
         assert epoch is not None
         self.execution = f"execution-{epoch}"
         self.branches, self.turns, self.coordinator = [], [], [first]
@@ -229,29 +278,32 @@ class Driver:
         """Time passes and the sweep fires the timers now due; the owners woken."""
         self.clock.advance(seconds)
         prefix = new_id("fire")
-        woken = self.run.examine(fire_prefix=prefix).woken
-        for n, owner in enumerate(woken, start=1):
+        examined = self.store.examine(self.run_id, "", fire_prefix=prefix)
+        assert examined is not None
+        for n, owner in enumerate(examined.woken, start=1):
             self.wake(owner, f"{prefix}-{n}")
-        return woken
+        return examined.woken
 
     def signal(self, name: str, payload: Any = None) -> Signalled:
         """``signal_workflow_run``: kept for the run, and what waits for it woken."""
         prefix = new_id("signal")
-        answer = self.run.signal(name, jsonvalue.dumps(payload), prefix)
+        answer = self.store.signal(self.run_id, self.namespace, name, jsonvalue.dumps(payload), prefix)
         for n, owner in enumerate(answer.owners, start=1):
             self.wake(owner, f"{prefix}-{n}")
         return answer
 
     def pause(self) -> None:
         message = new_id("pause")
-        if self.run.pause(message)[0] == "requested":
+        if self.store.pause(self.run_id, self.namespace, message)[0] == "requested":
             self.coordinator.append(message)
 
     def cancel(self) -> None:
         message = new_id("cancel")
-        if self.run.cancel(message)[0] == "requested":
+        if self.store.cancel(self.run_id, self.namespace, message)[0] == "requested":
             self.coordinator.append(message)
 
+    def page(self) -> ProgressSlice:
+        return self.store.progress_page(self.run_id, "", "after", 0, 500)
+
     def progress(self) -> list[tuple[str, str]]:
-        page = self.run.progress_page("", "after", 0, 500)
-        return [(record.kind, record.message) for record in page.records]
+        return [(record.kind, record.message) for record in self.page().records]

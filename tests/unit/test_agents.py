@@ -27,7 +27,7 @@ def test_identical_calls_are_one_turn_and_the_sequence_waits_for_it() -> None:
     driver.finish_turns("also fine")
     settlement = driver.main()
     assert settlement is not None and settlement.result_json == '["fine","fine","also fine"]'
-    assert driver.run.record().subagents_used == 2
+    assert driver.record().subagents_used == 2
 
 
 def test_a_turn_past_max_total_subagents_stops_the_run_resumably() -> None:

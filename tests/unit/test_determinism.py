@@ -41,7 +41,7 @@ def test_a_replay_that_asks_for_another_step_stops_the_run_naming_both() -> None
     assert (settlement.status, settlement.reason, settlement.can_resume) == ("error", "nondeterminism", False)
     assert "replayed differently in the main body at call 0: expected a, got x." in settlement.error
     assert HINT in settlement.error
-    assert driver.run.record().error == settlement.error
+    assert driver.record().error == settlement.error
 
 
 def test_a_branch_that_replays_differently_names_its_sequence_and_stops_the_run() -> None:
@@ -87,7 +87,7 @@ def test_a_conflict_the_journal_reports_is_nondeterminism_never_a_mixed_history(
         return ctx.now().isoformat()  # the held-back write of "a" goes out here
 
     driver = Driver.of(raced)
-    driver.run.activate(1, "lock")
+    driver.activate("lock")
     settlement = main_pass(driver.replay())
     assert settlement is not None and settlement.reason == "nondeterminism"
     assert "at call 0: expected x, got a" in settlement.error

@@ -80,7 +80,7 @@ def test_a_later_attempt_runs_the_failed_step_again_and_abandons_what_followed()
     assert history.cut == (2, 1)
     # "confirm" stands where the older attempt's "notify-failure" did: no conflict.
     assert [identity for identity, _ in history.live_entries()] == ["s|quote", "s|book", "s|confirm"]
-    rows = {key: schema.StepRow.parse(key, raw) for key, raw in driver.run.step_rows().items()}
+    rows = {key: schema.StepRow.parse(key, raw) for key, raw in driver.store.step_rows(driver.run_id).items()}
     assert (rows["book"].status, rows["book"].attempt) == ("completed", 2)
     assert rows["notify-failure"].attempt == 1
 
@@ -113,5 +113,5 @@ def test_branches_that_failed_in_an_older_attempt_run_again_alone() -> None:
     assert driver.journal().read_sequence("m").cut == (2, 0)
     driver.deliver_branches()
     assert driver.main() is not None
-    assert driver.run.record().result == ["b0", "b1", "b2"]
+    assert driver.record().result == ["b0", "b1", "b2"]
     assert calls == Counter({"b0": 1, "b1": 2, "b2": 1})

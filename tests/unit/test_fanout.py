@@ -35,10 +35,10 @@ def test_a_fanout_journals_its_op_sends_its_branches_and_suspends_the_pass() -> 
     driver = Driver.of(fan)
     assert driver.main() is None
     assert driver.branches == [("m:1", 0), ("m:1", 1), ("m:1", 2)]
-    journal = driver.run.state.journal
+    journal = driver.state.journal
     assert (journal["c:m:1"], journal["d:m:1"], journal["s:m:1"]) == ("3", "1:execution-1", "1")
     assert driver.journal().read_sequence("m").live_entries() == [("s|before", 'o"x"'), ("p|3", None)]
-    assert driver.run.record().status == "running"
+    assert driver.record().status == "running"
     assert calls == Counter({"before": 1})
 
 
@@ -48,7 +48,7 @@ def test_the_last_branch_out_wakes_the_coordinator_whose_pass_collects_in_order(
     driver.main()
     assert [driver.branch("m:1", j) for j in (2, 0, 1)] == [False, False, True]
     assert driver.main() is not None
-    assert driver.run.record().result == ["x", 0, 10, 20]
+    assert driver.record().result == ["x", 0, 10, 20]
     assert calls == Counter({"before": 1, "b0": 1, "b1": 1, "b2": 1})  # the branch tasks only replayed "before"
 
 
@@ -86,8 +86,8 @@ def test_a_branch_whose_held_step_lost_its_first_write_runs_again_on_the_journal
     assert runs["branch"] == 2, "the branch ran again once its step lost the write"
     assert driver.journal().branch_outcomes("m:0", 1) == ["o42"]
     assert driver.main() is not None
-    assert driver.run.record().result == [42]
-    assert driver.run.record().steps_done == 1
+    assert driver.record().result == [42]
+    assert driver.record().steps_done == 1
 
 
 def test_a_branch_completion_carried_by_the_next_branch_that_lost_its_first_write_runs_again() -> None:
@@ -120,8 +120,8 @@ def test_a_branch_completion_carried_by_the_next_branch_that_lost_its_first_writ
     assert runs == Counter({"first": 2, "second": 1})
     assert driver.journal().branch_outcomes("m:0", 2) == ["o42", "o5"]
     assert driver.main() is not None
-    assert driver.run.record().result == [42, 5]
-    assert driver.run.record().steps_done == 2
+    assert driver.record().result == [42, 5]
+    assert driver.record().steps_done == 2
 
 
 def test_quick_branches_of_one_task_carry_each_completion_with_the_next_begin() -> None:
@@ -137,8 +137,8 @@ def test_quick_branches_of_one_task_carry_each_completion_with_the_next_begin() 
     assert driver.branch_task("m:0", (0, 1, 2)) is True
     assert driver.journal().branch_outcomes("m:0", 3) == ["o0", "o1", "o2"]
     assert driver.main() is not None
-    assert driver.run.record().result == [0, 1, 2]
-    assert driver.run.record().steps_done == 3
+    assert driver.record().result == [0, 1, 2]
+    assert driver.record().steps_done == 3
 
 
 def test_a_redelivered_branch_task_or_a_second_pass_sends_and_runs_nothing_again() -> None:

@@ -21,22 +21,22 @@ def test_a_main_body_step_is_journaled_together_with_the_next_call() -> None:
     @workflow(name="straight", description="Two steps in a row", phases=[])
     def straight(ctx: WorkflowContext) -> Any:
         ctx.step("a", lambda: 1)
-        seen["between"] = journal.get("v:a")
+        seen["between"] = driver.state.journal.get("v:a")
 
         def b() -> int:
-            seen["inside b"] = (journal.get("v:a"), "b" in driver.run.state.running)
+            seen["inside b"] = (driver.state.journal.get("v:a"), "b" in driver.state.running)
             return 2
 
         ctx.step("b", b)
-        seen["after b"] = journal.get("v:b")
+        seen["after b"] = driver.state.journal.get("v:b")
         return None
 
     driver = Driver.of(straight)
-    journal = driver.run.state.journal
     assert driver.main() is not None
+    journal = driver.state.journal
     assert seen == {"between": None, "inside b": ("o1", True), "after b": None}
     assert journal["v:b"] == "o2"  # the pass's end sends the last one before the run settles
-    assert driver.run.record().steps_done == 2
+    assert driver.record().steps_done == 2
 
 
 def test_a_branch_step_is_journaled_with_its_next_call_and_the_last_with_the_outcome() -> None:
@@ -46,10 +46,10 @@ def test_a_branch_step_is_journaled_with_its_next_call_and_the_last_with_the_out
     def branch_writes(ctx: WorkflowContext) -> Any:
         def branch() -> Any:
             ctx.step("a", lambda: 1)
-            seen.append(journal.get("v:a"))
+            seen.append(driver.state.journal.get("v:a"))
 
             def b() -> int:
-                seen.append((journal.get("v:a"), "b" in driver.run.state.running))
+                seen.append((driver.state.journal.get("v:a"), "b" in driver.state.running))
                 return 2
 
             return ctx.step("b", b)
@@ -57,12 +57,12 @@ def test_a_branch_step_is_journaled_with_its_next_call_and_the_last_with_the_out
         return ctx.parallel([branch])
 
     driver = Driver.of(branch_writes)
-    journal = driver.run.state.journal
     driver.main()
     assert driver.branch("m:0", 0) is True
+    journal = driver.state.journal
     assert seen == [None, ("o1", True)]
     assert (journal["v:b"], journal["r:m:0:0"]) == ("o2", "o2"), "the last step went with the outcome"
-    assert driver.run.record().steps_done == 2
+    assert driver.record().steps_done == 2
 
 
 def test_a_held_back_step_that_lost_a_first_write_race_ends_the_pass_for_a_rerun() -> None:

@@ -23,13 +23,13 @@ def test_a_step_result_that_is_not_json_fails_the_step_with_the_spec_message() -
         return None
 
     driver = Driver.of(not_json)
-    assert driver.run.record().status == "pending"
+    assert driver.record().status == "pending"
     settlement = driver.main()
     assert settlement is not None
     assert settlement.result_json == '["Step result must be a JSON value: tags","tags","TypeError"]'
-    raw = driver.run.state.journal["v:tags"]
+    raw = driver.state.journal["v:tags"]
     assert schema.decode_outcome(raw).kind == "e"  # journaled as the failure, never as a value
-    row = schema.StepRow.parse("tags", driver.run.step_rows()["tags"])
+    row = schema.StepRow.parse("tags", driver.store.step_rows(driver.run_id)["tags"])
     assert (row.status, row.error) == ("failed", "TypeError: Step result must be a JSON value: tags")
 
 
@@ -61,7 +61,7 @@ def test_a_volatile_step_is_checked_and_runs_every_pass_without_a_journal_entry(
     driver = Driver.of(volatile)
     # Every replay runs it: the first pass, the branch task's replay, the pass that returned.
     assert driver.settle().result_json == "3"
-    assert "v:poll" not in driver.run.state.journal and "v:bad" not in driver.run.state.journal
+    assert "v:poll" not in driver.state.journal and "v:bad" not in driver.state.journal
 
 
 def test_a_step_returns_its_journaled_json_on_the_first_run_too() -> None:
@@ -89,7 +89,7 @@ def test_none_is_no_result_and_json_null_is_a_null_result(returned: Any, has_res
     driver = Driver.of(returns)
     settlement = driver.main()
     assert settlement is not None and settlement.result_json == result_json
-    assert driver.run.record().has_result is has_result
+    assert driver.record().has_result is has_result
 
 
 def test_a_workflow_result_that_is_not_json_fails_the_run() -> None:

@@ -1,4 +1,4 @@
-"""Kept bodies (``workflows/parking.py``, ``tasks/parked.py``) on the in-memory
+"""Kept bodies (``workflows/parking.py``, ``tasks/parked.py``) on the real
 journal: a body parked at a call goes on from it when the journal shows
 nothing past the call, and is unwound, never resumed, when it does."""
 
@@ -35,7 +35,8 @@ def kept(driver: Driver, sent: list[CallRequest]) -> tuple[Replay, ParkedBody]:
 
 
 def answer(driver: Driver, key: str, value: Any) -> None:
-    assert driver.run.call_done(driver.epoch, key, value_outcome(value).encode(), "", "wake") == ["m"]
+    done = driver.store.call_done(driver.run_id, driver.epoch, key, value_outcome(value).encode(), "", "wake")
+    assert done == ["m"]
 
 
 def test_a_kept_body_goes_on_from_its_call_without_replaying() -> None:
@@ -43,18 +44,18 @@ def test_a_kept_body_goes_on_from_its_call_without_replaying() -> None:
     driver, sent, runs = Driver.of(WF), [], ParkedRuns(capacity=4, idle_seconds=60)
     _, body = kept(driver, sent)
     assert body.start().parked and [r.key for r in sent] == ["a"]
-    runs.keep(driver.run.run_id, driver.epoch, body)
-    assert runs.take(driver.run.run_id, driver.epoch) == (body, None)  # woken before the answer
+    runs.keep(driver.run_id, driver.epoch, body)
+    assert runs.take(driver.run_id, driver.epoch) == (body, None)  # woken before the answer
     assert body.resume(None).parked and [r.key for r in sent] == ["a"]  # asks again, sends nothing
-    runs.keep(driver.run.run_id, driver.epoch, body)
+    runs.keep(driver.run_id, driver.epoch, body)
 
     answer(driver, "a", 2)
-    taken = runs.take(driver.run.run_id, driver.epoch)
+    taken = runs.take(driver.run_id, driver.epoch)
     assert taken is not None and taken[0] is body
     assert body.resume(taken[1]).parked and [r.key for r in sent] == ["a", "b"]
-    runs.keep(driver.run.run_id, driver.epoch, body)
+    runs.keep(driver.run_id, driver.epoch, body)
     answer(driver, "b", 4)
-    taken = runs.take(driver.run.run_id, driver.epoch)
+    taken = runs.take(driver.run_id, driver.epoch)
     assert taken is not None
     end = body.resume(taken[1])
     assert not end.parked and end.result() is not None and end.result().result_json == "[2,4]"
@@ -67,11 +68,11 @@ def test_a_body_whose_run_went_on_elsewhere_is_unwound_not_resumed() -> None:
     driver, sent, runs = Driver.of(WF), [], ParkedRuns(capacity=4, idle_seconds=60)
     _, stale = kept(driver, sent)
     assert stale.start().parked
-    runs.keep(driver.run.run_id, driver.epoch, stale)
+    runs.keep(driver.run_id, driver.epoch, stale)
     answer(driver, "a", 2)
     _, elsewhere = kept(driver, sent)  # another worker process replays and reaches "b"
     assert elsewhere.start().parked and [r.key for r in sent] == ["a", "b"]
-    assert runs.take(driver.run.run_id, driver.epoch) is None
+    assert runs.take(driver.run_id, driver.epoch) is None
     assert stale.join(timeout=10) and stale.replay.unwinding is not None
     assert RAN == ["top", "top", "between"], "the stale body went no further than its call"
     elsewhere.evict()
@@ -85,8 +86,8 @@ def test_an_older_attempts_body_and_the_oldest_beyond_the_bound_are_unwound() ->
     _, one = kept(first, [])
     _, two = kept(second, [])
     assert one.start().parked and two.start().parked
-    runs.keep(first.run.run_id, first.epoch, one)
-    runs.keep(second.run.run_id, second.epoch, two)  # over the bound: the first is unwound
+    runs.keep(first.run_id, first.epoch, one)
+    runs.keep(second.run_id, second.epoch, two)  # over the bound: the first is unwound
     assert len(runs) == 1 and one.join(timeout=10) and one.replay.unwinding is not None
-    assert runs.take(second.run.run_id, second.epoch + 1) is None  # a newer attempt asks
+    assert runs.take(second.run_id, second.epoch + 1) is None  # a newer attempt asks
     assert two.join(timeout=10) and two.replay.unwinding is not None and len(runs) == 0

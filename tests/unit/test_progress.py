@@ -56,7 +56,7 @@ def test_records_are_written_once_across_passes_and_attempts() -> None:
     ]
     # The main body's mark: "four", the first record after op 3 ("check").
     assert driver.journal().read_sequence("m").high_water == position(3, 0)
-    record = driver.run.record()
+    record = driver.record()
     assert record.phase == "Check"
     assert set(record.phase_times) == {phase.phase_id for phase in chatty.phases}
 

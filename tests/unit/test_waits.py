@@ -1,4 +1,4 @@
-"""Durable waits through replay, on the in-memory journal: ``ctx.sleep``,
+"""Durable waits through replay, on the real journal: ``ctx.sleep``,
 ``ctx.sleep_until`` and ``ctx.wait_for_signal`` in the main body and in
 branches, with pauses, cancels, resumes and bad input (SPEC §5)."""
 
@@ -23,7 +23,7 @@ def ops(driver: Driver, seq: str = "m") -> list[tuple[str, str | None]]:
 
 
 def waits_for(driver: Driver) -> dict[str, Any] | None:
-    return driver.run.record().waiting_for
+    return driver.record().waiting_for
 
 
 # -- timers ------------------------------------------------------------------------------
@@ -43,8 +43,8 @@ def test_a_sleep_in_the_main_body_suspends_the_run_holding_nothing_until_its_tim
     waiting = waits_for(driver)
     assert waiting is not None and (waiting["kind"], waiting["name"]) == ("timer", "")
     assert started + DAY * 1000 <= waiting["until"] <= driver.clock.now_ms() + DAY * 1000
-    assert driver.run.state.live == {}  # no message in flight: the run holds no worker
-    assert driver.run.record().status == "running"
+    assert driver.state.live == {}  # no message in flight: the run holds no worker
+    assert driver.record().status == "running"
     assert driver.advance(DAY - 1) == []  # not due yet
     assert driver.advance(1) == ["m"]
     assert waits_for(driver) is None
@@ -59,7 +59,7 @@ def test_waiting_is_not_active_time() -> None:
     driver.advance(DAY)
     settlement = driver.main()
     assert settlement is not None and settlement.status == "completed"
-    assert int(driver.run.state.run["active_ms"]) < 60_000
+    assert int(driver.state.run["active_ms"]) < 60_000
 
 
 def test_a_sleep_in_a_branch_suspends_that_branch_alone() -> None:
@@ -74,8 +74,8 @@ def test_a_sleep_in_a_branch_suspends_that_branch_alone() -> None:
     driver = Driver.of(branch_nap)
     assert driver.main() is None
     assert driver.deliver_branches() == [False, False]  # the sleeper waits; the other is done, not the last
-    assert waits_for(driver) is not None and driver.run.record().steps_done == 1
-    assert driver.run.state.live == {}  # nothing in flight while it sleeps
+    assert waits_for(driver) is not None and driver.record().steps_done == 1
+    assert driver.state.live == {}  # nothing in flight while it sleeps
     assert driver.advance(60) == ["m:0/0"]  # the timer wakes the sleeping branch's task, not the coordinator
     assert driver.branches == [("m:0", 0)]
     assert driver.deliver_branches() == [True]
@@ -177,7 +177,7 @@ def test_pause_of_a_run_waiting_in_its_main_body_settles_at_once_and_resume_keep
     driver.advance(3600)
     driver.pause()
     assert driver.main() == PAUSED
-    record = driver.run.record()
+    record = driver.record()
     assert (record.status, record.waiting_for) == ("paused", None)
     driver.advance(3600)
     driver.resume()
@@ -204,7 +204,7 @@ def test_pause_while_only_waiting_branches_are_left_settles_paused_at_once() -> 
     assert driver.deliver_branches() == [False, False, False]  # two wait; the worker's is not the last out
     driver.pause()
     assert driver.main() == PAUSED  # nothing in flight: what is left waits for the outside world
-    assert (driver.run.record().status, driver.run.state.waits) == ("paused", {})
+    assert (driver.record().status, driver.state.waits) == ("paused", {})
     driver.resume()
     assert driver.main() is None  # the resumed pass sends the two waiting branches again
     assert driver.deliver_branches() == [False, False]
@@ -235,7 +235,7 @@ def test_cancel_of_a_waiting_run_acts_at_once() -> None:
     driver.cancel()
     settlement = driver.main()
     assert settlement is not None and (settlement.status, settlement.reason) == ("cancelled", "cancelled")
-    assert driver.run.record().waiting_for is None
+    assert driver.record().waiting_for is None
     assert driver.signal("answer", 1).verdict == "refused"
 
 
@@ -299,8 +299,8 @@ def test_bad_input_is_a_value_error_at_the_call_with_nothing_journaled(call: Any
     settlement = driver.main()
     assert settlement is not None and settlement.status == "completed"  # the run is unharmed
     assert message in str(settlement.result_json)
-    assert ops(driver) == [] and driver.run.state.waits == {} and waits_for(driver) is None
-    assert not any(name.startswith("wd:") for name in driver.run.state.journal)
+    assert ops(driver) == [] and driver.state.waits == {} and waits_for(driver) is None
+    assert not any(name.startswith("wd:") for name in driver.state.journal)
 
 
 def test_a_wait_where_the_history_holds_another_call_is_nondeterminism() -> None:

@@ -1,0 +1,264 @@
+"""The run-lifecycle scripts on a real Redis: activate and release, heartbeat,
+finish, resume (and recovery), halt, cancel and pause, branch_start and
+task_end, agent_start and agent_finish, received and mark_lost, and the
+liveness that examine.lua judges from them.
+
+(The journal scripts, signal and examine's timers are in ``test_journal``,
+``test_calls`` and ``test_waits``.) Time is a clock this module moves: the
+store tells every script its time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from celery_durable import WorkflowContext, workflow
+from celery_durable.broker import RunRecord, RunStore, schema
+from celery_durable.broker.fleet_store import Examined
+from celery_durable.broker.journal import BeginCall, Flags
+from celery_durable.broker.store import RunHashes
+from celery_durable.config import Settings
+from celery_durable.testing.server import environment_redis_url
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.limits import ceiling_fields, merge_limits
+
+
+@workflow(name="lifecycle", description="A run to settle, cancel and resume", phases=[])
+def lifecycle(ctx: WorkflowContext) -> Any:
+    return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Run:
+    """One run on a store of its own, created as the client creates one,
+    with its first coordinator message named ``message``."""
+
+    def __init__(
+        self, clock: Clock, message: str, limits: dict[str, Any] | None = None, progress_max: int = 0
+    ) -> None:
+        settings = Settings(redis_url=environment_redis_url(), key_prefix=f"l{uuid.uuid4().hex[:12]}")
+        self.store = RunStore(settings, clock=clock)
+        self.clock = clock
+        self.run_id = uuid.uuid4().hex
+        effective = merge_limits({}, limits)
+        fields = schema.new_run_fields(
+            run_id=self.run_id,
+            workflow=lifecycle.name,
+            namespace="default",
+            args_json="{}",
+            limits_json=jsonvalue.dumps(effective),
+            code_hash=lifecycle.code_hash,
+            created_ms=clock(),
+            lease_ms=self.store.lease_ms,
+            idempotency_key=None,
+            progress_max=progress_max,
+            ceilings=ceiling_fields(effective),
+        )
+        assert self.store.create_run(self.run_id, fields, message)
+
+    @property
+    def state(self) -> RunHashes:
+        return self.store.hashes(self.run_id)
+
+    def record(self) -> RunRecord:
+        record = self.store.load_run(self.run_id)
+        assert record is not None
+        return record
+
+    def examine(self, room: str = "") -> Examined:
+        examined = self.store.examine(self.run_id, room)
+        assert examined is not None
+        return examined
+
+    def resume(self, record: RunRecord, message: str, message_id: str = "", recovery: bool = False) -> int | None:
+        return self.store.resume(
+            record, limits_json="", message=message, code_hash="", message_id=message_id, recovery=recovery
+        )
+
+    def system_records(self) -> list[str]:
+        page = self.store.progress_page(self.run_id, "", "after", 0, 500)
+        return [r.message for r in page.records if r.kind == "system"]
+
+
+def running(clock: Clock | None = None, **options: Any) -> Run:
+    """A run whose first pass (message "pass-1") holds the lock."""
+    run = Run(clock or Clock(), "pass-1", **options)
+    assert run.state.live == {"pass-1": "q|c|10000"}
+    assert run.store.activate(run.run_id, 1, "pass-1", "default", "resend") == Flags()
+    assert run.state.live == {"pass-1": "x|40000"}
+    return run
+
+
+def test_resume_bumps_the_epoch_and_interrupts_what_the_old_attempt_left_running() -> None:
+    run = running()
+    journal = run.store.journal(run.run_id, 1, "default")
+    journal.begin("m", BeginCall(step_key="slow", step_row=schema.StepRow.running(1, 5).encode()))
+    row = schema.queued_agent_row("t", None, None, 1, 5)
+    journal.agent_call("m", 1, "t" * 32, '{"prompt":"p"}', "m", row, None, "")
+    record = run.record()
+    assert run.resume(record, "Run recovered") == 2
+    assert run.resume(record, "again") is None  # compare-and-set
+    assert schema.StepRow.parse("slow", run.store.step_rows(run.run_id)["slow"]).status == "interrupted"
+    assert schema.parse_agent_row(run.store.agent_rows(run.run_id)["t" * 32 + "@1"])["status"] == "interrupted"
+    fresh = run.record()
+    assert (fresh.epoch, fresh.attempt, fresh.status, fresh.steps_running) == (2, 2, "running", 0)
+    assert run.system_records() == ["Attempt 1 started", "Run recovered (attempt 2)"]
+
+
+def test_a_recovery_requires_a_dead_attempt_and_keeps_the_requests() -> None:
+    clock = Clock()
+    run = running(clock)
+    run.store.cancel(run.run_id, "default", "cancel-1")
+    assert run.resume(run.record(), "m", "first-2", recovery=True) is None  # its pass still renews its message
+    clock.now += 30_001  # the pass's heartbeat stopped a lease ago
+    assert run.examine().verdict == "dead"
+    assert run.resume(run.record(), "m", "first-2", recovery=True) == 2
+    assert run.record().cancel_requested
+    assert run.state.run["recoveries"] == "1"
+    assert run.state.live == {"first-2": f"q|c|{clock.now}"}  # the old attempt's messages are forgotten
+
+
+def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -> None:
+    clock = Clock()
+    run = Run(clock, "first")
+    assert run.examine("c=9000").verdict == "alive"  # the queue was last empty before the message was sent
+    assert run.examine("c=10500").verdict == "alive"  # emptied since: some worker took it, give it time to start
+    clock.now += 5_000
+    examined = run.examine("c=10500")
+    assert (examined.verdict, examined.detail) == ("dead", "task first left its queue and never started")
+
+
+def test_a_message_its_worker_received_waits_for_a_slot_until_that_worker_dies() -> None:
+    clock = Clock()
+    run = Run(clock, "first")
+    run.store.hold_message("worker-1", "first", run.run_id, clock())
+    run.store.hold_message("worker-1", "unknown", run.run_id, clock())
+    assert run.state.live == {"first": "q|c|10000|held 10000"}
+    clock.now += 20_000
+    assert run.examine("c=10500").verdict == "alive"  # not the empty-queue rule's: its worker has it
+    assert run.store.mark_lost(run.run_id, ["first"]) == 1
+    assert run.examine().detail == "the worker holding task first died"
+
+
+def test_a_received_message_that_never_starts_is_dead_a_lease_later() -> None:
+    clock = Clock()
+    run = Run(clock, "first")
+    run.store.hold_message("worker-1", "first", run.run_id, clock())
+    clock.now += 29_999
+    assert run.examine().verdict == "alive"
+    clock.now += 1
+    assert run.examine().detail == "task first was received and never started"
+
+
+def test_a_message_held_by_a_dead_worker_is_lost() -> None:
+    run = Run(Clock(), "first")
+    assert run.store.mark_lost(run.run_id, ["first", "unknown"]) == 1
+    assert run.examine() == Examined("pending", 1, "lifecycle", "dead", "the worker holding task first died")
+    other = running()
+    assert other.store.mark_lost(other.run_id, ["pass-1"]) == 0  # a running message is judged by its own heartbeat
+
+
+def test_finish_settles_and_fences_everything_after() -> None:
+    run = running()
+    store = run.store
+    store.finish(run.run_id, 1, "default", "error", reason="exception", error="boom", can_resume=True,
+                 message="Run failed: boom")  # fmt: skip
+    assert run.state.live == {} and run.examine().verdict == ""
+    record = run.record()
+    assert (record.status, record.reason, record.can_resume, record.has_result) == ("error", "exception", True, False)
+    assert run.system_records()[-1] == "Run failed: boom"
+    assert store.cancel(run.run_id, "default", "") == ("cancelled", None)  # a settled, resumable run: at once
+    cancelled = run.record()
+    assert (cancelled.status, cancelled.epoch, cancelled.attempt) == ("cancelled", 2, 1)
+    assert store.cancel(run.run_id, "default", "") == ("settled", None)
+    assert store.pause(run.run_id, "default", "") == ("settled", None)
+
+
+def test_halt_stops_a_run_whose_attempt_died() -> None:
+    clock = Clock()
+    run = running(clock)
+    assert run.store.halt(run.record()) is False  # its pass still renews its message
+    clock.now += 60_000
+    assert run.store.halt(run.record()) is True
+    halted = run.record()
+    assert (halted.status, halted.reason, halted.can_resume, halted.epoch, halted.attempt) == (
+        "halted", "interrupted", True, 2, 1,
+    )  # fmt: skip
+
+
+def test_the_activation_lock_and_its_wake_flag() -> None:
+    run = running()
+    store, run_id = run.store, run.run_id
+    store.client.hset(store.run_keys(run_id).live, "pass-2", "q|c|10000")
+    # Busy: the holder is told to run once more; this message comes back when the lock would expire.
+    assert store.activate(run_id, 1, "pass-2", "default", "pass-3") == 30_100
+    assert run.state.live == {"pass-1": "x|40000", "pass-3": "q|c|40100"}
+    assert store.release(run_id, "pass-1", 1) is True
+    assert store.release(run_id, "pass-1", 1) is False
+    assert run.state.live == {"pass-3": "q|c|40100"}
+    assert store.activate(run_id, 1, "pass-3", "default", "pass-4") == Flags()
+
+
+def test_active_time_runs_only_while_a_message_is_in_flight() -> None:
+    clock = Clock()
+    run = running(clock, limits={"timeout_seconds": 60})
+    store, run_id = run.store, run.run_id
+    clock.now += 10_000
+    assert store.release(run_id, "pass-1", 1) is False
+    assert (run.state.run["active_ms"], run.state.run["active_since"]) == ("10000", "")
+    clock.now += 3_600_000  # an hour with nothing in flight: a wait, not work
+    # A wake-up (here a branch task) starts the clock again.
+    started = store.branch_start(run_id, 1, lifecycle.name, "branch-1", "m:0", [0], [])
+    assert not isinstance(started, str) and started.flags == Flags()
+    clock.now += 5_000
+    store.task_end(run_id, 1, "branch-1")
+    assert run.state.run["active_ms"] == "15000"
+    assert store.heartbeat(run_id, 1, "gone", wake="wake-1") == (Flags(), False)  # not in flight: not renewed
+    assert run.state.live == {}
+    assert not isinstance(store.branch_start(run_id, 1, lifecycle.name, "branch-2", "m:0", [0], []), str)
+    clock.now += 50_000
+    # A ceiling newly reached by a task other than the coordinator wakes the coordinator.
+    assert store.heartbeat(run_id, 1, "branch-2", wake="wake-2") == (Flags(limit="timeout_seconds"), True)
+    assert run.state.live["wake-2"] == f"q|c|{clock.now}"
+    assert store.heartbeat(run_id, 1, "branch-2", wake="wake-3") == (Flags(limit="timeout_seconds"), False)
+
+
+def test_agent_turns_take_a_slot_under_the_concurrency_ceiling() -> None:
+    run = running(limits={"max_total_subagents": 2, "max_concurrent_subagents": 1})
+    store, run_id = run.store, run.run_id
+    journal = store.journal(run_id, 1, "default")
+    for index, agent in enumerate(("x" * 32, "y" * 32)):
+        row = schema.queued_agent_row(agent, None, None, 1, 5)
+        journal.agent_call("m", index, agent, '{"prompt":"p"}', "m", row, None, f"turn-{agent[0]}")
+    assert store.agent_start(run_id, 1, "x" * 32, "turn-x", "", 0) == ("go", '{"prompt":"p"}')
+    assert store.agent_start(run_id, 1, "x" * 32, "again-x", "later-x", 200) == ("wait", None)  # the same turn
+    assert store.agent_start(run_id, 1, "y" * 32, "turn-y", "later-y", 200) == ("wait", None)  # the ceiling
+    assert {task: value[:2] for task, value in run.state.live.items() if task != "pass-1"} == {
+        "turn-x": "x|", "later-x": "q|", "later-y": "q|",
+    }  # fmt: skip
+    assert run.state.live["later-y"] == "q|a|10200"
+    assert store.agent_finish(run_id, 1, "x" * 32, 'o"ok"', "{}", (7, 1, 2), "turn-x", "woken") == ["m"]
+    assert "turn-x" not in run.state.live and run.state.live["woken-1"] == "q|c|10000"
+    assert store.agent_start(run_id, 1, "x" * 32, "later-x", "", 0) == ("done", None)
+    assert store.agent_start(run_id, 1, "y" * 32, "later-y", "", 0)[0] == "go"
+    record = run.record()
+    assert (record.agents_done, record.agents_running, record.credits_nano) == (1, 1, 7)
+
+
+def test_progress_keeps_the_newest_records_when_bounded() -> None:
+    run = running(progress_max=3)
+    journal = run.store.journal(run.run_id, 1, "default")
+    records = [(schema.position(0, n), "log", "", f"line {n}") for n in range(5)]
+    journal.begin("m", BeginCall(records=records))
+    page = run.store.progress_page(run.run_id, "", "newest", 0, 10)
+    assert ([r.seq for r in page.records], page.oldest, page.newest, page.revision) == ([4, 5, 6], 4, 6, 6)
+    before = run.store.progress_page(run.run_id, "", "before", 6, 1)
+    assert [r.message for r in before.records] == ["line 3"]
