@@ -143,6 +143,7 @@ class Engine:
         tasks: int | None = None,
         task_ids: Sequence[str] | None = None,
         before: Callable[[Sequence[str]], None] | None = None,
+        countdown: float | None = None,
     ) -> list[str]:
         """Publish a fan-out's branches: as its dispatch does (``tasks`` None), or as a hand-off asks.
         ``before`` is called with the task ids before any is published."""
@@ -150,7 +151,7 @@ class Engine:
         ids = list(task_ids) if task_ids is not None else [new_task_id() for _ in range(min(len(indices), count))]
         if before is not None:
             before(ids)
-        self.sender.send(branch_messages(self.settings, run_id, epoch, workflow, call, indices, ids))
+        self.sender.send(branch_messages(self.settings, run_id, epoch, workflow, call, indices, ids, countdown))
         return ids
 
     def send_call(self, record: RunRecord, request: CallRequest) -> None:

@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 from celery_durable import RunEnvelope, Workflow, WorkflowContext, define_workflow, workflow
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
 from celery_durable.workflows.definition import META_KEYS, NAME_PATTERN
-from tests.conftest import worker_thread
 from tests.hostile import (
     PAYLOAD_BYTES,
     bad_numbers,
@@ -531,49 +530,3 @@ def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
     assert not any(r.name == "celery.worker" and "Unrecoverable" in r.getMessage() for r in caplog.records)
     canary_completes(d, gate, canary_id)
     assert d.client.run_workflow("echo", args={"after": "fuzz"}, timeout=TIMEOUT).result == {"after": "fuzz"}
-
-
-@workflow(name="ghost", description="registered with the client's engine, not the worker's", phases=[])
-def ghost(ctx: WorkflowContext) -> Any:
-    return ctx.step("boo", lambda: "boo")
-
-
-def test_a_run_of_a_workflow_the_worker_does_not_know_ends_in_error_and_resumes_where_it_is_known(
-    durable, caplog
-) -> None:
-    caplog.set_level(logging.ERROR, logger="celery_durable")
-    client = durable([echo, ghost], worker=False).client
-    run_id = client.start_workflow("ghost")
-    partial = durable([echo], worker=False).engine  # its worker knows only echo, and must import nothing
-    with worker_thread(partial, concurrency=2):
-        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
-    assert (envelope.status, envelope.reason, envelope.can_resume) == ("error", "unknown_workflow", True)
-    assert "ghost" in (envelope.error or "")
-    assert any("not registered" in record.getMessage() for record in caplog.records)
-    durable([echo, ghost])  # one that knows it
-    assert client.resume_workflow(run_id, timeout=TIMEOUT).result == "boo"
-
-
-@workflow(name="ghost-fan", description="fans out to a worker that does not know it", phases=[])
-def ghost_fan(ctx: WorkflowContext) -> Any:
-    return ctx.parallel([lambda: ctx.step("a", lambda: 1), lambda: ctx.step("b", lambda: 2)])
-
-
-def test_a_branch_that_reaches_a_worker_that_does_not_know_its_workflow_stops_the_run_resumably(durable) -> None:
-    """Dropping such a branch would leave the run to the recovery sweep, which
-    could hand it straight back to the same worker, attempt after attempt."""
-    knowing = durable([echo, ghost_fan], worker=False)
-    partial = durable([echo], worker=False).engine
-    settings = knowing.settings
-    run_id = knowing.client.start_workflow("ghost-fan")
-    # The coordinator that knows the workflow consumes only its queue; the
-    # branches it sends land on the steps queue, served only by `partial`.
-    with (
-        worker_thread(knowing.engine, concurrency=2, queues=[settings.coordinator_queue]),
-        worker_thread(partial, concurrency=2, queues=[settings.steps_queue]),
-    ):
-        envelope = knowing.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
-    assert (envelope.status, envelope.reason, envelope.can_resume) == ("error", "unknown_workflow", True)
-    assert envelope.attempt == 1, "the run was taken over instead of stopped"
-    durable([echo, ghost_fan])
-    assert knowing.client.resume_workflow(run_id, timeout=TIMEOUT).result == [1, 2]

@@ -90,8 +90,9 @@ def readme_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
 def test_the_python_blocks_run_in_order(readme_env: Settings) -> None:
     """Each ``Engine`` a block builds gets a worker -- and the one before it
     is stopped first: they share the queues of the environment, and a worker
-    that does not know a run's workflow would stop that run as an error
-    (``unknown_workflow``), as the README's own deployment never does."""
+    that does not know a run's workflow would pass its messages on (in one
+    process, Celery's worker even runs tasks through the current app, not its
+    own), as the README's own deployment never does."""
     namespace: dict[str, Any] = {"__name__": "readme"}
     served: set[int] = set()
     with contextlib.ExitStack() as current:

@@ -45,3 +45,5 @@ class RunRecord:
     phase_times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     waiting_for: dict[str, Any] | None = None
     """What the run waits for: {"kind": "timer"|"signal", "name", "until" (ms or None)}."""
+    unserved_since: int | None = None
+    """Since when (ms) its messages find only workers that do not know its workflow."""

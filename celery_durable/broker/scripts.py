@@ -43,6 +43,7 @@ SCRIPT_NAMES = (
     "index_run",
     "mark_lost",
     "mark_sent",
+    "pass_on",
     "pause",
     "read_progress",
     "read_sequence",

@@ -43,6 +43,16 @@ class Signalled:
     owners: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class PassedOn:
+    """``pass_on.lua``'s answer: whether the caller sends the new message, and
+    whether this is the first message since a pass last ran to find no worker
+    that knows the workflow."""
+
+    sent: bool
+    first: bool
+
+
 HASHES = ("run", "journal", "steps", "running", "agents", "live", "waits", "signals")
 
 
@@ -285,6 +295,17 @@ class RunStore(FleetLiveness):
         queue as message ``new`` (``redirect_wake.lua``): True when it is."""
         k = self.run_keys(run_id)
         return bool(self._run("redirect_wake", [k.run, k.live], [epoch, token, new, self.clock()]))
+
+    def pass_on(
+        self, run_id: str, epoch: int, token: str, new: str, kind: str, due_ms: int, message: str
+    ) -> PassedOn:
+        """Message ``token`` reached a worker that does not know the run's
+        workflow: it goes back to its queue as ``new`` (``pass_on.lua``)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "pass_on", [k.run, k.live, k.progress], [epoch, token, new, self.clock(), kind, due_ms, message]
+        )
+        return PassedOn(sent=reply[0] == 1, first=reply[1] == 1)
 
     def heartbeat(
         self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""

@@ -32,6 +32,7 @@ from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.in_place import wake_owners
 from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, RunMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
+from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import nano_credits
 
@@ -117,6 +118,13 @@ def run_agent_task(
 
 def _start(engine: Engine, message: RunMessage, agent: str, owner: str, token: str) -> tuple[RunRecord, str] | None:
     store = engine.store
+    if not knows(engine, message):
+        # Its runner is this engine's: another team's engine may answer with another model, or none.
+        def send_again(new: str, countdown: float) -> None:
+            engine.send_agent(message.run_id, message.epoch, message.workflow, agent, owner, countdown, task_id=new)
+
+        pass_on(engine, message, token, "a", send_again)
+        return None
     record = store.load_run(message.run_id)
     if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
         engine.count_refused()

@@ -20,10 +20,10 @@ from celery_durable.broker.journal import BranchStart, Conflict, Journal, Pendin
 from celery_durable.broker.schema import MAIN, Outcome
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
-from celery_durable.tasks.coordinator import settle_unknown_workflow
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
+from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows.fanout import READ_AHEAD, BranchTarget, BranchWork
 from celery_durable.workflows.passes import branch_pass
 from celery_durable.workflows.replay import Replay
@@ -60,16 +60,20 @@ def run_branch_task(
 
 def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str) -> None:
     store = engine.store
+    if not knows(engine, message):
+        def send_again(new: str, countdown: float) -> None:
+            engine.send_branches(
+                message.run_id, message.epoch, message.workflow, call_id, indices, task_ids=[new], countdown=countdown
+            )
+
+        pass_on(engine, message, token, "s", send_again)
+        return
     kept = engine.kept_fanouts.get(message.run_id, message.epoch, call_id)
     started = _start(engine, message, call_id, indices, token, replays_body=kept is None)
     if started is None:
         return
     record = started.record
-    definition = engine.workflows.get(record.workflow)
-    if definition is None:
-        _end_quietly(engine, record, token)
-        settle_unknown_workflow(engine, record)
-        return
+    definition = engine.workflows[record.workflow]  # the message's (branch_start refuses another)
 
     run_journal = store.journal(record.run_id, record.epoch, record.namespace)
 

@@ -7,7 +7,6 @@ holder runs one more pass before it lets go (see ``release.lua``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
+from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows import passes
 from celery_durable.workflows.fanout import InlineBranches
 from celery_durable.workflows.parking import ParkedBody, PassEnd
@@ -76,14 +76,17 @@ def run_coordinator_task(
 
 def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: TakenPass | None = None) -> None:
     store = engine.store
+    if not knows(engine, message):
+        def send_again(new: str, countdown: float) -> None:
+            engine.send_coordinator(message.run_id, message.epoch, message.workflow, countdown, task_id=new)
+
+        pass_on(engine, message, token, "c", send_again)
+        return
     peeked = _kept_body(engine, message)
     record = peeked.replay.run if peeked is not None else _load_record(engine, message)
     if record is None:
         return
-    definition = engine.workflows.get(record.workflow)
-    if definition is None:
-        settle_unknown_workflow(engine, record)
-        return
+    definition = engine.workflows[record.workflow]  # the record's workflow is the message's (_load_record)
     resend = taken_pass.request.resend if taken_pass is not None else new_task_id()
     taken = _take_lock(engine, message, record, token, resend, peeked, taken_pass)
     if taken is None:
@@ -324,6 +327,8 @@ def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None
 
 
 def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
+    """Settle the run; one that ends ``error`` is said at WARNING, naming why
+    (a run that stopped on nondeterminism is a task that succeeded to Celery)."""
     engine.store.finish(
         record.run_id,
         record.epoch,
@@ -335,6 +340,14 @@ def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
         result_json=settlement.result_json,
         message=settlement.message,
     )
+    if settlement.status == "error":
+        logger.warning(
+            "run %s of workflow %r ended error (%s): %s",
+            record.run_id,
+            record.workflow,
+            settlement.reason,
+            settlement.error,
+        )
 
 
 def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError) -> None:
@@ -350,22 +363,3 @@ def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError)
         # The run record itself cannot take the write: nothing more to do here;
         # the recovery sweep looks at the run again when its lease runs out.
         logger.error("run %s: could not record the corruption: %s", record.run_id, again)
-
-
-def settle_unknown_workflow(engine: Engine, record: RunRecord) -> None:
-    """Stop a run this worker cannot execute, resumably, instead of dropping
-    its message: a dropped message would leave the run to the recovery sweep,
-    which could hand it straight back to a worker that does not know it."""
-    error = f"Workflow {record.workflow!r} is not registered with this worker's engine"
-    logger.error("run %s: %s", record.run_id, error)
-    with contextlib.suppress(StaleAttemptError):
-        engine.store.finish(
-            record.run_id,
-            record.epoch,
-            record.namespace,
-            "error",
-            reason="unknown_workflow",
-            error=error,
-            can_resume=True,
-            message=f"Run stopped: {error}",
-        )

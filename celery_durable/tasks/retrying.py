@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from celery.worker import state as worker_state
 
-from celery_durable.errors import StorageUnavailableError
+from celery_durable.errors import DurableError, StorageUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,13 @@ MAX_DELAY = 2.0
 
 
 def retry_storage(what: str, work: Callable[[], T]) -> T:
-    """``work()``, again and again while the store is unavailable."""
+    """``work()``, again and again while the store is unavailable.
+
+    Anything else that escapes the engine's own handling is a bug, or a
+    worker killed by what it ran: it is logged here, once, at ERROR with its
+    traceback, by this package's logger, so that it is seen whether or not
+    Celery's task logging is configured (and what the task's failure says in
+    Flower stays Celery's business)."""
     delay = FIRST_DELAY
     while True:
         try:
@@ -38,6 +44,11 @@ def retry_storage(what: str, work: Callable[[], T]) -> T:
             if _shutting_down():
                 raise  # the task's autoretry hands it back to the broker
             logger.warning("%s: storage unavailable, trying again in %.2fs: %s", what, delay, exc)
+        except DurableError:
+            raise  # the engine's own verdicts: each caller handles and logs its own
+        except Exception:
+            logger.exception("%s died of an unexpected error", what)
+            raise
         time.sleep(delay)  # a backoff, not a synchronisation: nothing to wait on but time
         delay = min(delay * 2, MAX_DELAY)
 

@@ -201,6 +201,7 @@ def branch_messages(
     call: str,
     indices: Sequence[int],
     task_ids: Sequence[str],
+    countdown: float | None = None,
 ) -> list[Outgoing]:
     """The branches as ``len(task_ids)`` tasks (at most one per branch),
     branch j in task j mod that count; a task that continues one branch
@@ -215,6 +216,14 @@ def branch_messages(
         one = len(indices) == 1
         shadow = f"{workflow} · branch {call}/{branches[0]}" if one else f"{workflow} · branches of {call}"
         messages.append(
-            Outgoing(BRANCH_TASK, kwargs, task_id, settings.steps_queue, shadow=shadow, shown=_branch_shown(kwargs))
+            Outgoing(
+                BRANCH_TASK,
+                kwargs,
+                task_id,
+                settings.steps_queue,
+                shadow=shadow,
+                shown=_branch_shown(kwargs),
+                countdown=countdown,
+            )
         )
     return messages

@@ -60,6 +60,8 @@ RUN_FIELDS: dict[str, str] = {
     "lease_until": "ms the attempt's lease runs out",
     "recoveries": "take-overs since the run last journaled something",
     "refused": "writes the fence refused (stale epochs), for operators",
+    "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
+    "since a pass last ran; '' while one that knows it runs it (pass_on.lua)",
     "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
@@ -158,6 +160,7 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             credits_nano=int(raw.get("credits_nano") or 0),
             limit_reached=raw.get("limit") or None,
             waiting_for=_waiting(raw.get("waiting")),
+            unserved_since=_optional_int(raw.get("unserved_since")),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None

@@ -1,0 +1,66 @@
+"""A message for a workflow this worker does not know goes back to its queue.
+
+Several engines may share one broker and one Redis with their default
+queues: one team's ``billflow:engine`` beside another's ``myflow:engine``, or
+workers of yesterday's deploy beside today's. A worker that takes a message
+of a run whose workflow its engine does not register must neither run it
+(nothing is ever imported by name from a message) nor fail the run for it:
+the run is healthy, only this worker cannot serve it. As Temporal does with
+a workflow task that no worker of its type took, the message is sent again,
+a second or so later, under a new id that the run counts in flight in the
+same script (``pass_on.lua``), until a worker that knows the workflow takes
+it. The run stays alive meanwhile; the first time a ``system`` progress
+record and one WARNING line say which workflow no worker here knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.messages import RunMessage
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+PASS_ON_SECONDS = (0.5, 1.5)
+"""How long a message passed on waits before a worker takes it again: long
+enough that workers that cannot serve a run do not spin on its message,
+short enough that one that can finds it soon. Jittered, so that messages
+passed on together do not come back together."""
+
+_random = random.Random()
+
+
+def knows(engine: Engine, message: RunMessage) -> bool:
+    return message.workflow in engine.workflows
+
+
+def pass_on(engine: Engine, message: RunMessage, token: str, kind: str, resend: Callable[[str, float], None]) -> None:
+    """Send ``message`` (task id ``token``, queue kind ``kind``: c, s or a) back
+    for a worker that knows its workflow: ``resend(new task id, countdown)``."""
+    store = engine.store
+    delay = _random.uniform(*PASS_ON_SECONDS)
+    new = new_task_id()
+    note = f"No worker that took its messages has workflow {message.workflow!r} registered; they wait for one that has"
+    due = store.now_ms() + int(delay * 1000)
+    passed = store.pass_on(message.run_id, message.epoch, token, new, kind, due, note)
+    if not passed.sent:
+        logger.info("run %s: a message for workflow %r this worker does not know is stale; dropped",
+                    message.run_id, message.workflow)  # fmt: skip
+        return
+    if passed.first:
+        logger.warning(
+            "run %s: workflow %r is not registered with this worker's engine; its message goes back to the queue "
+            "for a worker that has it",
+            message.run_id,
+            message.workflow,
+        )
+    else:
+        logger.debug("run %s: passed a message for workflow %r on again", message.run_id, message.workflow)
+    resend(new, delay)

@@ -1,0 +1,102 @@
+"""Fleets of several teams: a worker that does not know a run's workflow passes
+its message on, and the run waits, alive, for one that does (issue 25 item 13).
+
+Temporal never fails a workflow because a worker lacked its type: the task
+waits for a worker that has it. Here the message goes back to its queue under
+a new id (``pass_on.lua``, ``tasks/unserved.py``), the run says so once (a
+``system`` progress record, one WARNING line), and never becomes ``error``.
+
+Each team's worker is a process of its own (``tests/apps/teams.py``), as in a
+deployment: Celery's worker looks a task up on the process's current app, so
+two engines' workers in one process would run each other's tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_durable import Client
+from tests.apps.teams import EVERY
+from tests.conftest import DurableFactory
+from tests.fleet import Fleet
+from tests.test_fencing import poll
+
+TIMEOUT = 30
+UNSERVED = "No worker that took its messages has workflow"
+WARNED = "is not registered with this worker's engine"
+
+
+def system_records(client: Client, run_id: str) -> list[str]:
+    records = client.get_workflow_run_progress(run_id, limit=500).records
+    return [record.message for record in records if record.kind == "system"]
+
+
+def passed_on(client: Client, run_id: str, seen: set[str], kind: str) -> set[str]:
+    """The run's queued messages of ``kind`` (c, s) seen so far: each pass-on queues a new one."""
+    store = client.engine.store
+    live: dict[str, Any] = store.client.hgetall(store.run_keys(run_id).live)
+    seen.update(task for task, value in live.items() if value.startswith(f"q|{kind}|"))
+    return seen
+
+
+def warnings(fleet: Fleet) -> list[str]:
+    return [line for path in fleet.log_dir.glob("*.log") for line in path.read_text().splitlines() if WARNED in line]
+
+
+def test_a_run_no_worker_knows_waits_alive_and_goes_on_once_a_worker_that_knows_it_comes(
+    durable: DurableFactory, fleet: Fleet
+) -> None:
+    client = durable(EVERY, worker=False).client
+    run_id = client.start_workflow("ghost")
+    fleet.start("tests.apps.teams:partial", name="partial")  # knows only echo, and imports nothing
+    seen: set[str] = set()
+    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 4, timeout=TIMEOUT, what="3 messages passed on")
+    envelope = client.get_workflow_run(run_id)
+    assert (envelope.status, envelope.attempt) == ("pending", 1), "the run was failed or taken over"
+    assert [m for m in system_records(client, run_id) if UNSERVED in m] == [
+        f"{UNSERVED} 'ghost' registered; they wait for one that has"
+    ]
+    assert len(warnings(fleet)) == 1 and "'ghost'" in warnings(fleet)[0]
+    fleet.start("tests.apps.teams:billing", name="billing")  # a worker that knows it
+    done = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (done.status, done.result, done.attempt) == ("completed", "boo", 1)
+
+
+def test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does(
+    durable: DurableFactory, fleet: Fleet
+) -> None:
+    client = durable(EVERY, worker=False).client
+    settings = client.engine.settings
+    run_id = client.start_workflow("ghost-fan")
+    # The coordinator that knows the workflow consumes only its queue; the
+    # branches it sends (each its own task: none runs in its pass) land on the
+    # steps queue, served only by `partial`.
+    fleet.start(
+        "tests.apps.teams:billing",
+        name="coordinator",
+        queues=[settings.coordinator_queue],
+        env={"CELERY_DURABLE_BRANCH_BATCH_MS": "0"},
+    )
+    fleet.start("tests.apps.teams:partial", name="partial", queues=[settings.steps_queue])
+    seen: set[str] = set()
+    poll(lambda: len(passed_on(client, run_id, seen, "s")) >= 3, timeout=TIMEOUT, what="branches passed on")
+    envelope = client.get_workflow_run(run_id)
+    assert (envelope.status, envelope.attempt) == ("running", 1)
+    fleet.start("tests.apps.teams:billing", name="steps", queues=[settings.steps_queue])
+    done = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (done.status, done.result, done.attempt) == ("completed", [1, 2], 1)
+
+
+def test_two_engines_with_default_queues_on_one_redis_both_work(durable: DurableFactory, fleet: Fleet) -> None:
+    """Two teams' engines share a Redis and the queue names; each team's worker
+    takes the other's messages too, and passes them on."""
+    client = durable(EVERY, worker=False).client
+    fleet.start("tests.apps.teams:billing", name="billing")
+    fleet.start("tests.apps.teams:shop", name="shop")
+    bills = [client.start_workflow("bill") for _ in range(4)]
+    orders = [client.start_workflow("order", args={"n": n}) for n in range(4)]
+    for run_id in bills + orders:
+        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+        assert (envelope.status, envelope.reason, envelope.attempt) == ("completed", None, 1)
+    assert [client.get_workflow_run(r).result for r in orders] == [["reserved", n] for n in range(4)]
+    assert client.get_workflow_run(bills[0]).result == ["charged", "mailed"]
