@@ -38,7 +38,7 @@ def test_a_call_is_published_once_per_attempt_then_answered_from_the_journal(mak
     assert backend.call_done(1, "render", ok({"png": 1})) == ["m"]
     assert call(first, "render") == TaskCall("hit", NO_FLAGS, ok({"png": 1}))
     assert backend.waits() == {}
-    assert backend.call_done(1, "render", ok("again")) is None, "a second answer is late"
+    assert backend.call_done(1, "render", ok("again"), prefix="again") is None, "a second answer is late"
     assert StepRow.parse("render", backend.step_rows()["render"]).status == "completed"
     assert first.read_sequence("m").live_entries() == [(Identity.call("render"), ok({"png": 1}))]
 

@@ -35,7 +35,7 @@ def kept(driver: Driver, sent: list[CallRequest]) -> tuple[Replay, ParkedBody]:
 
 
 def answer(driver: Driver, key: str, value: Any) -> None:
-    done = driver.store.call_done(driver.run_id, driver.epoch, key, value_outcome(value).encode(), "", "wake")
+    done = driver.store.call_done(driver.run_id, driver.epoch, key, value_outcome(value).encode(), "", f"wake-{key}")
     assert done == ["m"]
 
 

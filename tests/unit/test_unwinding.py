@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery_durable import WorkflowContext, workflow
+from celery_durable.testing.server import environment_redis_url
 from tests.unit.harness import Driver
 
 
@@ -48,6 +49,7 @@ def engine_frames_left_to_the_cyclic_gc() -> Iterator[list[str]]:
 
 
 def test_suspended_branches_and_passes_leave_no_frames_in_cycles() -> None:
+    environment_redis_url()  # started outside the count: its start polls a port until it answers
     with engine_frames_left_to_the_cyclic_gc() as frames:
         driver = Driver.of(nappers)
         assert driver.main() is None  # Suspend: the pass waits for its branches

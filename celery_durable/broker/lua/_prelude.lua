@@ -281,6 +281,20 @@ local function made_progress(run_key)
   if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end
 
+-- A script that wakes owners runs twice for one call when its reply was lost
+-- on the way (the caller retries on a broken connection, with the same
+-- arguments): counted twice, or answered 'late' with no one to wake while the
+-- first run's wake-ups wait in the live hash, never sent. The wake prefix is
+-- new for each call, so the owners it woke are kept under it, and a second
+-- run with that prefix answers what the first did and changes nothing.
+local function woken_before(journal_key, prefix)
+  return redis.call('HGET', journal_key, 'wk:' .. prefix)
+end
+
+local function remember_woken(journal_key, prefix, owners)
+  redis.call('HSET', journal_key, 'wk:' .. prefix, owners)
+end
+
 -- == Branch outcomes (complete_branch.lua, complete_begin.lua) ==========
 -- Was fan-out <call> dispatched in attempt <epoch>? Outcomes of any other
 -- attempt's dispatch are refused ('stale').

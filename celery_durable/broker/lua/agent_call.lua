@@ -26,6 +26,13 @@ if outcome and not is_stale_failure(outcome, ARGV[1]) then
   f = flags(KEYS[1])
   return {'hit', f[1], f[2], f[3], outcome}
 end
+-- This very call again, its reply lost: it dispatched the turn, whose message
+-- the caller has still to send.
+local sent = redis.call('HGET', KEYS[4], ARGV[11])
+if sent and string.sub(sent, 1, 4) == 'q|a|' and redis.call('HGET', KEYS[2], 'qe:' .. id) == ARGV[1] then
+  f = flags(KEYS[1])
+  return {'dispatch', f[1], f[2], f[3]}
+end
 -- Someone already asked for this turn in this attempt: wait for it too.
 if redis.call('HGET', KEYS[2], 'qe:' .. id) == ARGV[1] then
   local waiters = redis.call('HGET', KEYS[2], 'w:' .. id) or ''

@@ -7,9 +7,12 @@
 -- ARGV[9] the task's id, ARGV[10] prefix of the task ids that wake the
 -- waiters (each "<prefix>-<n>", n counting the waiters from 1)
 -- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated)} or
--- {refusal}.
+-- {refusal}; run again with the same prefix (its reply was lost), the same
+-- answer, and nothing counted twice (woken_before).
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
+local before = woken_before(KEYS[2], ARGV[10])
+if before then return {'ok', before} end
 local id = ARGV[3]
 local current = redis.call('HGET', KEYS[2], 'a:' .. id)
 if not current or is_stale_failure(current, ARGV[1]) then
@@ -32,4 +35,5 @@ for owner in string.gmatch(waiters, '%S+') do
   token_queued(KEYS[1], KEYS[4], ARGV[10] .. '-' .. n, owner_kind(owner), ARGV[2], ARGV[2])
 end
 token_done(KEYS[1], KEYS[4], ARGV[9], ARGV[2])
+remember_woken(KEYS[2], ARGV[10], waiters)
 return {'ok', waiters}

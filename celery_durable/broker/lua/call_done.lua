@@ -18,9 +18,18 @@
 -- the call woke the main body ('m') alone, followed by what activate.lua returns
 -- ('ok' and the flags and tail, or 'busy' and the ms): the lock is taken for
 -- the caller, or it was told to look again; {'late'} (the call already has a
--- live outcome) or {refusal}.
+-- live outcome) or {refusal}. Run again with the same prefix (its reply was
+-- lost): {'ok', the same owners}, and nothing journaled or counted twice.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
+local before = woken_before(KEYS[2], ARGV[6])
+if before then
+  -- The same answer again, its reply lost: the same owners, woken by message
+  -- (a pass this script took for the caller re-enters its lock by its token).
+  local again = {'ok'}
+  for owner in string.gmatch(before, '%S+') do table.insert(again, owner) end
+  return again
+end
 local key = ARGV[3]
 if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then return {'stale'} end
 local current = redis.call('HGET', KEYS[2], 'v:' .. key)
@@ -46,6 +55,7 @@ local owners = wake_call_wait(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[
 if not owners then
   owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[2]), ours)
 end
+remember_woken(KEYS[2], ARGV[6], table.concat(owners, ' '))
 if ARGV[7] and ARGV[7] ~= '' and #owners == 1 and owners[1] == 'm' then
   local activation = activate_run(KEYS[1], KEYS[7], KEYS[4], KEYS[2], ARGV[1], ARGV[7], ARGV[2], ARGV[8], ARGV[9],
     ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14])

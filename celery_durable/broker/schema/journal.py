@@ -27,6 +27,8 @@ JOURNAL_FIELDS: dict[str, str] = {
     "w:": "w:<id>: owners waiting for the turn",
     "wd:": "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none)",
     "ce:": "ce:<key>: the epoch that published the task call <key>",
+    "wk:": "wk:<prefix>: the owners a call's answer or an agent turn's end woke by the messages '<prefix>-<n>' "
+    "(a script run again for the same call, its reply lost, answers the same)",
 }
 """Every field prefix of the journal hash (see the module docstring)."""
 
