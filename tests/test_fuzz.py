@@ -530,3 +530,31 @@ def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
     assert not any(r.name == "celery.worker" and "Unrecoverable" in r.getMessage() for r in caplog.records)
     canary_completes(d, gate, canary_id)
     assert d.client.run_workflow("echo", args={"after": "fuzz"}, timeout=TIMEOUT).result == {"after": "fuzz"}
+
+
+@workflow(name="held-fan", description="a fan-out whose first branch the test holds", phases=[])
+def held_fan(ctx: WorkflowContext) -> Any:
+    return ctx.parallel([lambda: ctx.step("held", lambda: GATE.hold()), lambda: ctx.step("quick", lambda: "quick")])
+
+
+def test_a_branch_message_copied_from_flower_with_other_branches_is_refused_and_the_run_completes(
+    durable, gate, caplog
+) -> None:
+    """Flower shows a branch task's id and arguments: the same id sent again
+    naming a branch past the fan-out's width once failed the real branch as
+    nondeterministic, for good (issue 25 item 10). It is refused, logged, and
+    the run completes as it would have."""
+    caplog.set_level(logging.WARNING, logger="celery_durable")
+    d = durable([held_fan], branch_batch_ms=0)  # each branch its own task on the steps queue
+    run_id = d.client.start_workflow("held-fan")
+    assert gate.entered.wait(TIMEOUT), "the held branch never started"
+    store = d.engine.store
+    live = store.client.hgetall(store.run_keys(run_id).live)
+    running = next(task for task, value in live.items() if value.startswith("x|") and task != "")
+    refused = d.engine.refused_messages
+    d.engine.send_branches(run_id, 1, "held-fan", "m:0", [0, 2], task_ids=[running])
+    poll(lambda: d.engine.refused_messages > refused, what="the forged branch message to be refused")
+    gate.release.set()
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.result) == ("completed", ["released", "quick"])
+    assert any("refused stale or forged branch message" in r.getMessage() for r in caplog.records)

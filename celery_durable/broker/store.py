@@ -335,7 +335,9 @@ class RunStore(FleetLiveness):
         its message runs, its lease starts now, and what it reads first comes
         back with it (``branch_start.lua``); or the refusal:
         'missing', 'stale' (another attempt's message), 'forged' (another
-        workflow's) or 'settled'."""
+        workflow's, or naming branches its fan-out has not), 'unknown' (a
+        message the run does not count in flight: never sent, or delivered
+        again after it ended) or 'settled'."""
         k = self.run_keys(run_id)
         fields = [schema.branch_field(call, j) for j in indices]
         args = [epoch, workflow, token, self.clock(), self.lease_ms, schema.handoff_field(call, token)]

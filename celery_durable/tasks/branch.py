@@ -194,7 +194,12 @@ def _start(
     if isinstance(started, str):
         if started != "settled":
             engine.count_refused()
-            logger.warning("refused stale or forged branch message for run %s (%s)", message.run_id, started)
+            logger.warning(
+                "refused stale or forged branch message for run %s (%s): it is not one the run sent, "
+                "or it was delivered again after it ended",
+                message.run_id,
+                started,
+            )
         return None
     return started
 

@@ -467,6 +467,24 @@ def test_a_branch_task_starts_and_reads_what_it_opens_first_in_one_script(make_b
     assert backend.branch_start(1, "t2", "m:0", [2], []) == "settled"
 
 
+def test_a_branch_message_the_run_did_not_send_is_refused_and_changes_nothing(make_backend: BackendFactory) -> None:
+    """Flower shows every branch task's id and arguments: a message copied
+    from it with other branches, or one made up, is refused before it runs
+    (a branch index past the width would have failed the real branch)."""
+    backend = make_backend()
+    backend.write("run", {"status": "running"})
+    journal = backend.journal(1)
+    journal.dispatch("m", 0, "p|2", 2, "x1", position(0, 0))
+    journal.sending("m:0", ["t0", "t1"])
+    before = backend.live()
+    assert backend.branch_start(1, "made-up", "m:0", [0], []) == "unknown"
+    assert backend.branch_start(1, "t0", "m:0", [0, 2], []) == "forged", "branch 2 of a fan-out of 2"
+    assert backend.branch_start(1, "t0", "m:1", [0], []) == "forged", "a fan-out the run never made"
+    assert backend.branch_start(1, "t0", "m:00", [0], []) == "forged"
+    assert backend.live() == before and journal.branch_outcomes("m:0", 2) == [None, None]
+    assert not isinstance(backend.branch_start(1, "t0", "m:0", [1, 0], []), str)
+
+
 def test_the_last_branch_a_task_holds_ends_its_message_where_its_outcome_is_journaled(
     make_backend: BackendFactory,
 ) -> None:

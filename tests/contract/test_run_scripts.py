@@ -215,7 +215,10 @@ def test_active_time_runs_only_while_a_message_is_in_flight() -> None:
     assert store.release(run_id, "pass-1", 1) is False
     assert (run.state.run["active_ms"], run.state.run["active_since"]) == ("10000", "")
     clock.now += 3_600_000  # an hour with nothing in flight: a wait, not work
-    # A wake-up (here a branch task) starts the clock again.
+    # A wake-up (here a branch task, counted in flight as it is sent) starts the clock again.
+    journal = store.journal(run_id, 1, "default")
+    journal.dispatch("m", 0, "p|1", 1, "execution", schema.position(0, 0))
+    journal.sending("m:0", ["branch-1"])
     started = store.branch_start(run_id, 1, lifecycle.name, "branch-1", "m:0", [0], [])
     assert not isinstance(started, str) and started.flags == Flags()
     clock.now += 5_000
@@ -223,6 +226,7 @@ def test_active_time_runs_only_while_a_message_is_in_flight() -> None:
     assert run.state.run["active_ms"] == "15000"
     assert store.heartbeat(run_id, 1, "gone", wake="wake-1") == (Flags(), False)  # not in flight: not renewed
     assert run.state.live == {}
+    journal.sending("m:0", ["branch-2"])
     assert not isinstance(store.branch_start(run_id, 1, lifecycle.name, "branch-2", "m:0", [0], []), str)
     clock.now += 50_000
     # A ceiling newly reached by a task other than the coordinator wakes the coordinator.

@@ -188,7 +188,7 @@ class Driver:
         """One branch task holding ``indices``, run one after another; True
         when an outcome woke the coordinator."""
         journal = self.journal()
-        token = token or new_id("branch")
+        token = token or self.task_ids.get((call, indices[0])) or new_id("branch")
         woke: list[bool] = []
 
         def on_outcome(j: int, outcome: schema.Outcome) -> None:
@@ -213,6 +213,8 @@ class Driver:
 
         record = self.record()
         started = self.store.branch_start(self.run_id, self.epoch, record.workflow, token, call, indices, [])
+        if started == "unknown":
+            return False  # delivered again after it ended: refused, nothing runs
         assert not isinstance(started, str), started
         target = BranchTarget(
             call,
