@@ -209,7 +209,12 @@ end
 -- written by older attempts are abandoned. Progress records at or after
 -- <position> (the position the op began at) are new from here on.
 local function cut_sequence(journal_key, seq, index, epoch, position)
-  redis.call('HSET', journal_key, 'k:' .. seq, epoch .. ':' .. index)
+  local cut = epoch .. ':' .. index
+  if redis.call('HGET', journal_key, 'k:' .. seq) ~= cut then
+    redis.call('HSET', journal_key, 'k:' .. seq, cut)
+    -- A cut can give signals back (claim_alive): the floors take_signal keeps are void.
+    redis.call('HINCRBY', journal_key, 'cuts', 1)
+  end
   local limit = tonumber(position) - 1
   local hwm = tonumber(redis.call('HGET', journal_key, 'h:' .. seq) or '-1')
   if hwm > limit then redis.call('HSET', journal_key, 'h:' .. seq, limit) end
@@ -626,19 +631,31 @@ end
 
 -- The first signal of <name> no live wait has taken, claimed for the wait
 -- op <at>: its outcome JSON, or nil when none is left.
+-- Signals 1..k of a name all claimed by live waits stay so until a cut gives
+-- one back, and cuts are counted ('cuts' in the journal): 'f:<name>' keeps
+-- "<cuts>:<k>", so a wait looks from k + 1 on while no cut came since,
+-- instead of walking every signal of the name the run ever received.
 local function take_signal(journal_key, signals_key, name, at)
   local received = tonumber(redis.call('HGET', signals_key, 'n:' .. name) or '0')
-  for k = 1, received do
+  local cuts = redis.call('HGET', journal_key, 'cuts') or '0'
+  local floor_cuts, floor = string.match(redis.call('HGET', signals_key, 'f:' .. name) or '', '^(%d+):(%d+)$')
+  local first = floor_cuts == cuts and tonumber(floor) + 1 or 1
+  local claimed = first - 1  -- signals 1..claimed are all taken by live waits
+  local taken = nil
+  for k = first, received do
     local claim = redis.call('HGET', signals_key, 'k:' .. name .. ':' .. k)
     -- A claim naming this very op is a replaced op's (wait.lua takes a
     -- signal only for an op without an outcome, and writes both together).
     if not claim or claim == at or not claim_alive(journal_key, claim, name, k) then
       redis.call('HSET', signals_key, 'k:' .. name .. ':' .. k, at)
       local payload = redis.call('HGET', signals_key, 'p:' .. name .. ':' .. k) or 'null'
-      return '{"received":true,"index":' .. k .. ',"payload":' .. payload .. '}'
+      taken = '{"received":true,"index":' .. k .. ',"payload":' .. payload .. '}'
     end
+    if claimed == k - 1 then claimed = k end
+    if taken then break end
   end
-  return nil
+  if claimed >= first then redis.call('HSET', signals_key, 'f:' .. name, cuts .. ':' .. claimed) end
+  return taken
 end
 
 -- Wakes the owner of a call's wait at field <at> (found by the call's row)

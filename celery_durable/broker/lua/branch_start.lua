@@ -26,7 +26,8 @@ if f[1] ~= ARGV[1] then return {'stale'} end
 if f[3] ~= ARGV[2] then return {'forged'} end
 if f[2] ~= 'running' and f[2] ~= 'paused' then return {'settled'} end
 local n = tonumber(ARGV[8])
-if not redis.call('HGET', KEYS[2], ARGV[3]) then return {'unknown'} end
+local in_flight = redis.call('HGET', KEYS[2], ARGV[3])
+if not in_flight then return {'unknown'} end
 local call = string.match(ARGV[9] or '', '^r:(.+):%d+$')
 local op = call and redis.call('HGET', KEYS[3], 'o:' .. call)
 local width = op and tonumber(string.match(op, '|(%d+)$'))

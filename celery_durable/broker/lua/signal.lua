@@ -16,6 +16,10 @@ end
 local name, now = ARGV[2], tonumber(ARGV[1])
 local n = redis.call('HINCRBY', KEYS[2], 'n:' .. name, 1)
 redis.call('HSET', KEYS[2], 'p:' .. name .. ':' .. n, ARGV[3], 't:' .. name .. ':' .. n, ARGV[1])
+-- A settled run (halted, paused, a resumable error) already counts down its
+-- retention: the signals it keeps go with it.
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 append_progress(KEYS[1], KEYS[5], 'system', '', 'Signal ' .. name .. ' received', f[3], ARGV[1])
 local owners = {}
 if status == 'running' or status == 'pending' then

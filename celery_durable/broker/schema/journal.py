@@ -27,6 +27,7 @@ JOURNAL_FIELDS: dict[str, str] = {
     "w:": "w:<id>: owners waiting for the turn",
     "wd:": "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none)",
     "ce:": "ce:<key>: the epoch that published the task call <key>",
+    "cuts": "how many cuts the run's sequences got (a cut voids the signals' floors, SIGNAL_FIELDS f:)",
     "wk:": "wk:<prefix>: the owners a call's answer or an agent turn's end woke by the messages '<prefix>-<n>' "
     "(a script run again for the same call, its reply lost, answers the same)",
 }
@@ -37,6 +38,7 @@ SIGNAL_FIELDS: dict[str, str] = {
     "p:": "p:<name>:<k>: the k-th one's JSON payload",
     "t:": "t:<name>:<k>: when it arrived (ms)",
     "k:": "k:<name>:<k>: the wait op '<seq>:<i>' that took it",
+    "f:": "f:<name>: '<cuts>:<k>': signals 1..k of <name> are taken by live waits while the journal's cuts are <cuts>",
 }
 """Every field prefix of a run's signals hash (``take_signal`` in ``_prelude.lua``)."""
 
