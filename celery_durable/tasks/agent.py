@@ -52,11 +52,13 @@ class AgentAttempt:
     run: RunRecord
     epoch: int
     cancel_event: threading.Event = dataclasses.field(default_factory=threading.Event)
-    lost_authority: bool = False
 
     def apply_flags(self, flags: Flags) -> None:
         if flags.cancel:
             self.cancel_event.set()
+
+    def lose_authority(self) -> None:
+        self.cancel_event.set()
 
 
 @dataclasses.dataclass

@@ -16,15 +16,17 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import RunRecord, schema
-from celery_durable.broker.journal import BranchStart, Conflict, Journal, PendingCommit, Winner
-from celery_durable.broker.schema import MAIN, Outcome
+from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.unserved import knows, pass_on
-from celery_durable.workflows.fanout import READ_AHEAD, BranchTarget, BranchWork
+from celery_durable.workflows.branch_work import BranchTarget, BranchWork
+from celery_durable.workflows.branches import READ_AHEAD
+from celery_durable.workflows.completion import CompletionRoute
 from celery_durable.workflows.passes import branch_pass
 from celery_durable.workflows.replay import Replay
 
@@ -94,23 +96,15 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         return True
 
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
-    outcomes = _Outcomes(engine, record, run_journal, call_id, work)
+    own = _OwnMessage(token, work)
+    route = CompletionRoute(new_wake=new_task_id, send_wake=wake, ending=own.ending, ended=own.end)
     replay = Replay(
         journal=run_journal,
         run=record,
         workflow=definition,
         max_fanout=engine.settings.max_fanout,
         max_payload_bytes=engine.settings.max_payload_bytes,
-        target=BranchTarget(
-            call_id,
-            indices,
-            outcomes.journal,
-            work,
-            started,
-            on_held=outcomes.journal_held,
-            new_wake=new_task_id,
-            send_wake=wake,
-        ),
+        target=BranchTarget(call_id, indices, route, work, started),
         send_agent=send_agent,
         send_call=functools.partial(engine.send_call, record),
         keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
@@ -122,11 +116,11 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         replay.apply_flags(started.flags)
         try:
             with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake):
-                branch_pass(replay, outcomes.journal, kept)
+                branch_pass(replay, kept)
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.
-            if not outcomes.ended:
+            if not own.ended:
                 _end_quietly(engine, record, token)
     except StaleAttemptError:
         engine.count_refused()
@@ -139,44 +133,23 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         engine.send_coordinator(record.run_id, record.epoch, record.workflow)
 
 
-class _Outcomes:
-    """Journals the outcomes of the branches one task holds; the last one
-    ends the task's message in the same script (``complete_branch``), unless
-    it wakes the coordinator: the task then ends its message after the wake
-    is sent, so a worker that dies in between leaves a lease to run out."""
+class _OwnMessage:
+    """The task's message: the completion of its last branch ends it in the
+    same script (``complete_branch``), unless it wakes the coordinator: the
+    task then ends its message after the wake is sent, so a worker that dies
+    in between leaves a lease to run out."""
 
-    def __init__(self, engine: Engine, record: RunRecord, journal: Journal, call: str, work: BranchWork) -> None:
-        self._engine = engine
-        self._record = record
-        self._journal = journal
-        self._call = call
+    def __init__(self, token: str, work: BranchWork) -> None:
+        self._token = token
         self._work = work
         self.ended = False
 
-    def journal(self, index: int, outcome: Outcome) -> None:
-        self.journal_held(index, outcome, "", None)
+    def ending(self) -> str:
+        """The message a completion journaled now ends: this one, with the task's last branch."""
+        return self._token if self._work.finishing() else ""
 
-    def journal_held(
-        self, index: int, outcome: Outcome, seq: str, step: PendingCommit | None
-    ) -> Winner | Conflict | None:
-        """With the branch's held-back last ``step`` of sequence ``seq``, when it has one."""
-        wake = new_task_id()
-        ending = self._work.giver if self._work.finishing() else ""
-        encoded = outcome.encode()
-        if step is None:
-            woke: bool | Winner | Conflict = self._journal.complete_branch(self._call, index, encoded, wake, ending)
-        else:
-            woke = self._journal.complete_held(self._call, index, encoded, wake, ending, seq, step)
-            if isinstance(woke, Winner | Conflict):
-                return woke  # nothing of the branch was written, and its message still runs
-        if woke:
-            # Its message still runs (complete_branch does not end it): it
-            # ends after the wake is sent, in the task's own end.
-            record = self._record
-            self._engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)
-        else:
-            self.ended = self.ended or bool(ending)
-        return None
+    def end(self) -> None:
+        self.ended = True
 
 
 def _start(

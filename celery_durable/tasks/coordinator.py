@@ -23,7 +23,7 @@ from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_mess
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows import passes
-from celery_durable.workflows.fanout import InlineBranches
+from celery_durable.workflows.branch_work import InlineBranches
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
@@ -261,8 +261,7 @@ def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> None:
         engine.settings.lease_seconds,
         settlement.status,
     )
-    replay.lost_authority = True
-    replay.cancel_event.set()
+    replay.lose_authority()
     _finish(engine, record, settlement)
 
 
@@ -289,7 +288,6 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
             settings.fanout_tasks,
             settings.branch_batch_ms / 1000,
             hand_on,
-            keep=functools.partial(kept.keep, record.run_id, record.epoch),
             forget=functools.partial(kept.forget, record.run_id, record.epoch),
         )
     return Replay(
@@ -302,6 +300,10 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         send_branches=send,
         token=execution,
         send_agent=send_agent,
+        # Its narrow fan-outs' thunks, kept while the pass runs them, for the
+        # branch tasks that run them later in this process (a branch woken by
+        # its call's answer, say).
+        keep_fanout=functools.partial(kept.keep, record.run_id, record.epoch) if inline is not None else None,
         inline=inline,
     )
 

@@ -48,10 +48,12 @@ class Attempt(Protocol):
 
     run: RunRecord
     epoch: int
-    cancel_event: threading.Event
-    lost_authority: bool
 
     def apply_flags(self, flags: Flags) -> None: ...
+
+    def lose_authority(self) -> None:
+        """A newer attempt owns the run, or it settled: stop at the next call."""
+        ...
 
 
 class Heartbeat:
@@ -116,8 +118,7 @@ class Heartbeat:
             )
         except StaleAttemptError:
             # A newer attempt owns the run, or it settled: stop this one at its next call.
-            attempt.lost_authority = True
-            attempt.cancel_event.set()
+            attempt.lose_authority()
             return False
         except StorageError as exc:
             logger.warning("heartbeat of run %s failed: %s", attempt.run.run_id, exc)

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from celery_durable.workflows.fanout import KeptFanout
+from celery_durable.workflows.branch_work import KeptFanout
 
 Key = tuple[str, int, str]
 

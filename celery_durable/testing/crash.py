@@ -13,8 +13,9 @@ any of its threads raises too, so nothing journals past the crash.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_durable.broker.journal import (
     Began,
@@ -26,6 +27,9 @@ from celery_durable.broker.journal import (
     Recorded,
     Winner,
 )
+from celery_durable.broker.journal_guard import GuardedJournal
+
+Answer = TypeVar("Answer")
 
 
 class SimulatedCrash(BaseException):
@@ -76,39 +80,23 @@ class CrashPlan:
         raise SimulatedCrash(f"simulated crash {moment} step {key!r}")
 
 
-class CrashingJournal:
+class CrashingJournal(GuardedJournal):
     """The environment's journal: the store's real one, dying at the plan's crash points.
 
-    Every call first checks that the attempt is alive, so once a point
-    fired nothing of that attempt journals again, in any of its threads;
-    the calls that begin or journal a step also fire the points armed for
-    it. Any other method of the ``Journal`` protocol passes straight through
-    (``__getattr__``), so a method the protocol gains is covered at once.
+    Every call first checks that the attempt is alive (``GuardedJournal``
+    forwards each method of the protocol through that check), so once a
+    point fired nothing of that attempt journals again, in any of its
+    threads. The calls that begin or journal a step also fire the points
+    armed for it: those are the methods written out below.
     """
 
     def __init__(self, inner: Journal, plan: CrashPlan) -> None:
-        self._inner = inner
+        super().__init__(inner, self._alive_first)
         self._plan = plan
 
-    @property
-    def run_id(self) -> str:
-        return self._inner.run_id
-
-    @property
-    def epoch(self) -> int:
-        return self._inner.epoch
-
-    def now_ms(self) -> int:
-        return self._inner.now_ms()
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._inner, name)
-
-        def alive_first(*args: Any, **kwargs: Any) -> Any:
-            self._plan.check_alive()
-            return method(*args, **kwargs)
-
-        return alive_first
+    def _alive_first(self, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._plan.check_alive()
+        return method(*args, **kwargs)
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         self._plan.check_alive()
@@ -118,19 +106,11 @@ class CrashingJournal:
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
         self._plan.check_alive()
-        result = self._inner.commit_begin(seq, commit, call)
-        if isinstance(result, Began):
-            self._committed(commit)
-            self._began(call)
-        return result
+        return self._step_then_begin(self._inner.commit_begin(seq, commit, call), commit, call)
 
     def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
         self._plan.check_alive()
-        result = self._inner.complete_begin(seq, held, call)
-        if isinstance(result, Began):
-            self._committed(held.step)
-            self._began(call)
-        return result
+        return self._step_then_begin(self._inner.complete_begin(seq, held, call), held.step, call)
 
     def complete_held(
         self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
@@ -146,6 +126,13 @@ class CrashingJournal:
         result = self._inner.record(seq, commit)
         if isinstance(result, Recorded):
             self._committed(commit)
+        return result
+
+    def _step_then_begin(self, result: Answer, step: PendingCommit, call: BeginCall) -> Answer:
+        """A script that journals ``step`` and begins ``call`` did both, unless it answered otherwise."""
+        if isinstance(result, Began):
+            self._committed(step)
+            self._began(call)
         return result
 
     def _began(self, call: BeginCall) -> None:

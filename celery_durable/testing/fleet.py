@@ -30,8 +30,8 @@ from celery_durable.tasks.calls import call_failed, call_succeeded
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.crash import CrashPlan, SimulatedCrash
+from celery_durable.workflows.branches import NESTED_FANOUT_THREADS
 from celery_durable.workflows.calls import CallRequest
-from celery_durable.workflows.fanout import NESTED_FANOUT_THREADS
 
 if TYPE_CHECKING:
     from celery_durable.broker import RunRecord

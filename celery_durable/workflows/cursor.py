@@ -4,6 +4,8 @@ A sequence is the main body (``m``) or one branch of a fan-out. Replay keeps
 a ``Cursor`` per sequence it runs: the journaled history it must follow, the
 index of the next call, the progress records buffered since the last write,
 and the step whose journal write is held back to travel with the next call.
+A branch's cursor also names the ``Completions`` of the thread that runs it,
+which own the branch's completion once it ends.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit, ProgressRecordArgs
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.fanout import Carrier
+    from celery_durable.workflows.completion import Completions
 
 
 @dataclass(slots=True)
@@ -34,17 +36,19 @@ class Cursor:
     index: int = 0
     logs_since_op: int = 0
     buffer: list[ProgressRecordArgs] = field(default_factory=list)
-    pending: PendingCommit | None = None
-    """The last step's journal write, not sent yet: it goes with this
-    sequence's next journal write (``Replay.flush``), before more work runs."""
-    pending_started: int = 0
-    """When the held-back step began (ms), for its row."""
-    holds_steps: bool = False
-    """A branch whose steps' writes are held back like the main body's: its
-    last one travels with the branch's outcome (``Journal.complete_held``)."""
-    carrier: Carrier | None = None
-    """A branch's: where the completion of the branch run before it may wait,
-    to travel with this one's first write (``Journal.complete_begin``)."""
+    held: PendingCommit | None = None
+    """The last step's journal write, not sent yet (``Replay.holds_steps``):
+    it goes with this sequence's next journal write (``Replay.flush``), before
+    more work runs, or with a branch's outcome once the branch ends."""
+    completions: Completions | None = None
+    """A branch run one after another with others in one thread: the owner of
+    their completions, the one before this branch's included, which may
+    travel with this branch's first write."""
+
+    def take_held(self) -> PendingCommit | None:
+        """The held-back step, which the caller now journals."""
+        held, self.held = self.held, None
+        return held
 
     def position(self) -> int:
         return schema.position(self.index, self.logs_since_op)

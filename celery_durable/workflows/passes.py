@@ -10,12 +10,10 @@ the same way whichever drives it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.schema import Outcome
 from celery_durable.errors import (
     FATAL_ERRORS,
     NonDeterminismError,
@@ -27,12 +25,14 @@ from celery_durable.errors import (
     WorkflowLimitReached,
 )
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.branches import run_kept
+from celery_durable.workflows.completion import Completions
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.replay import MAIN, Replay
 from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend, unwound
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.fanout import KeptFanout
+    from celery_durable.workflows.branch_work import KeptFanout
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +143,7 @@ def _returned(replay: Replay, result: Any) -> Settlement:
     return Settlement("completed", result_json=encoded, message="Run completed")
 
 
-def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None], kept: KeptFanout | None = None) -> None:
+def branch_pass(replay: Replay, kept: KeptFanout | None = None) -> None:
     """Replay the main body up to the fan-out, where the target's thunks run;
     or run them from the thunks this process ``kept`` for the fan-out.
 
@@ -155,7 +155,7 @@ def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None], kept: K
     assert target is not None
     try:
         if kept is not None:
-            replay.fanout.run_kept(kept)
+            run_kept(replay, kept)
         else:
             cursor = replay.open_cursor(MAIN, writes=False)
             replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
@@ -174,13 +174,20 @@ def branch_pass(replay: Replay, journal: Callable[[int, Outcome], None], kept: K
         failure = RuntimeError(
             f"Replaying the main body for fan-out {target.call} raised {type(exc).__name__}: {exc}"
         )
-        for index in target.indices:
-            journal(index, schema.failure_outcome(replay.epoch, failure))
+        _complete_all(replay, schema.failure_outcome(replay.epoch, failure))
         return
     else:
         error = NonDeterminismError(
             f"Replaying the main body for fan-out {target.call} returned before reaching it; "
             "check that your workflow is deterministic"
         )
+    _complete_all(replay, schema.failure_outcome(replay.epoch, error, fatal=True))
+
+
+def _complete_all(replay: Replay, outcome: schema.Outcome) -> None:
+    """Every branch of the target ends with ``outcome``: its replay never reached them."""
+    target = replay.target
+    assert target is not None
+    completions = Completions(replay.journal, target.call, target.route)
     for index in target.indices:
-        journal(index, schema.failure_outcome(replay.epoch, error, fatal=True))
+        completions.alone(index, outcome)

@@ -8,37 +8,28 @@ journal returns its journaled value; the first op past the journaled history
 is new work. Order is checked per sequence, so the order in which branches
 finish never matters (the DBOS check/record pair, per sequence).
 
-``Replay`` holds what one execution (a coordinator pass or a branch task)
-knows: its journal, its cursors, the run's control flags and why it must
-stop. The ops themselves live beside it, one module each: ``steps`` (steps
-and replay-safe values), ``fanout`` (parallel and pipeline), ``agent_ops``
-(agent turns). Replay talks to storage only through the ``Journal``
-protocol, so a test can drive it by hand on the real store (``tests/unit``).
+``Replay`` holds what one execution knows: what it is for (its ``Mode``),
+its journal, its cursors, the run's control flags and why it must stop. That
+stop state is changed here only, by methods named for what happened
+(``lose_authority``, ``break_with``, ``suspend``...); other modules read it.
+The ops themselves live beside it, one module each: ``steps`` (steps and
+replay-safe values), ``fanout`` (parallel and pipeline, whose branches run in
+``branches``), ``agent_ops`` (agent turns), ``waits``, ``calls``. Replay
+talks to storage only through the ``Journal`` protocol, so a test can drive
+it by hand on the real store (``tests/unit``).
 """
 
 from __future__ import annotations
 
 import contextvars
+import enum
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import (
-    AgentCall,
-    Began,
-    BeginCall,
-    Conflict,
-    Dispatch,
-    Flags,
-    HeldBranch,
-    Journal,
-    PendingCommit,
-    Recorded,
-    TaskCall,
-    WaitResult,
-    Winner,
-)
+from celery_durable.broker.journal import Began, BeginCall, Conflict, Flags, Journal, PendingCommit, Winner
+from celery_durable.broker.journal_guard import GuardedJournal
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import Outcome, SequenceHistory, describe
 from celery_durable.broker.scripts import now_ms
@@ -53,13 +44,14 @@ from celery_durable.errors import (
 )
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.unwind import BranchRerun, BranchSuspended, PauseRequested, Suspend
+from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended, PauseRequested, Suspend
 
 if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
+    from celery_durable.workflows.branch_work import BranchSender, BranchTarget, InlineBranches, KeptFanout
     from celery_durable.workflows.calls import CallOps, CallSender
     from celery_durable.workflows.definition import Workflow
-    from celery_durable.workflows.fanout import BranchSender, BranchTarget, FanoutOps, InlineBranches, KeptFanout
+    from celery_durable.workflows.fanout import FanoutOps
     from celery_durable.workflows.parking import ParkedBody
     from celery_durable.workflows.steps import StepOps
     from celery_durable.workflows.waits import WaitOps
@@ -70,131 +62,26 @@ MAX_KEY_LENGTH = 1024
 AgentSender = Callable[[str, str, str], None]
 """Sends an agent task: (agent id, owner to wake, task id)."""
 
+Error = TypeVar("Error", bound=BaseException)
+Broken = TypeVar("Broken", bound=Exception)
 
-class StickyJournal:
-    """The journal as a replay sees it: a lost execution stays lost.
 
-    Once the store fails or the fence refuses a write, every later call
-    raises the same error (``Replay.broken``), so workflow code that catches
-    it with ``except Exception`` cannot journal past it.
-    """
+class Mode(enum.Enum):
+    """What an execution is for, fixed when it is made."""
 
-    def __init__(self, inner: Journal, replay: Replay) -> None:
-        self._inner = inner
-        self._replay = replay
-
-    @property
-    def run_id(self) -> str:
-        return self._inner.run_id
-
-    @property
-    def epoch(self) -> int:
-        return self._inner.epoch
-
-    def now_ms(self) -> int:
-        return self._inner.now_ms()
-
-    def _guard(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except EXECUTION_LOST as exc:
-            self._replay.broken = self._replay.broken or exc
-            raise
-
-    def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
-        result: SequenceHistory = self._guard(lambda: self._inner.read_sequence(seq, start))
-        return result
-
-    def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
-        result: list[SequenceHistory] = self._guard(lambda: self._inner.read_sequences(seqs))
-        return result
-
-    def begin(self, seq: str, call: BeginCall) -> Began:
-        result: Began = self._guard(lambda: self._inner.begin(seq, call))
-        return result
-
-    def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
-        result: Began | Conflict | Winner = self._guard(lambda: self._inner.commit_begin(seq, commit, call))
-        return result
-
-    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
-        result: Recorded | Conflict = self._guard(lambda: self._inner.record(seq, commit))
-        return result
-
-    def dispatch(
-        self, seq: str, index: int, identity: str, width: int, token: str, position: int
-    ) -> Dispatch | Conflict:
-        result: Dispatch | Conflict = self._guard(
-            lambda: self._inner.dispatch(seq, index, identity, width, token, position)
-        )
-        return result
-
-    def sending(self, call: str, messages: Sequence[str]) -> None:
-        self._guard(lambda: self._inner.sending(call, messages))
-
-    def mark_sent(self, call: str) -> None:
-        self._guard(lambda: self._inner.mark_sent(call))
-
-    def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
-        result: list[str | None] = self._guard(lambda: self._inner.branch_outcomes(call, count, only))
-        return result
-
-    def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
-        self._guard(lambda: self._inner.hand_off(call, giver, branches, messages))
-
-    def handed_off(self, call: str, giver: str) -> list[int]:
-        result: list[int] = self._guard(lambda: self._inner.handed_off(call, giver))
-        return result
-
-    def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
-        return bool(self._guard(lambda: self._inner.complete_branch(call, branch, outcome, wake, ending)))
-
-    def complete_held(
-        self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
-    ) -> bool | Winner | Conflict:
-        result: bool | Winner | Conflict = self._guard(
-            lambda: self._inner.complete_held(call, branch, outcome, wake, ending, seq, held)
-        )
-        return result
-
-    def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
-        result: Began | Winner | Conflict = self._guard(lambda: self._inner.complete_begin(seq, held, call))
-        return result
-
-    def agent_call(
-        self,
-        seq: str,
-        index: int,
-        agent_id: str,
-        request_json: str,
-        owner: str,
-        row_json: str,
-        cut: str | None,
-        message: str,
-    ) -> AgentCall | Conflict:
-        result: AgentCall | Conflict = self._guard(
-            lambda: self._inner.agent_call(seq, index, agent_id, request_json, owner, row_json, cut, message)
-        )
-        return result
-
-    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-             running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
-        result: TaskCall | Conflict = self._guard(
-            lambda: self._inner.call(seq, index, key, owner, due_ms, cut, running_row, timeout_outcome)
-        )
-        return result
-
-    def wait(
-        self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
-    ) -> WaitResult | Conflict:
-        result: WaitResult | Conflict = self._guard(
-            lambda: self._inner.wait(seq, index, identity, kind, name, due_ms, owner)
-        )
-        return result
+    PASS = "coordinator pass"
+    """Runs the main body, which journals: its steps' writes are held back to
+    go with its next call, its fan-outs are dispatched (their branches sent,
+    or run in the pass when narrow), and a wait ends the pass."""
+    BRANCH_TASK = "branch task"
+    """Replays the main body without writing (every op a journal hit) up to
+    one fan-out, its ``target``, and runs some of that fan-out's branches,
+    each in its own sequence."""
 
 
 class Replay:
-    """One execution of a run's workflow function: a coordinator pass or a branch task."""
+    """One execution of a run's workflow function: a coordinator pass or a
+    branch task (one given a ``target``)."""
 
     def __init__(
         self,
@@ -218,7 +105,10 @@ class Replay:
         from celery_durable.workflows.steps import StepOps
         from celery_durable.workflows.waits import WaitOps
 
-        self.journal = StickyJournal(journal, self)
+        # Sticky: once the store fails or the fence refuses a write, the
+        # error is kept (``broken``) and raised at every later op, so workflow
+        # code that catches it with ``except Exception`` cannot journal past it.
+        self.journal: Journal = GuardedJournal(journal, self._guard)
         self.run = run
         self.workflow = workflow
         self.epoch = journal.epoch
@@ -228,25 +118,23 @@ class Replay:
         self.send_agent = send_agent
         self.send_call = send_call
         self.keep_fanout = keep_fanout
-        """Given a top-level fan-out's thunks when this branch task built them (``KeptFanout``)."""
+        """Given a top-level fan-out's thunks when this execution built them
+        (``KeptFanout``): a branch task's, or a pass's running them itself."""
         self.inline = inline
         """Set in a coordinator pass that runs narrow fan-outs itself."""
         self.target = target
+        self.mode: Final = Mode.BRANCH_TASK if target is not None else Mode.PASS
         self.token = token
-        self.cancel_event = threading.Event()
         self._read_ahead: dict[str, SequenceHistory] = {}
         """Branch sequences read before their branches run (``read_ahead``)."""
-        self.lost_authority = False
-        self.fatal: BaseException | None = None
-        """The first fatal error the workflow met; it decides how the run settles
-        even when user code swallowed it."""
-        self.broken: Exception | None = None
-        self.unwinding: BaseException | None = None
-        self.pause_requested = False
-        self.limit_reached = ""
-        self.rerun = False
-        """A pass that ended because its view of the journal went stale; the
-        coordinator runs the next one at once."""
+        # How this execution stops: changed by the methods under "stopping" only.
+        self._cancel = threading.Event()
+        self._pause = False
+        self._limit = ""
+        self._fatal: BaseException | None = None
+        self._broken: Exception | None = None
+        self._unwinding: BaseException | None = None
+        self._rerun = False
         self.parking: ParkedBody | None = None
         """Set while the main body runs on a thread a worker may keep parked
         at a task call (``parking.py``)."""
@@ -328,8 +216,7 @@ class Replay:
             "Check that your workflow is deterministic: move clocks, randomness and I/O into steps, "
             "or use ctx.now() and ctx.uuid4()"
         )
-        self.fatal = self.fatal or error
-        return error
+        return self.meet_fatal(error)
 
     def conflict(self, cursor: Cursor, found: Conflict, requested: str, *, index: int | None = None) -> NoReturn:
         """The journal holds another op where this one was asked for."""
@@ -343,54 +230,118 @@ class Replay:
         try:
             return schema.decode_outcome(raw)
         except StorageCorruptError as exc:
-            self.broken = self.broken or exc
+            self.break_with(exc)
             raise
 
-    # -- control flags -------------------------------------------------------------
+    # -- stopping: what happened, and what every later op raises ---------------------
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """Set once the run is cancelled or this attempt lost its authority."""
+        return self._cancel
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """The first fatal error the workflow met; it decides how the run
+        settles even when user code swallowed it."""
+        return self._fatal
+
+    @property
+    def broken(self) -> Exception | None:
+        """Why this execution can journal nothing more (``break_with``)."""
+        return self._broken
+
+    @property
+    def unwinding(self) -> BaseException | None:
+        """The engine's own way out under way: ``Suspend``, ``PauseRequested``
+        or ``BranchFinished``, raised again at every later op."""
+        return self._unwinding
+
+    @property
+    def rerun(self) -> bool:
+        """A pass that ended because its view of the journal went stale; the
+        coordinator runs the next one at once."""
+        return self._rerun
 
     def apply_flags(self, flags: Flags) -> None:
+        """The run's control flags came back with a write (or a heartbeat)."""
         if flags.cancel:
-            self.cancel_event.set()
+            self._cancel.set()
         if flags.pause:
-            self.pause_requested = True
+            self._pause = True
         if flags.limit:
-            self.limit_reached = flags.limit
+            self._limit = flags.limit
+
+    def lose_authority(self) -> None:
+        """A newer attempt owns the run, or it settled without this pass: the
+        execution stops at its next op, and code waiting on ``cancel_event`` wakes."""
+        self.break_with(StaleAttemptError(f"Run {self.run.run_id}: this attempt lost execution authority"))
+        self._cancel.set()
+
+    def break_with(self, error: Broken) -> Broken:
+        """The store failed, the fence refused a write or what was read is
+        corrupt: the first such error is raised at every later op."""
+        self._broken = self._broken or error
+        return error
+
+    def meet_fatal(self, error: Error) -> Error:
+        """The workflow met a fatal error (cancelled, a ceiling, nondeterminism)."""
+        self._fatal = self._fatal or error
+        return error
+
+    def _guard(self, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Every journal call: what loses this execution is kept (``broken``)."""
+        try:
+            return method(*args, **kwargs)
+        except EXECUTION_LOST as exc:
+            self.break_with(exc)
+            raise
 
     def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
+        return self._cancel.is_set()
 
     def check_cancelled(self) -> None:
         """Run before every op: an unwinding pass or a broken execution makes
         no more calls, even from user ``finally`` blocks."""
-        if self.unwinding is not None:
-            raise self.unwinding
+        if self._unwinding is not None:
+            raise self._unwinding
         cursor = self._cursor.get(None)
         if cursor is not None and cursor.suspended is not None:
             raise cursor.suspended
-        if self.broken is not None:
-            raise self.broken
-        if self.lost_authority:
-            raise StaleAttemptError(f"Run {self.run.run_id}: this attempt lost execution authority")
-        if self.cancel_event.is_set():
-            error = WorkflowCancelled(f"Run {self.run.run_id} was cancelled")
-            self.fatal = self.fatal or error
-            raise error
-        if self.limit_reached:
-            limit = WorkflowLimitReached(self.limit_reached)
-            self.fatal = self.fatal or limit
-            raise limit
+        if self._broken is not None:
+            raise self._broken
+        if self._cancel.is_set():
+            raise self.meet_fatal(WorkflowCancelled(f"Run {self.run.run_id} was cancelled"))
+        if self._limit:
+            raise self.meet_fatal(WorkflowLimitReached(self._limit))
 
     def check_pause(self, cursor: Cursor) -> None:
         """Before the main body starts new work: settle as paused if asked to.
         Work already in flight (a fan-out's branches) is waited for, not paused."""
-        if self.pause_requested and cursor.is_main and cursor.writes:
-            self.unwinding = PauseRequested()
-            raise self.unwinding
+        if self._pause and cursor.is_main and self.mode is Mode.PASS:
+            raise self._unwind(PauseRequested())
 
     def suspend(self) -> Suspend:
         """End this pass: it waits for something that wakes the coordinator."""
-        self.unwinding = Suspend()
-        return self.unwinding
+        return self._unwind(Suspend())
+
+    def rerun_pass(self) -> Suspend:
+        """End this pass, whose view of the journal went stale: the next runs at once."""
+        self._rerun = True
+        return self.suspend()
+
+    def finish_branches(self) -> BranchFinished:
+        """End a branch task's replay: its own branches have outcomes."""
+        return self._unwind(BranchFinished())
+
+    def suspend_branch(self, cursor: Cursor) -> BranchSuspended:
+        """End one branch that waits; what it waits for sends it again."""
+        cursor.suspended = BranchSuspended()
+        return cursor.suspended
+
+    def _unwind(self, exc: Error) -> Error:
+        self._unwinding = exc
+        return exc
 
     def wait_for_answer(self, cursor: Cursor, identity: str) -> str | None:
         """Wait until the op at the cursor, a task call, is answered. A main
@@ -407,8 +358,7 @@ class Replay:
         whole pass for the main body, this branch alone for a branch."""
         if cursor.owner == MAIN:
             raise self.suspend()
-        cursor.suspended = BranchSuspended()
-        raise cursor.suspended
+        raise self.suspend_branch(cursor)
 
     # -- progress ----------------------------------------------------------------
 
@@ -439,18 +389,20 @@ class Replay:
     # -- writing ---------------------------------------------------------------------
 
     def flush(self, cursor: Cursor, *, step_key: str = "", step_row: str = "", cut: str | None = None) -> str | None:
-        """Write buffered progress (and a running row for ``step_key``) before an op.
+        """Write buffered progress (and a running row for ``step_key``) before an op,
+        with what the sequence held back: its last step, or, first in a branch,
+        the completion of the branch its thread ran before (``Completions``).
 
         Returns the step's live journaled outcome when the key was journaled
         meanwhile by another sequence.
         """
-        if not cursor.writes or not (cursor.buffer or step_key or cut is not None or cursor.pending):
-            return None  # a held branch completion (cursor.carrier) waits for a write to travel with
+        if not cursor.writes or not (cursor.buffer or step_key or cut is not None or cursor.held):
+            return None  # a branch completion held back waits for a write to travel with
         call = BeginCall(cut=cut, step_key=step_key, step_row=step_row, records=list(cursor.buffer))
-        if cursor.pending is not None:
+        if cursor.held is not None:
             began = self._commit_and_begin(cursor, call)
-        elif cursor.carrier is not None and cursor.carrier.holds:
-            began = cursor.carrier.begin_with(self.journal, cursor.seq, call)
+        elif cursor.completions is not None:
+            began = cursor.completions.begin(cursor.seq, call)
         else:
             began = self.journal.begin(cursor.seq, call)
         if cursor.buffer:
@@ -461,31 +413,31 @@ class Replay:
 
     def _commit_and_begin(self, cursor: Cursor, call: BeginCall) -> Began:
         """Journal the held-back step and begin the next call in one round trip."""
-        pending = cursor.pending
-        assert pending is not None
-        cursor.pending = None
-        result = self.journal.commit_begin(cursor.seq, pending, call)
+        held = cursor.held
+        assert held is not None
+        cursor.held = None
+        result = self.journal.commit_begin(cursor.seq, held, call)
         if isinstance(result, Conflict):
-            self.conflict(cursor, result, pending.identity, index=pending.index)
+            self.conflict(cursor, result, held.identity, index=held.index)
         if isinstance(result, Winner):
             # Another execution journaled this step first while its producer
             # ran (first write wins). The workflow code since saw this pass's
             # value, but no work has run on it: end the pass (in a branch, the
             # branch's run), and the next one replays with the journaled value.
-            if cursor.holds_steps:
+            if cursor.completions is not None:
                 raise BranchRerun()
-            self.rerun = True
-            raise self.suspend()
+            raise self.rerun_pass()
         return result
 
-    def defers_commits(self, cursor: Cursor) -> bool:
-        """A coordinator's main body holds each step's write back to send it
-        with the next call: the one place where nothing else journals the
-        same keys meanwhile (a fan-out is a barrier), so the held-back value
-        is what the journal will say. A branch task's branch may too
-        (``holds_steps``): there another execution may journal the key
-        first, and the branch runs again (``BranchRerun``)."""
-        return cursor.writes and ((cursor.is_main and self.target is None) or cursor.holds_steps)
+    def holds_steps(self, cursor: Cursor) -> bool:
+        """Whether a step's write waits for the sequence's next call. A pass's
+        main body holds each step back: the one place where nothing else
+        journals the same keys meanwhile (a fan-out is a barrier), so the
+        held-back value is what the journal will say. So do branches run one
+        after another in one thread (``cursor.completions``), whose last step
+        goes with the branch's outcome: there another execution may journal
+        the key first, and the branch runs again (``BranchRerun``)."""
+        return cursor.completions is not None or (cursor.is_main and self.mode is Mode.PASS)
 
     def commit(self, cursor: Cursor, commit: PendingCommit) -> str | None:
         """Journal the op at the cursor and advance; returns a winning earlier value."""

@@ -73,8 +73,8 @@ class StepOps:
         commit = PendingCommit(
             cursor.index, identity, field, outcome.encode(), key, replay.step_row(cursor, started, outcome)
         )
-        if replay.defers_commits(cursor):
-            cursor.pending = commit
+        if replay.holds_steps(cursor):
+            cursor.held = commit
             cursor.advance()
             return outcome.step_result(key)
         winner = replay.commit(cursor, commit)
@@ -139,7 +139,7 @@ class StepOps:
         if journaled and raw is not None:
             cursor.advance()
             return raw
-        if cursor.pending is not None:
+        if cursor.held is not None:
             replay.flush(cursor)  # a held-back step is journaled before this op
         fresh = make()
         commit = PendingCommit(cursor.index, identity, schema.value_field(cursor.seq, cursor.index), fresh)

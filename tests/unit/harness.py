@@ -21,7 +21,6 @@ from typing import Any
 
 from celery_durable import Workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore, schema
-from celery_durable.broker.journal import Conflict, PendingCommit, Winner
 from celery_durable.broker.progress import ProgressSlice
 from celery_durable.broker.store import RunHashes, Signalled
 from celery_durable.config import Settings
@@ -30,8 +29,9 @@ from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.environment import _Engine
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.branch_work import BranchTarget
 from celery_durable.workflows.calls import CallRequest
-from celery_durable.workflows.fanout import BranchTarget
+from celery_durable.workflows.completion import CompletionRoute
 from celery_durable.workflows.passes import Settlement, branch_pass, main_pass
 from celery_durable.workflows.replay import Replay
 
@@ -191,22 +191,6 @@ class Driver:
         token = token or self.task_ids.get((call, indices[0])) or new_id("branch")
         woke: list[bool] = []
 
-        def on_outcome(j: int, outcome: schema.Outcome) -> None:
-            wake = new_id("wake")
-            woke.append(journal.complete_branch(call, j, outcome.encode(), wake))
-            if woke[-1]:
-                self.coordinator.append(wake)
-
-        def on_held(j: int, outcome: schema.Outcome, seq: str, step: PendingCommit) -> Winner | Conflict | None:
-            wake = new_id("wake")
-            result = journal.complete_held(call, j, outcome.encode(), wake, "", seq, step)
-            if isinstance(result, Winner | Conflict):
-                return result
-            woke.append(result)
-            if result:
-                self.coordinator.append(wake)
-            return None
-
         def send_wake(wake: str) -> None:
             woke.append(True)
             self.coordinator.append(wake)
@@ -216,19 +200,12 @@ class Driver:
         if started == "unknown":
             return False  # delivered again after it ended: refused, nothing runs
         assert not isinstance(started, str), started
-        target = BranchTarget(
-            call,
-            indices,
-            on_outcome,
-            started=started,
-            on_held=on_held,
-            new_wake=lambda: new_id("wake"),
-            send_wake=send_wake,
-        )
+        route = CompletionRoute(new_wake=lambda: new_id("wake"), send_wake=send_wake)
+        target = BranchTarget(call, indices, route, started=started)
         replay = self.replay(target=target, send_branches=None)
         replay.apply_flags(started.flags)
         try:
-            branch_pass(replay, on_outcome)
+            branch_pass(replay)
         finally:
             wake = new_id("wake")
             if self.store.task_end(self.run_id, journal.epoch, token, wake):

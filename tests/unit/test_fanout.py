@@ -12,7 +12,7 @@ from typing import Any
 from celery_durable import WorkflowCancelled, WorkflowContext, workflow
 from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit
-from celery_durable.workflows.fanout import BranchWork
+from celery_durable.workflows.branch_work import BranchWork
 from tests.unit.harness import Driver
 
 calls: Counter[str] = Counter()
@@ -92,7 +92,7 @@ def test_a_branch_whose_held_step_lost_its_first_write_runs_again_on_the_journal
 
 def test_a_branch_completion_carried_by_the_next_branch_that_lost_its_first_write_runs_again() -> None:
     """A task holding two branches sends the first one's held step and
-    outcome with the second one's begin (``Carrier``). When another execution
+    outcome with the second one's begin (``Completions``). When another execution
     journaled that step first, nothing of the first branch is written: it
     runs again on the journaled value, before the second one's outcome (the
     task's last) goes out and wakes the coordinator."""

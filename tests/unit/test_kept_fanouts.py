@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from celery_durable.tasks.kept_fanouts import KeptFanouts
-from celery_durable.workflows.fanout import KeptFanout
+from celery_durable.workflows.branch_work import KeptFanout
 
 
 def fanout(call: str) -> KeptFanout:
