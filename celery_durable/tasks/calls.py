@@ -15,7 +15,8 @@ would go to).
 
 The link itself skips the broker when it can (``CallAnswerTask``): a called
 task that ran on a worker consuming the coordinator queue is answered in
-place, so a call costs one message — the task — instead of two.
+place, so a call costs one message — the task — instead of two. Where the
+answer and what it wakes run is decided in ``tasks/wake_route.py``.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
-from kombu import Queue  # type: ignore[attr-defined]
 from kombu.serialization import dumps, loads
 
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import CallDone
+from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
-from celery_durable.tasks.home import home_queue, is_home_name
-from celery_durable.tasks.in_place import consumes, kept_pass, run_taken_pass, wait_for_the_pass, wake_owners
+from celery_durable.tasks.home import home_of, is_home_name
+from celery_durable.tasks.in_place import consumes, gather, run_taken_pass, take_request, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.sending import SentMessage
+from celery_durable.tasks.wake_route import Where, answer_here, route
 from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
 
 if TYPE_CHECKING:
@@ -130,7 +132,10 @@ class CallAnswerTask(Task):  # type: ignore[misc]
         engine = self.engine
         if (
             engine is not None
-            and _link_of_running_task(self, options.get("parent_id"))
+            and answer_here(
+                _link_of_running_task(self, options.get("parent_id")),
+                consumes(engine, engine.settings.coordinator_queue),
+            )
             and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}))
         ):
             return self.AsyncResult(task_id or new_task_id())
@@ -152,8 +157,6 @@ def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any
     publish, which fails the task as it always would. It runs in a context
     of its own: none of the tracer's (Celery's callback-publish retry flag).
     """
-    if not consumes(engine, engine.settings.coordinator_queue):
-        return False
     try:
         content_type, encoding, body = dumps(list(args), serializer="json")  # type: ignore[no-untyped-call]
         wired = tuple(loads(body, content_type, encoding, accept={content_type}))  # type: ignore[no-untyped-call]
@@ -210,17 +213,17 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
 def _journal(
     engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome, home: str | None
 ) -> None:
-    """Journal the call's answer and continue what waits for it (``wake_owners``).
-
-    When this thread would run the main body's pass, for a body kept parked
-    here at the call, the script that journals the answer takes that pass's
-    lock too (``kept_pass``): a call in a row costs one script fewer. The
-    body is kept where the call was sent from (``home``, ``tasks/home.py``):
-    a main body's wake that does not run here is sent there."""
+    """Journal the call's answer and continue what waits for it, where
+    ``wake_route`` says. The main body's pass may be taken by the script that
+    journals the answer (``Where.TAKE``): a call in a row then costs one
+    script fewer."""
     error = failure_error(outcome)
     prefix = new_task_id()
-    target = _home_of(engine, home)
-    kept = kept_pass(engine, run_id, epoch, workflow, prefix) if target is None or target is engine.home else None
+    place, queue = home_of(engine, home)
+    verdict = route(gather(engine, run_id, epoch, workflow, MAIN, place, takeable=True))
+    kept = None
+    if verdict.where is Where.TAKE:
+        kept = take_request(engine, run_id, epoch, workflow, prefix, soft=verdict.wait_let_go)
 
     def write() -> CallDone | None:
         here = kept[1] if kept is not None else None
@@ -237,23 +240,13 @@ def _journal(
     if kept is not None and done.activation is not None:
         run_taken_pass(engine, run_id, epoch, workflow, kept, done.activation)
         return
-    wait_for_the_pass(engine, run_id, done.owners)
     # Journaled: from here on, a failure must not send the answer again (it
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
     try:
-        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, target)
+        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, place, queue)
     except Exception:
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
-
-
-def _home_of(engine: Engine, home: str | None) -> Queue | None:
-    """The queue of the process that keeps the body: this one's (``engine.home``), or another's."""
-    if home is None:
-        return None
-    if engine.home is not None and home == engine.home.name:
-        return engine.home
-    return home_queue(engine.celery, engine.settings, home)
 
 
 def _parse(engine: Engine, fields: dict[str, Any]) -> tuple[str, int, str, str, str, str | None]:
