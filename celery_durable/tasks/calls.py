@@ -17,6 +17,14 @@ The link itself skips the broker when it can (``CallAnswerTask``): a called
 task that ran on a worker consuming the coordinator queue is answered in
 place, so a call costs one message — the task — instead of two. Where the
 answer and what it wakes run is decided in ``tasks/wake_route.py``.
+
+The answer's arguments are the ones every version since calls came knows;
+the home queue of the worker that keeps the body (``tasks/home.py``) rides
+in a message header (``HOME_HEADER``), which Celery hands to no task's
+arguments, so a worker of an older version takes the answer all the same
+during a rolling upgrade. For the same reason an argument this version does
+not know is ignored (``tasks/messages.py``), and a ``home`` argument, which
+the versions before this one sent, is still read.
 """
 
 from __future__ import annotations
@@ -46,6 +54,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+HOME_HEADER = "celery_durable_home"
+"""The message header of an answer that names the home queue of the worker
+that sent the call (``tasks/home.py``)."""
+
 
 def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRequest) -> None:
     """Send the called task, linked to the engine's answer tasks.
@@ -64,13 +76,18 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     decides, on the worker), so the task stores its result, or not, exactly
     as when it is called from plain Celery.
     """
-    fields = {"run_id": record.run_id, "epoch": record.epoch, "workflow": record.workflow, "key": request.key}
-    queue = engine.settings.coordinator_queue
-    answer = {**fields, "task_name": request.task_name}
+    answer = {
+        "run_id": record.run_id,
+        "epoch": record.epoch,
+        "workflow": record.workflow,
+        "key": request.key,
+        "task_name": request.task_name,
+    }
+    options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json"}
     if engine.home is not None:
-        answer["home"] = engine.home.name  # where the body waiting for it is kept (tasks/home.py)
-    link = app.signature(CALL_RESULT_TASK, kwargs=answer, queue=queue, serializer="json")
-    link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, queue=queue, serializer="json")
+        options["headers"] = {HOME_HEADER: engine.home.name}  # where the body waiting for it is kept
+    link = app.signature(CALL_RESULT_TASK, kwargs=answer, **options)
+    link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, **options)
     app.send_task(
         request.task_name,
         args=request.args,
@@ -88,10 +105,11 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     )
 
 
-def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
-    """The called task returned ``args[0]``: journal it as the call's outcome."""
+def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> None:
+    """The called task returned ``args[0]``: journal it as the call's outcome.
+    ``home``: the message's ``HOME_HEADER``."""
     try:
-        run_id, epoch, workflow, key, _, home = _parse(engine, fields)
+        run_id, epoch, workflow, key, _, home = _parse(engine, fields, home)
         if len(args) != 1:
             raise BadMessage(f"expected the task's result as the one positional argument, got {len(args)}")
     except BadMessage as exc:
@@ -136,7 +154,7 @@ class CallAnswerTask(Task):  # type: ignore[misc]
                 _link_of_running_task(self, options.get("parent_id")),
                 consumes(engine, engine.settings.coordinator_queue),
             )
-            and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}))
+            and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}), _home_header(options))
         ):
             return self.AsyncResult(task_id or new_task_id())
         return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -148,7 +166,12 @@ def _link_of_running_task(task: Task, parent_id: Any) -> bool:
     return parent_id is not None and running is not None and running.request.id == parent_id
 
 
-def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> bool:
+def _home_header(options: dict[str, Any]) -> Any:
+    headers = options.get("headers")
+    return headers.get(HOME_HEADER) if isinstance(headers, dict) else None
+
+
+def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> bool:
     """Answer a call where its task ran; False when its message must be sent instead.
 
     The answer is what its message would carry: the return value through
@@ -163,7 +186,7 @@ def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any
     except Exception:  # kombu's EncodeError, and whatever a value's own encoder raises
         return False
     try:
-        contextvars.Context().run(call_succeeded, engine, wired, fields)
+        contextvars.Context().run(call_succeeded, engine, wired, fields, home)
     except Exception:
         # Nothing journaled (call_succeeded handles what follows the write):
         # the message goes, and its task retries as always.
@@ -172,11 +195,16 @@ def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any
     return True
 
 
-def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
+def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> None:
     """The called task raised: in place ``(request, exception, traceback)``,
-    or by message ``(task_id,)`` from a worker without the engine's tasks."""
+    or by message ``(task_id,)`` from a worker without the engine's tasks.
+    ``home``: the message's ``HOME_HEADER``; in place, Celery calls the errback
+    with the failed task's request and without its own options, and the
+    header is read from that request's errbacks."""
+    if home is None and len(args) == 3:
+        home = _errback_home(args[0], fields)
     try:
-        run_id, epoch, workflow, key, task, home = _parse(engine, fields)
+        run_id, epoch, workflow, key, task, home = _parse(engine, fields, home)
     except BadMessage as exc:
         logger.error("rejected call error message: %s", exc)
         return
@@ -189,6 +217,14 @@ def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -
         return
     outcome = schema.failure_outcome(epoch, StepFailed(key, error_type, message))
     _journal(engine, run_id, epoch, workflow, key, outcome, home)
+
+
+def _errback_home(request: Any, fields: dict[str, Any]) -> Any:
+    """The home header of the failed task's link_error that carries ``fields``."""
+    for errback in getattr(request, "errbacks", None) or ():
+        if isinstance(errback, dict) and errback.get("task") == CALL_FAILED_TASK and errback.get("kwargs") == fields:
+            return _home_header(errback.get("options") or {})
+    return None
 
 
 def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str]:
@@ -249,9 +285,12 @@ def _journal(
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
 
 
-def _parse(engine: Engine, fields: dict[str, Any]) -> tuple[str, int, str, str, str, str | None]:
+def _parse(engine: Engine, fields: dict[str, Any], header: Any) -> tuple[str, int, str, str, str, str | None]:
+    """The answer's fields; its home from the header, or from the argument
+    the versions before the header sent."""
     known = {name: fields.pop(name, None) for name in ("key", "task_name", "home")}
-    key, task, home = known["key"], known["task_name"], known["home"]
+    key, task = known["key"], known["task_name"]
+    home = known["home"] if known["home"] is not None else header
     run_id, epoch, workflow = (fields.pop(name, None) for name in ("run_id", "epoch", "workflow"))
     message = parse_run_message(run_id, epoch, workflow, fields)
     if not isinstance(key, str) or not key:
