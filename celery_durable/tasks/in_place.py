@@ -80,14 +80,6 @@ def queue_of(engine: Engine, owner: str) -> str:
     return engine.settings.coordinator_queue if owner == MAIN else engine.settings.steps_queue
 
 
-def kept_body(engine: Engine, run_id: str, epoch: int, workflow: str) -> ParkedBody | None:
-    """The main body this process keeps parked at a call for this attempt."""
-    body = engine.parked.peek(run_id, epoch)
-    if body is None or body.cursor is None or body.replay.run.workflow != workflow:
-        return None
-    return body
-
-
 def gather(
     engine: Engine,
     run_id: str,
@@ -108,7 +100,7 @@ def gather(
         knows_workflow=workflow in engine.workflows,
         user_task_binds=_user_task_binds(engine),
         shutting_down=shutting_down(),
-        kept=main and kept_body(engine, run_id, epoch, workflow) is not None,
+        kept=main and engine.parked.peek(run_id, epoch, workflow) is not None,
         pass_here=main and engine.parked.holds(run_id),
         takeable=takeable,
         slot_taken=slot_taken,
@@ -148,7 +140,7 @@ def take_request(
     """The body kept here and what the answer's script needs to take its
     pass for the wake ``<prefix>-1`` (``Where.TAKE``); None when no body is
     kept any more."""
-    body = kept_body(engine, run_id, epoch, workflow)
+    body = engine.parked.peek(run_id, epoch, workflow)
     if body is None or body.cursor is None:
         return None
     cursor = body.cursor
