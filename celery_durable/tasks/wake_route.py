@@ -24,10 +24,11 @@ somewhere. Several mechanisms bear on where, each for a cost it saves
 Nothing here reads a clock, a lock or the broker: ``route`` maps the facts
 (``WakeFacts``) to a ``Verdict``, and the task code gathers the one and
 carries out the other (``tasks/in_place.py``, ``tasks/calls.py``). The
-scripts keep one condition of their own: ``call_done.lua`` takes the pass
-only when the answer woke the main body alone, and a lock another pass
-holds elsewhere is then taken by setting its wake flag (the pass comes back
-later, ``coordinator.py``).
+script keeps one condition of its own: ``call_done.lua`` takes the pass
+only when the answer woke the main body alone (else the wake is routed as
+any other). A lock it finds held by a pass in another process gets that
+lock's wake flag, and the pass is sent again for when the lock expires
+(``coordinator.py``), as any activation that finds it busy.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class Home(enum.Enum):
     """The home queue an answer names (``tasks/home.py``)."""
 
     NONE = "none"
-    """No home: an agent turn, a sender without one (a prefork pool,
-    ``home_queues`` off, a version before them), or a wake of a branch."""
+    """No home: an agent turn, or a sender without one (a prefork pool,
+    ``home_queues`` off, a version before them). A home is the main body's
+    alone: a branch's wake ignores it."""
     HERE = "this process's"
     ELSEWHERE = "another process's"
 
