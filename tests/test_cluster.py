@@ -55,6 +55,9 @@ from tests.test_recovery import (  # noqa: F401
     test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
 )
 from tests.test_retention import test_expired_runs_leave_the_index_and_free_their_idempotency_key  # noqa: F401
+from tests.test_unserved import (  # noqa: F401
+    test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does,
+)
 from tests.topologies import RedisClusterNodes, keys_per_node, node_client
 
 # Every journal contract test, on the cluster as on one Redis (tests/contract).

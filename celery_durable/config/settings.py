@@ -79,8 +79,8 @@ class Settings(BaseSettings):
             "process sends the wake of a body kept parked at that call there, instead of replaying the run where "
             "the answer landed: calls in a row then cost the same each on a fleet of several processes. A wake "
             "not started at home within 2 s (the worker stopped, died or is busy) goes to the coordinator queue. "
-            "Workers of versions before this setting refuse answers that name a home: during an upgrade from "
-            "one, turn it off until every worker runs this version."
+            "The home travels in a message header that workers of earlier versions ignore, so an upgrade needs "
+            "no change to it."
         ),
     )
     branch_batch_ms: int = Field(

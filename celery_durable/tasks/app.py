@@ -154,7 +154,7 @@ first engine's app and run its messages against the wrong key prefix."""
 
 
 def _register(app: Celery, engine: Engine) -> None:
-    from celery_durable.tasks.calls import CallAnswerTask, call_failed, call_succeeded
+    from celery_durable.tasks.calls import HOME_HEADER, CallAnswerTask, call_failed, call_succeeded
     from celery_durable.tasks.entry import run_durable_task
 
     def durable_task(name: str) -> None:
@@ -168,11 +168,13 @@ def _register(app: Celery, engine: Engine) -> None:
 
     @app.task(name=CALL_RESULT_TASK, base=CallAnswerTask, engine=engine, **DURABLE_OPTIONS)
     def call_result(this: Task, *args: Any, **fields: Any) -> None:
-        call_succeeded(engine, args, fields)
+        call_succeeded(engine, args, fields, getattr(this.request, HOME_HEADER, None))
 
+    # Not bound: Celery calls an errback in place, with the exception, only
+    # when its task is not bound (``_call_task_errbacks``).
     @app.task(name=CALL_FAILED_TASK, **{**DURABLE_OPTIONS, "bind": False})
     def call_error(*args: Any, **fields: Any) -> None:
-        call_failed(engine, args, fields)
+        call_failed(engine, args, fields, getattr(call_error.request, HOME_HEADER, None))
 
 
 def _task_id(task: Task) -> str:

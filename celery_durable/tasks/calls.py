@@ -15,7 +15,16 @@ would go to).
 
 The link itself skips the broker when it can (``CallAnswerTask``): a called
 task that ran on a worker consuming the coordinator queue is answered in
-place, so a call costs one message — the task — instead of two.
+place, so a call costs one message — the task — instead of two. Where the
+answer and what it wakes run is decided in ``tasks/wake_route.py``.
+
+The answer's arguments are the ones every version since calls came knows;
+the home queue of the worker that keeps the body (``tasks/home.py``) rides
+in a message header (``HOME_HEADER``), which Celery hands to no task's
+arguments, so a worker of an older version takes the answer all the same
+during a rolling upgrade. For the same reason an argument this version does
+not know is ignored (``tasks/messages.py``), and a ``home`` argument, which
+the versions before this one sent, is still read.
 """
 
 from __future__ import annotations
@@ -25,24 +34,29 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
-from kombu import Queue  # type: ignore[attr-defined]
 from kombu.serialization import dumps, loads
 
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import CallDone
+from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
-from celery_durable.tasks.home import home_queue, is_home_name
-from celery_durable.tasks.in_place import consumes, kept_pass, run_taken_pass, wait_for_the_pass, wake_owners
+from celery_durable.tasks.home import home_of, is_home_name
+from celery_durable.tasks.in_place import consumes, gather, run_taken_pass, take_request, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.sending import SentMessage
+from celery_durable.tasks.wake_route import Where, answer_here, route
 from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
 logger = logging.getLogger(__name__)
+
+HOME_HEADER = "celery_durable_home"
+"""The message header of an answer that names the home queue of the worker
+that sent the call (``tasks/home.py``)."""
 
 
 def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRequest) -> None:
@@ -62,13 +76,18 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     decides, on the worker), so the task stores its result, or not, exactly
     as when it is called from plain Celery.
     """
-    fields = {"run_id": record.run_id, "epoch": record.epoch, "workflow": record.workflow, "key": request.key}
-    queue = engine.settings.coordinator_queue
-    answer = {**fields, "task_name": request.task_name}
+    answer = {
+        "run_id": record.run_id,
+        "epoch": record.epoch,
+        "workflow": record.workflow,
+        "key": request.key,
+        "task_name": request.task_name,
+    }
+    options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json"}
     if engine.home is not None:
-        answer["home"] = engine.home.name  # where the body waiting for it is kept (tasks/home.py)
-    link = app.signature(CALL_RESULT_TASK, kwargs=answer, queue=queue, serializer="json")
-    link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, queue=queue, serializer="json")
+        options["headers"] = {HOME_HEADER: engine.home.name}  # where the body waiting for it is kept
+    link = app.signature(CALL_RESULT_TASK, kwargs=answer, **options)
+    link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, **options)
     app.send_task(
         request.task_name,
         args=request.args,
@@ -86,10 +105,11 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     )
 
 
-def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
-    """The called task returned ``args[0]``: journal it as the call's outcome."""
+def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> None:
+    """The called task returned ``args[0]``: journal it as the call's outcome.
+    ``home``: the message's ``HOME_HEADER``."""
     try:
-        run_id, epoch, workflow, key, _, home = _parse(engine, fields)
+        run_id, epoch, workflow, key, _, home = _parse(engine, fields, home)
         if len(args) != 1:
             raise BadMessage(f"expected the task's result as the one positional argument, got {len(args)}")
     except BadMessage as exc:
@@ -130,8 +150,11 @@ class CallAnswerTask(Task):  # type: ignore[misc]
         engine = self.engine
         if (
             engine is not None
-            and _link_of_running_task(self, options.get("parent_id"))
-            and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}))
+            and answer_here(
+                _link_of_running_task(self, options.get("parent_id")),
+                consumes(engine, engine.settings.coordinator_queue),
+            )
+            and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}), _home_header(options))
         ):
             return self.AsyncResult(task_id or new_task_id())
         return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -143,7 +166,12 @@ def _link_of_running_task(task: Task, parent_id: Any) -> bool:
     return parent_id is not None and running is not None and running.request.id == parent_id
 
 
-def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> bool:
+def _home_header(options: dict[str, Any]) -> Any:
+    headers = options.get("headers")
+    return headers.get(HOME_HEADER) if isinstance(headers, dict) else None
+
+
+def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> bool:
     """Answer a call where its task ran; False when its message must be sent instead.
 
     The answer is what its message would carry: the return value through
@@ -152,15 +180,13 @@ def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any
     publish, which fails the task as it always would. It runs in a context
     of its own: none of the tracer's (Celery's callback-publish retry flag).
     """
-    if not consumes(engine, engine.settings.coordinator_queue):
-        return False
     try:
         content_type, encoding, body = dumps(list(args), serializer="json")  # type: ignore[no-untyped-call]
         wired = tuple(loads(body, content_type, encoding, accept={content_type}))  # type: ignore[no-untyped-call]
     except Exception:  # kombu's EncodeError, and whatever a value's own encoder raises
         return False
     try:
-        contextvars.Context().run(call_succeeded, engine, wired, fields)
+        contextvars.Context().run(call_succeeded, engine, wired, fields, home)
     except Exception:
         # Nothing journaled (call_succeeded handles what follows the write):
         # the message goes, and its task retries as always.
@@ -169,11 +195,16 @@ def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any
     return True
 
 
-def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
+def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> None:
     """The called task raised: in place ``(request, exception, traceback)``,
-    or by message ``(task_id,)`` from a worker without the engine's tasks."""
+    or by message ``(task_id,)`` from a worker without the engine's tasks.
+    ``home``: the message's ``HOME_HEADER``; in place, Celery calls the errback
+    with the failed task's request and without its own options, and the
+    header is read from that request's errbacks."""
+    if home is None and len(args) == 3:
+        home = _errback_home(args[0], fields)
     try:
-        run_id, epoch, workflow, key, task, home = _parse(engine, fields)
+        run_id, epoch, workflow, key, task, home = _parse(engine, fields, home)
     except BadMessage as exc:
         logger.error("rejected call error message: %s", exc)
         return
@@ -186,6 +217,14 @@ def call_failed(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]) -
         return
     outcome = schema.failure_outcome(epoch, StepFailed(key, error_type, message))
     _journal(engine, run_id, epoch, workflow, key, outcome, home)
+
+
+def _errback_home(request: Any, fields: dict[str, Any]) -> Any:
+    """The home header of the failed task's link_error that carries ``fields``."""
+    for errback in getattr(request, "errbacks", None) or ():
+        if isinstance(errback, dict) and errback.get("task") == CALL_FAILED_TASK and errback.get("kwargs") == fields:
+            return _home_header(errback.get("options") or {})
+    return None
 
 
 def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str]:
@@ -210,17 +249,17 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
 def _journal(
     engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome, home: str | None
 ) -> None:
-    """Journal the call's answer and continue what waits for it (``wake_owners``).
-
-    When this thread would run the main body's pass, for a body kept parked
-    here at the call, the script that journals the answer takes that pass's
-    lock too (``kept_pass``): a call in a row costs one script fewer. The
-    body is kept where the call was sent from (``home``, ``tasks/home.py``):
-    a main body's wake that does not run here is sent there."""
+    """Journal the call's answer and continue what waits for it, where
+    ``wake_route`` says. The main body's pass may be taken by the script that
+    journals the answer (``Where.TAKE``): a call in a row then costs one
+    script fewer."""
     error = failure_error(outcome)
     prefix = new_task_id()
-    target = _home_of(engine, home)
-    kept = kept_pass(engine, run_id, epoch, workflow, prefix) if target is None or target is engine.home else None
+    place, queue = home_of(engine, home)
+    verdict = route(gather(engine, run_id, epoch, workflow, MAIN, place, takeable=True))
+    kept = None
+    if verdict.where is Where.TAKE:
+        kept = take_request(engine, run_id, epoch, workflow, prefix, soft=verdict.wait_let_go)
 
     def write() -> CallDone | None:
         here = kept[1] if kept is not None else None
@@ -237,28 +276,21 @@ def _journal(
     if kept is not None and done.activation is not None:
         run_taken_pass(engine, run_id, epoch, workflow, kept, done.activation)
         return
-    wait_for_the_pass(engine, run_id, done.owners)
     # Journaled: from here on, a failure must not send the answer again (it
     # would find the call answered and wake no one). A wake that cannot be
     # sent is left to liveness, which takes the run over.
     try:
-        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, target)
+        wake_owners(engine, run_id, epoch, workflow, done.owners, prefix, place, queue)
     except Exception:
         logger.exception("run %s: the answer of call %r is journaled, but what waits for it was not woken", run_id, key)
 
 
-def _home_of(engine: Engine, home: str | None) -> Queue | None:
-    """The queue of the process that keeps the body: this one's (``engine.home``), or another's."""
-    if home is None:
-        return None
-    if engine.home is not None and home == engine.home.name:
-        return engine.home
-    return home_queue(engine.celery, engine.settings, home)
-
-
-def _parse(engine: Engine, fields: dict[str, Any]) -> tuple[str, int, str, str, str, str | None]:
+def _parse(engine: Engine, fields: dict[str, Any], header: Any) -> tuple[str, int, str, str, str, str | None]:
+    """The answer's fields; its home from the header, or from the argument
+    the versions before the header sent."""
     known = {name: fields.pop(name, None) for name in ("key", "task_name", "home")}
-    key, task, home = known["key"], known["task_name"], known["home"]
+    key, task = known["key"], known["task_name"]
+    home = known["home"] if known["home"] is not None else header
     run_id, epoch, workflow = (fields.pop(name, None) for name in ("run_id", "epoch", "workflow"))
     message = parse_run_message(run_id, epoch, workflow, fields)
     if not isinstance(key, str) or not key:

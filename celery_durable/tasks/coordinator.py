@@ -82,7 +82,7 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
 
         pass_on(engine, message, token, "c", send_again)
         return
-    peeked = _kept_body(engine, message)
+    peeked = engine.parked.peek(message.run_id, message.epoch, message.workflow)
     record = peeked.replay.run if peeked is not None else _load_record(engine, message)
     if record is None:
         return
@@ -145,15 +145,6 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
             replay = kept[0].replay if kept else _new_replay(engine, fresh, definition, execution)
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
             heartbeat.attempt = replay
-
-
-def _kept_body(engine: Engine, message: RunMessage) -> ParkedBody | None:
-    """The body this process keeps parked for the message's attempt, if any
-    (the message's epoch is checked by the activation's fence)."""
-    body = engine.parked.peek(message.run_id, message.epoch)
-    if body is None or body.replay.run.workflow != message.workflow:
-        return None
-    return body
 
 
 def _take_lock(

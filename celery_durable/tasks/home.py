@@ -21,9 +21,9 @@ comes well inside liveness's own margin for a message that left an empty
 queue (``_prelude.lua``), so the run is not taken over for it; only when the
 process that sent the wake dies within that time too does liveness find it,
 and take the run over. A wake left behind in a home queue is one more pass
-if its node comes back under the same name (fenced, as any pass); on
-RabbitMQ a home queue unused for an hour is deleted with what it held
-(``x-expires``).
+if its node comes back under the same name (fenced, as any pass); a home
+queue unused for an hour is deleted with what it held (``x-expires``: on
+RabbitMQ, and on Redis since kombu 5.7).
 
 Only a pool whose node is one process has a home: a prefork pool's node
 hands a message to any of its children, not to the one keeping the body.
@@ -43,6 +43,7 @@ from celery.signals import worker_shutdown
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.wake_route import Home
 
 if TYPE_CHECKING:
     from celery_durable.config import Settings
@@ -54,8 +55,9 @@ REDIRECT_SECONDS = 2.0
 """A wake sent home and not started after this goes to the coordinator queue;
 well below liveness's 5 s for a message that left an empty queue."""
 EXPIRES_SECONDS = 3600.0
-"""An unused home queue is deleted after this on RabbitMQ: far past any
-lease, so liveness has long taken over what waited in it."""
+"""An unused home queue is deleted after this (RabbitMQ, and Redis since
+kombu 5.7): far past any lease, so liveness has long taken over what
+waited in it."""
 MAX_NAME = 400
 
 
@@ -85,6 +87,15 @@ def is_home_name(settings: Settings, name: Any) -> bool:
         return False
     node, at, host = name[len(prefix):].partition("@")
     return bool(node and at and host)
+
+
+def home_of(engine: Engine, name: str | None) -> tuple[Home, Queue | None]:
+    """Whose home an answer names (``wake_route.Home``), and its queue."""
+    if name is None:
+        return Home.NONE, None
+    if engine.home is not None and name == engine.home.name:
+        return Home.HERE, engine.home
+    return Home.ELSEWHERE, home_queue(engine.celery, engine.settings, name)
 
 
 def install(engine: Engine) -> None:

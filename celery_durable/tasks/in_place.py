@@ -1,4 +1,4 @@
-"""Wakes that run where they are decided, instead of crossing the broker.
+"""Carrying out where a wake runs: here, in this thread, or by message.
 
 When a call's answer or an agent turn settles, what waited for it — the main
 body or a branch — is continued by a message to the coordinator or the steps
@@ -7,28 +7,21 @@ to receive it back, one broker round trip later: the wake runs here instead,
 under the task id its message would have had (the run already counts that
 id in flight, so liveness sees no difference between the two). A worker that
 does not consume the queue — a GPU pool running a called task, an agents
-pool — never runs workflow code: it sends, as before.
-
-Nor does a thread that runs one of the user's tasks (a call's answer
-journaled in place, right after the task returned) when that task's
-options make the pass its business: ``acks_late`` (its message stays
-unacknowledged until this returns, and a pass may run as long as its
-inline steps take, past the visibility timeout of the user's app, which
-would deliver the task again) or a time limit (the pass would count
-against it, and a soft limit would be raised inside workflow code). Such a
-wake is sent. The durable tasks' own messages carry a visibility timeout
-above the longest step and no time limit.
-
-Celery does the same for its own errbacks: a ``link_error`` whose task is
-registered in the worker is called in place, not sent (``celery.backends``
+pool — never runs workflow code: it sends, as before. Celery does the same
+for its own errbacks: a ``link_error`` whose task is registered in the
+worker is called in place, not sent (``celery.backends``
 ``_call_task_errbacks``).
+
+Where each wake goes is decided by ``tasks/wake_route.py`` alone; this
+module gathers what that decision needs (``gather``) and carries it out
+(``wake_owners``, ``run_taken_pass``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kombu import Queue  # type: ignore[attr-defined]
 
@@ -37,6 +30,8 @@ from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.tasks.app import DURABLE_TASK_PREFIX, new_task_id
 from celery_durable.tasks.branch import run_branch_task
 from celery_durable.tasks.coordinator import TakenPass, run_coordinator_task
+from celery_durable.tasks.retrying import shutting_down
+from celery_durable.tasks.wake_route import Home, Owner, WakeFacts, Where, route
 from celery_durable.workflows.parking import ParkedBody
 
 if TYPE_CHECKING:
@@ -45,8 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LET_GO_SECONDS = 5.0
-"""How long an answer waits for the pass that kept the body to release the
-run's lock, its very next step; past that, the answer wakes as any other."""
+"""How long a wake waits for the pass that kept the body to release the
+run's lock, its very next step; past that, the wake goes on as it would."""
 
 
 def consumes(engine: Engine, queue: str) -> bool:
@@ -61,16 +56,14 @@ def consumes(engine: Engine, queue: str) -> bool:
     return queue in app.amqp.queues.consume_from
 
 
-def may_run_here(engine: Engine, queue: str) -> bool:
-    """True when a wake for ``queue`` may run in this thread (module docstring)."""
-    running = engine.celery.current_worker_task
-    if running is not None and not str(running.name).startswith(DURABLE_TASK_PREFIX) and _binds_the_pass(running):
+def _user_task_binds(engine: Engine) -> bool:
+    """Whether this thread runs a user's task whose options would hold a pass
+    run inside it (``WakeFacts.user_task_binds``). The durable tasks' own
+    messages carry a visibility timeout above the longest step and no time
+    limit."""
+    task = engine.celery.current_worker_task
+    if task is None or str(task.name).startswith(DURABLE_TASK_PREFIX):
         return False
-    return consumes(engine, queue)
-
-
-def _binds_the_pass(task: Any) -> bool:
-    """Whether a user's task's options would hold a pass run inside it."""
     conf = task.app.conf
     limits = (
         *(getattr(task.request, "timelimit", None) or ()),
@@ -87,6 +80,33 @@ def queue_of(engine: Engine, owner: str) -> str:
     return engine.settings.coordinator_queue if owner == MAIN else engine.settings.steps_queue
 
 
+def gather(
+    engine: Engine,
+    run_id: str,
+    epoch: int,
+    workflow: str,
+    owner: str,
+    home: Home = Home.NONE,
+    *,
+    takeable: bool = False,
+    slot_taken: bool = False,
+) -> WakeFacts:
+    """What ``route`` needs to know about waking ``owner`` of the run from this thread."""
+    main = owner == MAIN
+    return WakeFacts(
+        owner=Owner.MAIN if main else Owner.BRANCH,
+        home=home,
+        consumes=consumes(engine, queue_of(engine, owner)),
+        knows_workflow=workflow in engine.workflows,
+        user_task_binds=_user_task_binds(engine),
+        shutting_down=shutting_down(),
+        kept=main and engine.parked.peek(run_id, epoch, workflow) is not None,
+        pass_here=main and engine.parked.holds(run_id),
+        takeable=takeable,
+        slot_taken=slot_taken,
+    )
+
+
 def wake_owners(
     engine: Engine,
     run_id: str,
@@ -94,57 +114,43 @@ def wake_owners(
     workflow: str,
     owners: Sequence[str],
     prefix: str,
-    home: Queue | None = None,
+    home: Home = Home.NONE,
+    home_queue: Queue | None = None,
 ) -> None:
-    """Continue each owner woken by a script (task ids ``<prefix>-<n>``):
-    one of them in place when this worker consumes its queue, the rest by
-    message; the main body's to ``home`` when given, the queue of the worker
-    that keeps it (``tasks/home.py``), and in place only when that is this one."""
-    woken = [(owner, f"{prefix}-{n}") for n, owner in enumerate(owners, start=1)]
-    here = None
-    if workflow in engine.workflows:
-        local = [w for w in woken if home is None or home is engine.home or w[0] != MAIN]
-        here = next((w for w in local if may_run_here(engine, queue_of(engine, w[0]))), None)
-    for owner, task_id in woken:
-        if (owner, task_id) != here:
-            engine.wake(run_id, epoch, workflow, owner, task_id, home)
-    if here is None:
-        return
-    _continue_here(engine, run_id, epoch, workflow, *here)
+    """Continue each owner woken by a script (task ids ``<prefix>-<n>``) where
+    ``route`` says: at most one of them here, after the others are sent.
+    ``home_queue`` is the queue of the home the answer named."""
+    here: tuple[str, str] | None = None
+    for n, owner in enumerate(owners, start=1):
+        task_id = f"{prefix}-{n}"
+        verdict = route(gather(engine, run_id, epoch, workflow, owner, home, slot_taken=here is not None))
+        if verdict.wait_let_go:
+            engine.parked.wait_let_go(run_id, LET_GO_SECONDS)
+        if verdict.where is Where.HERE:
+            here = owner, task_id
+        else:
+            engine.wake(run_id, epoch, workflow, owner, task_id, home_queue if verdict.where is Where.HOME else None)
+    if here is not None:
+        _continue_here(engine, run_id, epoch, workflow, *here)
 
 
-def kept_pass(
-    engine: Engine, run_id: str, epoch: int, workflow: str, prefix: str
+def take_request(
+    engine: Engine, run_id: str, epoch: int, workflow: str, prefix: str, soft: bool
 ) -> tuple[ParkedBody, PassHere] | None:
-    """The main body's pass a wake ``<prefix>-1`` would run in this thread,
-    for a body this process keeps parked at a call: what the script that
-    wakes it needs to take that pass's lock itself (``call_done``), saving
-    the pass's own activation. None when the wake would not run here."""
-    if workflow not in engine.workflows or not may_run_here(engine, queue_of(engine, MAIN)):
+    """The body kept here and what the answer's script needs to take its
+    pass for the wake ``<prefix>-1`` (``Where.TAKE``); None when no body is
+    kept any more."""
+    body = engine.parked.peek(run_id, epoch, workflow)
+    if body is None or body.cursor is None:
         return None
-    body = engine.parked.peek(run_id, epoch)
-    cursor = body.cursor if body is not None else None
-    if body is None or cursor is None or body.replay.run.workflow != workflow:
-        return None
-    # The pass that parked the body may not have released the lock yet (the
-    # answer came quickly): then a busy lock is left alone, and the answer
-    # waits for that pass (wait_for_the_pass) instead of enlisting it.
-    soft = engine.parked.holds(run_id)
+    cursor = body.cursor
     return body, PassHere(f"{prefix}-1", body.replay.run.namespace, new_task_id(), cursor.seq, cursor.index, soft)
-
-
-def wait_for_the_pass(engine: Engine, run_id: str, owners: Sequence[str]) -> None:
-    """Before a call's answer wakes the main body: let the pass of the run
-    still running in this process (the one that sent the call) release the
-    lock first, else the wake finds it busy (``ParkedRuns.wait_let_go``)."""
-    if MAIN in owners:
-        engine.parked.wait_let_go(run_id, LET_GO_SECONDS)
 
 
 def run_taken_pass(
     engine: Engine, run_id: str, epoch: int, workflow: str, kept: tuple[ParkedBody, PassHere], activation: Activation
 ) -> None:
-    """Run the pass whose lock the waking script took (``kept_pass``), here."""
+    """Run the pass whose lock the answer's script took (``take_request``), here."""
     body, here = kept
     _continue_here(engine, run_id, epoch, workflow, MAIN, here.token, TakenPass(body, here, activation))
 

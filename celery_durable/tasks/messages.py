@@ -3,10 +3,18 @@
 A message is data from the broker, not a command to trust: a malformed,
 forged or stale one is logged and dropped, never executed, and nothing in
 it is ever imported or unpickled.
+
+A field this version does not know is ignored, not refused: during a
+rolling upgrade a worker takes the messages of the next version too, and a
+message it refused would be acknowledged and lost (a call's answer lost so
+leaves a call with no timeout waiting for ever). What a later version adds
+must therefore be something an older one may ignore; what a message needs
+is checked, whatever else it holds.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +24,8 @@ from celery_durable.names import WORKFLOW_NAME_PATTERN
 
 WORKFLOW_NAME = WORKFLOW_NAME_PATTERN
 """The names define_workflow accepts: a message naming anything else is forged."""
+logger = logging.getLogger(__name__)
+
 CALL_PATTERN = re.compile(r"m(\.\d{1,9}\.\d{1,9}){0,32}:\d{1,9}")
 
 
@@ -31,8 +41,10 @@ class RunMessage:
 
 
 def parse_run_message(run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]) -> RunMessage:
+    """The run a message names; ``extra``, the fields its task does not
+    know, is ignored (module docstring)."""
     if extra:
-        raise BadMessage(f"unexpected fields {sorted(extra)!r:.200}")
+        logger.debug("ignored fields this version does not know: %.200r", sorted(map(str, extra)))
     if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
         raise BadMessage(f"run_id is not a run id: {run_id!r:.80}")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:

@@ -65,13 +65,16 @@ class ParkedRuns:
         for old in displaced:
             old.evict()
 
-    def peek(self, run_id: str, epoch: int) -> ParkedBody | None:
-        """The body kept for this attempt, left in place: the pass about to
-        take it learns its run and call without reading them, and has its
-        activation read the journal's tail for ``take`` (``RunStore.activate_reading``)."""
+    def peek(self, run_id: str, epoch: int, workflow: str) -> ParkedBody | None:
+        """The body kept for this attempt of a run of ``workflow``, left in
+        place: the pass about to take it learns its run and call without
+        reading them, and has its activation read the journal's tail for
+        ``take`` (``RunStore.activate_reading``)."""
         with self._lock:
             entry = self._bodies.get(run_id)
-        return entry[1] if entry is not None and entry[0] == epoch else None
+        if entry is None or entry[0] != epoch or entry[1].replay.run.workflow != workflow:
+            return None
+        return entry[1]
 
     @contextlib.contextmanager
     def holding(self, run_id: str) -> Iterator[None]:

@@ -41,7 +41,7 @@ def retry_storage(what: str, work: Callable[[], T]) -> T:
         try:
             return work()
         except StorageUnavailableError as exc:
-            if _shutting_down():
+            if shutting_down():
                 raise  # the task's autoretry hands it back to the broker
             logger.warning("%s: storage unavailable, trying again in %.2fs: %s", what, delay, exc)
         except DurableError:
@@ -53,6 +53,6 @@ def retry_storage(what: str, work: Callable[[], T]) -> T:
         delay = min(delay * 2, MAX_DELAY)
 
 
-def _shutting_down() -> bool:
+def shutting_down() -> bool:
     """The worker was asked to stop (as ``celery.worker.state.maybe_shutdown`` reads it)."""
     return any(flag not in (None, False) for flag in (worker_state.should_stop, worker_state.should_terminate))

@@ -36,6 +36,8 @@ passed on together do not come back together."""
 
 _random = random.Random()
 
+KINDS = {"c": "coordinator", "s": "branch", "a": "agent"}
+
 
 def knows(engine: Engine, message: RunMessage) -> bool:
     return message.workflow in engine.workflows
@@ -51,8 +53,14 @@ def pass_on(engine: Engine, message: RunMessage, token: str, kind: str, resend: 
     due = store.now_ms() + int(delay * 1000)
     passed = store.pass_on(message.run_id, message.epoch, token, new, kind, due, note)
     if not passed.sent:
-        logger.info("run %s: a message for workflow %r this worker does not know is stale; dropped",
-                    message.run_id, message.workflow)  # fmt: skip
+        # Not a queued message of the run's attempt: an older attempt's, or forged.
+        engine.count_refused()
+        logger.warning(
+            "refused stale or forged %s message for run %s (workflow %r, which this worker does not know)",
+            KINDS[kind],
+            message.run_id,
+            message.workflow,
+        )
         return
     if passed.first:
         logger.warning(
