@@ -12,7 +12,7 @@ import redis.exceptions
 from kombu.exceptions import KombuError
 
 from celery_durable import progress as paging
-from celery_durable.broker import STATUSES, RunRecord, schema
+from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.errors import (
     RunNotFoundError,
@@ -21,6 +21,7 @@ from celery_durable.errors import (
     WorkflowDefinitionError,
     WorkflowResumeError,
 )
+from celery_durable.listing import list_runs
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
 from celery_durable.run_views import agent_row, phase_rows, resume_verdict, step_rows_in_order
 from celery_durable.tasks.app import new_task_id
@@ -165,44 +166,7 @@ class Client:
         cursor: str | None = None,
     ) -> RunPage:
         """This namespace's runs, newest first, in pages."""
-        if status is not None and status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {short_repr(status)}")
-        if workflow is not None and not isinstance(workflow, str):
-            raise ValueError(f"workflow must be a name, got {type(workflow).__name__}")
-        paging.check_page_limit(limit)
-        before = _parse_cursor(cursor)
-        store = self.engine.store
-        runs: list[RunEnvelope] = []
-        corrupt: list[dict[str, str]] = []
-        last_score = 0.0
-        while True:
-            batch = store.list_run_ids(self.namespace, before, max(limit * 2, 64))
-            if not batch:
-                return RunPage(runs, None, corrupt)
-            loaded, damaged = store.load_runs([run_id for run_id, _ in batch])
-            records = {record.run_id: record for record in loaded}
-            # Indexed runs whose keys expired (run retention) leave the index as they are met.
-            store.forget_runs(
-                self.namespace, [run_id for run_id, _ in batch if run_id not in records and run_id not in damaged]
-            )
-            for run_id, score in batch:
-                before = score
-                if run_id in damaged:
-                    if status is None and workflow is None:
-                        corrupt.append(
-                            {"run_id": run_id, "code": damaged[run_id].code or "", "error": damaged[run_id].message}
-                        )
-                    continue
-                record = records.get(run_id)
-                if record is None or record.namespace != self.namespace:
-                    continue
-                if (status is None or record.status == status) and (workflow is None or record.workflow == workflow):
-                    if len(runs) == limit:
-                        # A cursor only when another matching run exists, so a
-                        # filtered listing never ends on an empty page.
-                        return RunPage(runs, f"s{last_score:.0f}", corrupt)
-                    runs.append(RunEnvelope.from_record(record))
-                    last_score = score
+        return list_runs(self.engine.store, self.namespace, status, workflow, limit, cursor)
 
     def get_workflow_run_detail(self, run_id: str) -> RunDetail:
         record = self._record(run_id)
@@ -477,16 +441,6 @@ def _plausible_run_id(run_id: str) -> bool:
     from celery_durable.broker.keys import RUN_ID_PATTERN
 
     return bool(RUN_ID_PATTERN.match(run_id))
-
-
-def _parse_cursor(cursor: str | None) -> float | None:
-    if cursor is None:
-        return None
-    if not isinstance(cursor, str) or not cursor.startswith("s") or not cursor[1:].isdigit():
-        raise ValueError(f"cursor is not one list_workflow_runs returned: {short_repr(cursor)}")
-    return float(cursor[1:])
-
-
 
 
 @contextmanager

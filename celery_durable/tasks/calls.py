@@ -59,6 +59,19 @@ HOME_HEADER = "celery_durable_home"
 that sent the call (``tasks/home.py``)."""
 
 
+def answer_fields(record: RunRecord, request: CallRequest) -> dict[str, Any]:
+    """What a call's answer carries (its link's keyword arguments): the run, the
+    attempt that published the call, its key, the task's name. Every version
+    since calls came sends these five and no more (``tests/messages``)."""
+    return {
+        "run_id": record.run_id,
+        "epoch": record.epoch,
+        "workflow": record.workflow,
+        "key": request.key,
+        "task_name": request.task_name,
+    }
+
+
 def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRequest) -> None:
     """Send the called task, linked to the engine's answer tasks.
 
@@ -76,13 +89,7 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     decides, on the worker), so the task stores its result, or not, exactly
     as when it is called from plain Celery.
     """
-    answer = {
-        "run_id": record.run_id,
-        "epoch": record.epoch,
-        "workflow": record.workflow,
-        "key": request.key,
-        "task_name": request.task_name,
-    }
+    answer = answer_fields(record, request)
     options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json"}
     if engine.home is not None:
         options["headers"] = {HOME_HEADER: engine.home.name}  # where the body waiting for it is kept

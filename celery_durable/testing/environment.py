@@ -245,18 +245,10 @@ class WorkflowTestEnvironment:
     def get(self, run_id: str) -> RunEnvelope:
         return self.client.get_workflow_run(run_id)
 
-    def progress(
-        self,
-        run_id: str,
-        phase_id: str | None = None,
-        after_seq: int | None = None,
-        before_seq: int | None = None,
-        limit: int | None = None,
-    ) -> ProgressPage:
-        """A page of progress records, as ``Client.get_workflow_run_progress`` pages them."""
-        return self.client.get_workflow_run_progress(
-            run_id, phase_id=phase_id, after_seq=after_seq, before_seq=before_seq, limit=limit
-        )
+    def progress(self, run_id: str, **page: Any) -> ProgressPage:
+        """A page of progress records: ``Client.get_workflow_run_progress``, whose
+        options (``phase_id``, ``after_seq``, ``before_seq``, ``limit``) it takes."""
+        return self.client.get_workflow_run_progress(run_id, **page)
 
     def detail(self, run_id: str) -> RunDetail:
         """Phases, steps, agent rows and the latest progress, as ``Client.get_workflow_run_detail``."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from celery_durable.tasks.app import BRANCH_TASK, new_task_id
-from celery_durable.tasks.calls import call_failed, call_succeeded
+from celery_durable.tasks.calls import answer_fields, call_failed, call_succeeded
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.crash import CrashPlan, SimulatedCrash
@@ -71,14 +71,7 @@ class InProcessSender:
             self._fleet.queue.append(message)  # deque.append is thread-safe: branch threads send too
 
     def send_call(self, engine: Engine, record: RunRecord, request: CallRequest) -> None:
-        answer = {
-            "run_id": record.run_id,
-            "epoch": record.epoch,
-            "workflow": record.workflow,
-            "key": request.key,
-            "task_name": request.task_name,
-        }
-        self._fleet.queue.append(TaskCall(record.run_id, request, answer))
+        self._fleet.queue.append(TaskCall(record.run_id, request, answer_fields(record, request)))
 
 
 class Fleet:
