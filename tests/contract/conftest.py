@@ -20,11 +20,12 @@ import pytest
 
 from celery_durable import Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
-from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.journal import BranchStart, CallDone, PassHere
 from celery_durable.broker.progress import ProgressSlice
+from celery_durable.broker.replies.control import Signalled
+from celery_durable.broker.replies.fleet import Examined
+from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import SequenceHistory
-from celery_durable.broker.store import Signalled
 from celery_durable.testing import VirtualClock
 from celery_durable.testing.environment import _Engine
 
@@ -109,7 +110,7 @@ class Backend:
 
     def branch_start(
         self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
-    ) -> BranchStart | str:
+    ) -> BranchStart | Refusal:
         """branch_start.lua: a branch task's start and first reads, or its refusal."""
         raise NotImplementedError
 
@@ -212,7 +213,7 @@ class RedisBackend(Backend):
 
     def branch_start(
         self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
-    ) -> BranchStart | str:
+    ) -> BranchStart | Refusal:
         return self.store.branch_start(self.run_id, epoch, workflow, token, call, indices, seqs)
 
     def release(self, token: str) -> bool:
