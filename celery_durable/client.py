@@ -14,6 +14,7 @@ from kombu.exceptions import KombuError
 from celery_durable import progress as paging
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
+from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
 from celery_durable.errors import (
     RunNotFoundError,
     StorageCorruptError,
@@ -281,15 +282,15 @@ class Client:
         self._request(run_id, self.engine.store.pause)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
-    def _request(self, run_id: str, request: Callable[[str, str, str], tuple[str, int | None]]) -> None:
+    def _request(self, run_id: str, request: Callable[[str, str, str], Requested]) -> None:
         """Ask for a cancellation or a pause (``RunStore.cancel``/``pause``) and
         wake the coordinator to act on it: a run waiting on branches, a timer
         or a signal has no pass running."""
         record = self._record(run_id)
         message = new_task_id()
-        verdict, epoch = request(record.run_id, record.namespace, message)
-        if verdict == "requested" and epoch is not None:
-            self._dispatch(record.run_id, epoch, record.workflow, message)
+        answer = request(record.run_id, record.namespace, message)
+        if answer.verdict is RequestVerdict.REQUESTED:
+            self._dispatch(record.run_id, answer.epoch, record.workflow, message)
 
     def signal_workflow_run(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver signal ``name`` with a JSON ``payload`` to the run (SPEC §5).
@@ -307,9 +308,9 @@ class Client:
         record = self._record(run_id)
         prefix = new_task_id()
         answer = self.engine.store.signal(record.run_id, record.namespace, name, payload_json, prefix)
-        if answer.verdict == "missing":
+        if answer.verdict is SignalVerdict.MISSING:
             raise RunNotFoundError(f"Run not found: {run_id}")
-        if answer.verdict == "refused":
+        if answer.verdict is SignalVerdict.REFUSED:
             detail = " and cannot be resumed" if answer.status == "error" else ""
             raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
         for n, owner in enumerate(answer.owners, start=1):
@@ -408,7 +409,7 @@ class Client:
         """Whether the run's attempt is alive, as the recovery sweep judges it:
         work in flight, or waits for the outside world (SPEC §5)."""
         examined = self.engine.store.examine(record.run_id, self.engine.store.queue_room())
-        return examined is not None and examined.verdict in ("alive", "waiting")
+        return examined is not None and examined.alive
 
     def _wake(self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
         try:

@@ -103,7 +103,7 @@ def test_an_agent_message_delivered_again_leaves_its_running_turn_to_its_heartbe
     store.journal(run_id, 1, "default").agent_call("m", 0, AGENT, '{"prompt":"p"}', "m", row, None, "turn")
 
     def start(token: str) -> str:
-        return store.agent_start(run_id, 1, AGENT, token, "later", 200)[0]
+        return store.agent_start(run_id, 1, AGENT, token, "later", 200).verdict
 
     def live() -> dict[str, str]:
         return dict(store.client.hgetall(store.run_keys(run_id).live))

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from celery_durable import WorkflowContext, workflow
+from celery_durable.broker.replies.control import RequestVerdict
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import kill_attempt
 from tests.test_fencing import poll
@@ -162,7 +163,7 @@ def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> Non
     own = {f"{kind}_queue": f"{later}.{kind}" for kind in ("coordinator", "steps", "agents")}
     d = durable([chatty], worker=False, run_retention_seconds=3600, **own)
     run_id = d.client.start_workflow("chatty")
-    assert d.engine.store.pause(run_id, "default", "wake")[0] == "requested"
+    assert d.engine.store.pause(run_id, "default", "wake").verdict is RequestVerdict.REQUESTED
     durable([chatty], run_retention_seconds=3600, **own)
     assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "paused"
     poll(lambda: settled(d, raw_redis, run_id), "the run to settle")
@@ -197,7 +198,8 @@ def test_a_cancel_or_pause_requested_before_a_crash_survives_the_recovery(durabl
     d = durable([chatty], worker=False)
     run_id = d.client.start_workflow("chatty")
     store = d.engine.store
-    assert (store.cancel if flag == "cancel" else store.pause)(run_id, "default", "wake")[0] == "requested"
+    requested = (store.cancel if flag == "cancel" else store.pause)(run_id, "default", "wake")
+    assert requested.verdict is RequestVerdict.REQUESTED
     # The attempt "died": its message's worker went silent. The sweep takes the run over.
     kill_attempt(raw_redis, d.engine, run_id)
     RecoverySweep(d.engine).sweep_once()

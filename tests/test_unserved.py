@@ -3,7 +3,7 @@ its message on, and the run waits, alive, for one that does (issue 25 item 13).
 
 Temporal never fails a workflow because a worker lacked its type: the task
 waits for a worker that has it. Here the message goes back to its queue under
-a new id (``pass_on.lua``, ``tasks/unserved.py``), the run says so once (a
+a new id (``requeue.lua``, ``tasks/unserved.py``), the run says so once (a
 ``system`` progress record, one WARNING line), and never becomes ``error``.
 
 Each team's worker is a process of its own (``tests/apps/teams.py``), as in a

@@ -1,5 +1,5 @@
-"""What the recovery sweep reads and writes: its schedule of runs to look
-at, each run's liveness verdict, and the fleet's beats (which worker is
+"""What the recovery sweep reads and writes: the runs due on its schedule,
+each run's liveness verdict, and the fleet's beats (which worker is
 alive, which messages it holds, which queues were found empty).
 
 Part of ``RunStore`` (a base class of it): these are the store's calls that
@@ -8,36 +8,13 @@ serve the sweep rather than one run's attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, cast
 
-from celery_durable.broker.connection import RedisClient, storage_errors
-from celery_durable.broker.keys import KeySpace, RunKeys
-from celery_durable.broker.records import STATUSES
-from celery_durable.broker.scripts import Clock
-from celery_durable.config import Settings
-from celery_durable.errors import StorageCorruptError
-
-
-@dataclass(frozen=True, slots=True)
-class Examined:
-    """A run as the sweep sees it: status, epoch, and for a pending or running
-    run its liveness verdict ('alive', 'waiting' or 'dead') with its detail
-    (when to look again, or why it is dead)."""
-
-    status: str
-    epoch: int
-    workflow: str
-    verdict: str
-    detail: str
-    woken: list[str] = field(default_factory=list)
-    """Owners whose timers fired here: the caller sends each its message."""
-
-    @property
-    def next_check(self) -> int | None:
-        return int(float(self.detail)) if self.verdict in ("alive", "waiting") and self.detail else None
-
+from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.replies import fleet as parse
+from celery_durable.broker.replies.fleet import DueRuns, Examined
+from celery_durable.broker.store_core import StoreCore
 
 BUSY_AFTER_MS = 1500
 """Three sweep intervals: every worker's sweep looks at the queues twice a second."""
@@ -46,48 +23,13 @@ CHECKED = "checked"
 """The field of ``{fleet}:empty`` that says when the queues were last looked at."""
 
 
-class FleetLiveness:
+class FleetLiveness(StoreCore):
     """The sweep's calls of ``RunStore``."""
 
-    settings: Settings
-    keys: KeySpace
-    client: RedisClient
-    clock: Clock
-
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        raise NotImplementedError
-
-    def _run_with(
-        self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]
-    ) -> Any:
-        raise NotImplementedError
-
-    def run_keys(self, run_id: str) -> RunKeys:
-        raise NotImplementedError
-
-    @property
-    def lease_ms(self) -> int:
-        return int(self.settings.lease_seconds * 1000)
-
-    # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
-    # and every look at a run reads the run itself) ----------------------------
-
-    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
-        """Have the sweep look at the run at ``at_ms``; ``sooner_only`` never
-        puts off a look already scheduled earlier."""
-        with storage_errors():
-            self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
-
-    def unschedule(self, run_id: str) -> None:
-        with storage_errors():
-            self.client.zrem(self.keys.sweep_due, run_id)
-
-    def claim_due(self, now: int, count: int, hold_ms: int) -> tuple[list[str], int | None]:
+    def claim_due(self, now: int, count: int, hold_ms: int) -> DueRuns:
         """Runs due now, each handed to this caller alone for ``hold_ms``; and
-        when the next run falls due (None: none scheduled)."""
-        reply = self._run("claim_due", [self.keys.sweep_due], [now, count, hold_ms])
-        next_due = int(float(reply[0])) if reply and reply[0] not in ("", None) else None
-        return [str(run_id) for run_id in reply[1:]], next_due
+        when the next run falls due."""
+        return parse.claim_due(self._run("claim_due", [self.keys.sweep_due], [now, count, hold_ms]))
 
     def examine(self, run_id: str, room: str, *, fire_prefix: str = "") -> Examined | None:
         """The run's status and liveness (``examine.lua``), or None when it does
@@ -95,17 +37,7 @@ class FleetLiveness:
         come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
         k = self.run_keys(run_id)
         args = [self.clock(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
-        reply = self._run("examine", [k.run, k.live, k.waits], args)
-        if not reply:
-            return None
-        try:
-            if reply[0] not in STATUSES:
-                raise ValueError(f"unknown status {reply[0]!r}")
-            return Examined(
-                str(reply[0]), int(reply[1]), str(reply[2]), str(reply[3]), str(reply[4]), [str(o) for o in reply[5:]]
-            )
-        except (ValueError, IndexError) as exc:
-            raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
+        return parse.examine(self._run("examine", [k.run, k.live, k.waits], args), run_id)
 
     def report_worker(self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int) -> None:
         """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id
@@ -132,7 +64,7 @@ class FleetLiveness:
             pipe.zadd(self.keys.workers, {worker: at_ms})
             pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
 
-        self._run_with("received", [self.run_keys(run_id).live], [at_ms, task_id], beat)
+        parse.received(self._run_with("received", [self.run_keys(run_id).live], [at_ms, task_id], beat), run_id)
 
     def forget_worker(self, worker: str) -> None:
         """A worker that stops cleanly holds nothing: it is not dead, only gone."""
@@ -145,20 +77,14 @@ class FleetLiveness:
     def claim_dead_workers(self, silent_since_ms: int) -> dict[str, dict[str, list[str]]]:
         """Workers silent since before ``silent_since_ms``, claimed by this caller alone:
         worker -> run id -> the task ids of the run it held."""
-        reply = self._run("claim_dead_workers", [self.keys.workers], [silent_since_ms, self.keys.held_prefix])
-        dead: dict[str, dict[str, list[str]]] = {}
-        for worker, text in zip(reply[::2], reply[1::2], strict=True):
-            runs: dict[str, list[str]] = {}
-            for pair in str(text).split():
-                task_id, _, run_id = pair.partition("|")
-                runs.setdefault(run_id, []).append(task_id)
-            dead[str(worker)] = runs
-        return dead
+        return parse.claim_dead_workers(
+            self._run("claim_dead_workers", [self.keys.workers], [silent_since_ms, self.keys.held_prefix])
+        )
 
     def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
         """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
         k = self.run_keys(run_id)
-        return int(self._run("mark_lost", [k.run, k.live], [self.clock(), *task_ids]))
+        return parse.mark_lost(self._run("mark_lost", [k.run, k.live], [self.clock(), *task_ids]), run_id)
 
     def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
         """The broker held no message in ``queues`` at ``at_ms`` (a look at every

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from celery_durable.broker.records import RunRecord
@@ -192,24 +193,39 @@ class BranchStart:
     """The sequences it opens first, read ahead (perhaps fewer than asked)."""
 
 
+class CallVerdict(StrEnum):
+    """``call.lua``'s verdicts."""
+
+    HIT = "hit"  # the outcome is journaled: the task's result, or how it failed or timed out
+    PUBLISH = "publish"  # send the task now: this attempt has not sent it yet
+    PENDING = "pending"  # it is in flight; the caller waits too
+
+
 @dataclass(frozen=True, slots=True)
 class TaskCall:
-    """The answer to a task call (``ctx.call``): ``hit`` (``outcome`` journaled:
-    the task's result, or how it failed or timed out), ``publish`` (send the
-    task now) or ``pending`` (it is in flight; the caller waits too)."""
+    """The answer to a task call (``ctx.call``, ``call.lua``); ``outcome``
+    (JSON text) comes with a hit only."""
 
-    verdict: str
+    verdict: CallVerdict
     flags: Flags
     outcome: str | None = None
 
 
+class AgentVerdict(StrEnum):
+    """``agent_call.lua``'s verdicts."""
+
+    HIT = "hit"  # the turn's outcome is journaled
+    PENDING = "pending"  # the turn is in flight; the caller waits too
+    DISPATCH = "dispatch"  # send the turn's task
+    LIMIT = "limit"  # a ceiling stops it: see the flags
+
+
 @dataclass(frozen=True, slots=True)
 class AgentCall:
-    """The answer to an agent turn request: ``hit`` (``outcome`` journaled),
-    ``pending`` (the turn is in flight; the caller waits too), ``dispatch``
-    (send the turn's task) or ``limit`` (a ceiling stops it: see flags)."""
+    """The answer to an agent turn request (``agent_call.lua``), with the
+    turn's ``outcome`` on a hit."""
 
-    verdict: str
+    verdict: AgentVerdict
     flags: Flags
     outcome: str | None = None
 

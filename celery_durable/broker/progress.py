@@ -3,17 +3,14 @@
 A run's records live in one stream, entry id ``<seq>-0``, seq dense from 1;
 records of a phase are also in the run's phase index (``append_progress`` in
 ``_prelude.lua`` writes both in one script). ``read_progress.lua`` reads a
-page with the bounds it is relative to in one atomic snapshot; this module
-turns its reply into Python.
+page with the bounds it is relative to in one atomic snapshot
+(``replies.read_progress`` parses it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from celery_durable.errors import StorageCorruptError
+from typing import Literal
 
 PageMode = Literal["after", "before", "newest"]
 
@@ -43,32 +40,3 @@ class ProgressSlice:
     newest: int | None
     revision: int
 
-
-def parse_record(entry_id: str, fields: dict[str, str] | Sequence[str]) -> ProgressRecord:
-    """A stream entry as a record; a field list (as Lua returns it) or a dict."""
-    try:
-        if not isinstance(fields, dict):
-            fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        return ProgressRecord(
-            seq=int(entry_id.split("-", 1)[0]),
-            kind=fields["kind"],
-            phase_id=fields.get("phase_id") or None,
-            message=fields["message"],
-            attempt=int(fields["attempt"]),
-            at=int(fields["at"]),
-        )
-    except (KeyError, ValueError, TypeError) as exc:
-        raise StorageCorruptError(f"Progress record {entry_id} is corrupt: {exc!r}") from None
-
-
-def parse_slice(run_id: str, reply: Sequence[Any]) -> ProgressSlice:
-    """The reply of ``read_progress.lua``."""
-    try:
-        revision = int(reply[0])
-        oldest = int(reply[1]) if reply[1] not in ("", None) else None
-        newest = int(reply[2]) if reply[2] not in ("", None) else None
-        entries = list(reply[3:])
-    except (IndexError, ValueError, TypeError) as exc:
-        raise StorageCorruptError(f"Progress of run {run_id} is corrupt: {exc!r}") from None
-    records = [parse_record(str(entry[0]), entry[1]) for entry in entries]
-    return ProgressSlice(records=records, oldest=oldest, newest=newest, revision=revision)

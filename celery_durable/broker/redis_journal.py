@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import astuple
-from typing import Any, cast
+from typing import Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import (
@@ -17,9 +17,9 @@ from celery_durable.broker.journal import (
     AgentCall,
     Began,
     BeginCall,
+    CallVerdict,
     Conflict,
     Dispatch,
-    Flags,
     HeldBranch,
     PendingCommit,
     Recorded,
@@ -28,19 +28,11 @@ from celery_durable.broker.journal import (
     Winner,
 )
 from celery_durable.broker.keys import RunKeys
+from celery_durable.broker.replies import journal as parse
 from celery_durable.broker.schema import SequenceHistory
-from celery_durable.broker.scripts import Clock, refuse
-from celery_durable.errors import StorageCorruptError
+from celery_durable.broker.scripts import Clock
 
 ScriptRunner = Callable[[str, Sequence[str], Sequence[Any]], Any]
-
-
-def flags_of(reply: Sequence[Any], offset: int = 1) -> Flags:
-    """The (cancel, pause, limit) triple every fenced script returns after its verdict."""
-    try:
-        return Flags(cancel=reply[offset] == "1", pause=reply[offset + 1] == "1", limit=str(reply[offset + 2] or ""))
-    except IndexError:
-        raise StorageCorruptError(f"A journal script replied without its flags: {reply!r:.80}") from None
 
 
 def _begin_args(call: BeginCall) -> list[Any]:
@@ -85,68 +77,50 @@ class RedisJournal:
     def now_ms(self) -> int:
         return self._clock()
 
-    def _fenced(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        reply = self._run(name, keys, args)
-        refuse(self._run_id, reply)
-        return reply
-
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
         reply = self._run("read_sequence", [self._keys.journal], [seq, start])
-        return schema.parse_sequence(self._run_id, seq, reply, start)
+        return parse.read_sequence(reply, self._run_id, seq, start)
 
     def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
         if not seqs:
             return []
-        replies = self._run("read_sequences", [self._keys.journal], [READ_ENTRIES_BUDGET, *seqs])
-        return [schema.parse_sequence(self._run_id, seq, reply) for seq, reply in zip(seqs, replies, strict=False)]
+        reply = self._run("read_sequences", [self._keys.journal], [READ_ENTRIES_BUDGET, *seqs])
+        return parse.read_sequences(reply, self._run_id, seqs)
 
     def begin(self, seq: str, call: BeginCall) -> Began:
         k = self._keys
         args = [self._epoch, self._clock(), self._channel, seq, *_begin_args(call)]
-        reply = self._fenced("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
-        return Began(flags_of(reply), reply[4] or None)
+        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
+        return parse.begin_op(reply, self._run_id)
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
         k = self._keys
         args = [self._epoch, self._clock(), self._channel, seq, *astuple(commit), *_begin_args(call)]
         reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
-        if reply and reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        if reply and reply[0] == "winner":
-            return Winner(str(reply[1]))
-        refuse(self._run_id, reply)
-        return Began(flags_of(reply), reply[4] or None)
+        return parse.commit_begin(reply, self._run_id)
 
     def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
         k = self._keys
         reply = self._run(
             "record_op", [k.run, k.journal, k.steps, k.running], [self._epoch, self._clock(), seq, *astuple(commit)]
         )
-        if reply and reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        refuse(self._run_id, reply)
-        return Recorded(flags_of(reply), reply[4] or None)
+        return parse.record_op(reply, self._run_id)
 
     def dispatch(
         self, seq: str, index: int, identity: str, width: int, token: str, position: int
     ) -> Dispatch | Conflict:
         k = self._keys
         args = [self._epoch, seq, index, identity, width, token, position]
-        reply = self._run("dispatch", [k.run, k.journal, k.live], args)
-        if reply and reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        refuse(self._run_id, reply)
-        if reply[0] == "pending":
-            return Dispatch(pending=True, in_flight=int(reply[1]))
-        return Dispatch(cut=reply[1] == 1, indices=[int(j) for j in reply[2:]])
+        return parse.dispatch(self._run("dispatch", [k.run, k.journal, k.live], args), self._run_id)
 
     def sending(self, call: str, messages: Sequence[str]) -> None:
         k = self._keys
-        self._fenced("sending", [k.run, k.journal, k.live], [self._epoch, call, "", "", self._clock(), *messages])
+        reply = self._run("sending", [k.run, k.journal, k.live], [self._epoch, call, "", "", self._clock(), *messages])
+        parse.sending(reply, self._run_id)
 
     def mark_sent(self, call: str) -> None:
         k = self._keys
-        self._fenced("mark_sent", [k.run, k.journal], [self._epoch, call])
+        parse.mark_sent(self._run("mark_sent", [k.run, k.journal], [self._epoch, call]), self._run_id)
 
     def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
         indices = range(count) if only is None else only
@@ -157,44 +131,35 @@ class RedisJournal:
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
         k = self._keys
         args = [self._epoch, call, giver, schema.handoff_value(self._epoch, branches), self._clock(), *messages]
-        self._fenced("sending", [k.run, k.journal, k.live], args)
+        parse.sending(self._run("sending", [k.run, k.journal, k.live], args), self._run_id)
 
     def handed_off(self, call: str, giver: str) -> list[int]:
         [raw] = self._hmget(self._keys.journal, [schema.handoff_field(call, giver)])
         return schema.parse_handoff(raw, self._epoch)
 
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
-        reply = self._complete(call, branch, outcome, wake, ending, [])
-        return bool(reply[1] == 1)
+        return parse.complete_branch(self._complete(call, branch, outcome, wake, ending, []), self._run_id, held=False)
 
     def complete_held(
         self, call: str, branch: int, outcome: str, wake: str, ending: str, seq: str, held: PendingCommit
     ) -> bool | Winner | Conflict:
         reply = self._complete(call, branch, outcome, wake, ending, [seq, *astuple(held)])
-        if reply[0] == "winner":
-            return Winner(str(reply[1]))
-        if reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        return bool(reply[1] == 1)
+        return parse.complete_branch(reply, self._run_id, held=True)
 
     def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
         k = self._keys
         keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.live]
         finished = [held.call, held.branch, held.outcome, held.wake, held.seq, *astuple(held.step)]
-        reply = self._fenced(
+        reply = self._run(
             "complete_begin", keys, [self._epoch, self._clock(), self._channel, seq, *finished, *_begin_args(call)]
         )
-        if reply[0] == "winner":
-            return Winner(str(reply[1]))
-        if reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        return Began(flags_of(reply), reply[4] or None, woke=reply[5] == 1)
+        return parse.complete_begin(reply, self._run_id)
 
     def _complete(self, call: str, branch: int, outcome: str, wake: str, ending: str, held: list[Any]) -> Any:
         k = self._keys
         keys = [k.run, k.journal, k.live, k.steps, k.running]
         args = [self._epoch, call, branch, outcome, wake, self._clock(), ending, *held]
-        return self._fenced("complete_branch", keys, args)
+        return self._run("complete_branch", keys, args)
 
     def agent_call(
         self,
@@ -217,10 +182,7 @@ class RedisJournal:
                 *(request_json, owner, row_json, cut or "", message),
             ],
         )
-        if reply and reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        refuse(self._run_id, reply)
-        return AgentCall(str(reply[0]), flags_of(reply), cast(str | None, reply[4]) if len(reply) > 4 else None)
+        return parse.agent_call(reply, self._run_id)
 
     def wait(
         self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
@@ -228,16 +190,10 @@ class RedisJournal:
         k = self._keys
         args = [self._epoch, self._clock(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
         reply = self._run("wait", [k.run, k.journal, k.waits, k.signals], [*args, self._channel])
-        if reply and reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        refuse(self._run_id, reply)
-        if reply[0] == "done":
-            return WaitResult(True, flags_of(reply), outcome=str(reply[4]))
-        due = str(reply[4] or "")
-        due_ms = int(float(due)) if due else None
-        if due_ms is not None:
-            self._look_at(due_ms)  # the sweep fires the timer then
-        return WaitResult(False, flags_of(reply), due=due_ms)
+        result = parse.wait(reply, self._run_id)
+        if isinstance(result, WaitResult) and not result.done and result.due is not None:
+            self._look_at(result.due)  # the sweep fires the timer then
+        return result
 
     def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
              running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
@@ -247,10 +203,7 @@ class RedisJournal:
         args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]
         error = schema.decode_outcome(timeout_outcome).message
         args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel]
-        reply = self._run("call", [k.run, k.journal, k.waits, k.running, k.steps], args)
-        if reply and reply[0] == "conflict":
-            return Conflict(str(reply[1]))
-        refuse(self._run_id, reply)
-        if reply[0] != "hit" and due_ms is not None:
+        result = parse.call(self._run("call", [k.run, k.journal, k.waits, k.running, k.steps], args), self._run_id)
+        if isinstance(result, TaskCall) and result.verdict is not CallVerdict.HIT and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
-        return TaskCall(str(reply[0]), flags_of(reply), str(reply[4]) if reply[0] == "hit" else None)
+        return result

@@ -8,16 +8,14 @@ runs in the same script as the write it guards.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any, cast
+from typing import cast
 
 import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-
-from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
 SCRIPT_NAMES = (
     "activate",
@@ -43,14 +41,13 @@ SCRIPT_NAMES = (
     "index_run",
     "mark_lost",
     "mark_sent",
-    "pass_on",
     "pause",
     "read_progress",
     "read_sequence",
     "read_sequences",
     "received",
     "record_op",
-    "redirect_wake",
+    "requeue",
     "release",
     "release_idempotency",
     "resume",
@@ -99,11 +96,3 @@ Clock = Callable[[], int]
 def now_ms() -> int:
     return int(time.time() * 1000)
 
-
-def refuse(run_id: str, reply: Sequence[Any]) -> None:
-    """Raise for a fence refusal (``fence()`` in ``_prelude.lua``); return for any other reply."""
-    verdict = reply[0] if reply else "missing"
-    if verdict == "missing":
-        raise StorageCorruptError(f"Run record {run_id} is missing")
-    if verdict in ("stale", "settled"):
-        raise StaleAttemptError(f"Run {run_id}: this attempt no longer owns the run ({verdict})")

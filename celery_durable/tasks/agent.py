@@ -25,6 +25,7 @@ import jsonschema.exceptions
 from celery_durable.agents import AgentRequest, AgentResult
 from celery_durable.agents.errors import AgentOutputError
 from celery_durable.broker import Flags, RunRecord, schema
+from celery_durable.broker.replies.run import TurnVerdict
 from celery_durable.broker.schema import Outcome
 from celery_durable.errors import StaleAttemptError
 from celery_durable.tasks.app import new_task_id
@@ -133,14 +134,14 @@ def _start(engine: Engine, message: RunMessage, agent: str, owner: str, token: s
         logger.warning("refused stale or forged agent message for run %s", message.run_id)
         return None
     resend, delay = new_task_id(), _random.uniform(0.05, 0.3)
-    verdict, request_json = store.agent_start(record.run_id, record.epoch, agent, token, resend, int(delay * 1000))
-    if verdict == "wait":
+    start = store.agent_start(record.run_id, record.epoch, agent, token, resend, int(delay * 1000))
+    if start.verdict is TurnVerdict.WAIT:
         # At the concurrency ceiling: come back soon without holding a worker slot.
         engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, delay, task_id=resend)
         return None
-    if verdict != "go" or request_json is None:
-        return None
-    return record, request_json
+    if start.verdict is not TurnVerdict.GO:
+        return None  # done already, or this message runs it already
+    return record, start.request_json
 
 
 def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Turn, begun: int, active_ms: int) -> None:

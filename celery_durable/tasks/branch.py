@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
@@ -164,8 +165,8 @@ def _start(
     started = engine.store.branch_start(
         message.run_id, message.epoch, message.workflow, token, call_id, indices, seqs
     )
-    if isinstance(started, str):
-        if started != "settled":
+    if isinstance(started, Refusal):
+        if started is not Refusal.SETTLED:
             engine.count_refused()
             logger.warning(
                 "refused stale or forged branch message for run %s (%s): it is not one the run sent, "

@@ -113,7 +113,7 @@ class Heartbeat:
         attempt = self.attempt
         wake = new_task_id() if self._wake is not None else ""
         try:
-            flags, woken = self._store.heartbeat(
+            renewal = self._store.heartbeat(
                 attempt.run.run_id, attempt.epoch, self._token, coordinator=self._coordinator, wake=wake
             )
         except StaleAttemptError:
@@ -123,10 +123,10 @@ class Heartbeat:
         except StorageError as exc:
             logger.warning("heartbeat of run %s failed: %s", attempt.run.run_id, exc)
             return True
-        attempt.apply_flags(flags)
-        if woken and self._wake is not None:
+        attempt.apply_flags(renewal.flags)
+        if renewal.wake and self._wake is not None:
             self._wake(wake)
-        return not self._overdue_now(flags)
+        return not self._overdue_now(renewal.flags)
 
     def _overdue_now(self, flags: Flags) -> bool:
         """True once the pass has ignored a cancellation or a ceiling for ``grace``."""

@@ -13,7 +13,7 @@ task queues do the same for a worker's cached workflows.
 A home queue is an optimisation, never the truth. The home worker may have
 died, be stopping, or have every thread busy with long steps; so a wake sent
 home and not started within ``REDIRECT_SECONDS`` is sent again to the
-coordinator queue, under a new id (``HomeWakes``, ``redirect_wake.lua``), as
+coordinator queue, under a new id (``HomeWakes``, ``requeue.lua``), as
 Temporal's sticky queues fall back to the normal one: any worker goes on
 with the run, by a replay, in the same attempt. Until then the wake is
 counted in flight as a coordinator message like any other, and the fallback
@@ -171,7 +171,7 @@ class HomeWakes:
     def _check(self, run_id: str, epoch: int, workflow: str, task_id: str) -> None:
         again = new_task_id()
         try:
-            if self._engine.store.redirect_wake(run_id, epoch, task_id, again):
+            if self._engine.store.requeue(run_id, epoch, task_id, again).sent:
                 logger.info("run %s: its wake was not started at home in time; sent to the coordinator queue", run_id)
                 self._engine.send_coordinator(run_id, epoch, workflow, task_id=again)
         except Exception:

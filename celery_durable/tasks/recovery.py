@@ -45,6 +45,7 @@ from celery.signals import task_received
 from celery.worker import state as worker_state
 
 from celery_durable.broker import now_ms
+from celery_durable.broker.replies.fleet import Liveness
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.workflows import jsonvalue
@@ -265,11 +266,11 @@ class RecoverySweep:
         if self._may_take_over():
             self.bury_dead_workers()
         now = now_ms()
-        due, next_due = store.claim_due(now, BATCH, CLAIM_MS)
-        if not due:
-            return next_due
+        due = store.claim_due(now, BATCH, CLAIM_MS)
+        if not due.runs:
+            return due.next_due
         room = store.queue_room()
-        for run_id in due:
+        for run_id in due.runs:
             try:
                 self._look_at(run_id, room)
             except StorageCorruptError as exc:
@@ -277,18 +278,18 @@ class RecoverySweep:
                 # look at it again a lease later, once someone may have repaired it.
                 logger.error("recovery of run %s skipped, its record is corrupt: %s", run_id, exc)
                 store.schedule_check(run_id, now + int(settings.lease_seconds * 1000))
-        return now if len(due) == BATCH else next_due
+        return now if len(due.runs) == BATCH else due.next_due
 
     def _look_at(self, run_id: str, room: str) -> None:
         store = self.engine.store
         prefix = new_task_id()
         examined = store.examine(run_id, room, fire_prefix=prefix)
-        if examined is None or not examined.verdict:
+        if examined is None or examined.verdict is Liveness.SETTLED:
             store.unschedule(run_id)  # gone, or settled: nothing to watch
             return
         for n, owner in enumerate(examined.woken, start=1):  # timers that fell due
             self.engine.wake(run_id, examined.epoch, examined.workflow, owner, f"{prefix}-{n}")
-        if examined.verdict != "dead":
+        if examined.verdict is not Liveness.DEAD:
             if examined.next_check is None:
                 store.unschedule(run_id)  # waits for a signal: whoever sends it schedules a look
             else:

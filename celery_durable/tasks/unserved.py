@@ -8,7 +8,7 @@ of a run whose workflow its engine does not register must neither run it
 the run is healthy, only this worker cannot serve it. As Temporal does with
 a workflow task that no worker of its type took, the message is sent again,
 a second or so later, under a new id that the run counts in flight in the
-same script (``pass_on.lua``), until a worker that knows the workflow takes
+same script (``requeue.lua``), until a worker that knows the workflow takes
 it. The run stays alive meanwhile; the first time a ``system`` progress
 record and one WARNING line say which workflow no worker here knows.
 """
@@ -51,7 +51,7 @@ def pass_on(engine: Engine, message: RunMessage, token: str, kind: str, resend: 
     new = new_task_id()
     note = f"No worker that took its messages has workflow {message.workflow!r} registered; they wait for one that has"
     due = store.now_ms() + int(delay * 1000)
-    passed = store.pass_on(message.run_id, message.epoch, token, new, kind, due, note)
+    passed = store.requeue(message.run_id, message.epoch, token, new, kind=kind, due_ms=due, note=note)
     if not passed.sent:
         # Not a queued message of the run's attempt: an older attempt's, or forged.
         engine.count_refused()

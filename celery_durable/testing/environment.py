@@ -36,7 +36,7 @@ from celery_durable.agents import AgentRunner
 from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.connection import connect
 from celery_durable.broker.journal import Journal
-from celery_durable.broker.store import RunHashes
+from celery_durable.broker.run_records import RunHashes
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.engine import Engine
@@ -59,7 +59,7 @@ class _Store(RunStore):
         super().__init__(settings, connect(settings), clock=clock.now_ms)
         self._plan = plan
 
-    def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:  # type: ignore[override]
+    def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:
         return CrashingJournal(super().journal(run_id, epoch, namespace), self._plan)
 
 

@@ -17,7 +17,7 @@ import jsonschema
 import jsonschema.exceptions
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Conflict
+from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
@@ -65,13 +65,13 @@ class AgentOps:
         if isinstance(result, Conflict):
             replay.conflict(cursor, result, identity)
         replay.apply_flags(result.flags)
-        if result.verdict == "hit" and result.outcome is not None:
+        if result.verdict is AgentVerdict.HIT and result.outcome is not None:
             outcome = replay.decode(result.outcome)
             cursor.advance()
             return outcome.result
-        if result.verdict == "limit":
+        if result.verdict is AgentVerdict.LIMIT:
             replay.check_cancelled()
-        if result.verdict == "dispatch":
+        if result.verdict is AgentVerdict.DISPATCH:
             if replay.send_agent is None:
                 raise RuntimeError("this execution cannot send agent turns")
             replay.send_agent(agent_id, cursor.owner, message)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Conflict
+from celery_durable.broker.journal import CallVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
@@ -135,10 +135,10 @@ class CallOps:
             if isinstance(result, Conflict):
                 replay.conflict(cursor, result, identity)
             replay.apply_flags(result.flags)
-            if result.verdict == "hit" and result.outcome is not None:
+            if result.verdict is CallVerdict.HIT and result.outcome is not None:
                 cursor.advance()
                 return replay.decode(result.outcome).step_result(key)
-            if result.verdict == "publish":
+            if result.verdict is CallVerdict.PUBLISH:
                 if replay.send_call is None:
                     raise RuntimeError("this execution cannot call tasks")
                 replay.send_call(request)

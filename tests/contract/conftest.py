@@ -20,11 +20,12 @@ import pytest
 
 from celery_durable import Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
-from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.journal import BranchStart, CallDone, PassHere
 from celery_durable.broker.progress import ProgressSlice
+from celery_durable.broker.replies.control import Signalled
+from celery_durable.broker.replies.fleet import Examined
+from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import SequenceHistory
-from celery_durable.broker.store import Signalled
 from celery_durable.testing import VirtualClock
 from celery_durable.testing.environment import _Engine
 
@@ -109,7 +110,7 @@ class Backend:
 
     def branch_start(
         self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
-    ) -> BranchStart | str:
+    ) -> BranchStart | Refusal:
         """branch_start.lua: a branch task's start and first reads, or its refusal."""
         raise NotImplementedError
 
@@ -117,8 +118,8 @@ class Backend:
         """release.lua for that pass."""
         raise NotImplementedError
 
-    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
-        """redirect_wake.lua: a wake sent home goes to the coordinator queue as ``new``."""
+    def requeue(self, epoch: int, token: str, new: str) -> bool:
+        """requeue.lua: a wake sent home goes to the coordinator queue as ``new``."""
         raise NotImplementedError
 
     def refused(self) -> int:
@@ -212,14 +213,14 @@ class RedisBackend(Backend):
 
     def branch_start(
         self, epoch: int, token: str, call: str, indices: list[int], seqs: list[str], workflow: str = "contract"
-    ) -> BranchStart | str:
+    ) -> BranchStart | Refusal:
         return self.store.branch_start(self.run_id, epoch, workflow, token, call, indices, seqs)
 
     def release(self, token: str) -> bool:
         return self.store.release(self.run_id, token, 1)
 
-    def redirect_wake(self, epoch: int, token: str, new: str) -> bool:
-        return self.store.redirect_wake(self.run_id, epoch, token, new)
+    def requeue(self, epoch: int, token: str, new: str) -> bool:
+        return self.store.requeue(self.run_id, epoch, token, new).sent
 
     def pass_time(self, ms: int) -> None:
         """The store's clock moves on: every script is told the later time."""

@@ -158,15 +158,15 @@ def test_a_wake_sent_home_and_not_started_goes_to_the_coordinator_queue_once(mak
     assert not backend.release("pass-1")
     assert backend.call_done(1, "render", ok(1), prefix="home") == ["m"]
     assert backend.live()["home-1"].startswith("q|c|")
-    assert not backend.redirect_wake(2, "home-1", "again"), "another attempt's wake"
+    assert not backend.requeue(2, "home-1", "again"), "another attempt's wake"
     backend.settle("paused")
-    assert not backend.redirect_wake(1, "home-1", "again"), "a paused run waits for no wake"
+    assert not backend.requeue(1, "home-1", "again"), "a paused run waits for no wake"
     backend.settle("running")
-    assert backend.redirect_wake(1, "home-1", "again")
+    assert backend.requeue(1, "home-1", "again")
     assert "home-1" not in backend.live() and backend.live()["again"].startswith("q|c|")
-    assert not backend.redirect_wake(1, "home-1", "twice"), "redirected once"
+    assert not backend.requeue(1, "home-1", "twice"), "redirected once"
     assert backend.activate("again") == NO_FLAGS
-    assert not backend.redirect_wake(1, "again", "late"), "started: nothing to redirect"
+    assert not backend.requeue(1, "again", "late"), "started: nothing to redirect"
     assert backend.live()["again"].startswith("x|") and "late" not in backend.live()
 
 

@@ -23,6 +23,7 @@ from celery_durable.broker.journal import (
     Recorded,
     Winner,
 )
+from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import Identity, SequenceHistory, cut_argument, position
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import PHASE_ID, Backend, BackendFactory
@@ -452,7 +453,7 @@ def test_a_branch_task_starts_and_reads_what_it_opens_first_in_one_script(make_b
     journal.hand_off("m:0", "t1", [2], ["t3"])
     seqs = ["m", "m.0.1", "m.0.2"]
     started = backend.branch_start(1, "t1", "m:0", [1, 0, 2], seqs)
-    assert not isinstance(started, str)
+    assert not isinstance(started, Refusal)
     assert started.record == backend.record()
     assert started.flags == Flags()
     assert started.outcomes == journal.branch_outcomes("m:0", 3, only=[1, 0, 2]) == [None, ok(0), None]
@@ -460,11 +461,11 @@ def test_a_branch_task_starts_and_reads_what_it_opens_first_in_one_script(make_b
     assert started.sequences == dict(zip(seqs, journal.read_sequences(seqs), strict=True))
     assert started.sequences["m.0.1"].entries == [(1, Identity.step("b0"), ok("b"))]
     assert backend.live()["t1"].startswith("x|"), "its message is running, its lease from now"
-    assert backend.branch_start(1, "t2", "m:0", [2], [], workflow="other") == "forged"
-    assert backend.branch_start(2, "t2", "m:0", [2], []) == "stale"
+    assert backend.branch_start(1, "t2", "m:0", [2], [], workflow="other") is Refusal.FORGED
+    assert backend.branch_start(2, "t2", "m:0", [2], []) is Refusal.STALE
     assert backend.live()["t2"].startswith("q|"), "a refused start leaves its message as it was"
     backend.settle("cancelled")
-    assert backend.branch_start(1, "t2", "m:0", [2], []) == "settled"
+    assert backend.branch_start(1, "t2", "m:0", [2], []) is Refusal.SETTLED
 
 
 def test_a_branch_message_the_run_did_not_send_is_refused_and_changes_nothing(make_backend: BackendFactory) -> None:

@@ -24,7 +24,7 @@ def test_an_agent_turns_end_run_twice_counts_its_usage_once_and_wakes_the_same_o
     backend = make_backend(limits={"max_ai_credits": 1.5})
     store, run_id = backend.store, backend.run_id
     assert ask(backend.journal(1), "m", 0, message="turn") == AgentCall("dispatch", NO_FLAGS)
-    assert store.agent_start(run_id, 1, AGENT, "turn", "later", 100)[0] == "go"
+    assert store.agent_start(run_id, 1, AGENT, "turn", "later", 100).verdict == "go"
     row = schema.finished_agent_row(None, failed=False, started_at=1, completed_at=2, active_ms=1, usage={}, error=None)
     finish = (run_id, 1, AGENT, ok("fine"), row, (ONE_CREDIT, 10, 20), "turn", "woken")
     assert store.agent_finish(*finish) == ["m"]

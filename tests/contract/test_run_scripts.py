@@ -15,9 +15,12 @@ from typing import Any
 
 from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import RunRecord, RunStore, schema
-from celery_durable.broker.fleet_store import Examined
 from celery_durable.broker.journal import BeginCall, Conflict, Flags
-from celery_durable.broker.store import RunHashes
+from celery_durable.broker.replies.control import Requested, RequestVerdict
+from celery_durable.broker.replies.fleet import Examined, Liveness
+from celery_durable.broker.replies.run import Renewal, TurnStart, TurnVerdict
+from celery_durable.broker.replies.shape import Refusal
+from celery_durable.broker.run_records import RunHashes
 from celery_durable.config import Settings
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows import jsonvalue
@@ -119,7 +122,7 @@ def test_a_recovery_requires_a_dead_attempt_and_keeps_the_requests() -> None:
     run.store.cancel(run.run_id, "default", "cancel-1")
     assert run.resume(run.record(), "m", "first-2", recovery=True) is None  # its pass still renews its message
     clock.now += 30_001  # the pass's heartbeat stopped a lease ago
-    assert run.examine().verdict == "dead"
+    assert run.examine().verdict is Liveness.DEAD
     assert run.resume(run.record(), "m", "first-2", recovery=True) == 2
     assert run.record().cancel_requested
     assert run.state.run["recoveries"] == "1"
@@ -129,8 +132,8 @@ def test_a_recovery_requires_a_dead_attempt_and_keeps_the_requests() -> None:
 def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -> None:
     clock = Clock()
     run = Run(clock, "first")
-    assert run.examine("c=9000").verdict == "alive"  # the queue was last empty before the message was sent
-    assert run.examine("c=10500").verdict == "alive"  # emptied since: some worker took it, give it time to start
+    assert run.examine("c=9000").verdict is Liveness.ALIVE  # the queue was last empty before the message was sent
+    assert run.examine("c=10500").verdict is Liveness.ALIVE  # emptied since: some worker took it, give it time to start
     clock.now += 5_000
     examined = run.examine("c=10500")
     assert (examined.verdict, examined.detail) == ("dead", "task first left its queue and never started")
@@ -143,7 +146,7 @@ def test_a_message_its_worker_received_waits_for_a_slot_until_that_worker_dies()
     run.store.hold_message("worker-1", "unknown", run.run_id, clock())
     assert run.state.live == {"first": "q|c|10000|held 10000"}
     clock.now += 20_000
-    assert run.examine("c=10500").verdict == "alive"  # not the empty-queue rule's: its worker has it
+    assert run.examine("c=10500").verdict is Liveness.ALIVE  # not the empty-queue rule's: its worker has it
     assert run.store.mark_lost(run.run_id, ["first"]) == 1
     assert run.examine().detail == "the worker holding task first died"
 
@@ -153,7 +156,7 @@ def test_a_received_message_that_never_starts_is_dead_a_lease_later() -> None:
     run = Run(clock, "first")
     run.store.hold_message("worker-1", "first", run.run_id, clock())
     clock.now += 29_999
-    assert run.examine().verdict == "alive"
+    assert run.examine().verdict is Liveness.ALIVE
     clock.now += 1
     assert run.examine().detail == "task first was received and never started"
 
@@ -161,7 +164,7 @@ def test_a_received_message_that_never_starts_is_dead_a_lease_later() -> None:
 def test_a_message_held_by_a_dead_worker_is_lost() -> None:
     run = Run(Clock(), "first")
     assert run.store.mark_lost(run.run_id, ["first", "unknown"]) == 1
-    assert run.examine() == Examined("pending", 1, "lifecycle", "dead", "the worker holding task first died")
+    assert run.examine() == Examined("pending", 1, "lifecycle", Liveness.DEAD, "the worker holding task first died")
     other = running()
     assert other.store.mark_lost(other.run_id, ["pass-1"]) == 0  # a running message is judged by its own heartbeat
 
@@ -171,15 +174,16 @@ def test_finish_settles_and_fences_everything_after() -> None:
     store = run.store
     store.finish(run.run_id, 1, "default", "error", reason="exception", error="boom", can_resume=True,
                  message="Run failed: boom")  # fmt: skip
-    assert run.state.live == {} and run.examine().verdict == ""
+    assert run.state.live == {} and run.examine().verdict is Liveness.SETTLED
     record = run.record()
     assert (record.status, record.reason, record.can_resume, record.has_result) == ("error", "exception", True, False)
     assert run.system_records()[-1] == "Run failed: boom"
-    assert store.cancel(run.run_id, "default", "") == ("cancelled", None)  # a settled, resumable run: at once
+    # A settled, resumable run is cancelled at once.
+    assert store.cancel(run.run_id, "default", "") == Requested(RequestVerdict.CANCELLED)
     cancelled = run.record()
     assert (cancelled.status, cancelled.epoch, cancelled.attempt) == ("cancelled", 2, 1)
-    assert store.cancel(run.run_id, "default", "") == ("settled", None)
-    assert store.pause(run.run_id, "default", "") == ("settled", None)
+    assert store.cancel(run.run_id, "default", "") == Requested(RequestVerdict.SETTLED, status="cancelled")
+    assert store.pause(run.run_id, "default", "") == Requested(RequestVerdict.SETTLED, status="cancelled")
 
 
 def test_halt_stops_a_run_whose_attempt_died() -> None:
@@ -220,19 +224,22 @@ def test_active_time_runs_only_while_a_message_is_in_flight() -> None:
     journal.dispatch("m", 0, "p|1", 1, "execution", schema.position(0, 0))
     journal.sending("m:0", ["branch-1"])
     started = store.branch_start(run_id, 1, lifecycle.name, "branch-1", "m:0", [0], [])
-    assert not isinstance(started, str) and started.flags == Flags()
+    assert not isinstance(started, Refusal) and started.flags == Flags()
     clock.now += 5_000
     store.task_end(run_id, 1, "branch-1")
     assert run.state.run["active_ms"] == "15000"
-    assert store.heartbeat(run_id, 1, "gone", wake="wake-1") == (Flags(), False)  # not in flight: not renewed
+    assert store.heartbeat(run_id, 1, "gone", wake="wake-1") == Renewal(Flags())  # not in flight: not renewed
     assert run.state.live == {}
     journal.sending("m:0", ["branch-2"])
-    assert not isinstance(store.branch_start(run_id, 1, lifecycle.name, "branch-2", "m:0", [0], []), str)
+    assert not isinstance(store.branch_start(run_id, 1, lifecycle.name, "branch-2", "m:0", [0], []), Refusal)
     clock.now += 50_000
     # A ceiling newly reached by a task other than the coordinator wakes the coordinator.
-    assert store.heartbeat(run_id, 1, "branch-2", wake="wake-2") == (Flags(limit="timeout_seconds"), True)
+    assert store.heartbeat(run_id, 1, "branch-2", wake="wake-2") == Renewal(Flags(limit="timeout_seconds"), wake=True)
     assert run.state.live["wake-2"] == f"q|c|{clock.now}"
-    assert store.heartbeat(run_id, 1, "branch-2", wake="wake-3") == (Flags(limit="timeout_seconds"), False)
+    assert store.heartbeat(run_id, 1, "branch-2", wake="wake-3") == Renewal(Flags(limit="timeout_seconds"))
+
+
+WAIT = TurnStart(TurnVerdict.WAIT)
 
 
 def test_agent_turns_take_a_slot_under_the_concurrency_ceiling() -> None:
@@ -242,17 +249,17 @@ def test_agent_turns_take_a_slot_under_the_concurrency_ceiling() -> None:
     for index, agent in enumerate(("x" * 32, "y" * 32)):
         row = schema.queued_agent_row(agent, None, None, 1, 5)
         journal.agent_call("m", index, agent, '{"prompt":"p"}', "m", row, None, f"turn-{agent[0]}")
-    assert store.agent_start(run_id, 1, "x" * 32, "turn-x", "", 0) == ("go", '{"prompt":"p"}')
-    assert store.agent_start(run_id, 1, "x" * 32, "again-x", "later-x", 200) == ("wait", None)  # the same turn
-    assert store.agent_start(run_id, 1, "y" * 32, "turn-y", "later-y", 200) == ("wait", None)  # the ceiling
+    assert store.agent_start(run_id, 1, "x" * 32, "turn-x", "", 0) == TurnStart(TurnVerdict.GO, '{"prompt":"p"}')
+    assert store.agent_start(run_id, 1, "x" * 32, "again-x", "later-x", 200) == WAIT  # the same turn
+    assert store.agent_start(run_id, 1, "y" * 32, "turn-y", "later-y", 200) == WAIT  # the ceiling
     assert {task: value[:2] for task, value in run.state.live.items() if task != "pass-1"} == {
         "turn-x": "x|", "later-x": "q|", "later-y": "q|",
     }  # fmt: skip
     assert run.state.live["later-y"] == "q|a|10200"
     assert store.agent_finish(run_id, 1, "x" * 32, 'o"ok"', "{}", (7, 1, 2), "turn-x", "woken") == ["m"]
     assert "turn-x" not in run.state.live and run.state.live["woken-1"] == "q|c|10000"
-    assert store.agent_start(run_id, 1, "x" * 32, "later-x", "", 0) == ("done", None)
-    assert store.agent_start(run_id, 1, "y" * 32, "later-y", "", 0)[0] == "go"
+    assert store.agent_start(run_id, 1, "x" * 32, "later-x", "", 0) == TurnStart(TurnVerdict.DONE)
+    assert store.agent_start(run_id, 1, "y" * 32, "later-y", "", 0).verdict is TurnVerdict.GO
     record = run.record()
     assert (record.agents_done, record.agents_running, record.credits_nano) == (1, 1, 7)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from celery_durable.broker.journal import BeginCall, Conflict, Flags, Journal, WaitResult
+from celery_durable.broker.replies.control import Signalled, SignalVerdict
 from celery_durable.broker.schema import Identity, cut_argument, position
 from celery_durable.broker.scripts import now_ms
-from celery_durable.broker.store import Signalled
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import Backend, BackendFactory
 from tests.contract.test_journal import RUNNING, failed, ok, step
@@ -112,7 +112,7 @@ def test_the_run_shows_the_wait_due_first_and_a_signal_without_timeout_last(make
 def test_a_signal_sent_before_the_wait_is_kept_and_consumed_by_it(make_backend: BackendFactory) -> None:
     backend = make_backend()
     journal = backend.journal(1)
-    assert backend.signal("approval", '{"approved":true}') == Signalled("ok", epoch=1)
+    assert backend.signal("approval", '{"approved":true}') == Signalled(SignalVerdict.OK, epoch=1)
     assert backend.progress() == [("system", None, "Signal approval received")]
     outcome = received(1, '{"approved":true}')
     assert wait_for(journal, "m", 0, "approval") == WaitResult(True, NO_FLAGS, outcome=outcome)
@@ -136,7 +136,7 @@ def test_two_signals_are_consumed_in_order_by_two_waits(make_backend: BackendFac
     assert wait_for(journal, "m", 2, "step") == WaitResult(False, NO_FLAGS)
     assert backend.record().waiting_for == {"kind": "signal", "name": "step", "until": None}
     # One arriving now wakes the waiting owner, whose replay then takes it.
-    assert backend.signal("step", "3", prefix="sig") == Signalled("ok", epoch=1, owners=["m"])
+    assert backend.signal("step", "3", prefix="sig") == Signalled(SignalVerdict.OK, epoch=1, owners=["m"])
     assert backend.live()["sig-1"].startswith("q|c|")
     assert backend.waits() == {} and backend.record().waiting_for is None
     assert wait_for(journal, "m", 2, "step") == WaitResult(True, NO_FLAGS, outcome=received(3, "3"))
@@ -166,7 +166,7 @@ def test_a_signal_wait_with_a_timeout_ends_not_received(make_backend: BackendFac
     assert fire(backend) == ["m"]
     assert wait_for(journal, "m", 0, "approval", due) == WaitResult(True, NO_FLAGS, outcome=TIMED_OUT)
     # A signal sent after the time-out is not that wait's: the next one takes it.
-    assert backend.signal("approval", "null") == Signalled("ok", epoch=1)
+    assert backend.signal("approval", "null") == Signalled(SignalVerdict.OK, epoch=1)
     assert wait_for(journal, "m", 0, "approval", due) == WaitResult(True, NO_FLAGS, outcome=TIMED_OUT)
     assert wait_for(journal, "m", 1, "approval", due) == WaitResult(True, NO_FLAGS, outcome=received(1, "null"))
 
@@ -177,13 +177,13 @@ def test_what_a_run_that_cannot_continue_does_with_a_signal(make_backend: Backen
     wait_for(journal, "m", 0, "go")
     backend.settle("paused")
     # Kept, not woken: the resumed attempt's replay takes it.
-    assert backend.signal("go", "1") == Signalled("ok", epoch=1)
+    assert backend.signal("go", "1") == Signalled(SignalVerdict.OK, epoch=1)
     for status in ("completed", "cancelled"):
         backend.settle(status)
-        assert backend.signal("go", "2") == Signalled("refused", status=status)
+        assert backend.signal("go", "2") == Signalled(SignalVerdict.REFUSED, status=status)
     backend.settle("error")
     backend.write("run", {"can_resume": "0"})
-    assert backend.signal("go", "3") == Signalled("refused", status="error")
+    assert backend.signal("go", "3") == Signalled(SignalVerdict.REFUSED, status="error")
     backend.write("run", {"can_resume": "1"})
     assert backend.signal("go", "4").verdict == "ok"
     assert [message for _, _, message in backend.progress()] == ["Signal go received"] * 2

@@ -22,7 +22,10 @@ from typing import Any
 from celery_durable import Workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore, schema
 from celery_durable.broker.progress import ProgressSlice
-from celery_durable.broker.store import RunHashes, Signalled
+from celery_durable.broker.replies.control import RequestVerdict, Signalled
+from celery_durable.broker.replies.run import TurnVerdict
+from celery_durable.broker.replies.shape import Refusal
+from celery_durable.broker.run_records import RunHashes
 from celery_durable.config import Settings
 from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.clock import VirtualClock
@@ -197,9 +200,9 @@ class Driver:
 
         record = self.record()
         started = self.store.branch_start(self.run_id, self.epoch, record.workflow, token, call, indices, [])
-        if started == "unknown":
+        if started is Refusal.UNKNOWN:
             return False  # delivered again after it ended: refused, nothing runs
-        assert not isinstance(started, str), started
+        assert not isinstance(started, Refusal), started
         route = CompletionRoute(new_wake=lambda: new_id("wake"), send_wake=send_wake)
         target = BranchTarget(call, indices, route, started=started)
         replay = self.replay(target=target, send_branches=None)
@@ -222,8 +225,8 @@ class Driver:
         sent, self.turns = self.turns, []
         for agent, _owner in sent:
             token = self.task_ids[agent]
-            verdict, _ = self.store.agent_start(self.run_id, self.epoch, agent, token, new_id("resend"), 100)
-            assert verdict == "go", verdict
+            start = self.store.agent_start(self.run_id, self.epoch, agent, token, new_id("resend"), 100)
+            assert start.verdict is TurnVerdict.GO, start
             outcome = schema.value_outcome(answer).encode()
             row = schema.finished_agent_row(
                 None, failed=False, started_at=1, completed_at=2, active_ms=1, usage={}, error=None
@@ -273,12 +276,12 @@ class Driver:
 
     def pause(self) -> None:
         message = new_id("pause")
-        if self.store.pause(self.run_id, self.namespace, message)[0] == "requested":
+        if self.store.pause(self.run_id, self.namespace, message).verdict is RequestVerdict.REQUESTED:
             self.coordinator.append(message)
 
     def cancel(self) -> None:
         message = new_id("cancel")
-        if self.store.cancel(self.run_id, self.namespace, message)[0] == "requested":
+        if self.store.cancel(self.run_id, self.namespace, message).verdict is RequestVerdict.REQUESTED:
             self.coordinator.append(message)
 
     def page(self) -> ProgressSlice:

@@ -719,7 +719,7 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
     token_queued(run_key, live_key, resend, 'c', now + wait, now)
     return {'busy', wait}
   end
-  -- A pass runs: a worker that knows the workflow has it (see pass_on.lua).
+  -- A pass runs: a worker that knows the workflow has it (see requeue.lua).
   redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0', 'unserved_since', '')
   if redis.call('HGET', run_key, 'status') == 'pending' then
     redis.call('HSET', run_key, 'status', 'running', 'started_at', now_arg, 'updated_at', now_arg,

@@ -11,7 +11,8 @@
 -- Returns {'ok', cancel, pause, limit} followed, with ARGV[8], by that tail
 -- as sequence_reply gives it; {'busy', ms until that message is due}
 -- (another pass holds the lock: it is told to run once more, and this one
--- looks again when the lock would have expired); or {refusal}.
+-- looks again when the lock would have expired); or {refusal} ('settled'
+-- for a paused run too: activate_run in _prelude.lua).
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 return activate_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],

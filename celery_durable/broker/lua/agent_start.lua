@@ -8,8 +8,8 @@
 -- ARGV[5] lease ttl (ms), ARGV[6] task id of the message that comes back
 -- on 'wait', ARGV[7] ms until that message is due
 -- Returns {'go', request json}, {'wait'}, {'done'} (already journaled),
--- {'running'} (this very message runs the turn already), {'stale'}, or
--- {refusal}.
+-- {'running'} (this very message runs the turn already), {'stale'} (the turn
+-- was not asked for by this attempt), or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local now = tonumber(ARGV[2])

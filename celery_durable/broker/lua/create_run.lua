@@ -7,6 +7,7 @@
 -- KEYS[1] run hash, KEYS[2] live
 -- ARGV[1] task id of the first coordinator message, ARGV[2] now (ms),
 -- ARGV[3] retention (ms, 0 for none), ARGV[4..] field, value, field, value, ...
+-- Returns 1 when the run was created, 0 when its record exists already.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('HSET', KEYS[1], 'incarnation', server_incarnation(), 'attempt', '1')

@@ -4,7 +4,8 @@
 -- KEYS[1] run hash, KEYS[2] live
 -- ARGV[1] events channel, ARGV[2] now (ms), ARGV[3] task id of the
 -- coordinator message the caller sends on 'requested'
--- Returns {'requested', epoch} or {'settled', status}.
+-- Returns {'requested', epoch} or {'settled', status} ({'settled'} alone for
+-- a run that does not exist).
 local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id')
 if f[1] ~= 'pending' and f[1] ~= 'running' then return {'settled', f[1]} end
 redis.call('HSET', KEYS[1], 'pause', '1')

@@ -61,7 +61,7 @@ RUN_FIELDS: dict[str, str] = {
     "recoveries": "take-overs since the run last journaled something",
     "refused": "writes the fence refused (stale epochs), for operators",
     "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
-    "since a pass last ran; '' while one that knows it runs it (pass_on.lua)",
+    "since a pass last ran; '' while one that knows it runs it (requeue.lua)",
     "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""

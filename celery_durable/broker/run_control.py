@@ -1,0 +1,135 @@
+"""How a run settles and what is asked of it: finish (by its attempt),
+resume and halt (by a client or the sweep), and cancel, pause and signal
+(by a client).
+
+Part of ``RunStore`` (a base class of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple
+
+from celery_durable.broker.fleet_store import FleetLiveness
+from celery_durable.broker.records import RunRecord
+from celery_durable.broker.replies import control as parse
+from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled
+from celery_durable.broker.run_records import RunRecords
+
+
+class RunControl(RunRecords, FleetLiveness):
+    """``RunStore``'s calls that settle a run, or ask something of it."""
+
+    def finish(
+        self,
+        run_id: str,
+        epoch: int,
+        namespace: str,
+        status: str,
+        *,
+        reason: str = "",
+        error: str = "",
+        can_resume: bool = False,
+        result_json: str | None = None,
+        message: str = "",
+    ) -> None:
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "finish",
+            [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
+            [
+                epoch,
+                self.clock(),
+                self.channel(namespace),
+                status,
+                reason,
+                error,
+                int(can_resume),
+                int(result_json is not None),
+                result_json or "",
+                message,
+            ],
+        )
+        parse.finish(reply, run_id)
+        self.unschedule(run_id)
+        self._retain(run_id)
+
+    def resume(
+        self,
+        record: RunRecord,
+        *,
+        limits_json: str,
+        message: str,
+        code_hash: str,
+        message_id: str,
+        recovery: bool = False,
+        ceilings: str = "",
+    ) -> int | None:
+        """Bump the epoch if the run is still as ``record`` saw it (and, for a
+        recovery, its attempt is dead); the new epoch, or None. The new
+        attempt's first coordinator message is ``message_id``."""
+        k = self.run_keys(record.run_id)
+        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits]
+        reply = self._run(
+            "resume",
+            [*first, *(key for key in astuple(k) if key not in first)],
+            [
+                record.epoch,
+                record.status,
+                self.clock(),
+                self.channel(record.namespace),
+                limits_json,
+                message,
+                self.lease_ms,
+                code_hash,
+                int(recovery),
+                ceilings,
+                message_id,
+                self.queue_room() if recovery else "",
+            ],
+        )
+        epoch = parse.resume(reply, record.run_id)
+        if epoch is not None:
+            self.schedule_check(record.run_id, self.clock() + self.lease_ms)
+            self._persist_idempotency(record)
+        return epoch
+
+    def halt(self, record: RunRecord) -> bool:
+        """Halt a run whose attempt died (auto_recover off); False if it changed meanwhile."""
+        k = self.run_keys(record.run_id)
+        room = self.queue_room()
+        reply = self._run(
+            "halt",
+            [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
+            [record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room],
+        )
+        halted = parse.halt(reply, record.run_id)
+        if halted:
+            self.unschedule(record.run_id)
+            self._retain(record.run_id)
+        return halted
+
+    def cancel(self, run_id: str, namespace: str, message: str) -> Requested:
+        """Request cancellation; on ``REQUESTED`` the caller sends coordinator message ``message``."""
+        k = self.run_keys(run_id)
+        args = [self.clock(), self.channel(namespace), message]
+        requested = parse.cancel(self._run("cancel", [k.run, k.progress, k.live, k.waits], args), run_id)
+        if requested.verdict is RequestVerdict.CANCELLED:
+            self.unschedule(run_id)
+            self._retain(run_id)
+        return requested
+
+    def pause(self, run_id: str, namespace: str, message: str) -> Requested:
+        """Request a pause; on ``REQUESTED`` the caller sends coordinator message ``message``."""
+        k = self.run_keys(run_id)
+        reply = self._run("pause", [k.run, k.live], [self.channel(namespace), self.clock(), message])
+        return parse.pause(reply, run_id)
+
+    def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
+        """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "signal",
+            [k.run, k.signals, k.waits, k.live, k.progress],
+            [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)],
+        )
+        return parse.signal(reply, run_id)

@@ -1,0 +1,173 @@
+"""A run's messages as they start, beat and end: a coordinator pass's
+activation lock, a branch task's or an agent turn's start, heartbeats, and
+a called task's answer (which may take the lock of the pass it wakes).
+
+Part of ``RunStore`` (a base class of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from celery_durable.broker import schema
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
+from celery_durable.broker.replies import run as parse
+from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart
+from celery_durable.broker.replies.shape import Refusal
+from celery_durable.broker.store_core import StoreCore
+
+
+class RunPasses(StoreCore):
+    """``RunStore``'s calls made as a run's messages start and end."""
+
+    def activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str) -> Flags | int:
+        """Take the activation lock for the pass whose task id is ``token`` and
+        return the run's flags; when another pass holds it (and was told to
+        run once more), the ms until the message ``resend`` is due."""
+        return parse.activate(self._activate(run_id, epoch, token, namespace, resend, []), run_id)
+
+    def activate_reading(
+        self, run_id: str, epoch: int, token: str, namespace: str, resend: str, seq: str, start: int
+    ) -> Activation:
+        """``activate``, and once the lock is taken, sequence ``seq`` of the
+        journal from index ``start`` on, read in the same script: a kept body
+        learns whether it is still current without a round trip of its own."""
+        reply = self._activate(run_id, epoch, token, namespace, resend, [seq, start])
+        return parse.activate(reply, run_id, (seq, start))
+
+    def _activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]) -> Any:
+        k = self.run_keys(run_id)
+        keys = [k.run, k.progress, k.live, *([k.journal] if tail else [])]
+        args = [epoch, token, self.clock(), *self._lock_args(namespace, resend), *tail]
+        return self._run("activate", keys, args)
+
+    def _lock_args(self, namespace: str, resend: str) -> list[Any]:
+        """activate.lua's ARGV[4] to ARGV[7]: lock ttl, lease ttl, events channel, resend id."""
+        return [self.lease_ms, self.lease_ms, self.channel(namespace), resend]
+
+    def release(self, run_id: str, token: str, epoch: int) -> bool:
+        """Release the lock; True when another activation arrived and the caller must run again."""
+        k = self.run_keys(run_id)
+        return parse.release(self._run("release", [k.run, k.live], [token, epoch, self.clock()]), run_id)
+
+    def requeue(
+        self, run_id: str, epoch: int, token: str, new: str, *, kind: str = "c", due_ms: int = 0, note: str = ""
+    ) -> Requeued:
+        """Message ``token``, queued and not started, goes to its queue again as
+        ``new`` (kind c, s or a; due at ``due_ms``, else now); the first time,
+        ``note`` is a system progress record (``requeue.lua``)."""
+        k = self.run_keys(run_id)
+        now = self.clock()
+        args = [epoch, token, new, now, kind, due_ms or now, note]
+        return parse.requeue(self._run("requeue", [k.run, k.live, k.progress], args), run_id)
+
+    def heartbeat(
+        self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
+    ) -> Renewal:
+        """Renew the running task ``token``: the flags, and whether a ceiling
+        was newly reached and the coordinator must be woken by message ``wake``."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "heartbeat",
+            [k.run, k.live],
+            [epoch, token, self.clock(), self.lease_ms, self.lease_ms, wake, int(coordinator)],
+        )
+        return parse.heartbeat(reply, run_id)
+
+    def branch_start(
+        self,
+        run_id: str,
+        epoch: int,
+        workflow: str,
+        token: str,
+        call: str,
+        indices: Sequence[int],
+        seqs: Sequence[str],
+    ) -> BranchStart | Refusal:
+        """A branch task for branches ``indices`` of fan-out ``call`` starts:
+        its message runs, its lease starts now, and what it reads first comes
+        back with it (``branch_start.lua``); or why it must not run."""
+        k = self.run_keys(run_id)
+        fields = [schema.branch_field(call, j) for j in indices]
+        args = [epoch, workflow, token, self.clock(), self.lease_ms, schema.handoff_field(call, token)]
+        reply = self._run("branch_start", [k.run, k.live, k.journal],
+                          [*args, READ_ENTRIES_BUDGET, len(fields), *fields, *seqs])
+        return parse.branch_start(reply, run_id, epoch, seqs)
+
+    def task_end(self, run_id: str, epoch: int, token: str, wake: str = "") -> bool:
+        """A branch task ended; True when a pause waits for it and the
+        coordinator must be woken by message ``wake``."""
+        k = self.run_keys(run_id)
+        return parse.task_end(self._run("task_end", [k.run, k.live], [epoch, token, self.clock(), wake]), run_id)
+
+    def agent_start(
+        self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int
+    ) -> TurnStart:
+        """The turn of message ``token`` runs now, waits (it comes back as
+        message ``resend`` in ``delay_ms``), is done already, or runs already
+        (``TurnVerdict``)."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "agent_start",
+            [k.run, k.journal, k.agents, k.live],
+            [epoch, self.clock(), agent_id, token, self.lease_ms, resend, delay_ms],
+        )
+        return parse.agent_start(reply, run_id)
+
+    def agent_finish(
+        self,
+        run_id: str,
+        epoch: int,
+        agent_id: str,
+        outcome: str,
+        row_json: str,
+        usage: tuple[int, int, int],
+        token: str,
+        wake_prefix: str,
+    ) -> list[str]:
+        """Journal a turn's outcome with its usage (nano-credits, prompt and
+        completion tokens); returns the owners to wake, the n-th (from 1) by
+        message ``f"{wake_prefix}-{n}"``."""
+        k = self.run_keys(run_id)
+        reply = self._run(
+            "agent_finish",
+            [k.run, k.journal, k.agents, k.live],
+            [epoch, self.clock(), agent_id, outcome, row_json, *usage, token, wake_prefix],
+        )
+        return parse.agent_finish(reply, run_id)
+
+    def call_done(
+        self, run_id: str, epoch: int, key: str, outcome: str, error: str, wake_prefix: str
+    ) -> list[str] | None:
+        """Journal a called task's outcome (``call_done.lua``): the owners to
+        wake, the n-th by message ``f"{wake_prefix}-{n}"``; None when the call
+        already had an outcome (a late or second delivery)."""
+        done = self.call_done_here(run_id, epoch, key, outcome, error, wake_prefix, None)
+        return None if done is None else done.owners
+
+    def call_done_here(
+        self, run_id: str, epoch: int, key: str, outcome: str, error: str, wake_prefix: str, here: PassHere | None
+    ) -> CallDone | None:
+        """``call_done``; with ``here``, when the answer wakes the main body
+        alone, the same script takes the lock of its pass for the caller (one
+        round trip where a wake run in place took two)."""
+        k = self.run_keys(run_id)
+        now = self.clock()
+        keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps]
+        args: list[Any] = [epoch, now, key, outcome, error, wake_prefix]
+        if here is not None:
+            keys.append(k.progress)
+            lock = self._lock_args(here.namespace, here.resend)
+            args += [here.token, *lock, here.seq, here.start, "1" if here.soft else ""]
+        # The sweep looks at the run a lease from now, should the wake this
+        # answer sends be lost (a run waiting on a call without a time-out is
+        # not on its schedule otherwise). Sent with the script, before its
+        # reply says whether the answer was taken.
+        reply = self._run_and_look("call_done", keys, args, run_id, now)
+        done = parse.call_done(reply, run_id, None if here is None else (here.seq, here.start))
+        if not isinstance(done, Refusal):
+            return done
+        if done is not Refusal.STALE:
+            self.unschedule(run_id)  # an answer after the end: the run has nothing for the sweep to watch
+        done.raise_for(run_id)

@@ -1,0 +1,186 @@
+"""Run records as a whole: creating and listing them, their retention,
+and the reads of a run's hashes, rows and progress that views are made of.
+
+Part of ``RunStore`` (a base class of it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass
+from typing import Any, cast
+
+from celery_durable.broker import schema
+from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
+from celery_durable.broker.records import RunRecord
+from celery_durable.broker.replies import run as parse
+from celery_durable.broker.store_core import StoreCore
+from celery_durable.errors import StorageCorruptError, StorageError
+
+logger = logging.getLogger(__name__)
+
+HASHES = ("run", "journal", "steps", "running", "agents", "live", "waits", "signals")
+
+
+@dataclass(frozen=True, slots=True)
+class RunHashes:
+    """Every hash of one run as stored, read together: what a test asserts
+    on, and what a debugger reads (field formats: ``broker/schema/``)."""
+
+    run: dict[str, str]
+    journal: dict[str, str]
+    steps: dict[str, str]
+    running: dict[str, str]
+    agents: dict[str, str]
+    live: dict[str, str]
+    waits: dict[str, str]
+    signals: dict[str, str]
+
+
+class RunRecords(StoreCore):
+    """``RunStore``'s calls about run records as a whole."""
+
+    def create_run(self, run_id: str, fields: dict[str, str], message: str) -> bool:
+        """Create the run record; ``message`` is the task id of its first coordinator message."""
+        flat: list[str] = []
+        for name, value in fields.items():
+            flat.extend((name, value))
+        k = self.run_keys(run_id)
+        retention_ms = self.settings.run_retention_seconds * 1000
+        reply = self._run("create_run", [k.run, k.live], [message, self.clock(), retention_ms, *flat])
+        return parse.create_run(reply, run_id)
+
+    def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
+        ns = self.keys.namespace(namespace)
+        keys = [ns.runs, ns.counter]
+        if idempotency_key is not None:
+            keys.append(ns.idempotency(idempotency_key))
+        return parse.index_run(self._run("index_run", keys, [run_id, ns.events]))
+
+    def discard_run(self, run_id: str, epoch: int) -> None:
+        k = self.run_keys(run_id)
+        parse.discard_run(self._run("discard_run", [k.run, k.live], [epoch]), run_id)
+
+    def release_idempotency(self, namespace: str, idempotency_key: str, owner: str) -> bool:
+        """Free an idempotency key that still names ``owner``, a run that has expired."""
+        key = self.keys.namespace(namespace).idempotency(idempotency_key)
+        return parse.release_idempotency(self._run("release_idempotency", [key], [owner]))
+
+    def forget_runs(self, namespace: str, run_ids: Sequence[str]) -> None:
+        """Drop runs whose keys have expired (run retention) from the namespace index."""
+        if run_ids:
+            with storage_errors():
+                self.client.zrem(self.keys.namespace(namespace).runs, *run_ids)
+
+    def expire_run(self, run_id: str) -> None:
+        """Start the retention clock of a settled run (``settings.run_retention_seconds``).
+
+        Not atomic with the write that settled the run, and need not be: it is
+        a compare-and-set on the status, and a resume persists the keys again.
+        """
+        ttl_ms = self.settings.run_retention_seconds * 1000
+        if ttl_ms <= 0:
+            return
+        expiring = parse.expire_run(self._run("expire_run", astuple(self.run_keys(run_id)), [ttl_ms]), run_id)
+        if expiring is not None and expiring.idempotency_key:
+            key = self.keys.namespace(expiring.namespace).idempotency(expiring.idempotency_key)
+            with storage_errors():
+                self.client.pexpire(key, ttl_ms)
+
+    def _retain(self, run_id: str) -> None:
+        """``expire_run`` after a run settled: the settling stands even if this fails."""
+        try:
+            self.expire_run(run_id)
+        except StorageError as exc:
+            logger.warning("run %s settled, but its retention could not be set: %s", run_id, exc)
+
+    def _persist_idempotency(self, record: RunRecord) -> None:
+        if record.idempotency_key:
+            with storage_errors():
+                self.client.persist(self.keys.namespace(record.namespace).idempotency(record.idempotency_key))
+
+    def load_run(self, run_id: str) -> RunRecord | None:
+        with storage_errors():
+            raw = cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).run))
+        return schema.parse_run(run_id, raw) if raw else None
+
+    def hashes(self, run_id: str) -> RunHashes:
+        """The run's hashes as they are now (one round trip; all empty for an unknown run)."""
+        k = self.run_keys(run_id)
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for name in HASHES:
+                pipe.hgetall(getattr(k, name))
+            return RunHashes(*pipe.execute())
+
+    def load_runs(self, run_ids: Sequence[str]) -> tuple[list[RunRecord], dict[str, StorageCorruptError]]:
+        """The runs that exist, in order, and apart from them the ones whose
+        record is corrupt: one damaged run must not hide a namespace's others."""
+        try:
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for run_id in run_ids:
+                    pipe.hgetall(self.run_keys(run_id).run)
+                raws: list[Any] = pipe.execute(raise_on_error=False)
+        except StorageCorruptError:
+            # A value that is not UTF-8 breaks the whole pipelined reply: read one by one.
+            raws = [self._load_raw_or_error(run_id) for run_id in run_ids]
+        records: list[RunRecord] = []
+        corrupt: dict[str, StorageCorruptError] = {}
+        for run_id, raw in zip(run_ids, raws, strict=True):
+            try:
+                if isinstance(raw, Exception):
+                    with storage_errors():
+                        raise raw
+                if raw:
+                    records.append(schema.parse_run(run_id, raw))
+            except StorageCorruptError as exc:
+                corrupt[run_id] = exc
+        return records, corrupt
+
+    def _load_raw_or_error(self, run_id: str) -> Any:
+        try:
+            with storage_errors():
+                return self.client.hgetall(self.run_keys(run_id).run)
+        except StorageCorruptError as exc:
+            return exc
+
+    def list_run_ids(self, namespace: str, before_score: float | None, count: int) -> list[tuple[str, float]]:
+        """Run ids of a namespace, newest first, strictly before ``before_score``."""
+        top = f"({before_score}" if before_score is not None else "+inf"
+        with storage_errors():
+            rows = self.client.zrevrangebyscore(
+                self.keys.namespace(namespace).runs, top, "-inf", start=0, num=count, withscores=True
+            )
+        return [(str(member), float(score)) for member, score in rows]
+
+    def step_rows(self, run_id: str) -> dict[str, str]:
+        """Every step row: settled ones, then the ones running now."""
+        k = self.run_keys(run_id)
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(k.steps)
+            pipe.hgetall(k.running)
+            settled, running = pipe.execute()
+        return {**settled, **running}
+
+    def agent_rows(self, run_id: str) -> dict[str, str]:
+        with storage_errors():
+            return cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).agents))
+
+    def refused_writes(self, run_id: str) -> int:
+        """How many writes the fence refused for this run (stale epochs)."""
+        with storage_errors():
+            return int(cast(str | None, self.client.hget(self.run_keys(run_id).run, "refused")) or 0)
+
+    def progress_page(self, run_id: str, phase_id: str, mode: PageMode, cursor: int, count: int) -> ProgressSlice:
+        """A page of records in ascending seq: the first ``count`` after
+        ``cursor``, the last ``count`` before it, or the newest ``count`` of
+        the run (``phase_id`` ''), or of one phase; with its bounds, read in
+        the same snapshot."""
+        k = self.run_keys(run_id)
+        cursor = min(max(cursor, 0), MAX_SEQ)
+        reply = self._run("read_progress", [k.run, k.progress, k.progress_phases], [phase_id, mode, cursor, count])
+        return parse.read_progress(reply, run_id)

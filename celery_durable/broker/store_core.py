@@ -1,0 +1,112 @@
+"""What every part of ``RunStore`` stands on: the client, the registered
+scripts and how one runs (alone, or with writes to other slots in the same
+round trip), the store's clock, and the recovery sweep's schedule.
+
+Every write made on behalf of an attempt goes through a Lua script that
+checks the attempt's epoch in the same script. Redis errors are translated
+at the edge (``connection.storage_errors``) into
+``StorageUnavailableError``/``StorageCorruptError``; a script's reply is
+turned into Python by the parse function named after it (``replies``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
+from celery_durable.broker.connection import RedisClient, connect, storage_errors
+from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.scripts import Clock, Scripts, now_ms
+from celery_durable.config import Settings
+
+
+class StoreCore:
+    """One Redis, or a Redis Cluster, and the scripts registered on it."""
+
+    def __init__(self, settings: Settings, client: RedisClient | None = None, clock: Clock = now_ms) -> None:
+        self.settings = settings
+        self.clock = clock
+        """Milliseconds since the epoch, as every script is told the time: the
+        wall clock, or a test environment's virtual one (``testing.clock``)."""
+        self.keys = KeySpace(settings.key_prefix)
+        self.client: RedisClient = client or connect(settings)
+        self._scripts = Scripts(self.client)
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.lease_seconds * 1000)
+
+    def now_ms(self) -> int:
+        return self.clock()
+
+    def run_keys(self, run_id: str) -> RunKeys:
+        return self.keys.run(run_id)
+
+    def channel(self, namespace: str) -> str:
+        return self.keys.namespace(namespace).events
+
+    def ping(self) -> None:
+        with storage_errors():
+            self.client.ping()
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Script ``name``'s raw reply, for the parse function of the same name in ``replies``."""
+        with storage_errors():
+            return self._scripts[name](keys=list(keys), args=list(args))
+
+    def _run_and_look(self, name: str, keys: Sequence[str], args: Sequence[Any], run_id: str, now: int) -> Any:
+        """Run a script, and have the sweep look at the run a lease from
+        ``now`` at the latest (the schedule is a hint, in a slot of its own)."""
+        at_ms = now + self.lease_ms
+        return self._run_with(
+            name, keys, args, lambda pipe: pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True)
+        )
+
+    def _run_with(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]
+    ) -> Any:
+        """Run a script, then ``writes`` (commands on keys outside its slot,
+        none of which depends on it): in one round trip on one Redis, a
+        pipeline but not a transaction; in two on a Cluster, where they
+        live on other nodes. Returns the script's reply."""
+        if isinstance(self.client, RedisCluster):
+            reply = self._run(name, keys, args)
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+                writes(pipe)
+                pipe.execute()
+            return reply
+        script = self._scripts[name]
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            writes(pipe)
+            reply, *rest = pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):  # a restarted Redis: the script loads again
+                reply = script(keys=list(keys), args=list(args))
+            elif isinstance(reply, Exception):
+                raise reply
+            for failed in rest:
+                if isinstance(failed, Exception):
+                    raise failed
+        return reply
+
+    def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
+        with storage_errors():
+            return cast(list[str | None], self.client.hmget(key, fields))
+
+    # -- the recovery sweep's schedule (not atomic with the run: it is a hint,
+    # and every look at a run reads the run itself) ----------------------------
+
+    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
+        """Have the sweep look at the run at ``at_ms``; ``sooner_only`` never
+        puts off a look already scheduled earlier."""
+        with storage_errors():
+            self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
+
+    def unschedule(self, run_id: str) -> None:
+        with storage_errors():
+            self.client.zrem(self.keys.sweep_due, run_id)
