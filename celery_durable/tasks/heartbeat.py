@@ -97,6 +97,10 @@ class Heartbeat:
     ) -> None:
         with self._beating:
             self._stopped = True
+        # Out of the schedule now, not at its next beat: it holds the attempt
+        # (a replay, with the frames of whatever ended it), which would outlive
+        # the task by up to an interval.
+        _BEATS.remove(self)
 
     @property
     def interval(self) -> float:
@@ -181,6 +185,13 @@ class _Beats:
                 self._thread = thread
             elif self._due[0][2] is heartbeat:
                 self._changed.notify()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            kept = [entry for entry in self._due if entry[2] is not heartbeat]
+            if len(kept) != len(self._due):
+                heapq.heapify(kept)
+                self._due = kept
 
     def _run(self) -> None:
         pool = self._pool = ThreadPoolExecutor(max_workers=BEAT_THREADS, thread_name_prefix="celery-durable-beat")
