@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -14,6 +15,7 @@ from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.client import Client
 from celery_durable.config import Settings
+from celery_durable.errors import DurableError
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
@@ -22,6 +24,7 @@ from celery_durable.tasks.parked import ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.tasks.sending import (
     CelerySender,
+    Outgoing,
     Sender,
     agent_message,
     branch_messages,
@@ -30,6 +33,8 @@ from celery_durable.tasks.sending import (
 )
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
+
+logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -116,7 +121,7 @@ class Engine:
         queue: Queue | None = None,
     ) -> str:
         message = coordinator_message(self.settings, run_id, epoch, workflow, countdown, task_id, queue)
-        self.sender.send([message])
+        self._publish([message])
         return message.task_id
 
     def send_agent(
@@ -130,7 +135,7 @@ class Engine:
         task_id: str | None = None,
     ) -> str:
         message = agent_message(self.settings, run_id, epoch, workflow, agent, owner, countdown, task_id)
-        self.sender.send([message])
+        self._publish([message])
         return message.task_id
 
     def send_branches(
@@ -151,8 +156,29 @@ class Engine:
         ids = list(task_ids) if task_ids is not None else [new_task_id() for _ in range(min(len(indices), count))]
         if before is not None:
             before(ids)
-        self.sender.send(branch_messages(self.settings, run_id, epoch, workflow, call, indices, ids, countdown))
+        self._publish(branch_messages(self.settings, run_id, epoch, workflow, call, indices, ids, countdown))
         return ids
+
+    def _publish(self, messages: Sequence[Outgoing]) -> None:
+        """Send messages of one run's attempt, each counted in flight before.
+
+        Should the broker refuse them, they are forgotten (``unsent``) before
+        the error goes on, and the sweep is told to look at the run now: a
+        message counted and never sent would keep the run looking alive, or
+        get it taken over while healthy; forgotten, a run left with nothing
+        to move it is taken over, and its new attempt finds in the journal
+        whatever the lost message was to wake it for.
+        """
+        try:
+            self.sender.send(messages)
+        except Exception:
+            run_id, epoch = messages[0].kwargs["run_id"], messages[0].kwargs["epoch"]
+            try:
+                self.store.journal(run_id, epoch, self.settings.namespace).unsent([m.task_id for m in messages])
+                self.store.schedule_check(run_id, self.store.now_ms())
+            except DurableError as exc:  # Redis down too, or the run moved on: liveness still judges it
+                logger.warning("run %s: unsent messages could not be forgotten: %s", run_id, exc)
+            raise
 
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
         self.sender.send_call(self, record, request)

@@ -297,6 +297,13 @@ class Journal(Protocol):
         """The branches of ``call`` that task ``giver`` handed on in this attempt."""
         ...
 
+    def unsent(self, messages: Sequence[str], *, call: str = "", giver: str = "", call_key: str = "") -> None:
+        """The broker refused ``messages``, counted in flight: they are
+        forgotten, and with them the record of what ``giver`` handed on of
+        ``call`` (it runs those itself), or this attempt's publication of task
+        call ``call_key`` (so that it is published again) (``unsent.lua``)."""
+        ...
+
     def complete_branch(self, call: str, branch: int, outcome: str, wake: str, ending: str = "") -> bool:
         """Journal a branch outcome; True when the coordinator must be woken,
         by a message whose task id is ``wake`` (then counted as in flight).

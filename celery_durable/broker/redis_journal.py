@@ -133,6 +133,11 @@ class RedisJournal:
         args = [self._epoch, call, giver, schema.handoff_value(self._epoch, branches), self._clock(), *messages]
         parse.sending(self._run("sending", [k.run, k.journal, k.live], args), self._run_id)
 
+    def unsent(self, messages: Sequence[str], *, call: str = "", giver: str = "", call_key: str = "") -> None:
+        k = self._keys
+        args = [self._epoch, self._clock(), call, giver, call_key, *messages]
+        parse.unsent(self._run("unsent", [k.run, k.journal, k.live], args), self._run_id)
+
     def handed_off(self, call: str, giver: str) -> list[int]:
         [raw] = self._hmget(self._keys.journal, [schema.handoff_field(call, giver)])
         return schema.parse_handoff(raw, self._epoch)

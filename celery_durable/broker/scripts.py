@@ -53,6 +53,7 @@ SCRIPT_NAMES = (
     "resume",
     "sending",
     "task_end",
+    "unsent",
     "wait",
     "signal",
     "call",

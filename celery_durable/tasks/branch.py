@@ -93,7 +93,16 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         # two, and a redelivery of this message must know what it gave away.
         task_ids = [new_task_id() for _ in range(min(tasks, engine.settings.fanout_tasks, len(branches)))]
         run_journal.hand_off(call_id, token, branches, task_ids)
-        engine.send_branches(record.run_id, record.epoch, record.workflow, call_id, branches, len(task_ids), task_ids)
+        try:
+            engine.send_branches(
+                record.run_id, record.epoch, record.workflow, call_id, branches, len(task_ids), task_ids
+            )
+        except Exception:
+            # Refused by the broker (and forgotten, Engine._publish): no longer
+            # given away, so this task runs them itself (BranchWork.tick).
+            with contextlib.suppress(StorageError):
+                run_journal.unsent([], call=call_id, giver=token)
+            raise
         return True
 
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)

@@ -14,6 +14,7 @@ answer within ``timeout`` seconds, as ``StepFailed(error_type="TaskTimeout")``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.broker import schema
 from celery_durable.broker.journal import CallVerdict, Conflict
 from celery_durable.broker.schema import Identity
-from celery_durable.errors import StaleAttemptError, StepFailed
+from celery_durable.errors import DurableError, StaleAttemptError, StepFailed, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
 
@@ -141,7 +142,7 @@ class CallOps:
             if result.verdict is CallVerdict.PUBLISH:
                 if replay.send_call is None:
                     raise RuntimeError("this execution cannot call tasks")
-                replay.send_call(request)
+                self._publish(request)
             raw = replay.wait_for_answer(cursor, identity)
             if raw is not None:
                 answer = replay.decode(raw)
@@ -154,6 +155,22 @@ class CallOps:
             # reaching this call would (call.lua fails it past its due time).
             replay.check_cancelled()
             cut = None
+
+    def _publish(self, request: CallRequest) -> None:
+        """Send the called task. Should the broker refuse it, this attempt's
+        publication is undone (``unsent``), so that the pass, run again when
+        the broker is back, publishes it (its answer would otherwise be waited
+        for, for ever), and the execution breaks: workflow code that catches
+        the error cannot go on past the call."""
+        replay = self._replay
+        assert replay.send_call is not None
+        try:
+            replay.send_call(request)
+        except Exception as exc:  # kombu/amqp connection errors have no common base
+            with contextlib.suppress(DurableError):
+                replay.journal.unsent([], call_key=request.key)
+            error = StorageUnavailableError(f"Broker unavailable while calling task {request.task_name}: {exc}")
+            raise replay.break_with(error) from None
 
     def _request(
         self, key: str, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, queue: str | None

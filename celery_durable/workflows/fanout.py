@@ -179,6 +179,8 @@ class FanoutOps:
         except Exception as exc:  # kombu/amqp connection errors have no common base
             if journal_failed:
                 raise  # the journal's own error (an outage, a lost attempt), not the broker's
+            # The messages were forgotten as they failed (Engine._publish), and
+            # the pass, run again in place, is a new execution: it sends them.
             error = StorageUnavailableError(f"Broker unavailable while sending branches of {call}: {exc}")
             raise replay.break_with(error) from None
 

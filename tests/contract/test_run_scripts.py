@@ -22,6 +22,7 @@ from celery_durable.broker.replies.run import Renewal, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.config import Settings
+from celery_durable.errors import StepFailed
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import ceiling_fields, merge_limits
@@ -133,9 +134,10 @@ def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -
     clock = Clock()
     run = Run(clock, "first")
     assert run.examine("c=9000").verdict is Liveness.ALIVE  # the queue was last empty before the message was sent
-    assert run.examine("c=10500").verdict is Liveness.ALIVE  # emptied since: some worker took it, give it time to start
+    clock.now += 2_500
+    assert run.examine("c=12100").verdict is Liveness.ALIVE  # emptied since: some worker took it, give it time to start
     clock.now += 5_000
-    examined = run.examine("c=10500")
+    examined = run.examine("c=12100")
     assert (examined.verdict, examined.detail) == ("dead", "task first left its queue and never started")
 
 
@@ -306,3 +308,58 @@ def test_a_signal_to_a_settled_run_goes_with_the_runs_retention() -> None:
     assert store.client.pttl(keys.run) > 0, "a halted run counts down its retention"
     assert store.signal(run.run_id, "default", "late", '"hello"', "s").verdict == "ok"
     assert 0 < store.client.pttl(keys.signals) <= store.client.pttl(keys.run) + 1
+
+
+def test_messages_the_broker_refused_are_forgotten_and_what_was_recorded_for_them_undone() -> None:
+    """unsent.lua (issue 25 item 2): counted in flight and never published, a
+    message kept the run looking alive and its active-time clock running."""
+    run = running()
+    store, run_id = run.store, run.run_id
+    journal = store.journal(run_id, 1, "default")
+    journal.dispatch("m", 0, "p|2", 2, "execution", schema.position(0, 0))
+    journal.sending("m:0", ["t0", "t1"])
+    journal.hand_off("m:0", "t0", [1], ["t2"])
+    assert journal.handed_off("m:0", "t0") == [1]
+    journal.unsent(["t2"], call="m:0", giver="t0")
+    assert "t2" not in run.state.live and journal.handed_off("m:0", "t0") == [], "t0 runs branch 1 itself"
+    row = schema.StepRow.running(1, 1000, "m:1").encode()
+    timed_out = schema.failure_outcome(1, StepFailed("render", "TaskTimeout", "late", found_by_engine=True)).encode()
+    assert journal.call("m", 1, "render", "m", None, None, row, timed_out).verdict == "publish"
+    assert journal.call("m", 1, "render", "m", None, None, row, timed_out).verdict == "pending"
+    journal.unsent([], call_key="render")
+    assert journal.call("m", 1, "render", "m", None, None, row, timed_out).verdict == "publish", "sent again"
+    store.release(run_id, "pass-1", 1)
+    journal.unsent(["t0", "t1", "unknown"])
+    assert run.state.live == {} and run.state.run["active_since"] == "", "nothing in flight: no active time"
+
+
+def test_a_look_at_a_queue_between_a_messages_count_and_its_publish_does_not_lose_it() -> None:
+    """Counted at 10 000, published a moment later: a sweep that found the queue
+    empty in between marked it gone, and the run was taken over 5 s later
+    (issue 25 item 3). A look is taken against a message 2 s after it was due."""
+    clock = Clock()
+    run = Run(clock, "first")
+    assert run.examine("c=10500").verdict == "alive"
+    clock.now += 6_000
+    assert run.examine("c=10500").verdict == "alive", "the look came before its publish"
+    assert run.state.live["first"] == "q|c|10000"
+    assert run.examine("c=12500").verdict == "alive"  # empty well after: some worker took it
+    clock.now += 5_000
+    assert run.examine("c=12500").detail == "task first left its queue and never started"
+
+
+def test_a_request_with_nothing_in_flight_to_act_on_it_is_not_a_wait() -> None:
+    """A cancel whose coordinator message was never sent, of a run waiting for a
+    signal: waiting would leave it unheard, so the sweep takes the run over
+    (and the take-over keeps the request)."""
+    run = running()
+    store, run_id = run.store, run.run_id
+    journal = store.journal(run_id, 1, "default")
+    journal.wait("m", 0, schema.Identity.signal("go"), "signal", "go", None, "m")
+    store.release(run_id, "pass-1", 1)
+    assert run.examine().verdict == "waiting"
+    store.cancel(run_id, "default", "cancel-1")
+    journal.unsent(["cancel-1"])
+    examined = run.examine()
+    assert examined.verdict == "dead"
+    assert examined.detail == "a cancel it was asked for has nothing in flight to act on it"

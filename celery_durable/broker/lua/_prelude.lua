@@ -412,9 +412,18 @@ end
 --    within that, and Celery's prefork pool has been seen to lose a job it
 --    handed to a child. If its worker dies, its silence marks it lost first;
 --  * nothing in flight and nothing waited for: the attempt ended without
---    passing the run on (it died between two writes).
+--    passing the run on (it died between two writes), or the message that
+--    would have passed it on was never sent (unsent.lua);
+--  * nothing in flight, and a cancel or a pause asked for: the coordinator
+--    message that would act on it was never sent, and waiting for a timer or
+--    a signal would leave the request unheard (the take-over keeps it).
 -- Only waits remain: the run waits for the outside world, which is not death.
+-- A message is counted before it is published, so the empty-queue rule
+-- judges it only by a look at its queue made SEND_MARGIN_MS after it was
+-- due: a look between the count and the publish saw no message that was
+-- about to be there.
 local START_MARGIN_MS = 5000
+local SEND_MARGIN_MS = 2000
 local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
   local entries = redis.call('HGETALL', live_key)
   local next_check = nil
@@ -442,11 +451,11 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
         if gone and now - gone >= START_MARGIN_MS then
           return 'dead', 'task ' .. id .. ' left its queue and never started'
         end
-        if not gone and tonumber(empty[kind or ''] or '0') > due then
+        if not gone and tonumber(empty[kind or ''] or '0') > due + SEND_MARGIN_MS then
           gone = now
           redis.call('HSET', live_key, id, 'q|' .. kind .. '|' .. due .. '|gone ' .. now)
         end
-        if gone then check = gone + START_MARGIN_MS else check = math.max(due, now + lease_ms) end
+        if gone then check = gone + START_MARGIN_MS else check = math.max(due + SEND_MARGIN_MS, now + lease_ms) end
       end
     end
     if not next_check or check < next_check then next_check = check end
@@ -463,11 +472,13 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
     if due and due < next_check then next_check = due end
     return 'alive', next_check
   end
+  local f = redis.call('HMGET', run_key, 'lease_until', 'cancel', 'pause')
   if #waits == 0 then
-    if tonumber(redis.call('HGET', run_key, 'lease_until') or '0') > now then
-      return 'alive', tonumber(redis.call('HGET', run_key, 'lease_until'))
-    end
+    if tonumber(f[1] or '0') > now then return 'alive', tonumber(f[1]) end
     return 'dead', 'nothing of it is in flight'
+  end
+  if f[2] == '1' or f[3] == '1' then
+    return 'dead', 'a ' .. (f[2] == '1' and 'cancel' or 'pause') .. ' it was asked for has nothing in flight to act on it'
   end
   return 'waiting', due or ''
 end

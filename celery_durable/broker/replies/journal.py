@@ -22,7 +22,7 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.replies.shape import flags, script, verdict, wake_flag
+from celery_durable.broker.replies.shape import count, flags, script, verdict, wake_flag
 from celery_durable.broker.schema import SequenceHistory
 
 
@@ -82,6 +82,13 @@ def dispatch(reply: Any, run_id: str) -> Dispatch | Conflict:
 def sending(reply: Any, run_id: str) -> None:
     """sending.lua: {'ok'}."""
     verdict(reply, run_id, "ok")
+
+
+@script("unsent")
+def unsent(reply: Any, run_id: str) -> int:
+    """unsent.lua: {'ok', how many messages were forgotten}."""
+    verdict(reply, run_id, "ok")
+    return count(reply[1])
 
 
 @script("mark_sent")
