@@ -40,7 +40,10 @@ from tests.test_lifecycle import (  # noqa: F401
     test_resume_after_a_failed_step_reruns_only_that_step,
     test_start_returns_at_once_and_wait_returns_the_terminal_envelope,
 )
-from tests.test_recovery import test_the_seed_crash_finishes_by_itself_once_a_worker_is_back  # noqa: F401
+from tests.test_recovery import (  # noqa: F401
+    test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
+    test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand,
+)
 from tests.test_steps_and_fanout import (  # noqa: F401
     _reset_shared_state,
     test_a_parallel_thunk_can_fan_out_again,

@@ -45,5 +45,7 @@ class RunRecord:
     phase_times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     waiting_for: dict[str, Any] | None = None
     """What the run waits for: {"kind": "timer"|"signal", "name", "until" (ms or None)}."""
+    recoveries: int = 0
+    """Take-overs in a row with nothing journaled between them."""
     unserved_since: int | None = None
     """Since when (ms) its messages find only workers that do not know its workflow."""

@@ -7,13 +7,34 @@ Part of ``RunStore`` (a base class of it).
 
 from __future__ import annotations
 
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 
 from celery_durable.broker.fleet_store import FleetLiveness
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import control as parse
 from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled
 from celery_durable.broker.run_records import RunRecords
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """How ``halt`` leaves a run whose attempt died: resumable, with this
+    status, reason, error and system record, when it was taken over at least
+    ``recoveries`` times in a row."""
+
+    status: str
+    reason: str
+    error: str
+    message: str
+    recoveries: int = 0
+
+
+HALTED = Stop(
+    "halted",
+    "interrupted",
+    "The attempt driving this run died and automatic recovery is off; resume it to continue",
+    "Run halted: its attempt died",
+)
 
 
 class RunControl(RunRecords, FleetLiveness):
@@ -62,11 +83,13 @@ class RunControl(RunRecords, FleetLiveness):
         code_hash: str,
         message_id: str,
         recovery: bool = False,
+        forced: bool = False,
         ceilings: str = "",
     ) -> int | None:
         """Bump the epoch if the run is still as ``record`` saw it (and, for a
-        recovery, its attempt is dead); the new epoch, or None. The new
-        attempt's first coordinator message is ``message_id``."""
+        recovery, its attempt is dead, or ``forced``: a message of it came back
+        from a holder that died); the new epoch, or None. The new attempt's
+        first coordinator message is ``message_id``."""
         k = self.run_keys(record.run_id)
         first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits]
         reply = self._run(
@@ -81,7 +104,7 @@ class RunControl(RunRecords, FleetLiveness):
                 message,
                 self.lease_ms,
                 code_hash,
-                int(recovery),
+                (2 if forced else 1) if recovery else 0,
                 ceilings,
                 message_id,
                 self.queue_room() if recovery else "",
@@ -93,14 +116,20 @@ class RunControl(RunRecords, FleetLiveness):
             self._persist_idempotency(record)
         return epoch
 
-    def halt(self, record: RunRecord) -> bool:
-        """Halt a run whose attempt died (auto_recover off); False if it changed meanwhile."""
+    def halt(self, record: RunRecord, stop: Stop = HALTED, *, forced: bool = False) -> bool:
+        """Stop a run whose attempt died instead of taking it over (``halt.lua``):
+        ``HALTED`` with auto_recover off, or as ``stop`` says; False if it
+        changed meanwhile. ``forced``: the death is known (a message of the
+        attempt came back from a holder that died), not judged by liveness."""
         k = self.run_keys(record.run_id)
         room = self.queue_room()
         reply = self._run(
             "halt",
             [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
-            [record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room],
+            [
+                *(record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room),
+                *(stop.status, stop.reason, stop.error, stop.message, stop.recoveries, int(forced)),
+            ],
         )
         halted = parse.halt(reply, record.run_id)
         if halted:

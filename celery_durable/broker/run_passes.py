@@ -8,13 +8,15 @@ Part of ``RunStore`` (a base class of it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from celery_durable.broker import schema
+from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
 from celery_durable.broker.replies import run as parse
 from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart
 from celery_durable.broker.replies.shape import Refusal
+from celery_durable.broker.schema import live
 from celery_durable.broker.store_core import StoreCore
 
 
@@ -50,6 +52,12 @@ class RunPasses(StoreCore):
         """Release the lock; True when another activation arrived and the caller must run again."""
         k = self.run_keys(run_id)
         return parse.release(self._run("release", [k.run, k.live], [token, epoch, self.clock()]), run_id)
+
+    def started(self, run_id: str, task_id: str) -> bool:
+        """Whether message ``task_id`` of the run has started (and not ended)."""
+        with storage_errors():
+            value = self.client.hget(self.run_keys(run_id).live, task_id)
+        return live.started(cast(str | None, value))
 
     def requeue(
         self, run_id: str, epoch: int, token: str, new: str, *, kind: str = "c", due_ms: int = 0, note: str = ""

@@ -48,6 +48,16 @@ class Settings(BaseSettings):
         ),
     )
     auto_recover: bool = True
+    max_recoveries: int = Field(
+        default=20,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Take-overs (or redeliveries of a message whose worker died) in a row, with nothing journaled between "
+            "them, after which a run whose passes die every time ends error, reason recovery_limit, resumable, "
+            "instead of being taken over for ever."
+        ),
+    )
     max_fanout: int = Field(default=4096, ge=1, le=1_000_000)
     fanout_tasks: int = Field(
         default=64,

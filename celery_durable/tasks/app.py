@@ -156,12 +156,16 @@ first engine's app and run its messages against the wrong key prefix."""
 def _register(app: Celery, engine: Engine) -> None:
     from celery_durable.tasks.calls import HOME_HEADER, CallAnswerTask, call_failed, call_succeeded
     from celery_durable.tasks.entry import run_durable_task
+    from celery_durable.tasks.redelivery import recovered_on_redelivery
 
     def durable_task(name: str) -> None:
         @app.task(name=name, **DURABLE_OPTIONS)
         def body(task: Task, *args: Any, **kwargs: Any) -> None:
-            if not _positional(name.rpartition(".")[2], args):
-                run_durable_task(engine, name, _task_id(task), kwargs)
+            if _positional(name.rpartition(".")[2], args):
+                return
+            if _redelivered(task) and recovered_on_redelivery(engine, _task_id(task), kwargs):
+                return
+            run_durable_task(engine, name, _task_id(task), kwargs)
 
     for name in (COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK):
         durable_task(name)
@@ -175,6 +179,12 @@ def _register(app: Celery, engine: Engine) -> None:
     @app.task(name=CALL_FAILED_TASK, **{**DURABLE_OPTIONS, "bind": False})
     def call_error(*args: Any, **fields: Any) -> None:
         call_failed(engine, args, fields, getattr(call_error.request, HOME_HEADER, None))
+
+
+def _redelivered(task: Task) -> bool:
+    """The broker delivered this message before (AMQP's flag; kombu's Redis
+    transport sets it on a message it restores)."""
+    return bool((task.request.delivery_info or {}).get("redelivered"))
 
 
 def _task_id(task: Task) -> str:

@@ -44,8 +44,9 @@ from celery import bootsteps
 from celery.signals import task_received
 from celery.worker import state as worker_state
 
-from celery_durable.broker import now_ms
+from celery_durable.broker import RunRecord, now_ms
 from celery_durable.broker.replies.fleet import Liveness
+from celery_durable.broker.run_control import Stop
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.workflows import jsonvalue
@@ -301,23 +302,47 @@ class RecoverySweep:
         record = store.load_run(run_id)
         if record is None or record.epoch != examined.epoch:
             return
-        if not self.engine.settings.auto_recover:
-            if store.halt(record):
-                logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, examined.detail)
-            return
-        message = new_task_id()
-        epoch = store.resume(
-            record,
-            limits_json=jsonvalue.dumps(record.limits),
-            message="Run recovered after its attempt died",
-            code_hash="",
-            message_id=message,
-            recovery=True,
+        take_over(self.engine, record, examined.detail)
+
+
+def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = False) -> None:
+    """The run's attempt died (``cause`` says how): a new attempt takes it over
+    (epoch + 1, a system record, its first coordinator message sent), or,
+    with auto_recover off, it is halted; one whose passes die every time
+    (``max_recoveries`` take-overs in a row, nothing journaled between) ends
+    ``error``/``recovery_limit``. ``forced``: a message of the attempt came back
+    from a holder that died, as RabbitMQ gives a dead worker's messages back
+    at once; the death is known, not judged by liveness (``tasks/redelivery.py``).
+    Both checks are made again in the script, so of several sweepers (or a
+    sweeper and a redelivery) one acts."""
+    store, settings, run_id = engine.store, engine.settings, record.run_id
+    if not settings.auto_recover:
+        if store.halt(record, forced=forced):
+            logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, cause)
+        return
+    if record.recoveries >= settings.max_recoveries:
+        error = (
+            f"Taken over {record.recoveries} times in a row with nothing journaled between: its passes die "
+            f"every time (the last: {cause}); fix the cause and resume it"
         )
-        if epoch is None:
-            return
-        logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, examined.detail, epoch)
-        self.engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
+        stop = Stop("error", "recovery_limit", error, f"Run stopped: {error}", recoveries=settings.max_recoveries)
+        if store.halt(record, stop, forced=forced):
+            logger.warning("run %s of workflow %r ended error (recovery_limit): %s", run_id, record.workflow, error)
+        return
+    message = new_task_id()
+    epoch = store.resume(
+        record,
+        limits_json=jsonvalue.dumps(record.limits),
+        message="Run recovered after its attempt died",
+        code_hash="",
+        message_id=message,
+        recovery=True,
+        forced=forced,
+    )
+    if epoch is None:
+        return
+    logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, cause, epoch)
+    engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
 
 
 def _durable_run(request: Any) -> str | None:

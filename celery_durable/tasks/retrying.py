@@ -44,9 +44,9 @@ def retry_storage(what: str, work: Callable[[], T]) -> T:
             if shutting_down():
                 raise  # the task's autoretry hands it back to the broker
             logger.warning("%s: storage unavailable, trying again in %.2fs: %s", what, delay, exc)
-        except DurableError:
-            raise  # the engine's own verdicts: each caller handles and logs its own
-        except Exception:
+        except (DurableError, SystemExit, KeyboardInterrupt):
+            raise  # the engine's own verdicts (each caller handles and logs its own), or the worker stopping
+        except BaseException:
             logger.exception("%s died of an unexpected error", what)
             raise
         time.sleep(delay)  # a backoff, not a synchronisation: nothing to wait on but time

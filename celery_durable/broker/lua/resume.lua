@@ -10,7 +10,9 @@
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] limits json or '' to keep,
 -- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or '',
--- ARGV[9] '1' for a recovery: the old attempt must be dead,
+-- ARGV[9] '1' for a recovery: the old attempt must be dead; '2' for a
+-- recovery forced by a message delivered again whose holder died (the broker
+-- says so: no lease need run out),
 -- ARGV[10] ceilings as "field=value,field=value" pairs ('' keeps them; an
 -- empty value clears one), ARGV[11] task id of the new attempt's first
 -- coordinator message, ARGV[12] when each queue was last found empty ("c=<ms>,s=<ms>,a=<ms>")
@@ -18,6 +20,7 @@
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed', f[1] or '', f[2] or ''} end
 local now = tonumber(ARGV[3])
+local recovery = ARGV[9] == '1' or ARGV[9] == '2'
 if ARGV[9] == '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[7]), parse_empty(ARGV[12])) ~= 'dead' then
   return {'changed', f[1], f[2]}
 end
@@ -26,12 +29,12 @@ for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
 -- A recovery takes over an attempt that died, not the requests made of it:
 -- a cancel or pause asked for before the crash still holds.
 local cancel, pause = '0', '0'
-if ARGV[9] == '1' then
+if recovery then
   local requested = redis.call('HMGET', KEYS[1], 'cancel', 'pause')
   cancel, pause = requested[1] or '0', requested[2] or '0'
 end
 local epoch = next_epoch(KEYS[1])
-if ARGV[9] == '1' then
+if recovery then
   redis.call('HINCRBY', KEYS[1], 'recoveries', 1)
 else
   made_progress(KEYS[1])  -- a resume by hand starts the count again

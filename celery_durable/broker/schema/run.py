@@ -161,6 +161,7 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             limit_reached=raw.get("limit") or None,
             waiting_for=_waiting(raw.get("waiting")),
             unserved_since=_optional_int(raw.get("unserved_since")),
+            recoveries=int(raw.get("recoveries") or 0),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
