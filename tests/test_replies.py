@@ -33,7 +33,7 @@ from celery_durable.broker.journal import (
 from celery_durable.broker.replies import control, fleet, journal, run
 from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
-from celery_durable.broker.replies.run import Expiring, Renewal, TurnStart, TurnVerdict
+from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.scripts import SCRIPT_NAMES
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
@@ -95,8 +95,11 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("agent_start", (), ["go", "{}"], TurnStart(TurnVerdict.GO, "{}")),
     ("call_done", (None,), ["late"], None),
     ("call_done", (None,), ["settled"], Refusal.SETTLED),
-    ("expire_run", (), [], None),
-    ("expire_run", (), ["default", "key"], Expiring("default", "key")),
+    ("finish", (), ["ok", "order-42"], "order-42"),
+    ("halt", (), ["changed"], None),
+    ("cancel", (), ["cancelled", ""], Requested(RequestVerdict.CANCELLED)),
+    ("requeue", (), [1, 0], Requeued(sent=True, first=False)),
+    ("unsent", (), ["ok", 2], 2),
     ("resume", (), ["changed", "2", "running"], None),
     ("cancel", (), ["settled", "completed"], Requested(RequestVerdict.SETTLED, status="completed")),
     ("pause", (), ["settled"], Requested(RequestVerdict.SETTLED)),
@@ -130,7 +133,8 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("call_done", (None,), ["here", "ok", *FLAGS]),  # 'here' for a caller that runs no pass
     ("create_run", (), "1"),
     ("index_run", (), None),
-    ("expire_run", (), ["default"]),
+    ("finish", (), ["ok"]),  # no idempotency key said
+    ("requeue", (), [1]),
     ("read_progress", (), ["3", "", "", ["1-0", ["kind"]]]),
     ("resume", (), ["ok", "two", 2]),
     ("halt", (), ["done"]),

@@ -190,6 +190,33 @@ def test_expired_runs_leave_the_index_and_free_their_idempotency_key(durable, ra
     assert d.client.start_workflow("chatty", idempotency_key="nightly") == again
 
 
+def test_a_settled_runs_keys_expire_though_what_follows_its_settling_fails(
+    durable, raw_redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention was a write of its own after the settling, and a failure of
+    it (logged, then forgotten) left the run's keys with no TTL at all (issue
+    25 item 9): the script that settles the run starts the clock itself."""
+    d = durable([chatty], run_retention_seconds=3600)
+    monkeypatch.setattr(type(d.engine.store), "_settled", lambda *_: None)  # what follows, lost
+    run_id = d.client.start_workflow("chatty")
+    assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "completed"
+    ttls = {key: raw_redis.pttl(key) for key in run_key_names(d, run_id) if raw_redis.exists(key)}
+    assert ttls and all(0 < ttl <= 3_600_000 for ttl in ttls.values()), ttls
+
+
+def test_runs_whose_retention_ran_out_leave_their_namespace_index_with_no_listing(durable, raw_redis) -> None:
+    """Pruned only when a listing met them, a namespace nobody lists kept the id
+    of every run it ever had (issue 25 item 9): the sweep takes them out."""
+    d = durable([chatty], run_retention_seconds=1)
+    run_id = d.client.start_workflow("chatty")
+    assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "completed"
+    index = d.engine.store.keys.namespace("default").runs
+    assert raw_redis.zscore(index, run_id) is not None
+    poll(lambda: raw_redis.zscore(index, run_id) is None, "the expired run to leave its index", timeout=TIMEOUT)
+    assert not raw_redis.exists(d.engine.store.run_keys(run_id).run)
+    assert raw_redis.zcard(d.engine.store.keys.sweep_expiring) == 0, "nothing left to prune"
+
+
 # -- a recovery keeps what was asked of the dead attempt -------------------------------------
 
 

@@ -86,6 +86,33 @@ class FleetLiveness(StoreCore):
         k = self.run_keys(run_id)
         return parse.mark_lost(self._run("mark_lost", [k.run, k.live], [self.clock(), *task_ids]), run_id)
 
+    def prune_expired(self, now: int, count: int) -> int:
+        """Take runs whose retention ran out by ``now`` (at most ``count``) out
+        of their namespace's index; a run resumed since (its keys persisted)
+        is no longer expiring, and one whose clock was started again is looked
+        at again then. Returns how many left an index."""
+        with storage_errors():
+            due = cast(list[str], self.client.zrangebyscore(self.keys.sweep_expiring, "-inf", now, 0, count))
+            if not due:
+                return 0
+            runs = [member.split(" ", 1) for member in due]
+            pipe = self.client.pipeline(transaction=False)
+            for _, run_id in runs:
+                pipe.pttl(self.run_keys(run_id).run)
+            ttls = pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+            gone = 0
+            for member, (namespace, run_id), ttl in zip(due, runs, ttls, strict=True):
+                if ttl > 0:
+                    pipe.zadd(self.keys.sweep_expiring, {member: now + int(ttl)})
+                    continue
+                pipe.zrem(self.keys.sweep_expiring, member)
+                if ttl == -2:  # the keys are gone
+                    pipe.zrem(self.keys.namespace(namespace).runs, run_id)
+                    gone += 1
+            pipe.execute()
+        return gone
+
     def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
         """The broker held no message in ``queues`` at ``at_ms`` (a look at every
         queue of the engine; the others held some: ``CHECKED`` says when)."""

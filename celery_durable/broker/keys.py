@@ -37,6 +37,11 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                              a lease's end, a queued message's check, a
                              timer's due time (claim_due.lua hands each to
                              one sweeper)
+    P:{sweep}:expiring
+                     zset    settled runs, "<namespace> <run id>", scored by
+                             when their retention runs out: the sweep takes
+                             the runs gone by then out of their namespace's
+                             index
     P:{fleet}:empty  hash    per queue name, the last ms a sweep found the
                              queue empty in the broker (liveness)
     P:{fleet}:workers zset   live workers, scored by the ms of their last beat
@@ -46,9 +51,11 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
 A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
 body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
 
-A settled run's keys (and its ``idem`` key) carry a TTL of
-``settings.run_retention_seconds`` (``expire_run.lua``; ``resume.lua`` removes
-it); the progress stream keeps the run's newest ``progress_max`` records (a
+A settled run's keys carry a TTL of ``settings.run_retention_seconds``, set
+by the script that settles it (``retain_run`` in ``_prelude.lua``;
+``resume.lua`` removes it), and its ``idem`` key one as long, set right after;
+the sweep takes it out of its namespace's index once it is gone
+(``{sweep}:expiring``); the progress stream keeps the run's newest ``progress_max`` records (a
 run hash field, ``append_progress`` in ``_prelude.lua``).
 
 Every key of one run carries the hash tag ``{R}`` so all of them live in one
@@ -119,6 +126,10 @@ class KeySpace:
     @property
     def sweep_due(self) -> str:
         return f"{self.prefix}:{{sweep}}:due"
+
+    @property
+    def sweep_expiring(self) -> str:
+        return f"{self.prefix}:{{sweep}}:expiring"
 
     @property
     def queues_empty(self) -> str:

@@ -7,7 +7,7 @@ Part of ``RunStore`` (a base class of it).
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from celery_durable.broker.fleet_store import FleetLiveness
 from celery_durable.broker.records import RunRecord
@@ -53,10 +53,9 @@ class RunControl(RunRecords, FleetLiveness):
         result_json: str | None = None,
         message: str = "",
     ) -> None:
-        k = self.run_keys(run_id)
         reply = self._run(
             "finish",
-            [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
+            self.settle_keys(run_id),
             [
                 epoch,
                 self.clock(),
@@ -68,11 +67,11 @@ class RunControl(RunRecords, FleetLiveness):
                 int(result_json is not None),
                 result_json or "",
                 message,
+                self.retention_ms,
             ],
         )
-        parse.finish(reply, run_id)
-        self.unschedule(run_id)
-        self._retain(run_id)
+        idempotency_key = parse.finish(reply, run_id)
+        self._settled(run_id, namespace, idempotency_key)
 
     def resume(
         self,
@@ -90,11 +89,9 @@ class RunControl(RunRecords, FleetLiveness):
         recovery, its attempt is dead, or ``forced``: a message of it came back
         from a holder that died); the new epoch, or None. The new attempt's
         first coordinator message is ``message_id``."""
-        k = self.run_keys(record.run_id)
-        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits]
         reply = self._run(
             "resume",
-            [*first, *(key for key in astuple(k) if key not in first)],
+            self.settle_keys(record.run_id),
             [
                 record.epoch,
                 record.status,
@@ -121,30 +118,31 @@ class RunControl(RunRecords, FleetLiveness):
         ``HALTED`` with auto_recover off, or as ``stop`` says; False if it
         changed meanwhile. ``forced``: the death is known (a message of the
         attempt came back from a holder that died), not judged by liveness."""
-        k = self.run_keys(record.run_id)
         room = self.queue_room()
         reply = self._run(
             "halt",
-            [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits],
+            self.settle_keys(record.run_id),
             [
                 *(record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room),
                 *(stop.status, stop.reason, stop.error, stop.message, stop.recoveries, int(forced)),
+                self.retention_ms,
             ],
         )
-        halted = parse.halt(reply, record.run_id)
-        if halted:
-            self.unschedule(record.run_id)
-            self._retain(record.run_id)
-        return halted
+        idempotency_key = parse.halt(reply, record.run_id)
+        if idempotency_key is None:
+            return False
+        self._settled(record.run_id, record.namespace, idempotency_key)
+        return True
 
     def cancel(self, run_id: str, namespace: str, message: str) -> Requested:
         """Request cancellation; on ``REQUESTED`` the caller sends coordinator message ``message``."""
         k = self.run_keys(run_id)
-        args = [self.clock(), self.channel(namespace), message]
-        requested = parse.cancel(self._run("cancel", [k.run, k.progress, k.live, k.waits], args), run_id)
+        first = [k.run, k.progress, k.live, k.waits]
+        keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
+        args = [self.clock(), self.channel(namespace), message, self.retention_ms]
+        requested = parse.cancel(self._run("cancel", keys, args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
-            self.unschedule(run_id)
-            self._retain(run_id)
+            self._settled(run_id, namespace, requested.idempotency_key)
         return requested
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:

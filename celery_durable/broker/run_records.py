@@ -74,27 +74,37 @@ class RunRecords(StoreCore):
             with storage_errors():
                 self.client.zrem(self.keys.namespace(namespace).runs, *run_ids)
 
-    def expire_run(self, run_id: str) -> None:
-        """Start the retention clock of a settled run (``settings.run_retention_seconds``).
+    def settle_keys(self, run_id: str) -> list[str]:
+        """The KEYS of a script that settles the run: the run hash, its progress,
+        steps, running steps, agent rows, live and waits hashes, then every other
+        key of the run, which start their retention clock in the same script."""
+        k = self.run_keys(run_id)
+        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits]
+        return [*first, *(key for key in astuple(k) if key not in first)]
 
-        Not atomic with the write that settled the run, and need not be: it is
-        a compare-and-set on the status, and a resume persists the keys again.
-        """
-        ttl_ms = self.settings.run_retention_seconds * 1000
-        if ttl_ms <= 0:
-            return
-        expiring = parse.expire_run(self._run("expire_run", astuple(self.run_keys(run_id)), [ttl_ms]), run_id)
-        if expiring is not None and expiring.idempotency_key:
-            key = self.keys.namespace(expiring.namespace).idempotency(expiring.idempotency_key)
-            with storage_errors():
-                self.client.pexpire(key, ttl_ms)
+    @property
+    def retention_ms(self) -> int:
+        return self.settings.run_retention_seconds * 1000
 
-    def _retain(self, run_id: str) -> None:
-        """``expire_run`` after a run settled: the settling stands even if this fails."""
+    def _settled(self, run_id: str, namespace: str, idempotency_key: str) -> None:
+        """After a script settled the run (and started its keys' retention): the
+        sweep stops watching it, and knows when it will be gone, to take it
+        out of its namespace's index then (``prune_expired``); its
+        idempotency key, in the namespace's slot, expires with it. A hint: the
+        settling stands if this fails, and a listing that meets the run gone
+        takes it out of the index."""
+        ttl_ms = self.retention_ms
         try:
-            self.expire_run(run_id)
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)
+                pipe.zrem(self.keys.sweep_due, run_id)
+                if ttl_ms > 0:
+                    pipe.zadd(self.keys.sweep_expiring, {f"{namespace} {run_id}": self.clock() + ttl_ms})
+                    if idempotency_key:
+                        pipe.pexpire(self.keys.namespace(namespace).idempotency(idempotency_key), ttl_ms)
+                pipe.execute()
         except StorageError as exc:
-            logger.warning("run %s settled, but its retention could not be set: %s", run_id, exc)
+            logger.warning("run %s settled, but the sweep could not be told: %s", run_id, exc)
 
     def _persist_idempotency(self, record: RunRecord) -> None:
         if record.idempotency_key:

@@ -34,7 +34,6 @@ SCRIPT_NAMES = (
     "create_run",
     "discard_run",
     "dispatch",
-    "expire_run",
     "finish",
     "halt",
     "heartbeat",

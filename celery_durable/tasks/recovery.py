@@ -64,6 +64,9 @@ BEAT_SPACING = 0.02
 """Beats that received messages ask for are this far apart at least: one write per 20 ms at worst."""
 DURABLE_TASKS = frozenset({COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK})
 
+PRUNE_SECONDS = 5.0
+"""How often a sweeper takes the runs whose retention ran out out of their indexes."""
+
 FRESH_SECONDS = 5.0
 """A received message is reported from the sweep's own record this long at most (see beat)."""
 
@@ -95,6 +98,7 @@ class RecoverySweep:
         self._healthy_since = float("-inf")
         """When Redis last started answering after a failure (monotonic); -inf: never failed."""
         self._last_pass = time.monotonic()
+        self._next_prune = 0.0
         self._beat_now = threading.Event()
         self._fresh: dict[str, tuple[str, float]] = {}
         """Messages received lately (task id -> run id, when), until Celery's own requests list them."""
@@ -267,6 +271,7 @@ class RecoverySweep:
         if self._may_take_over():
             self.bury_dead_workers()
         now = now_ms()
+        self._prune(now)
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if not due.runs:
             return due.next_due
@@ -280,6 +285,14 @@ class RecoverySweep:
                 logger.error("recovery of run %s skipped, its record is corrupt: %s", run_id, exc)
                 store.schedule_check(run_id, now + int(settings.lease_seconds * 1000))
         return now if len(due.runs) == BATCH else due.next_due
+
+    def _prune(self, now: int) -> None:
+        """Every ``PRUNE_SECONDS``: runs whose retention ran out leave their
+        namespace's index, whether or not a listing ever meets them."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_SECONDS
+        self.engine.store.prune_expired(now, BATCH)
 
     def _look_at(self, run_id: str, room: str) -> None:
         store = self.engine.store

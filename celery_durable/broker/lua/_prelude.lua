@@ -282,6 +282,19 @@ local function interrupt_agents(agents_key)
   end
 end
 
+-- A run settled for good or for now (completed, cancelled, error, halted;
+-- not paused) starts its retention clock in the script that settles it:
+-- every key of the run (all of KEYS, in the scripts that settle) expires
+-- after <ttl> ms (0: kept for ever). resume.lua persists them again. Returns
+-- the run's idempotency key ('' for none), which lives in its namespace's
+-- slot and is expired by the caller.
+local function retain_run(run_key, ttl)
+  if tonumber(ttl) > 0 then
+    for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
+  end
+  return redis.call('HGET', run_key, 'idempotency_key') or ''
+end
+
 local function made_progress(run_key)
   if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end

@@ -2,10 +2,13 @@
 -- attempt stops at its next call, woken by a coordinator message counted as
 -- queued here); a settled but resumable run is cancelled here and now, with
 -- its epoch bumped so nothing older can write.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] waits
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] waits,
+-- KEYS[5..] every other key of the run (for retain_run)
 -- ARGV[1] now (ms), ARGV[2] events channel, ARGV[3] task id of the
--- coordinator message the caller sends on 'requested'
--- Returns {'requested', epoch}, {'cancelled'} or {'settled', status}.
+-- coordinator message the caller sends on 'requested', ARGV[4] retention
+-- (ms; 0 keeps the run for ever)
+-- Returns {'requested', epoch}, {'cancelled', idempotency key or ''} or
+-- {'settled', status}.
 local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id')
 local status = f[1]
 if status == 'completed' or status == 'cancelled' then return {'settled', status} end
@@ -23,4 +26,4 @@ redis.call('HSET', KEYS[1], 'status', 'cancelled', 'reason', 'cancelled',
 tokens_clear(KEYS[1], KEYS[3], KEYS[4], ARGV[1])
 append_progress(KEYS[1], KEYS[2], 'system', '', 'Run cancelled', epoch, ARGV[1])
 redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
-return {'cancelled'}
+return {'cancelled', retain_run(KEYS[1], ARGV[4])}

@@ -1,11 +1,13 @@
 -- Settles a run: completed, error, cancelled or halted, by the attempt that
 -- owns it.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8..] every
+-- other key of the run (they all start the retention clock, retain_run)
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
--- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message
--- Returns {'ok'} or {refusal}.
+-- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message,
+-- ARGV[11] retention (ms; 0 keeps the run for ever)
+-- Returns {'ok', idempotency key or ''} or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
@@ -29,4 +31,5 @@ if ARGV[10] ~= '' then
   append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2])
 end
 redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id') .. ' status')
-return {'ok'}
+if ARGV[4] == 'paused' then return {'ok', ''} end
+return {'ok', retain_run(KEYS[1], ARGV[11])}

@@ -6,14 +6,16 @@
 -- fenced out. Compare-and-set like resume.lua, the death and the count of
 -- take-overs checked again here.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8..] every
+-- other key of the run
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] lease ttl (ms), ARGV[6] when each queue was
 -- last found empty ("c=<ms>,s=<ms>,a=<ms>", see liveness), ARGV[7] status,
 -- ARGV[8] reason, ARGV[9] error, ARGV[10] the system record's message,
 -- ARGV[11] the take-overs in a row it needs (0: none), ARGV[12] '1' when a
--- message delivered again says its holder died (no lease need run out)
--- Returns {'ok'} or {'changed'}.
+-- message delivered again says its holder died (no lease need run out),
+-- ARGV[13] retention (ms; 0 keeps the run for ever)
+-- Returns {'ok', idempotency key or ''} or {'changed'}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'recoveries')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed'} end
 if tonumber(f[3] or '0') < tonumber(ARGV[11]) then return {'changed'} end
@@ -31,4 +33,4 @@ interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
 interrupt_agents(KEYS[5])
 append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], epoch, ARGV[3])
 redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
-return {'ok'}
+return {'ok', retain_run(KEYS[1], ARGV[13])}

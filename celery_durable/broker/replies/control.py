@@ -12,9 +12,11 @@ from celery_durable.broker.replies.shape import script, verdict
 
 
 @script("finish")
-def finish(reply: Any, run_id: str) -> None:
-    """finish.lua: {'ok'} or {refusal}, raised."""
+def finish(reply: Any, run_id: str) -> str:
+    """finish.lua: {'ok', the run's idempotency key or ''} (its keys now
+    expire, unless it paused), or {refusal}, raised."""
     verdict(reply, run_id, "ok")
+    return str(reply[1])
 
 
 @script("resume")
@@ -28,9 +30,12 @@ def resume(reply: Any, run_id: str) -> int | None:
 
 
 @script("halt")
-def halt(reply: Any, run_id: str) -> bool:
-    """halt.lua: {'ok'} (True) or {'changed'} (the run changed meanwhile)."""
-    return verdict(reply, None, "ok", "changed") == "ok"
+def halt(reply: Any, run_id: str) -> str | None:
+    """halt.lua: {'ok', the run's idempotency key or ''} (its keys now expire)
+    or {'changed'} (None: the run changed meanwhile)."""
+    if verdict(reply, None, "ok", "changed") == "changed":
+        return None
+    return str(reply[1])
 
 
 class RequestVerdict(StrEnum):
@@ -54,11 +59,13 @@ class Requested:
     verdict: RequestVerdict
     epoch: int = 0
     status: str = ""
+    idempotency_key: str = ""
+    """Of a run ``CANCELLED`` here and now, whose keys now expire."""
 
 
 @script("cancel")
 def cancel(reply: Any, run_id: str) -> Requested:
-    """cancel.lua: {'requested', epoch}, {'cancelled'} or {'settled', status}."""
+    """cancel.lua: {'requested', epoch}, {'cancelled', idempotency key or ''} or {'settled', status}."""
     return _requested(verdict(reply, None, *RequestVerdict), reply)
 
 
@@ -73,7 +80,7 @@ def _requested(said: str, reply: Any) -> Requested:
         return Requested(RequestVerdict.REQUESTED, epoch=int(reply[1]))
     if said == RequestVerdict.SETTLED:
         return Requested(RequestVerdict.SETTLED, status=str(reply[1]) if len(reply) > 1 else "")
-    return Requested(RequestVerdict.CANCELLED)
+    return Requested(RequestVerdict.CANCELLED, idempotency_key=str(reply[1]))
 
 
 class SignalVerdict(StrEnum):

@@ -45,26 +45,6 @@ def release_idempotency(reply: Any) -> bool:
     return count(reply) == 1
 
 
-@dataclass(frozen=True, slots=True)
-class Expiring:
-    """``expire_run.lua`` started the retention clock of a run of namespace
-    ``namespace``: its idempotency key (when it has one, else '') is to
-    expire with it."""
-
-    namespace: str
-    idempotency_key: str
-
-
-@script("expire_run")
-def expire_run(reply: Any, run_id: str) -> Expiring | None:
-    """expire_run.lua: {namespace, idempotency key or ''} when the clock
-    started, {} when the run has not settled for good (None)."""
-    if not reply:
-        return None
-    namespace, key = reply
-    return Expiring(str(namespace), str(key))
-
-
 @script("read_progress")
 def read_progress(reply: Any, run_id: str) -> ProgressSlice:
     """read_progress.lua: {revision, oldest seq or '', newest seq or '', entry,
