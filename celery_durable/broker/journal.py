@@ -11,7 +11,7 @@ owns the run, or the run settled) is *fenced*: that is raised as
 Writes that make the caller send a Celery message take that message's task
 id (``wake``, ``message``, ``messages``): the run records it as in flight in
 the same script, which is how the recovery sweep tells a run whose work
-waits in a queue from one whose work was lost (``tasks/liveness``).
+waits in a queue from one whose work was lost (liveness in ``_prelude.lua``).
 
 One implementation: ``RedisJournal``, where every write is one fenced Lua
 script, held to this contract by ``tests/contract`` on one Redis and on a

@@ -47,7 +47,8 @@ from celery_durable.tasks.messages import BadMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.sending import SentMessage
 from celery_durable.tasks.wake_route import Where, answer_here, route
-from celery_durable.workflows.calls import CallRequest, failure_error, result_outcome
+from celery_durable.workflows.calls import CallRequest, failure_error
+from celery_durable.workflows.steps import result_outcome
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Protocol
 
@@ -56,6 +57,7 @@ class Attempt(Protocol):
         ...
 
 
+@dataclass(eq=False)
 class Heartbeat:
     """``with Heartbeat(...):`` beats every ``interval`` seconds until the block ends.
 
@@ -63,33 +65,25 @@ class Heartbeat:
     passes, each a new ``Replay``): flags always reach the current one.
     """
 
-    def __init__(
-        self,
-        store: RunStore,
-        attempt: Attempt,
-        *,
-        token: str,
-        interval: float,
-        coordinator: bool = False,
-        wake: Callable[[str], None] | None = None,
-        overdue: Callable[[Flags], None] | None = None,
-        grace: float = 0.0,
-    ) -> None:
-        self.attempt = attempt
-        self._store = store
-        self._token = token
-        self._interval = interval
-        self._coordinator = coordinator
-        self._wake = wake
-        self._overdue = overdue
-        self._grace = grace
-        self._asked_at: float | None = None
-        self._stopped = False
-        self._beating = threading.Lock()
-        """Held while a beat runs: the block does not end in the middle of one."""
+    store: RunStore
+    attempt: Attempt
+    _: KW_ONLY
+    token: str
+    """The running task whose entry in the live hash the beats renew."""
+    interval: float
+    coordinator: bool = False
+    wake: Callable[[str], None] | None = None
+    """Sends the coordinator a wake (by task id) when a ceiling is newly reached."""
+    overdue: Callable[[Flags], None] | None = None
+    """Settles the run of a pass that ignored a cancellation or a ceiling for ``grace`` seconds."""
+    grace: float = 0.0
+    _asked_at: float | None = field(default=None, init=False)
+    _stopped: bool = field(default=False, init=False)
+    _beating: threading.Lock = field(default_factory=threading.Lock, init=False)
+    """Held while a beat runs: the block does not end in the middle of one."""
 
     def __enter__(self) -> Heartbeat:
-        _BEATS.add(self, time.monotonic() + self._interval)
+        _BEATS.add(self, time.monotonic() + self.interval)
         return self
 
     def __exit__(
@@ -102,10 +96,6 @@ class Heartbeat:
         # the task by up to an interval.
         _BEATS.remove(self)
 
-    @property
-    def interval(self) -> float:
-        return self._interval
-
     def beat(self) -> bool:
         """One beat, on the process's beat pool; False once it must not beat again."""
         with self._beating:
@@ -115,10 +105,10 @@ class Heartbeat:
 
     def _beat_once(self) -> bool:
         attempt = self.attempt
-        wake = new_task_id() if self._wake is not None else ""
+        wake = new_task_id() if self.wake is not None else ""
         try:
-            renewal = self._store.heartbeat(
-                attempt.run.run_id, attempt.epoch, self._token, coordinator=self._coordinator, wake=wake
+            renewal = self.store.heartbeat(
+                attempt.run.run_id, attempt.epoch, self.token, coordinator=self.coordinator, wake=wake
             )
         except StaleAttemptError:
             # A newer attempt owns the run, or it settled: stop this one at its next call.
@@ -128,22 +118,22 @@ class Heartbeat:
             logger.warning("heartbeat of run %s failed: %s", attempt.run.run_id, exc)
             return True
         attempt.apply_flags(renewal.flags)
-        if renewal.wake and self._wake is not None:
-            self._wake(wake)
+        if renewal.wake and self.wake is not None:
+            self.wake(wake)
         return not self._overdue_now(renewal.flags)
 
     def _overdue_now(self, flags: Flags) -> bool:
         """True once the pass has ignored a cancellation or a ceiling for ``grace``."""
-        if self._overdue is None or not (flags.cancel or flags.limit):
+        if self.overdue is None or not (flags.cancel or flags.limit):
             return False
         now = time.monotonic()
         if self._asked_at is None:
             self._asked_at = now
             return False
-        if now - self._asked_at < self._grace:
+        if now - self._asked_at < self.grace:
             return False
         try:
-            self._overdue(flags)
+            self.overdue(flags)
         except Exception:
             logger.exception("run %s: settling an overdue pass failed", self.attempt.run.run_id)
             return False

@@ -10,58 +10,42 @@ resumed only when the journal shows it is where the body stopped.
 - Nothing journaled past its call: a pass that ran elsewhere (another worker
   process got the answer and went on) has made the body's view stale, and it
   is unwound; the run replays, as it would have without the cache.
-- Bounded: at most ``capacity`` bodies, each parked at most ``idle_seconds``
-  (the lease: a call that takes longer than that is slow enough that a
-  replay costs little beside it). The oldest are unwound first.
+- Bounded (``process_cache.py``): at most ``capacity`` bodies, each parked
+  at most ``idle_seconds`` (the lease: a call that takes longer than that is
+  slow enough that a replay costs little beside it). The oldest are unwound
+  first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterator
 
 from celery_durable.broker.schema import SequenceHistory
+from celery_durable.tasks.process_cache import ProcessCache
 from celery_durable.workflows.parking import ParkedBody
 
 
-class ParkedRuns:
-    """A bounded, per-process map of run id -> the body kept parked for it."""
+class ParkedRuns(ProcessCache[str, tuple[int, ParkedBody]]):
+    """A bounded, per-process map of run id -> (epoch, the body kept parked for it)."""
 
     def __init__(self, capacity: int, idle_seconds: float) -> None:
-        self.capacity = capacity
-        self.idle_seconds = idle_seconds
+        super().__init__(capacity, idle_seconds)
         self.resumed = 0
         """Passes that went on from a kept body instead of replaying."""
-        self._bodies: OrderedDict[str, tuple[int, ParkedBody]] = OrderedDict()
         self._passes: dict[str, threading.Event] = {}
         """run id -> set when the pass running in this process for it lets go of its lock."""
-        self._lock = threading.Lock()
-        # A forked pool child inherits the map, not the threads behind it, and
-        # the lock maybe held by one of them.
-        os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
-        self._bodies.clear()
+        super()._after_fork()
         self._passes.clear()
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return self.capacity > 0
-
-    def __len__(self) -> int:
-        return len(self._bodies)
 
     def keep(self, run_id: str, epoch: int, body: ParkedBody) -> None:
         """Keep a body that parked; unwind whatever it displaces."""
         with self._lock:
-            previous = self._bodies.pop(run_id, None)
-            self._bodies[run_id] = (epoch, body)
-            displaced = self._expired() + ([previous[1]] if previous and previous[1] is not body else [])
+            previous = self._put(run_id, (epoch, body))
+            displaced = _bodies(self._expired()) + ([previous[1]] if previous and previous[1] is not body else [])
         for old in displaced:
             old.evict()
 
@@ -71,7 +55,7 @@ class ParkedRuns:
         reading them, and has its activation read the journal's tail for
         ``take`` (``RunStore.activate_reading``)."""
         with self._lock:
-            entry = self._bodies.get(run_id)
+            entry = self._get(run_id)
         if entry is None or entry[0] != epoch or entry[1].replay.run.workflow != workflow:
             return None
         return entry[1]
@@ -115,10 +99,10 @@ class ParkedRuns:
         """Unwind ``body``, kept for a run another attempt took over (not a
         body of that newer attempt, kept since)."""
         with self._lock:
-            entry = self._bodies.get(run_id)
+            entry = self._get(run_id)
             if entry is None or entry[1] is not body:
                 return
-            del self._bodies[run_id]
+            self._pop(run_id)
         body.evict()
 
     def take(
@@ -130,8 +114,8 @@ class ParkedRuns:
         holds from some index on) when the caller read that already (used only
         if it starts at the body's call: another body may have been kept since)."""
         with self._lock:
-            entry = self._bodies.pop(run_id, None)
-            expired = self._expired()
+            entry = self._pop(run_id)
+            expired = _bodies(self._expired())
         for old in expired:
             old.evict()
         if entry is None:
@@ -152,22 +136,13 @@ class ParkedRuns:
     def clear(self) -> None:
         """Unwind every kept body (a worker shutting down, a test ending)."""
         with self._lock:
-            bodies = [body for _, body in self._bodies.values()]
-            self._bodies.clear()
+            bodies = _bodies(self._drain())
         for body in bodies:
             body.evict()
 
-    def _expired(self) -> list[ParkedBody]:
-        """Remove (under the lock) what is over the bound or parked too long, oldest first."""
-        gone: list[ParkedBody] = []
-        deadline = time.monotonic() - self.idle_seconds
-        while self._bodies:
-            run_id, (_, body) = next(iter(self._bodies.items()))
-            if len(self._bodies) <= self.capacity and body.parked_at >= deadline:
-                break
-            del self._bodies[run_id]
-            gone.append(body)
-        return gone
+
+def _bodies(entries: list[tuple[int, ParkedBody]]) -> list[ParkedBody]:
+    return [body for _, body in entries]
 
 
 def _where_it_stopped(body: ParkedBody, read: tuple[str, SequenceHistory] | None) -> tuple[bool, str | None]:

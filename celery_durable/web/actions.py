@@ -11,6 +11,7 @@ the event loop (``WebContext.call``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,18 +35,22 @@ class Outcome:
 
 
 def cancel(client: Client, run_id: str) -> Outcome:
-    try:
-        run = client.cancel_workflow_run(run_id, timeout=SETTLE_SECONDS)
-    except TimeoutError:
-        return Outcome("Cancellation requested: the run stops at its next step or agent call.", _read(client, run_id))
-    return Outcome(f"The run is {run.status}.", run)
+    requested = "Cancellation requested: the run stops at its next step or agent call."
+    return _settling(client, run_id, client.cancel_workflow_run, requested)
 
 
 def pause(client: Client, run_id: str) -> Outcome:
+    requested = "Pause requested: work in flight finishes, then the run pauses."
+    return _settling(client, run_id, client.pause_workflow_run, requested)
+
+
+def _settling(client: Client, run_id: str, ask: Callable[..., RunEnvelope], requested: str) -> Outcome:
+    """``ask`` the client and wait a little for the run to settle: its status,
+    or ``requested`` when it has not settled yet."""
     try:
-        run = client.pause_workflow_run(run_id, timeout=SETTLE_SECONDS)
+        run = ask(run_id, timeout=SETTLE_SECONDS)
     except TimeoutError:
-        return Outcome("Pause requested: work in flight finishes, then the run pauses.", _read(client, run_id))
+        return Outcome(requested, _read(client, run_id))
     return Outcome(f"The run is {run.status}.", run)
 
 

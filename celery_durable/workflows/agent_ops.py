@@ -20,7 +20,6 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.broker.scripts import now_ms
-from celery_durable.errors import StaleAttemptError
 from celery_durable.workflows import jsonvalue
 
 if TYPE_CHECKING:
@@ -42,25 +41,15 @@ class AgentOps:
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.agent(agent_id)
-        journaled, raw = replay.expect(cursor, identity)
-        cut: str | None = None
-        if journaled and raw is not None:
-            outcome = replay.decode(raw)
-            if outcome.is_live(replay.epoch):
-                replay.flush(cursor)
-                cursor.advance()
-                return outcome.result
-            if not cursor.writes:
-                raise StaleAttemptError(f"Run {replay.run.run_id}: agent turn {agent_id} failed in an older attempt")
-            cut = cursor.cut_here()
-        elif journaled and not cursor.writes:
-            raise StaleAttemptError(f"Run {replay.run.run_id}: agent turn {agent_id} is not finished yet")
+        found = replay.recall(cursor, identity, f"agent turn {agent_id}", answered_elsewhere=True)
+        if found.outcome is not None:
+            return found.outcome.result
         replay.flush(cursor)
         replay.check_pause(cursor)
         row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, now_ms())
         message = uuid.uuid4().hex
         result = replay.journal.agent_call(
-            cursor.seq, cursor.index, agent_id, jsonvalue.dumps(request), cursor.owner, row, cut, message
+            cursor.seq, cursor.index, agent_id, jsonvalue.dumps(request), cursor.owner, row, found.cut, message
         )
         if isinstance(result, Conflict):
             replay.conflict(cursor, result, identity)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.broker import schema
 from celery_durable.broker.journal import CallVerdict, Conflict
 from celery_durable.broker.schema import Identity
-from celery_durable.errors import DurableError, StaleAttemptError, StepFailed, StorageUnavailableError
+from celery_durable.errors import DurableError, StepFailed, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
 
@@ -69,11 +69,10 @@ class CallOps:
         self,
         key: str,
         task: Any,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        timeout: float | None = None,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        queue: str | None,
+        timeout: float | None,
     ) -> Any:
         replay = self._replay
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
@@ -91,29 +90,19 @@ class CallOps:
         request = None
         if journaled_here is None or journaled_here[0] != identity:
             request = self._request(key, task, args, kwargs, queue)
-        journaled, raw = replay.expect(cursor, identity)
-        cut: str | None = None
-        if journaled and raw is not None:
-            outcome = replay.decode(raw)
-            if outcome.is_live(replay.epoch):
-                replay.flush(cursor)
-                cursor.advance()
-                return outcome.step_result(key)
-            if not cursor.writes:
-                raise StaleAttemptError(f"Run {replay.run.run_id}: call {key!r} holds an older attempt's failure")
-            cut = cursor.cut_here()
-        elif journaled and not cursor.writes:
-            raise StaleAttemptError(f"Run {replay.run.run_id}: call {key!r} has not returned yet")
+        found = replay.recall(cursor, identity, f"call {key!r}", answered_elsewhere=True)
+        if found.outcome is not None:
+            return found.outcome.step_result(key)
         if request is None:
             request = self._request(key, task, args, kwargs, queue)
         replay.flush(cursor)
-        if not journaled:
+        if not found.journaled:
             replay.check_pause(cursor)
         within = f"within {timeout:g} s" if timeout is not None else "in time"
         where = f" (queue {request.queue})" if request.queue else ""
         message = f"Task {request.task_name} (call {key}) did not finish {within}{where}"
         timed_out = StepFailed(key, "TaskTimeout", message, found_by_engine=True)
-        return self._until_answered(cursor, request, identity, due_from, cut, timed_out)
+        return self._until_answered(cursor, request, identity, due_from, found.cut, timed_out)
 
     def _until_answered(
         self,
@@ -249,23 +238,6 @@ def _due(key: str, timeout: float | None) -> Callable[[int], int | None]:
     if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
         raise ValueError(f"ctx.call {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
     return lambda now: now + math.ceil(timeout * 1000)
-
-
-def result_outcome(key: str, result: Any, epoch: int, max_bytes: int) -> schema.Outcome:
-    """A called task's return value as the call's outcome: a JSON value, or why not."""
-    try:
-        encoded = jsonvalue.encode_payload(
-            result,
-            max_bytes,
-            noun="Step result",
-            key=key,
-            not_json="{noun} must be a JSON value: {key}",
-            too_large=jsonvalue.TOO_LARGE + ": {key}",
-        )
-    except jsonvalue.PayloadError as exc:
-        kind = "TypeError" if exc.reason == "not_json" else "PayloadTooLarge"
-        return schema.failure_outcome(epoch, StepFailed(key, kind, str(exc), found_by_engine=True))
-    return schema.value_outcome(jsonvalue.loads(encoded))
 
 
 def failure_error(outcome: schema.Outcome) -> str:

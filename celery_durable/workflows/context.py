@@ -129,7 +129,7 @@ class WorkflowContext:
         """Run an existing Celery task (an object, a name or a signature) as a
         journaled step under ``key``: on any worker that has it, holding no
         slot here while it runs; its JSON result, or ``StepFailed``."""
-        return self._replay.calls.call(key, task, args, kwargs, queue=queue, timeout=timeout)
+        return self._replay.calls.call(key, task, args, kwargs, queue, timeout)
 
     def now(self) -> datetime:
         """Replay-safe clock: an aware UTC datetime, journaled."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from celery_durable.broker import TERMINAL_STATUSES, ProgressRecord, RunRecord
 
@@ -20,6 +20,24 @@ def from_ms(value: int | None) -> datetime | None:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _json_field(value: Any) -> Any:
+    """A row's field as JSON: datetimes as ISO 8601 text, rows by their own ``to_dict``."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_json_field(item) for item in value]
+    return value.to_dict() if isinstance(value, _Row) else value
+
+
+class _Row:
+    """A row whose JSON form is its fields, in order, as ``_json_field`` writes them."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {item.name: _json_field(getattr(self, item.name)) for item in fields(cast(Any, self))}
 
 
 def _waiting_for(record: RunRecord) -> dict[str, Any] | None:
@@ -126,7 +144,7 @@ class RunPage:
 
 
 @dataclass(frozen=True, slots=True)
-class ProgressEntry:
+class ProgressEntry(_Row):
     seq: int
     kind: str
     phase_id: str | None
@@ -140,19 +158,10 @@ class ProgressEntry:
         assert at is not None
         return cls(record.seq, record.kind, record.phase_id, record.message, record.attempt, at)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "kind": self.kind,
-            "phase_id": self.phase_id,
-            "message": self.message,
-            "attempt": self.attempt,
-            "at": self.at.isoformat(),
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class ProgressPage:
+class ProgressPage(_Row):
     records: list[ProgressEntry]
     oldest_seq: int | None
     newest_seq: int | None
@@ -160,19 +169,10 @@ class ProgressPage:
     has_more_newer: bool
     revision: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "records": [record.to_dict() for record in self.records],
-            "oldest_seq": self.oldest_seq,
-            "newest_seq": self.newest_seq,
-            "has_more_older": self.has_more_older,
-            "has_more_newer": self.has_more_newer,
-            "revision": self.revision,
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class PhaseRow:
+class PhaseRow(_Row):
     phase_id: str
     title: str
     detail: str | None
@@ -180,19 +180,10 @@ class PhaseRow:
     started_at: datetime | None
     finished_at: datetime | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "phase_id": self.phase_id,
-            "title": self.title,
-            "detail": self.detail,
-            "state": self.state,
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class StepRow:
+class StepRow(_Row):
     """One journaled or running step: ``started_at``/``finished_at`` give its
     duration (``finished_at`` is None while it runs)."""
 
@@ -209,15 +200,6 @@ class StepRow:
             return None
         return int((self.finished_at - self.started_at).total_seconds() * 1000)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "status": self.status,
-            "attempt": self.attempt,
-            "error": self.error,
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
-        }
 
 
 @dataclass(frozen=True, slots=True)

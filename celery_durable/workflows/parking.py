@@ -27,7 +27,6 @@ import contextvars
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -113,7 +112,6 @@ class ParkedBody:
         """Where the body waits while parked: the cursor of its call."""
         self.identity = ""
         """The op it waits at."""
-        self.parked_at = 0.0
         self._started = False
         self._ended = threading.Event()
         replay.parking = self
@@ -144,7 +142,7 @@ class ParkedBody:
         """Called by the body: end the pass, and block until the next pass
         resumes it (with the op's journaled value, or None) or it is evicted."""
         with self._lock:
-            self.cursor, self.identity, self.parked_at = cursor, identity, time.monotonic()
+            self.cursor, self.identity = cursor, identity
             self._end = PassEnd(parked=True)
             self._lock.notify_all()
             while not self._given:

@@ -25,6 +25,7 @@ import contextvars
 import enum
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from celery_durable.broker import schema
@@ -77,6 +78,18 @@ class Mode(enum.Enum):
     """Replays the main body without writing (every op a journal hit) up to
     one fan-out, its ``target``, and runs some of that fan-out's branches,
     each in its own sequence."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """What the journal holds where an op is asked for that an older
+    attempt's failure runs again (a step, a call, an agent turn)."""
+
+    journaled: bool
+    outcome: Outcome | None = None
+    """This attempt's outcome: the op returns it (the cursor is past it)."""
+    cut: str | None = None
+    """An older attempt's failure, run again: the cut to journal with the op."""
 
 
 class Replay:
@@ -207,6 +220,28 @@ class Replay:
                 "is not journaled yet; this branch task is older than the run's history"
             )
         return False, None
+
+    def recall(self, cursor: Cursor, identity: str, what: str, *, answered_elsewhere: bool = False) -> Recalled:
+        """``expect`` for an op that runs again after an older attempt's failure.
+
+        A live outcome is the op's (the cursor moves past it). A failure is
+        cut here when this execution writes; one that only replays cannot run
+        the op again, nor wait for one another task answers
+        (``answered_elsewhere``): it is older than the run's history.
+        """
+        journaled, raw = self.expect(cursor, identity)
+        if raw is not None:
+            outcome = self.decode(raw)
+            if outcome.is_live(self.epoch):
+                self.flush(cursor)
+                cursor.advance()
+                return Recalled(True, outcome)
+            if not cursor.writes:
+                raise StaleAttemptError(f"Run {self.run.run_id}: {what} holds an older attempt's failure")
+            return Recalled(True, cut=cursor.cut_here())
+        if journaled and answered_elsewhere and not cursor.writes:
+            raise StaleAttemptError(f"Run {self.run.run_id}: {what} is not finished yet")
+        return Recalled(journaled)
 
     def nondeterminism(self, cursor: Cursor, detail: str, *, index: int | None = None) -> NonDeterminismError:
         where = "the main body" if cursor.is_main else f"branch {cursor.seq}"

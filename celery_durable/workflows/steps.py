@@ -19,7 +19,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.broker.scripts import now_ms
-from celery_durable.errors import FATAL_ERRORS, StaleAttemptError, StepFailed
+from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
 
@@ -47,21 +47,13 @@ class StepOps:
             replay.check_cancelled()
             return self.produce(key, producer, retry).step_result(key)
         identity = Identity.step(key)
-        journaled, raw = replay.expect(cursor, identity)
-        cut: str | None = None
-        if journaled and raw is not None:
-            outcome = replay.decode(raw)
-            if outcome.is_live(replay.epoch):
-                replay.flush(cursor)
-                cursor.advance()
-                return outcome.step_result(key)
-            if not cursor.writes:
-                raise StaleAttemptError(f"Run {replay.run.run_id}: step {key!r} holds an older attempt's failure")
-            cut = cursor.cut_here()
+        found = replay.recall(cursor, identity, f"step {key!r}")
+        if found.outcome is not None:
+            return found.outcome.step_result(key)
         replay.check_pause(cursor)
         started = now_ms()
         running = schema.StepRow.running(replay.run.attempt, started, schema.call_id(cursor.seq, cursor.index)).encode()
-        existing = replay.flush(cursor, step_key=key, step_row=running, cut=cut)
+        existing = replay.flush(cursor, step_key=key, step_row=running, cut=found.cut)
         replay.check_pause(cursor)  # the flags that came back may ask for a pause
         replay.check_cancelled()
         field = schema.step_field(key)
@@ -99,27 +91,7 @@ class StepOps:
                 if replay.cancel_event.wait(delay):
                     replay.check_cancelled()
                 continue
-            return self.result_outcome(key, result)
-
-    def result_outcome(self, key: str, result: Any) -> Outcome:
-        """A producer's (or a task's) result as an outcome: a JSON value, or why not."""
-        replay = self._replay
-        try:
-            encoded = jsonvalue.encode_payload(
-                result,
-                replay.max_payload_bytes,
-                noun="Step result",
-                key=key,
-                not_json="{noun} must be a JSON value: {key}",
-                too_large=jsonvalue.TOO_LARGE + ": {key}",
-            )
-        except jsonvalue.PayloadError as exc:
-            kind = "TypeError" if exc.reason == "not_json" else "PayloadTooLarge"
-            return schema.failure_outcome(replay.epoch, StepFailed(key, kind, str(exc), found_by_engine=True))
-        # The decoded value, not the producer's object: a replay returns
-        # the journaled JSON, and the first run must see the same thing
-        # (a str-based Enum would otherwise format differently).
-        return schema.value_outcome(jsonvalue.loads(encoded))
+            return result_outcome(key, result, replay.epoch, replay.max_payload_bytes)
 
     # -- replay-safe values ----------------------------------------------------------
 
@@ -145,3 +117,23 @@ class StepOps:
         commit = PendingCommit(cursor.index, identity, schema.value_field(cursor.seq, cursor.index), fresh)
         winner = replay.commit(cursor, commit)
         return winner if winner is not None else fresh
+
+
+def result_outcome(key: str, result: Any, epoch: int, max_bytes: int) -> Outcome:
+    """A step's (or a called task's) result as its outcome: a JSON value, or why not."""
+    try:
+        encoded = jsonvalue.encode_payload(
+            result,
+            max_bytes,
+            noun="Step result",
+            key=key,
+            not_json="{noun} must be a JSON value: {key}",
+            too_large=jsonvalue.TOO_LARGE + ": {key}",
+        )
+    except jsonvalue.PayloadError as exc:
+        kind = "TypeError" if exc.reason == "not_json" else "PayloadTooLarge"
+        return schema.failure_outcome(epoch, StepFailed(key, kind, str(exc), found_by_engine=True))
+    # The decoded value, not the producer's object: a replay returns the
+    # journaled JSON, and the first run must see the same thing (a str-based
+    # Enum would otherwise format differently).
+    return schema.value_outcome(jsonvalue.loads(encoded))
