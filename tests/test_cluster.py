@@ -50,14 +50,14 @@ from tests.test_lifecycle import (  # noqa: F401
     test_resume_after_a_failed_step_reruns_only_that_step,
     test_start_returns_at_once_and_wait_returns_the_terminal_envelope,
 )
+from tests.test_publish_failures import (  # noqa: F401
+    test_branch_tasks_the_broker_refused_are_not_left_in_flight_to_count_a_wait_as_work,
+)
 from tests.test_recovery import (  # noqa: F401
     test_many_sweepers_take_a_dead_run_over_exactly_once,
     test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
 )
 from tests.test_retention import test_expired_runs_leave_the_index_and_free_their_idempotency_key  # noqa: F401
-from tests.test_publish_failures import (  # noqa: F401
-    test_branch_tasks_the_broker_refused_are_not_left_in_flight_to_count_a_wait_as_work,
-)
 from tests.test_unserved import (  # noqa: F401
     test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does,
 )
