@@ -13,6 +13,8 @@ from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.engine import Engine
 from celery_durable.errors import (
+    ChildWorkflowFailed,
+    CompensationFailed,
     DurableError,
     NonDeterminismError,
     RunNotFoundError,
@@ -30,6 +32,7 @@ from celery_durable.errors import (
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
 from celery_durable.workflows.envelope import (
+    ChildRow,
     PhaseRow,
     ProgressEntry,
     ProgressPage,
@@ -41,6 +44,7 @@ from celery_durable.workflows.envelope import (
 )
 from celery_durable.workflows.jsonvalue import JSON_NULL
 from celery_durable.workflows.retry import RetryPolicy
+from celery_durable.workflows.saga import Saga
 from celery_durable.workflows.waits import Signal
 
 __all__ = [
@@ -48,6 +52,7 @@ __all__ = [
     "JSON_NULL",
     "Phase",
     "RetryPolicy",
+    "Saga",
     "Signal",
     "Workflow",
     "WorkflowContext",
@@ -65,6 +70,7 @@ __all__ = [
     "Engine",
     "Settings",
     # what clients see
+    "ChildRow",
     "PhaseRow",
     "ProgressEntry",
     "ProgressPage",
@@ -76,6 +82,8 @@ __all__ = [
     "StepRow",
     "is_terminal_status",
     # errors
+    "ChildWorkflowFailed",
+    "CompensationFailed",
     "DurableError",
     "NonDeterminismError",
     "RunNotFoundError",

@@ -24,10 +24,11 @@ from celery_durable.errors import (
 )
 from celery_durable.listing import list_runs
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
-from celery_durable.run_views import agent_row, phase_rows, resume_verdict, step_rows_in_order
+from celery_durable.run_views import agent_row, child_rows, phase_rows, resume_verdict, step_rows_in_order
+from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.definition import Workflow
+from celery_durable.workflows.definition import Workflow, registered_workflow
 from celery_durable.workflows.envelope import (
     ProgressEntry,
     ProgressPage,
@@ -179,7 +180,12 @@ class Client:
         # Started rows first, by start time; rows not started yet (None) after them.
         agents.sort(key=lambda row: (row["started_at"] is None, row["started_at"] or 0, row["agent_id"]))
         return RunDetail(
-            run=RunEnvelope.from_record(record), phases=phases, steps=steps, progress=progress, agents=agents
+            run=RunEnvelope.from_record(record),
+            phases=phases,
+            steps=steps,
+            progress=progress,
+            agents=agents,
+            children=child_rows(self.engine.store, record) if record.children else [],
         )
 
     def get_workflow_run_progress(
@@ -291,6 +297,12 @@ class Client:
         answer = request(record.run_id, record.namespace, message)
         if answer.verdict is RequestVerdict.REQUESTED:
             self._dispatch(record.run_id, answer.epoch, record.workflow, message)
+        elif answer.verdict is RequestVerdict.CANCELLED:
+            # Settled here (it was paused, halted or in error): its children and
+            # parent hear of it as from a pass that settled it (tasks/children.py).
+            children.cancel_waited_children(self.engine, record)
+            error = f"Cancelled while {record.status}"
+            children.tell_parent(self.engine, record, "cancelled", "cancelled", error, None)
 
     def signal_workflow_run(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver signal ``name`` with a JSON ``payload`` to the run (SPEC §5).
@@ -383,19 +395,7 @@ class Client:
     # -- helpers ---------------------------------------------------------------------
 
     def _workflow(self, name_or_handle: str | Workflow) -> Workflow:
-        if isinstance(name_or_handle, Workflow):
-            registered = self.engine.workflows.get(name_or_handle.name)
-            if registered is not name_or_handle and (
-                registered is None or registered.code_hash != name_or_handle.code_hash
-            ):
-                raise ValueError(f"Workflow {name_or_handle.name!r} is not registered with this engine")
-            return name_or_handle
-        if not isinstance(name_or_handle, str):
-            raise ValueError(f"Expected a workflow name or handle, got {type(name_or_handle).__name__}")
-        definition = self.engine.workflows.get(name_or_handle)
-        if definition is None:
-            raise ValueError(f"Unknown workflow: {short_repr(name_or_handle)}")
-        return definition
+        return registered_workflow(self.engine.workflows, name_or_handle)
 
     def _record(self, run_id: str) -> RunRecord:
         if not isinstance(run_id, str) or not run_id:

@@ -122,6 +122,45 @@ class StepFailed(DurableError):
         self.found_by_engine = found_by_engine
 
 
+class ChildWorkflowFailed(StepFailed):
+    """A child run (``ctx.child``, SPEC §5b) ended ``error`` or ``cancelled``.
+
+    A ``StepFailed`` whose ``key`` is the call's key and whose ``error_type``
+    is ``"ChildWorkflowFailed"``; ``child_run_id``, ``child_status`` and
+    ``child_reason`` say which child and how it ended, and the message names
+    them with the child's own error. Like a failed step, it is not cached
+    across attempts: a resumed parent looks at the child again.
+    """
+
+    code = "child_workflow_failed"
+
+    def __init__(self, key: str, child_run_id: str, child_status: str, child_reason: str | None, message: str) -> None:
+        super().__init__(key, "ChildWorkflowFailed", message, found_by_engine=True)
+        self.child_run_id = child_run_id
+        self.child_status = child_status
+        self.child_reason = child_reason
+
+
+class CompensationFailed(StepFailed):
+    """One or more compensations of a saga raised (SPEC §5c).
+
+    Raised after the last compensation ran, with the exception that started
+    the compensation as ``__cause__``. ``failures`` lists each one that
+    raised, in the order they ran: ``{"key", "error_type", "message"}``,
+    ``error_type`` being the compensation's own exception type; ``key`` is
+    the first of them.
+    """
+
+    code = "compensation_failed"
+
+    def __init__(self, failures: list[dict[str, str]]) -> None:
+        keys = ", ".join(failure["key"] for failure in failures)
+        detail = "; ".join(f"{f['key']}: {f['error_type']}: {f['message']}" for f in failures)
+        message = f"Compensation failed for {keys}: {detail}"
+        super().__init__(failures[0]["key"] if failures else "", "CompensationFailed", message, found_by_engine=True)
+        self.failures = failures
+
+
 class NonDeterminismError(DurableError):
     """Replay asked for calls in an order the journal contradicts."""
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_durable.broker import RunRecord, schema
+from celery_durable.broker import RunRecord, RunStore, schema
 from celery_durable.errors import WorkflowResumeError
 from celery_durable.workflows.definition import Workflow
-from celery_durable.workflows.envelope import PhaseRow, StepRow, from_ms
+from celery_durable.workflows.envelope import ChildRow, PhaseRow, StepRow, from_ms
 
 
 def phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
@@ -76,3 +76,14 @@ def resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed:
             code="non_resumable",
         )
     return f"Run resumed from {status}"
+
+
+def child_rows(store: RunStore, record: RunRecord) -> list[ChildRow]:
+    """The run's children, waited for and detached, with each one's status now
+    (two round trips, whatever their number)."""
+    entries = store.children(record.run_id)
+    statuses = store.statuses([entry.run_id for entry in entries])
+    return [
+        ChildRow(entry.key, entry.run_id, entry.workflow, status, detached=not entry.waited_for)
+        for entry, status in zip(entries, statuses, strict=True)
+    ]

@@ -20,6 +20,7 @@ PUBLIC_NAMES = {
     "JSON_NULL",
     "Phase",
     "RetryPolicy",
+    "Saga",
     "Signal",
     "Workflow",
     "WorkflowContext",
@@ -30,6 +31,7 @@ PUBLIC_NAMES = {
     "Engine",
     "Settings",
     # what clients see
+    "ChildRow",
     "PhaseRow",
     "ProgressEntry",
     "ProgressPage",
@@ -41,6 +43,8 @@ PUBLIC_NAMES = {
     "StepRow",
     "is_terminal_status",
     # errors
+    "ChildWorkflowFailed",
+    "CompensationFailed",
     "DurableError",
     "NonDeterminismError",
     "RunNotFoundError",

@@ -30,7 +30,8 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.replies import control, fleet, journal, run
+from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
+from celery_durable.broker.replies import children, control, fleet, journal, run
 from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
 from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
@@ -38,7 +39,7 @@ from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.scripts import SCRIPT_NAMES
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
-MODULES = (journal, run, control, fleet)
+MODULES = (journal, run, control, fleet, children)
 LUA = resources.files("celery_durable.broker") / "lua"
 FLAGS = ["1", "0", "timeout_seconds"]
 RAISED = Flags(cancel=True, limit="timeout_seconds")
@@ -71,6 +72,8 @@ def test_every_script_has_one_parse_function_that_names_it_as_its_header_says_wh
         (SignalVerdict, "signal"),
         (Liveness, "_prelude"),
         (Refusal, "branch_start"),
+        (ChildVerdict, "child"),
+        (DoneVerdict, "child_done"),
     ],
 )
 def test_every_verdict_is_one_its_script_sends(enum: type[StrEnum], script: str) -> None:
@@ -106,6 +109,12 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("signal", (), ["ok", 2, "m", "m.0.1"], Signalled(SignalVerdict.OK, epoch=2, owners=["m", "m.0.1"])),
     ("claim_due", (), ["", "r1"], DueRuns(["r1"], None)),
     ("examine", (), ["paused", "2", "w", "", ""], Examined("paused", 2, "w", Liveness.SETTLED, "")),
+    ("child", (), ["pending", *FLAGS, "leaf", ""], ChildCall(ChildVerdict.PENDING, RAISED, "leaf")),
+    ("child", (), ["hit", *FLAGS, "leaf", "o1"], ChildCall(ChildVerdict.HIT, RAISED, "leaf", "o1")),
+    ("child_done", (), ["ok", 3, "parent", "o1", "m"], ChildDone(DoneVerdict.OK, 3, "parent", "o1", "m")),
+    ("child_done", (), ["late", 3, "parent", "o1"], ChildDone(DoneVerdict.LATE, 3, "parent", "o1")),
+    ("child_done", (), ["settled"], ChildDone(DoneVerdict.SETTLED)),
+    ("compensable", (), ["ok", *FLAGS], RAISED),
 ]
 
 
@@ -145,6 +154,10 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("claim_dead_workers", (), ["w1", "t1 t2|r1"]),
     ("examine", (), ["sleeping", "1", "w", "", ""]),
     ("examine", (), ["running", "1", "w", "undead", ""]),
+    ("child", (), ["started", *FLAGS, "leaf", ""]),
+    ("child", (), ["hit", *FLAGS]),  # a hit without its workflow and outcome
+    ("child_done", (), ["ok", "three", "parent", "o1"]),
+    ("child_done", (), ["woken"]),
 ]
 
 

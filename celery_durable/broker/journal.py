@@ -24,10 +24,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from celery_durable.broker.records import RunRecord
-from celery_durable.broker.schema import SequenceHistory
+from celery_durable.broker.schema import Outcome, SequenceHistory
+
+if TYPE_CHECKING:
+    from celery_durable.broker.child_types import ChildCall, ChildDone
 
 ProgressRecordArgs = tuple[int, str, str, str]
 """A buffered progress record: (position, kind, phase id, message)."""
@@ -358,4 +361,24 @@ class Journal(Protocol):
         the journal, published once per attempt (showing ``running_row``), or
         waited for until ``due_ms`` (fixed when first reached), past which
         ``timeout_outcome`` is journaled."""
+        ...
+
+    def child(
+        self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+        child_run_id: str, workflow: str, *, wait: bool,
+    ) -> ChildCall | Conflict:
+        """Start a child run under ``key`` (``wait`` False: ``ctx.start_child``)
+        or wait for it (``ctx.child``) until ``due_ms``, fixed when first
+        reached (``child.lua``): the op journaled, the child entered in the
+        run's children hash. Its run is the caller's to create."""
+        ...
+
+    def child_done(self, key: str, child_run_id: str, outcome: Outcome) -> ChildDone:
+        """Journal the end of a child this attempt found settled itself (or its
+        time-out), fenced by the epoch; nothing is woken: the caller goes on."""
+        ...
+
+    def mark_compensable(self) -> Flags:
+        """A saga registered a compensation: a pass that finds the run cancelled
+        replays it to run its compensations (``compensable.lua``)."""
         ...

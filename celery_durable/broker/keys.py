@@ -26,6 +26,9 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{R}:waits      hash    what the run's sequences wait for outside the
                              fleet (timers, signals, tasks), by "<seq>:<i>"
     P:{R}:signals    hash    signals sent to the run, per name, in order
+    P:{R}:children   hash    the run's child runs by key (ctx.child,
+                             ctx.start_child): run id, workflow, how they
+                             are waited for (schema.CHILD_FIELDS)
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
@@ -89,6 +92,7 @@ class RunKeys:
     live: str
     waits: str
     signals: str
+    children: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,7 @@ class KeySpace:
             live=f"{base}:live",
             waits=f"{base}:waits",
             signals=f"{base}:signals",
+            children=f"{base}:children",
         )
 
     @property

@@ -44,8 +44,15 @@ class RunRecord:
     limit_reached: str | None = None
     phase_times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     waiting_for: dict[str, Any] | None = None
-    """What the run waits for: {"kind": "timer"|"signal", "name", "until" (ms or None)}."""
+    """What the run waits for: {"kind": "timer"|"signal"|"child", "name", "until" (ms or None)}."""
     recoveries: int = 0
     """Take-overs in a row with nothing journaled between them."""
     unserved_since: int | None = None
     """Since when (ms) its messages find only workers that do not know its workflow."""
+    parent_run_id: str | None = None
+    """The run that started this one as a child (SPEC §5b), else None."""
+    parent_key: str | None = None
+    children: int = 0
+    """Child keys the run started: none means no child to look at."""
+    compensates: bool = False
+    """A saga of the run registered a compensation (SPEC §5c)."""

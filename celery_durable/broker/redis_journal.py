@@ -12,6 +12,7 @@ from dataclasses import astuple
 from typing import Any
 
 from celery_durable.broker import schema
+from celery_durable.broker.child_store import ChildJournal
 from celery_durable.broker.journal import (
     READ_ENTRIES_BUDGET,
     AgentCall,
@@ -42,8 +43,8 @@ def _begin_args(call: BeginCall) -> list[Any]:
     return [call.cut or "", call.step_key, call.step_row, len(records), *(f for record in records for f in record)]
 
 
-class RedisJournal:
-    """One attempt's journal of one run, on Redis."""
+class RedisJournal(ChildJournal):
+    """One attempt's journal of one run, on Redis (its child calls: ``ChildJournal``)."""
 
     def __init__(
         self,

@@ -52,7 +52,10 @@ class RunControl(RunRecords, FleetLiveness):
         can_resume: bool = False,
         result_json: str | None = None,
         message: str = "",
+        watch: bool = False,
     ) -> None:
+        """Settle the run as its attempt ``epoch``; ``watch``: it is a child
+        whose parent must be told, and the sweep looks at it again until then."""
         reply = self._run(
             "finish",
             self.settle_keys(run_id),
@@ -71,7 +74,7 @@ class RunControl(RunRecords, FleetLiveness):
             ],
         )
         idempotency_key = parse.finish(reply, run_id)
-        self._settled(run_id, namespace, idempotency_key)
+        self._settled(run_id, namespace, idempotency_key, watch=watch)
 
     def resume(
         self,
@@ -131,18 +134,20 @@ class RunControl(RunRecords, FleetLiveness):
         idempotency_key = parse.halt(reply, record.run_id)
         if idempotency_key is None:
             return False
-        self._settled(record.run_id, record.namespace, idempotency_key)
+        watch = record.parent_run_id is not None and stop.status == "error"
+        self._settled(record.run_id, record.namespace, idempotency_key, watch=watch)
         return True
 
-    def cancel(self, run_id: str, namespace: str, message: str) -> Requested:
-        """Request cancellation; on ``REQUESTED`` the caller sends coordinator message ``message``."""
+    def cancel(self, run_id: str, namespace: str, message: str, *, watch: bool = False) -> Requested:
+        """Request cancellation; on ``REQUESTED`` the caller sends coordinator
+        message ``message``. ``watch``: as ``finish``'s, should it settle here."""
         k = self.run_keys(run_id)
         first = [k.run, k.progress, k.live, k.waits]
         keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
         args = [self.clock(), self.channel(namespace), message, self.retention_ms]
         requested = parse.cancel(self._run("cancel", keys, args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
-            self._settled(run_id, namespace, requested.idempotency_key)
+            self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
         return requested
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:

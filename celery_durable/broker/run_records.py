@@ -86,18 +86,22 @@ class RunRecords(StoreCore):
     def retention_ms(self) -> int:
         return self.settings.run_retention_seconds * 1000
 
-    def _settled(self, run_id: str, namespace: str, idempotency_key: str) -> None:
+    def _settled(self, run_id: str, namespace: str, idempotency_key: str, *, watch: bool = False) -> None:
         """After a script settled the run (and started its keys' retention): the
         sweep stops watching it, and knows when it will be gone, to take it
         out of its namespace's index then (``prune_expired``); its
         idempotency key, in the namespace's slot, expires with it. A hint: the
         settling stands if this fails, and a listing that meets the run gone
-        takes it out of the index."""
+        takes it out of the index. ``watch``: the sweep looks at it once more a
+        lease from now (a child whose end its parent must still be told)."""
         ttl_ms = self.retention_ms
         try:
             with storage_errors():
                 pipe = self.client.pipeline(transaction=False)
-                pipe.zrem(self.keys.sweep_due, run_id)
+                if watch:
+                    pipe.zadd(self.keys.sweep_due, {run_id: self.clock() + self.lease_ms})
+                else:
+                    pipe.zrem(self.keys.sweep_due, run_id)
                 if ttl_ms > 0:
                     pipe.zadd(self.keys.sweep_expiring, {f"{namespace} {run_id}": self.clock() + ttl_ms})
                     if idempotency_key:

@@ -57,6 +57,9 @@ SCRIPT_NAMES = (
     "signal",
     "call",
     "call_done",
+    "child",
+    "child_done",
+    "compensable",
 )
 
 

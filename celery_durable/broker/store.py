@@ -6,6 +6,7 @@ progress, assembled from one base class per concept.
 - ``run_passes.py``: a pass's lock, a task's start, beats and end, a call's answer;
 - ``run_control.py``: finish, resume, halt, cancel, pause, signal;
 - ``fleet_store.py``: what the recovery sweep reads and writes;
+- ``child_store.py``: child runs: a child's end told to its parent, a run's children;
 - and here, the journal of one attempt (``RedisJournal``).
 
 Every script's reply is parsed in ``replies``.
@@ -13,13 +14,14 @@ Every script's reply is parsed in ``replies``.
 
 from __future__ import annotations
 
+from celery_durable.broker.child_store import ChildRuns
 from celery_durable.broker.journal import Journal
 from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.broker.run_control import RunControl
 from celery_durable.broker.run_passes import RunPasses
 
 
-class RunStore(RunControl, RunPasses):
+class RunStore(RunControl, RunPasses, ChildRuns):
     """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
 
     def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:

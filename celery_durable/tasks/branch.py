@@ -21,6 +21,7 @@ from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.children import EngineChildren
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
@@ -118,6 +119,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         send_agent=send_agent,
         send_call=functools.partial(engine.send_call, record),
         keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
+        children=EngineChildren(engine, record),
     )
     try:
         # Its message runs from now (branch_start): a branch that waited in a

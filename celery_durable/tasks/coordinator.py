@@ -17,12 +17,13 @@ from celery_durable.broker import Flags, RunRecord
 from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
+from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.unserved import knows, pass_on
-from celery_durable.workflows import passes
+from celery_durable.workflows import jsonvalue, passes, saga
 from celery_durable.workflows.branch_work import InlineBranches
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
@@ -110,8 +111,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
     replay = kept[0].replay if kept else _new_replay(engine, record, definition, execution)
     replay.apply_flags(activation)
 
-    def overdue(flags: Flags) -> None:
-        _settle_overdue(engine, replay, flags)  # the pass running now: the closure sees rebinds
+    def overdue(flags: Flags) -> bool:
+        return _settle_overdue(engine, replay, flags)  # the pass running now: the closure sees rebinds
 
     heartbeat = Heartbeat(
         store,
@@ -237,10 +238,13 @@ def _refused(engine: Engine, message: RunMessage) -> None:
     logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
 
 
-def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> None:
+def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> bool:
     """The pass ignored a cancellation or a ceiling for a whole lease: its code
     does not call the context. Settle the run without it; its thread goes on
-    until that code returns, fenced out of every write."""
+    until that code returns, fenced out of every write. False (nothing done)
+    while a saga of the pass runs its compensations: it acts on the cancel."""
+    if saga.compensating(replay):
+        return False
     record = replay.run
     settlement = passes.limit_reached(replay, flags.limit) if flags.limit and not flags.cancel else passes.CANCELLED
     logger.error(
@@ -254,6 +258,7 @@ def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> None:
     )
     replay.lose_authority()
     _finish(engine, record, settlement)
+    return True
 
 
 def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
@@ -296,6 +301,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         # its call's answer, say).
         keep_fanout=functools.partial(kept.keep, record.run_id, record.epoch) if inline is not None else None,
         inline=inline,
+        children=children.EngineChildren(engine, record),
     )
 
 
@@ -321,7 +327,11 @@ def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None
 
 def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
     """Settle the run; one that ends ``error`` is said at WARNING, naming why
-    (a run that stopped on nondeterminism is a task that succeeded to Celery)."""
+    (a run that stopped on nondeterminism is a task that succeeded to Celery).
+    A cancelled run cancels the children it waits for first; a child tells
+    its parent once it settled."""
+    if settlement.status == "cancelled":
+        children.cancel_waited_children(engine, record)
     engine.store.finish(
         record.run_id,
         record.epoch,
@@ -332,7 +342,11 @@ def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
         can_resume=settlement.can_resume,
         result_json=settlement.result_json,
         message=settlement.message,
+        watch=record.parent_run_id is not None,
     )
+    if record.parent_run_id is not None:
+        result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
+        children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
     if settlement.status == "error":
         logger.warning(
             "run %s of workflow %r ended error (%s): %s",

@@ -74,8 +74,10 @@ class Heartbeat:
     coordinator: bool = False
     wake: Callable[[str], None] | None = None
     """Sends the coordinator a wake (by task id) when a ceiling is newly reached."""
-    overdue: Callable[[Flags], None] | None = None
-    """Settles the run of a pass that ignored a cancellation or a ceiling for ``grace`` seconds."""
+    overdue: Callable[[Flags], bool] | None = None
+    """Settles the run of a pass that ignored a cancellation or a ceiling for
+    ``grace`` seconds; False when the pass is acting on it (a saga compensating),
+    and the grace starts again."""
     grace: float = 0.0
     _asked_at: float | None = field(default=None, init=False)
     _stopped: bool = field(default=False, init=False)
@@ -133,11 +135,13 @@ class Heartbeat:
         if now - self._asked_at < self.grace:
             return False
         try:
-            self.overdue(flags)
+            settled = self.overdue(flags)
         except Exception:
             logger.exception("run %s: settling an overdue pass failed", self.attempt.run.run_id)
             return False
-        return True
+        if not settled:
+            self._asked_at = now
+        return settled
 
 
 BEAT_THREADS = 8

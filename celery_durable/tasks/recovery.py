@@ -49,6 +49,7 @@ from celery_durable.broker.replies.fleet import Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
+from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.workflows import jsonvalue
 
 if TYPE_CHECKING:
@@ -299,6 +300,8 @@ class RecoverySweep:
         prefix = new_task_id()
         examined = store.examine(run_id, room, fire_prefix=prefix)
         if examined is None or examined.verdict is Liveness.SETTLED:
+            if examined is not None:
+                settled_child(self.engine, run_id)  # a child whose parent may not know yet
             store.unschedule(run_id)  # gone, or settled: nothing to watch
             return
         for n, owner in enumerate(examined.woken, start=1):  # timers that fell due
@@ -341,6 +344,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         stop = Stop("error", "recovery_limit", error, f"Run stopped: {error}", recoveries=settings.max_recoveries)
         if store.halt(record, stop, forced=forced):
             logger.warning("run %s of workflow %r ended error (recovery_limit): %s", run_id, record.workflow, error)
+            tell_parent(engine, record, stop.status, stop.reason, stop.error, None)
         return
     message = new_task_id()
     epoch = store.resume(

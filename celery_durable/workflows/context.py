@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
+from celery_durable.workflows.saga import Saga
 from celery_durable.workflows.waits import Signal
 
 _LENT: contextvars.ContextVar[tuple[Replay, Replay] | None] = contextvars.ContextVar(
@@ -130,6 +131,33 @@ class WorkflowContext:
         journaled step under ``key``: on any worker that has it, holding no
         slot here while it runs; its JSON result, or ``StepFailed``."""
         return self._replay.calls.call(key, task, args, kwargs, queue, timeout)
+
+    def child(
+        self,
+        key: str,
+        workflow: Any,
+        args: Any = None,
+        *,
+        limits: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run another registered workflow (a name or a handle) as a child run
+        under ``key`` and return its result, holding no slot here while it
+        runs; ``ChildWorkflowFailed`` when it ends error or cancelled."""
+        return self._replay.children.child(key, workflow, args, limits, timeout)
+
+    def start_child(
+        self, key: str, workflow: Any, args: Any = None, *, limits: Mapping[str, Any] | None = None
+    ) -> str:
+        """Start a child run under ``key`` that nothing waits for (it outlives
+        this run and is not cancelled with it); its run id."""
+        return self._replay.children.start_child(key, workflow, args, limits)
+
+    def saga(self) -> Saga:
+        """``with ctx.saga() as saga:``: compensations registered with
+        ``saga.compensate(key, producer)`` run in reverse when the block
+        fails or the run is cancelled."""
+        return Saga(lambda: self._replay)
 
     def now(self) -> datetime:
         """Replay-safe clock: an aware UTC datetime, journaled."""

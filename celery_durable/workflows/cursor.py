@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit, ProgressRecordArgs
+from celery_durable.errors import StorageCorruptError
 
 if TYPE_CHECKING:
     from celery_durable.workflows.completion import Completions
@@ -44,6 +45,9 @@ class Cursor:
     """A branch run one after another with others in one thread: the owner of
     their completions, the one before this branch's included, which may
     travel with this branch's first write."""
+    compensating: int = 0
+    """Sagas of this sequence running their compensations now: their steps
+    run though the run is cancelled (``workflows/saga.py``)."""
 
     def take_held(self) -> PendingCommit | None:
         """The held-back step, which the caller now journals."""
@@ -60,6 +64,30 @@ class Cursor:
     def journaled(self) -> tuple[str, str | None] | None:
         """The journaled op at the cursor, or None past the end of the history."""
         return self.history[self.index] if self.index < len(self.history) else None
+
+    def goes_on_cancelled(self, epoch: int) -> bool:
+        """Whether a cancelled execution goes on at the op here: while a saga
+        compensates, and at ops the journal answers already, so that a
+        cancelled run replays (its sagas registering their undos) to where it
+        stands and meets its cancellation there. A fan-out looks at its
+        branches itself."""
+        if self.compensating:
+            return True
+        entry = self.journaled()
+        if entry is None:
+            return False
+        identity, raw = entry
+        kind = identity[:1]
+        if kind in ("p", "l"):
+            return True
+        if raw is None:
+            return False
+        if kind in ("s", "c", "k", "a"):
+            try:
+                return schema.decode_outcome(raw).is_live(epoch)
+            except StorageCorruptError:
+                return False
+        return True
 
     def cut_here(self) -> str:
         """The op at the cursor re-runs an older attempt's failure: what that

@@ -228,3 +228,20 @@ def _meta_label(loc: Loc) -> str:
             return limits_label("limits", tuple(rest))
         case _:
             return "Workflow " + ".".join(map(str, loc))
+
+
+def registered_workflow(workflows: Mapping[str, Workflow], name_or_handle: Any) -> Workflow:
+    """The registered workflow a name or handle names (a client's start, a
+    child's): a ``ValueError`` for one the engine does not know."""
+    if isinstance(name_or_handle, Workflow):
+        registered = workflows.get(name_or_handle.name)
+        known = registered is not None and registered.code_hash == name_or_handle.code_hash
+        if registered is not name_or_handle and not known:
+            raise ValueError(f"Workflow {name_or_handle.name!r} is not registered with this engine")
+        return name_or_handle
+    if not isinstance(name_or_handle, str):
+        raise ValueError(f"Expected a workflow name or handle, got {type(name_or_handle).__name__}")
+    definition = workflows.get(name_or_handle)
+    if definition is None:
+        raise ValueError(f"Unknown workflow: {short_repr(name_or_handle)}")
+    return definition

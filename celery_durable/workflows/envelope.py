@@ -68,6 +68,8 @@ class RunEnvelope:
     created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    parent_run_id: str | None = None
+    """The run that started this one with ``ctx.child``/``ctx.start_child`` (SPEC §5b)."""
 
     @classmethod
     def from_record(cls, record: RunRecord, snapshot_extra: dict[str, Any] | None = None) -> RunEnvelope:
@@ -99,6 +101,7 @@ class RunEnvelope:
             created_at=from_ms(record.created_at),
             started_at=from_ms(record.started_at),
             finished_at=from_ms(record.finished_at),
+            parent_run_id=record.parent_run_id,
         )
 
     @property
@@ -123,6 +126,7 @@ class RunEnvelope:
             "created_at": _iso(self.created_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
+            "parent_run_id": self.parent_run_id,
         }
         if self.has_result:
             data["result"] = self.result
@@ -203,12 +207,26 @@ class StepRow(_Row):
 
 
 @dataclass(frozen=True, slots=True)
+class ChildRow(_Row):
+    """One child run of a run (SPEC §5b): waited for (``ctx.child``) or
+    detached (``ctx.start_child``); ``status`` None when it is gone (its
+    retention ran out) or not created yet."""
+
+    key: str
+    run_id: str
+    workflow: str
+    status: str | None
+    detached: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RunDetail:
     run: RunEnvelope
     phases: list[PhaseRow]
     steps: list[StepRow]
     progress: list[ProgressEntry]
     agents: list[dict[str, Any]] = field(default_factory=list)
+    children: list[ChildRow] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the envelope's, and datetimes in agent rows as ISO 8601."""
@@ -221,4 +239,5 @@ class RunDetail:
             ],
             "steps": [step.to_dict() for step in self.steps],
             "progress": [record.to_dict() for record in self.progress],
+            "children": [child.to_dict() for child in self.children],
         }

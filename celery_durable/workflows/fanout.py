@@ -95,6 +95,10 @@ class FanoutOps:
                 return results
         else:
             replay.check_pause(cursor)
+        if replay.cancelled() and not cursor.compensating:
+            # A cancelled run replays through journaled fan-outs whose branches
+            # are all in (check_cancelled); here it would send or run new work.
+            raise replay.meet_fatal(WorkflowCancelled(f"Run {replay.run.run_id} was cancelled"))
         result = replay.journal.dispatch(
             cursor.seq, cursor.index, identity, len(branches), replay.token, cursor.position()
         )

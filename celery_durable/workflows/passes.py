@@ -64,8 +64,8 @@ def main_pass(replay: Replay) -> Settlement | None:
     Raises what ends this execution without settling the run: a lost
     authority (``StaleAttemptError``), an unavailable store, a corrupt one.
     """
-    if replay.cancelled():
-        return CANCELLED
+    if replay.cancelled() and not replay.run.compensates:
+        return CANCELLED  # else it replays to where it stands, and its sagas compensate there
     cursor = replay.open_cursor(MAIN, writes=True)
     result: Any = None
     failure: Exception | None = None

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
     from celery_durable.workflows.branch_work import BranchSender, BranchTarget, InlineBranches, KeptFanout
     from celery_durable.workflows.calls import CallOps, CallSender
+    from celery_durable.workflows.children import ChildOps, ChildPort
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.fanout import FanoutOps
     from celery_durable.workflows.parking import ParkedBody
@@ -111,9 +112,11 @@ class Replay:
         send_call: CallSender | None = None,
         keep_fanout: Callable[[KeptFanout], None] | None = None,
         inline: InlineBranches | None = None,
+        children: ChildPort | None = None,
     ) -> None:
         from celery_durable.workflows.agent_ops import AgentOps
         from celery_durable.workflows.calls import CallOps
+        from celery_durable.workflows.children import ChildOps
         from celery_durable.workflows.fanout import FanoutOps
         from celery_durable.workflows.steps import StepOps
         from celery_durable.workflows.waits import WaitOps
@@ -157,6 +160,7 @@ class Replay:
         self.agents: AgentOps = AgentOps(self)
         self.waits: WaitOps = WaitOps(self)
         self.calls: CallOps = CallOps(self)
+        self.children: ChildOps = ChildOps(self, children)
 
     # -- sequences -------------------------------------------------------------
 
@@ -345,7 +349,7 @@ class Replay:
             raise cursor.suspended
         if self._broken is not None:
             raise self._broken
-        if self._cancel.is_set():
+        if self._cancel.is_set() and not (cursor is not None and cursor.goes_on_cancelled(self.epoch)):
             raise self.meet_fatal(WorkflowCancelled(f"Run {self.run.run_id} was cancelled"))
         if self._limit:
             raise self.meet_fatal(WorkflowLimitReached(self._limit))
@@ -413,13 +417,17 @@ class Replay:
         )
         self._record(self.current(), "log", message)
 
-    def _record(self, cursor: Cursor, kind: str, message: str) -> None:
+    def system(self, message: str) -> None:
+        """A ``system`` progress record of the engine's own, in the current sequence."""
+        self._record(self.current(), "system", message, phase_id="")
+
+    def _record(self, cursor: Cursor, kind: str, message: str, phase_id: str | None = None) -> None:
         position = cursor.position()
         if cursor.logs_since_op + 1 >= schema.POSITION_STRIDE:
             raise ValueError(f"More than {schema.POSITION_STRIDE - 1} progress records between two calls")
         cursor.logs_since_op += 1
         if cursor.writes and position > cursor.high_water:
-            cursor.buffer.append((position, kind, cursor.phase_id, message))
+            cursor.buffer.append((position, kind, cursor.phase_id if phase_id is None else phase_id, message))
 
     # -- writing ---------------------------------------------------------------------
 

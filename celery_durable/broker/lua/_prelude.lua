@@ -135,12 +135,13 @@ local function sequence_reply(journal_key, seq, start)
     local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
     local kind = string.sub(ident, 1, 1)
     local value = false
-    if kind == 's' or kind == 'c' then
+    if kind == 's' or kind == 'c' or kind == 'k' then
       value = redis.call('HGET', journal_key, 'v:' .. string.sub(ident, 3))
     elseif kind == 'a' then
       value = redis.call('HGET', journal_key, 'a:' .. string.sub(ident, 3))
-    elseif kind == 't' or kind == 'u' or kind == 'z' or kind == 'g' then
-      -- now()/uuid4() values, and how a wait ended (false while it has not)
+    elseif kind == 't' or kind == 'u' or kind == 'z' or kind == 'g' or kind == 'd' then
+      -- now()/uuid4() values, how a wait ended (false while it has not), a
+      -- started child's run id (false until the child exists)
       value = redis.call('HGET', journal_key, 'x:' .. seq .. ':' .. i)
     end
     table.insert(out, entry)
@@ -607,7 +608,7 @@ end
 -- A sequence that waits for the outside world (ctx.sleep, wait_for_signal,
 -- ctx.call: a task of the fleet, whose worker may know nothing of runs)
 -- leaves an entry in the run's waits hash, by the op's "<seq>:<i>":
--- {"owner", "kind" ('timer', 'signal' or 'call'), "name", "until" (ms, or
+-- {"owner", "kind" ('timer', 'signal', 'call' or 'child'), "name", "until" (ms, or
 -- absent)}.
 -- Its owner is woken (a queued message, see token_queued) when the timer is
 -- due (examine.lua) or the signal arrives (signal.lua), and its replay then
@@ -719,6 +720,33 @@ local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
   end
   if summarized then refresh_waiting(run_key, waits_key) end
   return owners
+end
+
+-- == Child runs (ctx.child) ==============================================
+-- A sequence waiting for a child run leaves a wait of kind 'child', named
+-- by the child's run id, at the op's "<seq>:<i>" (child.lua). The 'waiting'
+-- summary follows such waits in O(1), as refresh_waiting would leave it (a
+-- fan-out of children waits on thousands, and every child's end would read
+-- them all): a new wait takes the summary when none is there or it is due
+-- first; only the end of the wait the summary names reads the others again.
+local function summarize_child_wait(run_key, wait)
+  local raw = redis.call('HGET', run_key, 'waiting')
+  if raw and raw ~= '' then
+    local ok, current = pcall(cjson.decode, raw)
+    if ok and type(current) == 'table' then
+      if not wait['until'] then return end
+      if type(current['until']) == 'number' and current['until'] <= wait['until'] then return end
+    end
+  end
+  local summary = {kind = 'child', name = wait['name']}
+  if wait['until'] then summary['until'] = wait['until'] end
+  redis.call('HSET', run_key, 'waiting', cjson.encode(summary))
+end
+
+local function end_child_wait(run_key, waits_key, at, child_id)
+  if redis.call('HDEL', waits_key, at) == 0 then return end
+  local summary = redis.call('HGET', run_key, 'waiting') or ''
+  if string.find(summary, child_id, 1, true) then refresh_waiting(run_key, waits_key) end
 end
 
 -- Takes the activation lock of a run for one coordinator pass (activate.lua,

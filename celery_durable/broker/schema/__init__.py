@@ -33,7 +33,9 @@ body; ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``. A *call*
 ``m`` (the coordinator) or ``<call>/<j>`` (the branch task of a top-level
 branch). Op identities: ``s|<key>`` step, ``p|<n>``/``l|<n>`` parallel /
 pipeline of n, ``t|`` now(), ``u|`` uuid4(), ``a|<id>`` agent turn, ``z|``
-sleep, ``g|<name>`` signal wait, ``c|<key>`` task call.
+sleep, ``g|<name>`` signal wait, ``c|<key>`` task call, ``k|<key>`` child
+run waited for, ``d|<key>`` child run started detached (``schema.children``,
+which also owns the children hash).
 
 **Step rows** (``P:{R}:steps`` settled, ``P:{R}:running`` running, by key)
 and **agent rows** (``P:{R}:agents`` by ``"<agent id>@<epoch>"``) are JSON
@@ -46,6 +48,19 @@ that attempt and are retried after it (SPEC §4). One-character tags let Lua
 tell them apart without decoding JSON.
 """
 
+from celery_durable.broker.schema.children import (
+    CHILD_FAILED,
+    CHILD_FIELDS,
+    CHILD_TIMEOUT,
+    SETTLED_FOR_PARENT,
+    ChildEntry,
+    child_error,
+    child_outcome,
+    child_run_id,
+    outcome_payload,
+    parent_fields,
+    parse_children,
+)
 from celery_durable.broker.schema.journal import (
     JOURNAL_FIELDS,
     MAIN,
@@ -89,6 +104,17 @@ from celery_durable.broker.schema.run import RUN_FIELDS, new_run_fields, parse_r
 
 __all__ = [
     "AGENT_STATUSES",
+    "CHILD_FAILED",
+    "CHILD_FIELDS",
+    "CHILD_TIMEOUT",
+    "SETTLED_FOR_PARENT",
+    "ChildEntry",
+    "child_error",
+    "child_outcome",
+    "child_run_id",
+    "outcome_payload",
+    "parent_fields",
+    "parse_children",
     "JOURNAL_FIELDS",
     "MAIN",
     "POSITION_STRIDE",

@@ -12,8 +12,8 @@ from celery_durable.errors import StorageCorruptError
 JOURNAL_FIELDS: dict[str, str] = {
     "n:": "n:<seq>: ops recorded in the sequence",
     "o:": "o:<seq>:<i>: op identity, '<epoch>:<identity>'",
-    "v:": "v:<key>: outcome of a step or task call",
-    "x:": "x:<seq>:<i>: value of a now()/uuid4()/wait op",
+    "v:": "v:<key>: outcome of a step, task call or child run (schema.children)",
+    "x:": "x:<seq>:<i>: value of a now()/uuid4()/wait op, a started child's run id",
     "r:": "r:<call>:<j>: outcome of a branch",
     "c:": "c:<call>: branches outstanding",
     "d:": "d:<call>: '<epoch>:<execution>' that dispatched the branches",
@@ -150,6 +150,16 @@ class Identity:
     def call(key: str) -> str:
         return f"c|{key}"
 
+    @staticmethod
+    def child(key: str) -> str:
+        """``ctx.child``: a child run waited for (schema.children)."""
+        return f"k|{key}"
+
+    @staticmethod
+    def start_child(key: str) -> str:
+        """``ctx.start_child``: a child run started, not waited for."""
+        return f"d|{key}"
+
 
 def describe(identity: str) -> str:
     """An op identity as users read it in errors."""
@@ -164,6 +174,8 @@ def describe(identity: str) -> str:
         "z": "sleep()",
         "g": f"wait_for_signal({rest!r})",
         "c": f"call {rest}",
+        "k": f"child {rest}",
+        "d": f"start_child {rest}",
     }.get(kind, identity)
 
 

@@ -63,6 +63,10 @@ RUN_FIELDS: dict[str, str] = {
     "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
     "since a pass last ran; '' while one that knows it runs it (requeue.lua)",
     "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
+    "parent_run_id": "the run that started this one with ctx.child/ctx.start_child (schema.children), or absent",
+    "parent_key": "the key its parent started it under, or absent",
+    "children": "how many child keys the run started (its children hash's fields)",
+    "compensates": "'1' once a saga of the run registered a compensation: a cancelled run replays to run them",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
 
@@ -162,6 +166,10 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             waiting_for=_waiting(raw.get("waiting")),
             unserved_since=_optional_int(raw.get("unserved_since")),
             recoveries=int(raw.get("recoveries") or 0),
+            parent_run_id=raw.get("parent_run_id") or None,
+            parent_key=raw.get("parent_key") or None,
+            children=int(raw.get("children") or 0),
+            compensates=raw.get("compensates") == "1",
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
@@ -176,7 +184,7 @@ def _waiting(raw: str | None) -> dict[str, Any] | None:
     if not raw:
         return None
     data = json.loads(raw)
-    if not isinstance(data, dict) or data.get("kind") not in ("timer", "signal"):
+    if not isinstance(data, dict) or data.get("kind") not in ("timer", "signal", "child"):
         raise ValueError(f"waiting {raw[:80]!r}")
     until = data.get("until")
     return {"kind": data["kind"], "name": str(data.get("name") or ""), "until": optional_ms(until)}

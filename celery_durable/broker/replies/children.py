@@ -1,0 +1,40 @@
+"""The replies of the child scripts (``child_types``): a parent's call that
+starts or waits for a child, a child's end journaled in its parent, a saga's mark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
+from celery_durable.broker.journal import Conflict, Flags
+from celery_durable.broker.replies.shape import flags, script, verdict
+
+
+@script("child")
+def child(reply: Any, run_id: str) -> ChildCall | Conflict:
+    """child.lua: {verdict, cancel, pause, limit, workflow, detail}, verdict
+    'start', 'hit' (detail: the outcome), 'pending' or 'due'; or {'conflict', identity}."""
+    said = verdict(reply, run_id, *ChildVerdict, "conflict")
+    if said == "conflict":
+        return Conflict(str(reply[1]))
+    hit = said == ChildVerdict.HIT
+    return ChildCall(ChildVerdict(said), flags(reply), str(reply[4]), str(reply[5]) if hit else None)
+
+
+@script("child_done")
+def child_done(reply: Any, run_id: str) -> ChildDone:
+    """child_done.lua: {'ok', epoch, workflow, outcome, owner?}, {'late', epoch,
+    workflow, outcome}, {'detached'}, {'unknown'}, or a refusal {'missing'},
+    {'stale'}, {'settled'}."""
+    said = DoneVerdict(verdict(reply, None, *DoneVerdict))
+    if said in (DoneVerdict.OK, DoneVerdict.LATE):
+        owner = str(reply[4]) if len(reply) > 4 and reply[4] else None
+        return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None, owner)
+    return ChildDone(said)
+
+
+@script("compensable")
+def compensable(reply: Any, run_id: str) -> Flags:
+    """compensable.lua: {'ok', cancel, pause, limit}."""
+    verdict(reply, run_id, "ok")
+    return flags(reply)

@@ -1,0 +1,150 @@
+"""``ctx.saga()``: what undoes a block's work when it fails for good (SPEC §5c).
+
+``saga.compensate(key, producer)`` registers an undo; nothing runs then.
+When an exception leaves the block — a failed step, a failed child, any
+ordinary exception, or the run's cancellation — the undos run in reverse
+order of registration, each a journaled step under its own key, so a crash
+while compensating resumes with the ones not yet journaled; then the same
+exception goes on, or ``CompensationFailed`` (with it as ``__cause__``) when
+an undo raised. A normal exit runs nothing; so do the engine's own ways out
+(a pass that suspends, a pause) and the fatal errors that end an attempt
+without settling the run (its authority lost, the store unavailable, a
+ceiling reached, nondeterminism): the attempt that takes over replays to
+the same point and compensates there.
+
+Compensating is replay, like everything else: the registrations are made
+again by each replay as it passes them, and a compensation journaled by an
+earlier attempt returns its journaled value. A cancelled run's next op
+raises ``WorkflowCancelled``; its compensations must still run, so while a
+saga compensates, cancellation is not raised at its ops (``Cursor.compensating``),
+and a run whose saga registered anything is marked (``compensable.lua``):
+a pass that finds it cancelled replays it to where it waits, instead of
+settling at once (``passes.main_pass``), and compensates there.
+
+Scope is lexical: a saga undoes only what was registered with it, in the
+sequence it runs in. Nested sagas each undo their own, innermost first, as
+the exception passes through them; a saga in a ``parallel`` branch undoes
+that branch only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.errors import (
+    EXECUTION_LOST,
+    CompensationFailed,
+    NonDeterminismError,
+    StepFailed,
+    WorkflowCancelled,
+    WorkflowLimitReached,
+)
+from celery_durable.workflows.replay import MAX_KEY_LENGTH
+
+if TYPE_CHECKING:
+    from celery_durable.workflows.cursor import Cursor
+    from celery_durable.workflows.replay import Replay
+
+_COMPENSATING: weakref.WeakKeyDictionary[Replay, int] = weakref.WeakKeyDictionary()
+"""Executions with a saga compensating now, and how many: such a pass honours
+its cancellation, slowly, and the heartbeat must not settle it from under it."""
+_MARKED: weakref.WeakSet[Replay] = weakref.WeakSet()
+"""Executions that marked their run compensable (once is enough)."""
+_LOCK = threading.Lock()
+
+NOT_COMPENSATED: tuple[type[Exception], ...] = (*EXECUTION_LOST, WorkflowLimitReached, NonDeterminismError)
+"""Fatal errors that end the attempt without settling its run: nothing is undone in it."""
+
+
+def compensating(replay: Replay) -> bool:
+    """Whether a saga of this execution is running its compensations now."""
+    with _LOCK:
+        return _COMPENSATING.get(replay, 0) > 0
+
+
+class Saga:
+    """The compensations of one ``with ctx.saga() as saga:`` block."""
+
+    def __init__(self, replay: Callable[[], Replay]) -> None:
+        self._replay = replay
+        self._undo: list[tuple[str, Callable[[], Any]]] = []
+
+    def compensate(self, key: str, producer: Callable[[], Any]) -> None:
+        """Register ``producer`` to undo what the block did so far, as a step
+        under ``key`` should the block fail; nothing runs now."""
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise ValueError(
+                f"Compensation key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}"
+            )
+        if not callable(producer):
+            raise ValueError(f"Compensation {key!r} producer must be callable, got {type(producer).__name__}")
+        self._undo.append((key, producer))
+        _mark(self._replay())
+
+    def __enter__(self) -> Saga:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        undo, self._undo = self._undo, []
+        if exc is None or not undo or not isinstance(exc, Exception):
+            return  # a normal exit, nothing registered, or the engine's own way out
+        replay = self._replay()
+        if not _compensates_after(replay, exc):
+            return
+        failures = _run(replay, undo, exc)
+        if failures:
+            raise CompensationFailed(failures) from exc
+
+
+def _mark(replay: Replay) -> None:
+    """Mark the run compensable once: a cancelled pass then replays it to compensate."""
+    if replay.run.compensates or replay in _MARKED:
+        return
+    cursor = replay.current()
+    if not cursor.writes:
+        return  # a branch task's replay of the main body: the pass marked it
+    replay.apply_flags(replay.journal.mark_compensable())
+    _MARKED.add(replay)
+
+
+def _compensates_after(replay: Replay, exc: Exception) -> bool:
+    if replay.broken is not None or replay.unwinding is not None:
+        return False
+    fatal = replay.fatal
+    if fatal is not None and not isinstance(fatal, WorkflowCancelled):
+        return False
+    return not isinstance(exc, NOT_COMPENSATED)
+
+
+def _run(replay: Replay, undo: list[tuple[str, Callable[[], Any]]], cause: Exception) -> list[dict[str, str]]:
+    """Each undo in reverse, as a step; the failures, in the order they ran."""
+    keys = [key for key, _ in reversed(undo)]
+    replay.system(f"Compensating after {type(cause).__name__}: running {', '.join(keys)}")
+    failures: list[dict[str, str]] = []
+    with _compensating(replay, replay.current()):
+        for key, producer in reversed(undo):
+            try:
+                replay.steps.step(key, producer, volatile=False, retry=None)
+            except StepFailed as failed:
+                failures.append({"key": key, "error_type": failed.error_type, "message": failed.error_message})
+    return failures
+
+
+@contextlib.contextmanager
+def _compensating(replay: Replay, cursor: Cursor) -> Iterator[None]:
+    cursor.compensating += 1
+    with _LOCK:
+        _COMPENSATING[replay] = _COMPENSATING.get(replay, 0) + 1
+    try:
+        yield
+    finally:
+        cursor.compensating -= 1
+        with _LOCK:
+            _COMPENSATING[replay] -= 1
