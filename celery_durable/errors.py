@@ -154,9 +154,8 @@ class CompensationFailed(StepFailed):
     code = "compensation_failed"
 
     def __init__(self, failures: list[dict[str, str]]) -> None:
-        keys = ", ".join(failure["key"] for failure in failures)
         detail = "; ".join(f"{f['key']}: {f['error_type']}: {f['message']}" for f in failures)
-        message = f"Compensation failed for {keys}: {detail}"
+        message = f"Compensation failed: {detail}"
         super().__init__(failures[0]["key"] if failures else "", "CompensationFailed", message, found_by_engine=True)
         self.failures = failures
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
 from celery_durable.broker.journal import (
     AgentVerdict,
     Began,
@@ -30,7 +31,6 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
 from celery_durable.broker.replies import children, control, fleet, journal, run
 from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness

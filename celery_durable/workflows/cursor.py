@@ -65,12 +65,22 @@ class Cursor:
         """The journaled op at the cursor, or None past the end of the history."""
         return self.history[self.index] if self.index < len(self.history) else None
 
-    def goes_on_cancelled(self, epoch: int) -> bool:
-        """Whether a cancelled execution goes on at the op here: while a saga
-        compensates, and at ops the journal answers already, so that a
+    def stops_cancelled(self, epoch: int) -> bool:
+        """Whether a cancelled execution stops at the op here. It goes on while
+        a saga compensates, and at ops the journal answers already, so that a
         cancelled run replays (its sagas registering their undos) to where it
-        stands and meets its cancellation there. A fan-out looks at its
-        branches itself."""
+        stands and meets its cancellation there. Where it stops at an op
+        journaled without an end (a wait, a call, a child), that op is
+        stepped over: its end will never come, and what a saga journals next
+        goes after it, on every replay alike."""
+        if self._goes_on_cancelled(epoch):
+            return False
+        if self.journaled() is not None:
+            self.advance()
+        return True
+
+    def _goes_on_cancelled(self, epoch: int) -> bool:
+        """A fan-out looks at its branches itself (``fanout``)."""
         if self.compensating:
             return True
         entry = self.journaled()

@@ -98,6 +98,8 @@ class FanoutOps:
         if replay.cancelled() and not cursor.compensating:
             # A cancelled run replays through journaled fan-outs whose branches
             # are all in (check_cancelled); here it would send or run new work.
+            if journaled:
+                cursor.advance()  # stepped over, as Cursor.stops_cancelled does
             raise replay.meet_fatal(WorkflowCancelled(f"Run {replay.run.run_id} was cancelled"))
         result = replay.journal.dispatch(
             cursor.seq, cursor.index, identity, len(branches), replay.token, cursor.position()

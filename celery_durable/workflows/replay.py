@@ -349,7 +349,7 @@ class Replay:
             raise cursor.suspended
         if self._broken is not None:
             raise self._broken
-        if self._cancel.is_set() and not (cursor is not None and cursor.goes_on_cancelled(self.epoch)):
+        if self._cancel.is_set() and (cursor is None or cursor.stops_cancelled(self.epoch)):
             raise self.meet_fatal(WorkflowCancelled(f"Run {self.run.run_id} was cancelled"))
         if self._limit:
             raise self.meet_fatal(WorkflowLimitReached(self._limit))

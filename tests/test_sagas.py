@@ -1,0 +1,301 @@
+"""Sagas (SPEC §5c): compensations registered in a block run in reverse, each
+a journaled step, when an exception leaves it — or the run is cancelled.
+
+Real Redis, real Celery workers (threads in this process); a whole fleet
+killed mid-compensation is in ``test_children_crash.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from celery_durable import (
+    ChildWorkflowFailed,
+    CompensationFailed,
+    StepFailed,
+    WorkflowContext,
+    define_workflow,
+)
+from tests.conftest import kill_attempt
+
+TIMEOUT = 30
+DONE: dict[str, list[str]] = {}
+COUNTS: Counter[str] = Counter()
+LOCK = threading.Lock()
+GATES: dict[str, threading.Event] = {}
+
+
+def did(run_id: str, what: str) -> str:
+    with LOCK:
+        DONE.setdefault(run_id, []).append(what)
+        COUNTS[f"{run_id}:{what}"] += 1
+    return what
+
+
+def gate(name: str) -> threading.Event:
+    with LOCK:
+        return GATES.setdefault(name, threading.Event())
+
+
+def wf(name: str, run: Any, **meta: Any) -> Any:
+    return define_workflow({"name": name, "description": name, "phases": [], **meta}, run)
+
+
+def poll(predicate: Any, timeout: float = TIMEOUT, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def boom(message: str) -> Any:
+    raise RuntimeError(message)
+
+
+def book_two_then(ctx: WorkflowContext, then: Any) -> Any:
+    """Books a and b, each with its undo, then does ``then`` inside the saga."""
+    rid = ctx.run_id
+    with ctx.saga() as saga:
+        ctx.step("book-a", lambda: did(rid, "book-a"))
+        saga.compensate("undo-a", lambda: did(rid, "undo-a"))
+        ctx.step("book-b", lambda: did(rid, "book-b"))
+        saga.compensate("undo-b", lambda: did(rid, "undo-b"))
+        return then(ctx)
+
+
+def system_records(client: Any, run_id: str) -> list[str]:
+    return [r.message for r in client.get_workflow_run_progress(run_id).records if r.kind == "system"]
+
+
+def step_status(client: Any, run_id: str) -> dict[str, str]:
+    return {row.key: row.status for row in client.get_workflow_run_detail(run_id).steps}
+
+
+def test_a_failed_step_runs_the_compensations_in_reverse_then_propagates(durable) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        try:
+            book_two_then(ctx, lambda ctx: ctx.step("book-c", lambda: boom("no car left")))
+        except StepFailed as exc:
+            return [exc.key, exc.error_type, exc.error_message]
+        return None
+
+    d = durable([wf("trip", run)])
+    envelope = d.client.run_workflow("trip", timeout=TIMEOUT)
+    assert envelope.result == ["book-c", "RuntimeError", "no car left"]
+    assert DONE[envelope.run_id] == ["book-a", "book-b", "undo-b", "undo-a"]
+    steps = step_status(d.client, envelope.run_id)
+    assert steps["undo-a"] == steps["undo-b"] == "completed"  # each a journaled step under its key
+    assert "Compensating after StepFailed: running undo-b, undo-a" in system_records(d.client, envelope.run_id)
+
+
+def test_a_normal_exit_runs_nothing_and_an_ordinary_exception_compensates(durable) -> None:
+    def fine(ctx: WorkflowContext) -> Any:
+        return book_two_then(ctx, lambda ctx: "booked")
+
+    def raises(ctx: WorkflowContext) -> Any:
+        return book_two_then(ctx, lambda ctx: boom("changed my mind"))
+
+    d = durable([wf("fine", fine), wf("raises", raises)])
+    ok = d.client.run_workflow("fine", timeout=TIMEOUT)
+    assert ok.result == "booked" and DONE[ok.run_id] == ["book-a", "book-b"]
+    assert not [m for m in system_records(d.client, ok.run_id) if "Compensating" in m]
+
+    failed = d.client.run_workflow("raises", timeout=TIMEOUT)
+    assert (failed.status, failed.reason) == ("error", "exception")
+    assert failed.error == "RuntimeError: changed my mind"  # the same exception went on
+    assert DONE[failed.run_id] == ["book-a", "book-b", "undo-b", "undo-a"]
+
+
+def test_a_failed_child_compensates(durable) -> None:
+    child = wf("broken-child", lambda ctx: ctx.step("x", lambda: boom("child down")))
+
+    def run(ctx: WorkflowContext) -> Any:
+        try:
+            book_two_then(ctx, lambda ctx: ctx.child("kid", "broken-child"))
+        except ChildWorkflowFailed as exc:
+            return exc.child_status
+        return None
+
+    d = durable([wf("parent", run), child])
+    envelope = d.client.run_workflow("parent", timeout=TIMEOUT)
+    assert envelope.result == "error"
+    assert DONE[envelope.run_id][-2:] == ["undo-b", "undo-a"]
+    assert "Compensating after ChildWorkflowFailed: running undo-b, undo-a" in system_records(
+        d.client, envelope.run_id
+    )
+
+
+def test_a_compensation_that_raises_does_not_stop_the_others(durable) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        try:
+            with ctx.saga() as saga:
+                saga.compensate("undo-1", lambda: did(rid, "undo-1"))
+                saga.compensate("undo-2", lambda: boom("provider refused the cancellation"))
+                saga.compensate("undo-3", lambda: (_ for _ in ()).throw(KeyError("ref")))
+                ctx.step("fail", lambda: boom("original"))
+        except CompensationFailed as exc:
+            cause = exc.__cause__
+            return {
+                "key": exc.key, "error_type": exc.error_type, "failures": exc.failures,
+                "is_step_failed": isinstance(exc, StepFailed),
+                "cause": [type(cause).__name__, getattr(cause, "key", None)],
+            }
+        return None
+
+    d = durable([wf("undo-fails", run)])
+    envelope = d.client.run_workflow("undo-fails", timeout=TIMEOUT)
+    assert envelope.result == {
+        "key": "undo-3",
+        "error_type": "CompensationFailed",
+        "failures": [
+            {"key": "undo-3", "error_type": "KeyError", "message": "'ref'"},
+            {"key": "undo-2", "error_type": "RuntimeError", "message": "provider refused the cancellation"},
+        ],
+        "is_step_failed": True,
+        "cause": ["StepFailed", "fail"],
+    }
+    assert DONE[envelope.run_id] == ["undo-1"]  # after both failures, the last one still ran
+
+
+def test_an_uncaught_compensation_failure_ends_the_run_naming_it(durable) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        with ctx.saga() as saga:
+            saga.compensate("undo", lambda: boom("cannot undo"))
+            ctx.step("fail", lambda: boom("original"))
+
+    d = durable([wf("undo-fails", run)])
+    envelope = d.client.run_workflow("undo-fails", timeout=TIMEOUT)
+    assert (envelope.status, envelope.reason) == ("error", "exception")
+    assert envelope.error == (
+        "StepFailed: step 'undo' raised CompensationFailed: Compensation failed: undo: RuntimeError: cannot undo"
+    )
+
+
+def test_a_run_being_cancelled_compensates_before_it_settles_cancelled(durable) -> None:
+    """Cancelled while waiting (no pass runs: the cancel's pass replays it to the
+    wait), and cancelled while a step runs (its next op meets the cancel)."""
+
+    def waits(ctx: WorkflowContext) -> Any:
+        return book_two_then(ctx, lambda ctx: ctx.wait_for_signal("never"))
+
+    def busy(ctx: WorkflowContext) -> Any:
+        return book_two_then(ctx, lambda ctx: [ctx.step("long", lambda: gate(ctx.run_id).wait(TIMEOUT)),
+                                               ctx.step("next", lambda: did(ctx.run_id, "next"))])
+
+    d = durable([wf("waits", waits), wf("busy", busy)])
+    waiting = d.client.start_workflow("waits")
+    poll(lambda: d.client.get_workflow_run(waiting).snapshot["waiting_for"], what="the wait")
+    cancelled = d.client.cancel_workflow_run(waiting, timeout=TIMEOUT)
+    assert cancelled.status == "cancelled"
+    assert DONE[waiting] == ["book-a", "book-b", "undo-b", "undo-a"]
+    assert "Compensating after WorkflowCancelled: running undo-b, undo-a" in system_records(d.client, waiting)
+
+    running = d.client.start_workflow("busy")
+    poll(lambda: step_status(d.client, running).get("long") == "running", what="the long step")
+    threading.Timer(0.3, gate(running).set).start()  # finishes after the cancel was asked for
+    assert d.client.cancel_workflow_run(running, timeout=TIMEOUT).status == "cancelled"
+    assert DONE[running] == ["book-a", "book-b", "undo-b", "undo-a"]
+
+
+def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_one_again(
+    durable, raw_redis
+) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as saga:
+            saga.compensate("undo-a", lambda: (gate(rid).wait(TIMEOUT), did(rid, "undo-a"))[1])
+            saga.compensate("undo-b", lambda: did(rid, "undo-b"))
+            ctx.step("fail", lambda: boom("original"))
+
+    d = durable([wf("crashy", run)], lease_seconds=2)
+    run_id = d.client.start_workflow("crashy")
+    poll(lambda: step_status(d.client, run_id).get("undo-a") == "running", what="the second compensation")
+    kill_attempt(raw_redis, d.engine, run_id)  # its attempt is dead; its thread still waits at the gate
+    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, what="the take-over")
+    gate(run_id).set()
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert envelope.status == "error" and envelope.error == "StepFailed: step 'fail' raised RuntimeError: original"
+    assert COUNTS[f"{run_id}:undo-b"] == 1, "a compensation journaled before the crash does not run again"
+    assert step_status(d.client, run_id)["undo-a"] == "completed"
+
+
+def test_a_ceiling_reached_runs_nothing_in_that_attempt(durable) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as saga:
+            saga.compensate("undo", lambda: did(rid, "undo"))
+            ctx.step("slow", lambda: time.sleep(1.2))
+            ctx.step("after", lambda: did(rid, "after"))
+
+    d = durable([wf("capped", run, limits={"timeout_seconds": 1})])
+    envelope = d.client.run_workflow("capped", timeout=TIMEOUT)
+    assert (envelope.status, envelope.reason) == ("error", "workflow_limit_reached")
+    assert DONE.get(envelope.run_id, []) == []
+    resumed = d.client.resume_workflow(envelope.run_id, limits={"timeout_seconds": 60}, timeout=TIMEOUT)
+    assert resumed.status == "completed" and DONE[envelope.run_id] == ["after"]
+
+
+def test_nested_sagas_and_sagas_in_branches_compensate_their_own_scope(durable) -> None:
+    def nested(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as outer:
+            outer.compensate("undo-outer", lambda: did(rid, "undo-outer"))
+            try:
+                with ctx.saga() as inner:
+                    inner.compensate("undo-inner", lambda: did(rid, "undo-inner"))
+                    ctx.step("inner-fails", lambda: boom("inner"))
+            except StepFailed:
+                did(rid, "caught-inside-outer")
+            with ctx.saga() as second:
+                second.compensate("undo-second", lambda: did(rid, "undo-second"))
+                ctx.step("outer-fails", lambda: boom("outer"))
+
+    def branches(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+
+        def branch(i: int) -> Any:
+            with ctx.saga() as saga:
+                ctx.step(f"book-{i}", lambda: did(rid, f"book-{i}"))
+                saga.compensate(f"undo-{i}", lambda: did(rid, f"undo-{i}"))
+                if i == 1:
+                    ctx.step("fail-1", lambda: boom("branch 1"))
+                return i
+
+        with ctx.saga() as main:
+            main.compensate("undo-main", lambda: did(rid, "undo-main"))
+            return ctx.parallel([lambda i=i: branch(i) for i in range(3)])
+
+    d = durable([wf("nested", nested), wf("branches", branches)])
+    envelope = d.client.run_workflow("nested", timeout=TIMEOUT)
+    assert envelope.status == "error"
+    assert DONE[envelope.run_id] == ["undo-inner", "caught-inside-outer", "undo-second", "undo-outer"]
+
+    fanned = d.client.run_workflow("branches", timeout=TIMEOUT)
+    assert fanned.result == [0, None, 2]
+    assert COUNTS[f"{fanned.run_id}:undo-1"] == 1
+    assert not {"undo-0", "undo-2", "undo-main"} & set(DONE[fanned.run_id])
+
+
+def test_compensate_checks_its_arguments(durable) -> None:
+    def run(ctx: WorkflowContext) -> Any:
+        errors = []
+        with ctx.saga() as saga:
+            for key, producer in (("", lambda: 1), ("k", "not callable")):
+                try:
+                    saga.compensate(key, producer)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    errors.append(str(exc))
+        return errors
+
+    d = durable([wf("bad-saga", run)])
+    assert d.client.run_workflow("bad-saga", timeout=TIMEOUT).result == [
+        "Compensation key must be a non-empty string of at most 1024 characters: ''",
+        "Compensation 'k' producer must be callable, got str",
+    ]
