@@ -418,3 +418,24 @@ def _request(d: Any, ports: Any, run_id: str, key: str, workflow: str, args: Any
         key=key, run_id=schema.child_run_id(run_id, key), workflow=definition, args=args,
         args_json=jsonvalue.dumps(args), limits_json="{}", ceilings={},
     )
+
+
+def test_a_child_whose_worker_died_before_it_told_its_parent_is_told_by_the_sweep(durable) -> None:
+    """The child settles, and its worker dies before its parent hears of it:
+    settled here by hand, as the child's attempt would, with nothing told."""
+
+    def parent(ctx: WorkflowContext) -> Any:
+        return ctx.child("kid", "signalled")
+
+    d = durable([wf("parent", parent), *LEAVES], lease_seconds=2)
+    run_id = d.client.start_workflow("parent")
+    kid = schema.child_run_id(run_id, "kid")
+    poll(lambda: waiting(d.client, kid), what="the child to wait")
+    record = d.engine.store.load_run(kid)
+    assert record is not None
+    started = time.monotonic()
+    d.engine.store.finish(kid, record.epoch, record.namespace, "completed", result_json='"settled by hand"', watch=True)
+    assert "v:kid" not in d.engine.store.hashes(run_id).journal  # the parent was told nothing
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert envelope.result == "settled by hand"
+    assert time.monotonic() - started < 2 * d.settings.lease_seconds + 5  # a lease, and the sweep's look

@@ -142,7 +142,8 @@ def test_json_output_of_run_list_show_and_progress(durable) -> None:
     assert listed["next_cursor"] is None
 
     shown = json.loads(cli(settings, "runs", "show", run_id, "--app", APP, "--json").stdout)
-    assert set(shown) == {"run", "phases", "agents", "steps", "progress"}
+    assert set(shown) == {"run", "phases", "agents", "steps", "progress", "children"}
+    assert shown["children"] == [] and shown["run"]["parent_run_id"] is None
     assert shown["run"] == envelope
     assert [(p["phase_id"], p["title"], p["detail"], p["state"]) for p in shown["phases"]] == [
         ("phase-1", "Fetch", "Read the inputs", "done"),
@@ -182,6 +183,30 @@ def test_tables_for_people(durable) -> None:
         "    2 ▶ Fetch (phase 1/3): Read the inputs",
         "    3   fetching 3 items",
     ]
+
+
+def test_runs_show_links_a_parent_and_its_children(durable) -> None:
+    from celery_durable.broker.schema import child_run_id
+    from tests.apps.nested import nest_leaf, nest_parent
+
+    d = durable([nest_leaf, nest_parent])
+    app = "tests.apps.nested:make_engine"
+    run_id = d.client.run_workflow("nest-parent", timeout=30).run_id
+    kid, loose = child_run_id(run_id, "kid"), child_run_id(run_id, "loose")
+    d.client.wait_for_workflow_run(loose, timeout=30)
+    shown = cli(d.settings, "runs", "show", run_id, "--app", app).stdout
+    assert "child runs" in shown and "show one with: celery-durable runs show <run>" in shown
+    cells = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in shown.splitlines()]
+    rows = {row[0]: row[1:] for row in cells if row[0] in (kid, loose)}
+    assert rows == {
+        kid: ["kid", "nest-leaf", "completed", "yes"],
+        loose: ["loose", "nest-leaf", "completed", "detached"],
+    }
+    child = cli(d.settings, "runs", "show", kid, "--app", app).stdout
+    assert f"parent run: {run_id}  (celery-durable runs show {run_id})" in child
+    as_json = json.loads(cli(d.settings, "runs", "show", run_id, "--app", app, "--json").stdout)
+    children = [(c["key"], c["run_id"], c["detached"]) for c in as_json["children"]]
+    assert children == [("kid", kid, False), ("loose", loose, True)]
 
 
 def test_a_failed_run_exits_1_and_is_steered_from_the_command_line(durable) -> None:

@@ -69,7 +69,8 @@ def waiting_text(envelope: RunEnvelope) -> str:
     waiting = envelope.snapshot.get("waiting_for")
     if not waiting:
         return ""
-    what = f"signal {waiting['name']!r}" if waiting.get("kind") == "signal" else "timer"
+    kind = waiting.get("kind")
+    what = {"signal": f"signal {waiting['name']!r}", "child": f"child run {waiting['name']}"}.get(str(kind), "timer")
     until = waiting.get("until")
     if until:
         what += f" until {datetime.fromisoformat(until).strftime('%Y-%m-%d %H:%M:%S')} UTC"
@@ -144,11 +145,31 @@ def detail_view(detail: RunDetail) -> RenderableType:
     waiting = waiting_text(run)
     if waiting:
         parts.append(Text(f"waiting for: {waiting}", style="bold"))
+    parts.extend(family_view(detail))
     parts.append(agents if detail.agents else Text("agent turns: none"))
     parts.append(steps if detail.steps else Text("steps: none"))
     parts.append(Text("recent progress", style="italic"))
     parts.extend(record_line(record, detail.phases) for record in detail.progress[-SHOWN_PROGRESS:])
     return Group(*parts)
+
+
+def family_view(detail: RunDetail) -> list[RenderableType]:
+    """The run's parent and children (SPEC §5b), each with the command that shows it."""
+    parts: list[RenderableType] = []
+    parent = detail.run.parent_run_id
+    if parent:
+        parts.append(Text(f"parent run: {parent}  (celery-durable runs show {parent})"))
+    if detail.children:
+        table = Table("key", "workflow", "status", "waited for", title="child runs", title_justify="left")
+        table.columns.insert(0, Column("run", no_wrap=True, min_width=32))
+        for child in detail.children:
+            table.add_row(
+                child.run_id, child.key, child.workflow, status_text(child.status or "gone"),
+                "detached" if child.detached else "yes",
+            )
+        parts.append(table)
+        parts.append(Text("show one with: celery-durable runs show <run>", style="dim"))
+    return parts
 
 
 def record_line(record: ProgressEntry, phases: list[PhaseRow] | None) -> Text:

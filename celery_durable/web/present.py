@@ -106,6 +106,8 @@ def waiting(value: Any) -> str:
         text = "a timer"
     elif kind == "signal":
         text = f"the signal {name!s}" if name else "a signal"
+    elif kind == "child":
+        text = f"the child run {name!s}"
     else:
         text = str(kind or "an event")
     return f"{text} (until {until})" if until else text

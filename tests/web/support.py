@@ -137,7 +137,17 @@ waits_for_go = define_workflow(
     _waits_for_go,
 )
 
-WORKFLOWS = [gated, hostile, quick, approval, waits_for_go]
+
+def _parent(ctx: Any) -> Any:
+    return {"child": ctx.child("kid", "web.waits-for-go")}
+
+
+parent = define_workflow(
+    {"name": "web.parent", "description": "Waits for a child run", "phases": []},
+    _parent,
+)
+
+WORKFLOWS = [gated, hostile, quick, approval, waits_for_go, parent]
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 15) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from celery_durable.broker.schema import child_run_id
 from tests.web.conftest import SiteFactory
 from tests.web.support import gate, new_gate, wait_until
 
@@ -71,6 +72,30 @@ def test_run_page_says_what_a_running_run_is_doing(site: SiteFactory) -> None:
     live = web.http.get(web.run_url(run_id) + "/live")
     assert live.text.lstrip().startswith('<div id="run-live"') and "Prepare" in live.text
     gate(held).set()
+
+
+def test_a_run_page_links_its_parent_and_its_children(site: SiteFactory) -> None:
+    web = site()
+    parent = web.client.start_workflow("web.parent")
+    kid = child_run_id(parent, "kid")
+    wait_until(lambda: web.client.get_workflow_run(parent).snapshot["waiting_for"], "the parent to wait")
+    text = web.http.get(web.run_url(parent)).text
+    assert f"Waiting for the child run {kid}" in text
+    assert f'href="/ns/default/runs/{kid}">open it</a>' in text
+    assert 'id="children"' in text and f'class="child-link" href="/ns/default/runs/{kid}"' in text
+    assert ">web.waits-for-go<" in text and 'id="parent-link"' not in text
+
+    child_page = web.http.get(web.run_url(kid)).text
+    assert f'id="parent-link" href="/ns/default/runs/{parent}"' in child_page
+    assert 'id="children"' not in child_page
+    wait_until(lambda: web.client.get_workflow_run(kid).snapshot["waiting_for"], "the child to wait")
+    detail = web.http.get(f"/api/runs/{parent}/detail").json()
+    assert detail["children"] == [
+        {"key": "kid", "run_id": kid, "workflow": "web.waits-for-go", "status": "running", "detached": False}
+    ]
+    assert web.http.get(f"/api/runs/{kid}").json()["parent_run_id"] == parent
+    web.client.signal_workflow_run(kid, "go", 1)
+    assert web.client.wait_for_workflow_run(parent, timeout=20).result == {"child": {"payload": 1}}
 
 
 def test_history_paging_goes_back_through_older_records(site: SiteFactory) -> None:
