@@ -1,7 +1,8 @@
 """``celery-durable demo`` as a newcomer runs it: a subprocess on a fresh
 machine's terms, so on the private Redis it starts itself; real worker
 processes killed with SIGKILL mid-booking, and the same run finishing by
-itself with one reservation per service."""
+itself with one reservation per service; then a trip whose car is sold out,
+whose saga cancels its flight and hotel at their providers."""
 
 from __future__ import annotations
 
@@ -32,9 +33,18 @@ def test_the_demo_kills_every_worker_and_the_run_still_books_each_service_once(t
     assert "Run recovered after its attempt died (attempt 2)" in out
     assert re.search(r"■ completed\s+run \w+ · attempt 2", out), out
 
-    rows = {m[0]: (int(m[1]), int(m[2])) for m in re.findall(r"│ (flight|hotel|car)\s+│ (\d+)\s+│ (\d+)\s+│", out)}
-    assert rows == {"flight": (1, 1), "hotel": (1, 1), "car": (2, 1)}, out
+    found = re.findall(r"│ (flight|hotel|car)\s+│ (\d+)\s+│ (\d+)\s+│ (\d+)\s+│", out)
+    rows = [(m[0], int(m[1]), int(m[2]), int(m[3])) for m in found]
+    assert len(rows) == 6, out
+    # The crashed trip: (service, raw calls, reservations, cancellations).
+    assert rows[:3] == [("flight", 1, 1, 0), ("hotel", 1, 1, 0), ("car", 2, 1, 0)], out
     assert "the idempotency key made the provider book once" in out
+
+    # The second trip, the car sold out: its saga cancelled what was booked.
+    assert rows[3:] == [("flight", 1, 1, 1), ("hotel", 1, 1, 1), ("car", 1, 0, 0)], out
+    assert "Compensating after TripNotBooked: running cancel-hotel, cancel-flight" in out
+    assert re.search(r"■ completed\s+run \w+ · not_booked", out), out
+    assert "the saga cancelled the flight and the hotel at their providers" in out
 
     # Every worker the demo started is gone, the killed ones and the new ones.
     for pid in re.findall(r"\(pid (\d+)\)", out):

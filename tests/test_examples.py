@@ -60,7 +60,9 @@ def run_readme_example(tmp_path: Path, workflow: str) -> dict[str, Any]:
 
 
 def test_the_readme_runs_every_example() -> None:
-    assert sorted(argv[2] for argv in readme_example_lines()) == ["code-review", "expense-approval", "pipeline", "trip"]
+    assert sorted(argv[2] for argv in readme_example_lines()) == [
+        "code-review", "expense-approval", "nightly-report", "pipeline", "trip"
+    ]
 
 
 def test_the_trip(tmp_path: Path) -> None:
@@ -89,6 +91,15 @@ def test_the_pipeline(tmp_path: Path) -> None:
     result = run_readme_example(tmp_path, "pipeline")["result"]
     assert (result["documents"], result["processed"]) == (4, 4)
     assert [s["document"] for s in result["summaries"]] == ["fencing", "seed", "spec", "steps"]
+
+
+def test_the_nightly_report_composes_child_runs(tmp_path: Path) -> None:
+    envelope = run_readme_example(tmp_path, "nightly-report")
+    result = envelope["result"]
+    assert (result["customers"], result["reported"]) == (3, 2)
+    by_customer = {report["customer"]: report for report in result["reports"]}
+    assert by_customer["empty-co"] == {"customer": "empty-co", "failed": "error"}
+    assert result["total"] == by_customer["acme"]["total"] + by_customer["globex"]["total"] > 0
 
 
 @pytest.mark.parametrize(

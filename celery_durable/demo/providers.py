@@ -6,6 +6,9 @@ first call with a key makes the reservation; a later call with the same key
 returns that reservation again instead of booking twice. That is what makes a
 step that runs twice (at least once, SPEC §8) book once.
 
+A provider cancels a reservation once per idempotency key, however often it
+is asked, and can be *sold out*: it then refuses every booking.
+
 A provider can be told to *hold* its reply: the reservation is made, but the
 answer does not come back until the hold is released. ``celery-durable demo``
 uses it to kill the workers at the seed's moment — the car is booked at the
@@ -37,6 +40,7 @@ class Receipt:
     calls: int
     reservations: int
     confirmation: str | None
+    cancellations: int = 0
 
 
 class Providers:
@@ -50,8 +54,11 @@ class Providers:
         return f"{self.prefix}:provider:{service}:{what}"
 
     def book(self, service: str, idempotency_key: str, details: dict[str, Any]) -> dict[str, Any]:
-        """Reserve ``service`` once per ``idempotency_key``; the reservation."""
+        """Reserve ``service`` once per ``idempotency_key``; the reservation.
+        A service sold out (``sell_out``) refuses, reserving nothing."""
         self.redis.hincrby(self.key(service, "calls"), idempotency_key, 1)
+        if self.redis.exists(self.key(service, "sold-out")):
+            raise SoldOut(f"No {service} left for {details.get('destination', 'this trip')}")
         confirmation = f"{service[:3].upper()}-{uuid.uuid4().hex[:6].upper()}"
         reservation = {"service": service, "confirmation": confirmation, **details}
         self.redis.hsetnx(self.key(service, "reservations"), idempotency_key, json.dumps(reservation))
@@ -61,6 +68,22 @@ class Providers:
                 time.sleep(HOLD_POLL_SECONDS)
         stored = self.redis.hget(self.key(service, "reservations"), idempotency_key)
         return dict(json.loads(str(stored)))
+
+    def cancel(self, service: str, idempotency_key: str) -> dict[str, Any]:
+        """Cancel the reservation made under ``idempotency_key`` (once, however
+        often it is asked); what the provider says."""
+        self.redis.hincrby(self.key(service, "cancel-calls"), idempotency_key, 1)
+        if not self.redis.hexists(self.key(service, "reservations"), idempotency_key):
+            return {"service": service, "cancelled": False, "reason": "no such reservation"}
+        self.redis.hsetnx(self.key(service, "cancellations"), idempotency_key, "1")
+        return {"service": service, "cancelled": True}
+
+    def sell_out(self, service: str) -> None:
+        """From now on, ``service`` has nothing left to book."""
+        self.redis.set(self.key(service, "sold-out"), "1")
+
+    def restock(self, service: str) -> None:
+        self.redis.delete(self.key(service, "sold-out"))
 
     def hold(self, service: str) -> None:
         """From now on, ``service`` makes reservations but holds its replies."""
@@ -79,7 +102,8 @@ class Providers:
         calls = sum(int(n) for _, n in self.redis.hscan_iter(self.key(service, "calls"), match=mine))
         reservations = [json.loads(v) for _, v in self.redis.hscan_iter(self.key(service, "reservations"), match=mine)]
         confirmation = reservations[0].get("confirmation") if len(reservations) == 1 else None
-        return Receipt(service, calls, len(reservations), confirmation)
+        cancellations = sum(1 for _ in self.redis.hscan_iter(self.key(service, "cancellations"), match=mine))
+        return Receipt(service, calls, len(reservations), confirmation, cancellations)
 
 
 @lru_cache(maxsize=1)
@@ -92,3 +116,12 @@ def default() -> Providers:
 def book(service: str, idempotency_key: str, details: dict[str, Any]) -> dict[str, Any]:
     """What a booking step calls: the provider of ``service``."""
     return default().book(service, idempotency_key, details)
+
+
+def cancel(service: str, idempotency_key: str) -> dict[str, Any]:
+    """What a cancellation (the saga's compensation) calls: the provider of ``service``."""
+    return default().cancel(service, idempotency_key)
+
+
+class SoldOut(Exception):
+    """The provider has nothing left to book."""

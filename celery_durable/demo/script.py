@@ -12,6 +12,9 @@ What happens, in order, and nothing else:
    resume call, no message: the workers' recovery sweep sees that the dead
    attempt's lease was not renewed and takes the run over.
 5. The run finishes; the provider receipts show one reservation per service.
+6. The car provider sells out, and a second trip starts: flight and hotel
+   are booked, the car is refused, and the trip's saga cancels the flight
+   and the hotel at their providers; their receipts show the cancellations.
 
 The demo uses its own key prefix and queue names, so it never mixes with
 other runs on a shared Redis.
@@ -61,10 +64,26 @@ class DemoResult:
     detail: RunDetail
     receipts: list[Receipt]
     seconds: float
+    undone: RunEnvelope | None = None
+    """The second trip, the one the car provider refused."""
+    undone_receipts: list[Receipt] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.envelope.status == "completed" and all(r.reservations == 1 for r in self.receipts)
+        crashed_fine = self.envelope.status == "completed" and all(r.reservations == 1 for r in self.receipts)
+        return crashed_fine and self.undone is not None and undone_as_expected(self.undone, self.undone_receipts)
+
+
+def undone_as_expected(envelope: RunEnvelope, receipts: list[Receipt]) -> bool:
+    """The refused trip: not booked, flight and hotel reserved then cancelled once, no car."""
+    by_service = {receipt.service: receipt for receipt in receipts}
+    return (
+        envelope.status == "completed"
+        and isinstance(envelope.result, dict)
+        and envelope.result.get("status") == "not_booked"
+        and all((by_service[s].reservations, by_service[s].cancellations) == (1, 1) for s in ("flight", "hotel"))
+        and (by_service[HELD].reservations, by_service[HELD].cancellations) == (0, 0)
+    )
 
 
 def demo_settings(redis_url: str, options: DemoOptions) -> Settings:
@@ -194,12 +213,14 @@ def run_demo(console: Console, options: DemoOptions) -> DemoResult:
                 return _play(demo, options)
         finally:
             demo.providers.release(HELD)
+            demo.providers.restock(HELD)  # the next demo on this Redis starts with cars again
             demo.stop_workers()
             raw.close()
 
 
 def _play(demo: Demo, options: DemoOptions) -> DemoResult:
     client, providers = demo.client, demo.providers
+    providers.restock(HELD)
     providers.hold(HELD)
     first = demo.start_workers()
     demo.say(f"started {len(first)} worker processes: " + ", ".join(view.worker_label(w) for w in first))
@@ -241,4 +262,20 @@ def _play(demo: Demo, options: DemoOptions) -> DemoResult:
     receipts = [providers.receipt(service, run_id) for service in SERVICES]
     result = DemoResult(detail.run, detail, receipts, demo.elapsed())
     demo.console.print(view.outcome(result.detail, receipts, result.seconds))
+    result.undone, result.undone_receipts = _refused_car(demo, options)
     return result
+
+
+def _refused_car(demo: Demo, options: DemoOptions) -> tuple[RunEnvelope, list[Receipt]]:
+    """The second act: no car left, and the saga undoes the rest of the trip."""
+    client, providers = demo.client, demo.providers
+    providers.sell_out(HELD)
+    demo.say(f"the {HELD} provider is sold out now; a second trip starts")
+    run_id = client.start_workflow("trip", args={"destination": options.destination})
+    demo.say(f"started run {run_id} (workflow trip)")
+    demo.after_seq = 0
+    demo.wait(run_id, lambda: client.get_workflow_run(run_id).is_terminal, "the second trip to finish")
+    detail = client.get_workflow_run_detail(run_id)
+    receipts = [providers.receipt(service, run_id) for service in SERVICES]
+    demo.console.print(view.undone(detail, receipts, demo.elapsed()))
+    return detail.run, receipts

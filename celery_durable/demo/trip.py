@@ -7,6 +7,11 @@ step that was in flight when its worker died runs again in the next attempt
 (steps run at least once) — and the provider, seeing the same key, returns
 the reservation it already made instead of booking a second car.
 
+And where the seed leaves a half-booked trip behind, this one is a saga
+(``ctx.saga``): each booking made registers its cancellation, and when one
+fails (no car left) the others are cancelled at their providers, each
+cancellation a journaled step, before the run says the trip was not booked.
+
 Run it with a worker:  celery-durable run trip --app examples.trip:engine --args '{"destination": "Seattle"}'
 Or watch it survive ``kill -9``:  celery-durable demo
 """
@@ -51,20 +56,39 @@ def trip(ctx: WorkflowContext) -> dict[str, Any]:
         ctx.log(f"{service} booked: {reservation['confirmation']}")
         return reservation
 
-    bookings = ctx.parallel([partial(booking, service) for service in SERVICES])
+    try:
+        with ctx.saga() as saga:
+            bookings = ctx.parallel([partial(booking, service) for service in SERVICES])
+            # What was booked is cancelled again should the trip not go ahead:
+            # at its provider, under the booking's own idempotency key.
+            for service, reservation in zip(SERVICES, bookings, strict=True):
+                if reservation is not None:
+                    key = ctx.idempotency_key(f"book-{service}")
+                    saga.compensate(f"cancel-{service}", partial(providers.cancel, service, key))
 
-    ctx.phase("Review")
-    review = ctx.step("review", lambda: review_bookings(bookings))
-    ctx.log("Every booking confirmed" if review["approved"] else f"Not confirmed: {', '.join(review['issues'])}")
+            ctx.phase("Review")
+            review = ctx.step("review", lambda: review_bookings(bookings))
+            if not review["approved"]:
+                raise TripNotBooked(review["issues"])
+            ctx.log("Every booking confirmed")
 
-    ctx.phase("Confirm")
-    if not review["approved"]:
-        return {"status": "not_confirmed", "destination": destination, "issues": review["issues"]}
-    confirmed: dict[str, Any] = ctx.step(
-        "confirm-trip",
-        lambda: {"status": "confirmed", "destination": destination, "bookings": bookings},
-    )
-    return confirmed
+            ctx.phase("Confirm")
+            confirmed: dict[str, Any] = ctx.step(
+                "confirm-trip",
+                lambda: {"status": "confirmed", "destination": destination, "bookings": bookings},
+            )
+            return confirmed
+    except TripNotBooked as exc:
+        ctx.log(f"Not booked: {', '.join(exc.issues)}; what was booked is cancelled")
+        return {"status": "not_booked", "destination": destination, "issues": exc.issues}
+
+
+class TripNotBooked(Exception):
+    """A booking failed: the saga cancels the others before this goes on."""
+
+    def __init__(self, issues: list[str]) -> None:
+        super().__init__("; ".join(issues))
+        self.issues = issues
 
 
 def review_bookings(bookings: list[Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ def intro(redis_described: str, settings: Settings, workers: int) -> RenderableT
         "A trip books a flight, a hotel and a rental car in parallel against local fake providers\n"
         "that honour idempotency keys, reviews the bookings and confirms. Every worker process is\n"
         "killed with SIGKILL while the car booking is in flight; new ones finish the same run.\n"
+        "Then the car provider sells out: a second trip's saga cancels its flight and hotel.\n"
     )
     lines.append(f"Redis: {redis_described}\n", style="cyan")
     lines.append(
@@ -96,19 +97,41 @@ def phases_table(detail: RunDetail) -> Table:
     return table
 
 
-def receipts_table(receipts: Sequence[Receipt]) -> Table:
+def receipts_table(receipts: Sequence[Receipt], expected: Sequence[int] = (1, 1, 1)) -> Table:
     table = Table(
-        "service", "raw provider calls", "reservations", "confirmation",
+        "service", "raw provider calls", "reservations", "cancellations", "confirmation",
         title="provider receipts (read from the providers, not the journal)", title_justify="left",
     )
-    for receipt in receipts:
+    for receipt, wanted in zip(receipts, expected, strict=True):
         table.add_row(
             receipt.service,
             str(receipt.calls),
-            Text(str(receipt.reservations), style="green" if receipt.reservations == 1 else "bold red"),
+            Text(str(receipt.reservations), style="green" if receipt.reservations == wanted else "bold red"),
+            str(receipt.cancellations),
             receipt.confirmation or "",
         )
     return table
+
+
+def undone(detail: RunDetail, receipts: Sequence[Receipt], seconds: float) -> RenderableType:
+    """The second trip: the car refused, the flight and the hotel cancelled by the saga."""
+    run = detail.run
+    head = stamp(seconds)
+    head.append("■ ")
+    head.append_text(status_text(run.status))
+    status = run.result.get("status") if isinstance(run.result, dict) else None
+    head.append(f"  run {run.run_id} · {status or 'no result'}")
+    parts: list[RenderableType] = [head, steps_table(detail, "steps"), receipts_table(receipts, (1, 1, 0))]
+    cancelled = [r.service for r in receipts if r.reservations == 1 and r.cancellations == 1]
+    if cancelled:
+        parts.append(
+            Text(
+                f"no car left: the saga cancelled the {' and the '.join(cancelled)} at their providers, "
+                "each cancellation a journaled step.",
+                style="bold",
+            )
+        )
+    return Group(*parts)
 
 
 def outcome(detail: RunDetail, receipts: Sequence[Receipt], seconds: float) -> RenderableType:
