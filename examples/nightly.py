@@ -11,7 +11,7 @@ of starting them again; a child that fails raises ``ChildWorkflowFailed`` in
 the parent, here caught and reported, so one bad customer does not sink the
 night.
 
-    celery-durable run nightly-report --app examples.nightly:engine --args '{"customers": ["acme", "globex", "initech"]}'
+    celery-durable run nightly-report --app examples.nightly:engine --args '{"customers": ["acme", "empty-co"]}'
 """
 
 from __future__ import annotations
