@@ -202,6 +202,18 @@ def call_fanout(ctx: WorkflowContext) -> int:
     return len(results)
 
 
+@workflow(name="bench.leaf", description="one no-op step: a child run's work", phases=[])
+def leaf(ctx: WorkflowContext) -> Any:
+    return ctx.step("leaf", noop_value)
+
+
+@workflow(name="bench.children", description="parallel of n child runs of one no-op step each", phases=[])
+def children(ctx: WorkflowContext) -> int:
+    n = int(ctx.args["n"])
+    results = ctx.parallel([functools.partial(ctx.child, f"c{i}", "bench.leaf") for i in range(n)])
+    return len(results)
+
+
 def _hold(key: str, seconds: float) -> None:
     """Block (BLPOP: no Redis traffic while it waits) until released, or ``seconds``."""
     _marks().blpop([key], timeout=seconds)
@@ -216,6 +228,7 @@ def hold(ctx: WorkflowContext) -> None:
 
 WORKFLOWS = [
     sequential, fanout, pipeline, one_step, replay, ticker, footprint, timer, many, hold, calls, call_fanout,
+    leaf, children,
 ]
 
 

@@ -56,6 +56,8 @@ class Plan:
     """ctx.calls of the no-op task one after another in one run (vs as many ``delay().get()``)."""
     calls_width: int = 4_096
     """Branches of the parallel whose every branch is one ctx.call (vs a group as wide)."""
+    children_sizes: tuple[int, ...] = (250, 1_000)
+    """Child runs started from one parallel (vs as many branches of the same step); the last is the issue's."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -126,4 +128,5 @@ def quick_plan(repeat: int) -> Plan:
         soak_window=8,
         calls_sequential=20,
         calls_width=64,
+        children_sizes=(8, 24),
     )

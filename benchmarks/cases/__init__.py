@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from benchmarks.cases import (
     calls,
+    children,
     fanout,
     footprint,
     latency,
@@ -45,4 +46,5 @@ CASES: dict[str, CaseRunner] = {
     "soak": soak.run,
     "sweep": sweep.run,
     "calls": calls.run,
+    "children": children.run,
 }
