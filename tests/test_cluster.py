@@ -29,7 +29,7 @@ from celery_durable import Settings, StorageUnavailableError, WorkflowContext, W
 from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import DurableFactory
-from tests.contract import test_calls, test_journal, test_waits
+from tests.contract import test_calls, test_children, test_journal, test_waits
 from tests.contract.conftest import BackendFactory, RedisBackend
 from tests.test_agents import (  # noqa: F401
     test_an_agent_turn_is_journaled_and_identical_calls_are_memoized,
@@ -67,7 +67,7 @@ from tests.topologies import RedisClusterNodes, keys_per_node, node_client
 globals().update(
     {
         name: test
-        for module in (test_journal, test_calls, test_waits)
+        for module in (test_journal, test_calls, test_waits, test_children)
         for name, test in vars(module).items()
         if name.startswith("test_") and callable(test)
     }

@@ -25,7 +25,8 @@ from celery_durable.broker.progress import ProgressSlice
 from celery_durable.broker.replies.control import Signalled
 from celery_durable.broker.replies.fleet import Examined
 from celery_durable.broker.replies.shape import Refusal
-from celery_durable.broker.schema import SequenceHistory
+from celery_durable.broker.child_types import ChildDone
+from celery_durable.broker.schema import Outcome, SequenceHistory
 from celery_durable.testing import VirtualClock
 from celery_durable.testing.environment import _Engine
 
@@ -98,6 +99,10 @@ class Backend:
 
     def pass_time(self, ms: int) -> None:
         """``ms`` pass for the run's waits: every due time that was ``ms`` away is now."""
+        raise NotImplementedError
+
+    def tell(self, key: str, child: str, outcome: Outcome, prefix: str = "told") -> ChildDone:
+        """child_done.lua as a child's settling runs it: its end told to this run."""
         raise NotImplementedError
 
     def activate(self, token: str) -> Flags | int:
@@ -225,6 +230,9 @@ class RedisBackend(Backend):
     def pass_time(self, ms: int) -> None:
         """The store's clock moves on: every script is told the later time."""
         self.clock.advance(ms / 1000)
+
+    def tell(self, key: str, child: str, outcome: Outcome, prefix: str = "told") -> ChildDone:
+        return self.store.tell_parent(self.run_id, "default", key, child, outcome, prefix)
 
 
 BackendFactory = Callable[..., Backend]
