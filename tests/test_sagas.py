@@ -204,6 +204,39 @@ def test_a_run_being_cancelled_compensates_before_it_settles_cancelled(durable) 
     assert DONE[running] == ["book-a", "book-b", "undo-b", "undo-a"]
 
 
+def test_a_cancelled_run_waits_for_its_waiting_branches_to_compensate_before_it_settles(durable) -> None:
+    """Branches that wait (a signal, a child) are sent again when the run is
+    cancelled: each meets the cancellation there and undoes its own work;
+    then the main body's saga undoes its own, and the run settles cancelled."""
+    kid = wf("kid", lambda ctx: ctx.wait_for_signal("never").payload)
+
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+
+        def branch(i: int) -> Any:
+            with ctx.saga() as saga:
+                ctx.step(f"book-{i}", lambda: did(rid, f"book-{i}"))
+                saga.compensate(f"undo-{i}", lambda: did(rid, f"undo-{i}"))
+                return ctx.child(f"kid-{i}", "kid") if i == 0 else ctx.wait_for_signal("never").payload
+
+        with ctx.saga() as main:
+            ctx.step("book-main", lambda: did(rid, "book-main"))
+            main.compensate("undo-main", lambda: did(rid, "undo-main"))
+            return ctx.parallel([lambda i=i: branch(i) for i in range(2)])
+
+    d = durable([wf("branchy", run), kid], fanout_tasks=2, branch_batch_ms=0)
+    run_id = d.client.start_workflow("branchy")
+    from celery_durable.broker.schema import child_run_id
+
+    poll(lambda: len(d.engine.store.hashes(run_id).waits) == 2, what="both branches to wait")
+    envelope = d.client.cancel_workflow_run(run_id, timeout=TIMEOUT)
+    assert envelope.status == "cancelled", envelope.error
+    done = DONE[run_id]
+    assert sorted(done[:3]) == ["book-0", "book-1", "book-main"]
+    assert sorted(done[3:5]) == ["undo-0", "undo-1"] and done[5:] == ["undo-main"], done
+    assert d.client.wait_for_workflow_run(child_run_id(run_id, "kid-0"), timeout=TIMEOUT).status == "cancelled"
+
+
 def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_one_again(
     durable, raw_redis
 ) -> None:

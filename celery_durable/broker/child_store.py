@@ -33,7 +33,7 @@ from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
 
 class ChildJournal:
-    """The child calls of one attempt's journal (a base of ``RedisJournal``)."""
+    """The child calls of one attempt's journal, and its sagas' (a base of ``RedisJournal``)."""
 
     _run: Callable[[str, Sequence[str], Sequence[Any]], Any]
     _keys: RunKeys
@@ -73,6 +73,12 @@ class ChildJournal:
 
     def mark_compensable(self) -> Flags:
         return parse.compensable(self._run("compensable", [self._keys.run], [self._epoch]), self._run_id)
+
+    def wake_branches(self, call: str) -> list[int]:
+        k = self._keys
+        reply = self._run("wake_branches", [k.run, k.waits], [self._epoch, call])
+        _, branches = parse.wake_branches(reply, self._run_id)
+        return branches
 
 
 class ChildRuns(RunRecords):

@@ -382,3 +382,9 @@ class Journal(Protocol):
         """A saga registered a compensation: a pass that finds the run cancelled
         replays it to run its compensations (``compensable.lua``)."""
         ...
+
+    def wake_branches(self, call: str) -> list[int]:
+        """A cancelled run that compensates: the branches of fan-out ``call``
+        that wait stop waiting (``wake_branches.lua``); the caller sends them
+        again, to meet the cancellation and compensate."""
+        ...

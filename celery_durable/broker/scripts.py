@@ -60,6 +60,7 @@ SCRIPT_NAMES = (
     "child",
     "child_done",
     "compensable",
+    "wake_branches",
 )
 
 

@@ -88,18 +88,35 @@ class FanoutOps:
             cursor.advance()
             return results
         replay.flush(cursor)
+        if not journaled:
+            replay.check_pause(cursor)
+            if replay.cancelled() and not cursor.compensating:
+                raise replay.meet_fatal(WorkflowCancelled(f"Run {replay.run.run_id} was cancelled"))
+        index = cursor.index
+        try:
+            return self._journaled(cursor, call, identity, branches, journaled)
+        except WorkflowCancelled:
+            # Met at a journaled fan-out: stepped over, as Cursor.stops_cancelled
+            # does, so that what a saga journals next goes after it.
+            if cursor.index == index:
+                cursor.advance()
+            raise
+
+    def _journaled(
+        self, cursor: Cursor, call: str, identity: str, branches: list[Thunk], journaled: bool
+    ) -> list[Any]:
+        """A fan-out of a writing sequence: its results, collected, or its
+        branches dispatched (and run here, or sent) until they are."""
+        replay = self._replay
         if journaled:
             results = self._collect(call, len(branches))
             if results is not None:
                 cursor.advance()
                 return results
-        else:
-            replay.check_pause(cursor)
-        if replay.cancelled() and not cursor.compensating:
+        ending = replay.cancelled() and not cursor.compensating
+        if ending and not replay.run.compensates:
             # A cancelled run replays through journaled fan-outs whose branches
             # are all in (check_cancelled); here it would send or run new work.
-            if journaled:
-                cursor.advance()  # stepped over, as Cursor.stops_cancelled does
             raise replay.meet_fatal(WorkflowCancelled(f"Run {replay.run.run_id} was cancelled"))
         result = replay.journal.dispatch(
             cursor.seq, cursor.index, identity, len(branches), replay.token, cursor.position()
@@ -109,6 +126,8 @@ class FanoutOps:
         if result.cut:
             cursor.cut_here()
         results = None
+        if ending and result.pending:
+            self._wake_to_compensate(call)
         if replay.mode is Mode.PASS and cursor.is_main:
             results = self._dispatched(cursor, call, identity, branches, result)
         else:
@@ -167,6 +186,15 @@ class FanoutOps:
             inline.forget(call)
         return results
 
+    def _wake_to_compensate(self, call: str) -> None:
+        """The run is cancelled and its sagas compensate: the fan-out's branches
+        that wait are sent again, to meet the cancellation where they wait and
+        undo what they did; their outcomes, all of them, wake the next pass
+        (``_collect`` waits for every one before it raises the cancellation)."""
+        waiting = self._replay.journal.wake_branches(call)
+        if waiting:
+            self._send(call, waiting)
+
     def _send(self, call: str, indices: Sequence[int], sender: BranchSender | None = None) -> Sequence[str]:
         replay = self._replay
         send = sender or replay.send_branches
@@ -198,12 +226,15 @@ class FanoutOps:
         replay = self._replay
         raws = replay.journal.branch_outcomes(call, count)
         decoded = [replay.decode(raw) if raw is not None else None for raw in raws]
+        missing = any(outcome is None or not outcome.is_live(replay.epoch) for outcome in decoded)
+        if missing and replay.cancelled() and replay.run.compensates:
+            return None  # cancelled: every branch compensates and ends before the cancellation goes on
         for outcome in decoded:
             if outcome is not None and outcome.kind == "f" and outcome.is_live(replay.epoch):
                 error = outcome.fatal_error()
                 if isinstance(error, WorkflowCancelled | NonDeterminismError):
                     replay.meet_fatal(error)
                 raise error
-        if any(outcome is None or not outcome.is_live(replay.epoch) for outcome in decoded):
+        if missing:
             return None
         return [outcome.result for outcome in decoded if outcome is not None]

@@ -1,5 +1,6 @@
 """The replies of the child scripts (``child_types``): a parent's call that
-starts or waits for a child, a child's end journaled in its parent, a saga's mark."""
+starts or waits for a child, a child's end journaled in its parent; and the
+sagas': a run marked compensable, a cancelled run's waiting branches woken."""
 
 from __future__ import annotations
 
@@ -38,3 +39,10 @@ def compensable(reply: Any, run_id: str) -> Flags:
     """compensable.lua: {'ok', cancel, pause, limit}."""
     verdict(reply, run_id, "ok")
     return flags(reply)
+
+
+@script("wake_branches")
+def wake_branches(reply: Any, run_id: str) -> tuple[Flags, list[int]]:
+    """wake_branches.lua: {'ok', cancel, pause, limit, j, j, ...}."""
+    verdict(reply, run_id, "ok")
+    return flags(reply), [int(j) for j in reply[4:]]
