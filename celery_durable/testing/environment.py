@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from celery_durable.agents import AgentRunner
 from celery_durable.broker import RunRecord, RunStore
@@ -174,9 +174,10 @@ class WorkflowTestEnvironment:
             waiting = record.waiting_for
             if record.status != "running" or not self._fleet.alive(run_id, record.epoch) or waiting is None:
                 return RunEnvelope.from_record(record)
-            if waiting["until"] is None:
+            until = self._due(waiting)
+            if until is None:
                 return RunEnvelope.from_record(record)  # a signal without a timeout: only signal() helps
-            self.clock.advance_to(waiting["until"])
+            self.clock.advance_to(until)
         raise RuntimeError(
             f"Run {run_id} kept setting timers: {MAX_SKIPPED_TIMERS} fired and it has not settled "
             "(a loop that sleeps forever?); use start() and clock.advance() to step through it"
@@ -271,6 +272,18 @@ class WorkflowTestEnvironment:
 
     def _record(self, run_id: str) -> RunRecord:
         return self.client._record(run_id)
+
+    def _due(self, waiting: dict[str, Any]) -> int | None:
+        """When what a run waits for is due: its own time-out, else, for a
+        child run it waits for, what that child waits for (and so on down)."""
+        seen: set[str] = set()
+        while waiting["until"] is None and waiting["kind"] == "child" and waiting["name"] not in seen:
+            seen.add(waiting["name"])
+            child = self.engine.store.load_run(waiting["name"])
+            if child is None or child.status != "running" or child.waiting_for is None:
+                return None
+            waiting = child.waiting_for
+        return cast(int | None, waiting["until"])
 
     def _workflow(self, name_or_handle: str | Workflow) -> Workflow:
         name = name_or_handle.name if isinstance(name_or_handle, Workflow) else name_or_handle

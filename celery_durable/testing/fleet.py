@@ -131,6 +131,8 @@ class Fleet:
     def _deliver(self, message: Message) -> None:
         if (_run_of(message), self._epoch_of(message)) in self.crashed:
             return  # its worker died with it
+        if _run_of(message) not in self.runs:
+            self.runs.append(_run_of(message))  # a child run: its timers fire too
         if isinstance(message, TaskCall):
             self._call(message)
         else:

@@ -220,3 +220,25 @@ def test_an_error_that_escapes_the_engine_reaches_the_test(env: WorkflowTestEnvi
     with pytest.raises(Escapes):
         env.start(escapes)
     assert env.run(escapes).result == "done"
+
+
+@workflow(name="env-leaf", description="Sleeps a day, then doubles", phases=[])
+def env_leaf(ctx: WorkflowContext) -> Any:
+    ctx.sleep(86_400)
+    return ctx.step("double", lambda: ctx.args["n"] * 2)
+
+
+@workflow(name="env-parent", description="Two child runs in parallel, in a saga", phases=[])
+def env_parent(ctx: WorkflowContext) -> Any:
+    with ctx.saga() as saga:
+        saga.compensate("undo", lambda: produce("env-undo"))
+        return ctx.parallel([lambda i=i: ctx.child(f"c{i}", "env-leaf", {"n": i}) for i in range(2)])
+
+
+def test_child_runs_and_sagas_run_in_the_environment_on_its_clock() -> None:
+    env = WorkflowTestEnvironment([env_leaf, env_parent])
+    envelope = env.run("env-parent")
+    assert envelope.status == "completed", envelope.error
+    assert envelope.result == [0, 2]
+    assert [c.status for c in env.detail(envelope.run_id).children] == ["completed"] * 2
+    assert calls["env-undo"] == 0
