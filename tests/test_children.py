@@ -215,6 +215,24 @@ def test_a_parent_recovered_while_its_child_runs_finds_the_same_child(durable, r
     assert child_of(d.client, run_id, "kid").attempt == 1
 
 
+def test_a_paused_parent_leaves_its_child_running_and_resumes_with_its_result(durable) -> None:
+    def parent(ctx: WorkflowContext) -> Any:
+        return ctx.child("kid", "signalled")
+
+    d = durable([wf("parent", parent), *LEAVES])
+    run_id = d.client.start_workflow("parent")
+    kid = schema.child_run_id(run_id, "kid")
+    poll(lambda: waiting(d.client, kid), what="the child to wait")
+    assert d.client.pause_workflow_run(run_id, timeout=10).status == "paused"
+    assert d.client.get_workflow_run(kid).status == "running"
+    d.client.signal_workflow_run(kid, "go", "while the parent was paused")
+    assert d.client.wait_for_workflow_run(kid, timeout=TIMEOUT).status == "completed"
+    assert d.client.get_workflow_run(run_id).status == "paused"
+    resumed = d.client.resume_workflow(run_id, timeout=TIMEOUT)
+    assert resumed.result == "while the parent was paused"
+    assert d.client.get_workflow_run(kid).attempt == 1
+
+
 # -- failures ------------------------------------------------------------------------------
 
 

@@ -11,6 +11,8 @@ from celery_durable import errors
 from celery_durable.errors import (
     FATAL_ERRORS,
     RESUME_ERROR_CODES,
+    ChildWorkflowFailed,
+    CompensationFailed,
     DurableError,
     NonDeterminismError,
     RunNotFoundError,
@@ -158,8 +160,28 @@ PICKLED: list[tuple[DurableError, dict[str, Any]]] = [
         StepFailed("fetch-users", "KeyError", "'id'"),
         {"key": "fetch-users", "error_type": "KeyError", "error_message": "'id'", "code": "step_failed"},
     ),
+    (
+        ChildWorkflowFailed("hotel", "ab" * 16, "error", "exception", "Child run ... ended error: boom"),
+        {
+            "key": "hotel", "error_type": "ChildWorkflowFailed", "child_run_id": "ab" * 16, "child_status": "error",
+            "child_reason": "exception", "code": "child_workflow_failed",
+        },
+    ),
+    (
+        CompensationFailed([{"key": "cancel-car", "error_type": "KeyError", "message": "'ref'"}]),
+        {
+            "key": "cancel-car", "error_type": "CompensationFailed", "code": "compensation_failed",
+            "failures": [{"key": "cancel-car", "error_type": "KeyError", "message": "'ref'"}],
+        },
+    ),
     *((WorkflowResumeError(f"resume refused: {code}", code=code), {"code": code}) for code in SPEC_RESUME_CODES),
 ]
+
+
+@pytest.mark.parametrize("error", [ChildWorkflowFailed("k", "r", "cancelled", None, "m"), CompensationFailed([])])
+def test_child_and_compensation_failures_are_step_failures(error: StepFailed) -> None:
+    assert isinstance(error, StepFailed) and isinstance(error, DurableError)
+    assert error.error_type == type(error).__name__
 
 
 @pytest.mark.parametrize(("error", "fields"), PICKLED, ids=[f"{type(e).__name__}-{e}" for e, _ in PICKLED])

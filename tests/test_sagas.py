@@ -259,20 +259,22 @@ def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_
     assert step_status(d.client, run_id)["undo-a"] == "completed"
 
 
-def test_a_ceiling_reached_runs_nothing_in_that_attempt(durable) -> None:
+def test_a_ceiling_reached_runs_nothing_in_that_attempt_and_the_next_compensates_there(durable) -> None:
     def run(ctx: WorkflowContext) -> Any:
         rid = ctx.run_id
         with ctx.saga() as saga:
             saga.compensate("undo", lambda: did(rid, "undo"))
             ctx.step("slow", lambda: time.sleep(1.2))
-            ctx.step("after", lambda: did(rid, "after"))
+            ctx.step("after", lambda: boom("fails once it runs"))
 
     d = durable([wf("capped", run, limits={"timeout_seconds": 1})])
     envelope = d.client.run_workflow("capped", timeout=TIMEOUT)
     assert (envelope.status, envelope.reason) == ("error", "workflow_limit_reached")
     assert DONE.get(envelope.run_id, []) == []
     resumed = d.client.resume_workflow(envelope.run_id, limits={"timeout_seconds": 60}, timeout=TIMEOUT)
-    assert resumed.status == "completed" and DONE[envelope.run_id] == ["after"]
+    assert resumed.status == "error"
+    assert resumed.error == "StepFailed: step 'after' raised RuntimeError: fails once it runs"
+    assert DONE[envelope.run_id] == ["undo"]
 
 
 def test_nested_sagas_and_sagas_in_branches_compensate_their_own_scope(durable) -> None:
