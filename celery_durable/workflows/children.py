@@ -36,7 +36,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.child_types import ChildCall, ChildVerdict
 from celery_durable.broker.journal import Conflict, PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
-from celery_durable.errors import StaleAttemptError, StepFailed
+from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
@@ -182,18 +182,29 @@ class ChildOps:
         workflow started under the key before (it wins, as a step key's value does)."""
         if result.workflow == request.workflow.name:
             return request
-        return self._request(request.key, result.workflow, request.args, None)
+        try:
+            return self._request(request.key, result.workflow, request.args, None)
+        except ValueError:
+            return request  # its run exists already (it was created under the key before): found, not made
 
     def _start(self, request: ChildRequest) -> ChildState:
         if self._port is None:
             raise RuntimeError("this execution cannot start child runs")
-        return self._port.start(request)
+        try:
+            return self._port.start(request)
+        except EXECUTION_LOST as exc:
+            # Sticky, as the journal's own failures are: workflow code that
+            # catches it must not go on past a call whose child may not exist.
+            raise self._replay.break_with(exc) from None
 
     def _timed_out(self, cursor: Cursor, request: ChildRequest, timeout: float | None) -> Any:
         """The time-out passed: the child is cancelled first (a crash before the
         time-out is journaled cancels it again), then the failure journaled."""
         assert self._port is not None
-        ended = self._port.cancel(request)
+        try:
+            ended = self._port.cancel(request)
+        except EXECUTION_LOST as exc:
+            raise self._replay.break_with(exc) from None
         if ended is not None and ended.status == "completed":
             # It completed before it could be cancelled: its end was not told yet.
             outcome = schema.child_outcome(
