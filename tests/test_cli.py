@@ -203,7 +203,7 @@ def test_runs_show_links_a_parent_and_its_children(durable) -> None:
         loose: ["loose", "nest-leaf", "completed", "detached"],
     }
     child = cli(d.settings, "runs", "show", kid, "--app", app).stdout
-    assert f"parent run: {run_id}  (celery-durable runs show {run_id})" in child
+    assert f"parent run: {run_id} (celery-durable runs show {run_id})" in " ".join(child.split())
     as_json = json.loads(cli(d.settings, "runs", "show", run_id, "--app", app, "--json").stdout)
     children = [(c["key"], c["run_id"], c["detached"]) for c in as_json["children"]]
     assert children == [("kid", kid, False), ("loose", loose, True)]
