@@ -12,6 +12,7 @@ import pytest
 
 from celery_durable import WorkflowContext, workflow
 from tests.conftest import DurableFactory
+from tests.test_fencing import poll
 
 SHAPE = {"first": "a"}
 
@@ -39,6 +40,9 @@ def test_a_run_that_ends_error_logs_one_warning_naming_it(
     run_id = d.client.start_workflow(name)
     envelope = d.client.wait_for_workflow_run(run_id, timeout=30)
     assert (envelope.status, envelope.reason) == ("error", reason)
-    said = [r for r in caplog.records if r.levelno == logging.WARNING and run_id in r.getMessage()]
-    assert len(said) == 1, [r.getMessage() for r in said]
-    assert f"'{name}'" in said[0].getMessage() and reason in said[0].getMessage()
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.levelno == logging.WARNING and run_id in r.getMessage()]
+
+    poll(said, "the warning, logged once the run is settled")  # its pass logs it right after settling
+    assert len(said()) == 1, [r.getMessage() for r in said()]
+    assert f"'{name}'" in said()[0].getMessage() and reason in said()[0].getMessage()
