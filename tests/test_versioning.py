@@ -71,6 +71,7 @@ def test_a_deploy_keeps_old_runs_on_their_branch_and_new_runs_on_the_new_one(
         passed = cli(settings, "replay-check", "--app", f"{APP}:v2")
         failed = cli(settings, "replay-check", "--app", f"{APP}:unguarded", "--run", old)
         as_json = cli(settings, "replay-check", "--app", f"{APP}:unguarded", "--json")
+        unknown = cli(settings, "replay-check", "--app", f"{APP}:other")
     assert writes == []
     assert dump_keys(url, prefix) == before
     assert (ok.run_id, ok.status, ok.verdict, ok.message) == (old, "running", "ok", "")
@@ -86,6 +87,11 @@ def test_a_deploy_keeps_old_runs_on_their_branch_and_new_runs_on_the_new_one(
     report = json.loads(as_json.stdout)
     assert (report["checked"], report["ok"], report["diverge"], report["failed"]) == (1, 0, 1, 0)
     assert report["runs"][0]["message"] == broken.message
+    assert unknown.returncode == 1
+    assert unknown.stdout.splitlines() == [
+        f"{old}  order  running  unknown_workflow  Workflow 'order' is not registered with this engine",
+        "1 runs checked: 0 ok, 0 diverge, 1 failed",
+    ]
 
     worker = deploy(fleet, worker, "v2")
     v2 = client_of(settings, "v2")

@@ -5,7 +5,8 @@
 - ``v2``: a fraud check inserted before the wait, guarded by ``ctx.patched``;
 - ``v3``: the old branch dropped, ``ctx.deprecate_patch`` kept;
 - ``unguarded``: the fraud check inserted without a patch (what breaks runs);
-- ``renamed``: ``reserve`` renamed ``reserve-stock`` (what breaks them too).
+- ``renamed``: ``reserve`` renamed ``reserve-stock`` (what breaks them too);
+- ``other``: another team's engine, which does not know ``order``.
 
 Each is a factory: the CLI calls it when it loads ``--app``, so an engine is
 built from the test's environment for that version only.
@@ -85,3 +86,7 @@ def unguarded() -> Engine:
 
 def renamed() -> Engine:
     return Engine(workflows=[ORDER["renamed"]])
+
+
+def other() -> Engine:
+    return Engine(workflows=[define_workflow({**META, "name": "invoice"}, order_v1)])
