@@ -18,7 +18,7 @@ def dump_keys(url: str, prefix: str) -> dict[bytes, tuple[bytes | None, bool]]:
     client = redis.Redis.from_url(url)
     try:
         keys = sorted(client.scan_iter(match=f"{prefix}*".encode(), count=1000))
-        return {key: (client.dump(key), client.pttl(key) > 0) for key in keys}  # type: ignore[misc]
+        return {key: (client.dump(key), client.pttl(key) > 0) for key in keys}
     finally:
         client.close()
 
