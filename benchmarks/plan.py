@@ -56,6 +56,10 @@ class Plan:
     """ctx.calls of the no-op task one after another in one run (vs as many ``delay().get()``)."""
     calls_width: int = 4_096
     """Branches of the parallel whose every branch is one ctx.call (vs a group as wide)."""
+    check_runs: int = 1_000
+    """Runs in flight the replay check replays (``cases/replay_check.py``)."""
+    check_steps: int = 50
+    """Journaled steps of each of them."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -126,4 +130,6 @@ def quick_plan(repeat: int) -> Plan:
         soak_window=8,
         calls_sequential=20,
         calls_width=64,
+        check_runs=20,
+        check_steps=10,
     )

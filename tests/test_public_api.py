@@ -33,6 +33,7 @@ PUBLIC_NAMES = {
     "PhaseRow",
     "ProgressEntry",
     "ProgressPage",
+    "ReplayCheck",
     "RunDetail",
     "RunEnvelope",
     "RunPage",

@@ -49,3 +49,6 @@ class RunRecord:
     """Take-overs in a row with nothing journaled between them."""
     unserved_since: int | None = None
     """Since when (ms) its messages find only workers that do not know its workflow."""
+    attempt_code_hash: str = ""
+    """The code hash its latest pass ran (``code_hash`` is the one it started
+    with): after a run stopped on nondeterminism, the code that diverged."""

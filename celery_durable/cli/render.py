@@ -144,11 +144,20 @@ def detail_view(detail: RunDetail) -> RenderableType:
     waiting = waiting_text(run)
     if waiting:
         parts.append(Text(f"waiting for: {waiting}", style="bold"))
+    parts.append(Text(code_text(detail)))
     parts.append(agents if detail.agents else Text("agent turns: none"))
     parts.append(steps if detail.steps else Text("steps: none"))
     parts.append(Text("recent progress", style="italic"))
     parts.extend(record_line(record, detail.phases) for record in detail.progress[-SHOWN_PROGRESS:])
     return Group(*parts)
+
+
+def code_text(detail: RunDetail) -> str:
+    """Which code the run runs: the hash it started with, and the one its latest attempt ran when another."""
+    started, last = detail.started_code_hash, detail.last_attempt_code_hash
+    if last and last != started:
+        return f"code: started with {started}, latest attempt ran {last}"
+    return f"code: {started}"
 
 
 def record_line(record: ProgressEntry, phases: list[PhaseRow] | None) -> Text:

@@ -44,6 +44,9 @@ class Cursor:
     """A branch run one after another with others in one thread: the owner of
     their completions, the one before this branch's included, which may
     travel with this branch's first write."""
+    patches: dict[str, bool] | None = None
+    """The answers ``ctx.patched`` gave in this sequence, by patch id: the
+    first answer for an id holds for the rest of it (``patches.py``)."""
 
     def take_held(self) -> PendingCommit | None:
         """The held-back step, which the caller now journals."""

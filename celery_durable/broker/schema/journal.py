@@ -150,6 +150,11 @@ class Identity:
     def call(key: str) -> str:
         return f"c|{key}"
 
+    @staticmethod
+    def patch(patch_id: str) -> str:
+        """A patch marker (``ctx.patched``): journaled where new code took the new branch."""
+        return f"v|{patch_id}"
+
 
 def describe(identity: str) -> str:
     """An op identity as users read it in errors."""
@@ -164,6 +169,7 @@ def describe(identity: str) -> str:
         "z": "sleep()",
         "g": f"wait_for_signal({rest!r})",
         "c": f"call {rest}",
+        "v": f"patched({rest!r})",
     }.get(kind, identity)
 
 
