@@ -80,6 +80,10 @@ def check_exposure(host: str, credential: Credential | None) -> None:
     refuse_exposure(host, has_credential=credential is not None, option="--auth", env=AUTH_ENV)
 
 
+# Written here, not taken from a library: Starlette's TrustedHostMiddleware
+# (which does the check, in app.py) compares names as text, so the names it
+# is given must already be in the form a Host header has; and nothing in
+# Starlette or uvicorn derives them from the address a server is bound to.
 EVERY_INTERFACE = frozenset({"0.0.0.0", "[::]"})
 HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?\.?")
 
@@ -124,11 +128,15 @@ def _netloc(text: str, default_port: str) -> str:
 
 
 def names_this_server(headers: Headers) -> bool:
-    """Whether the request's ``Origin`` is this server: the scheme's host and port the request's ``Host`` names.
+    """Whether the request's ``Origin`` names the host and port its ``Host`` does.
 
     A browser sets ``Origin`` on every cross-site POST and no page can
     change it, so one naming this server proves the request came from its
     own pages. ``Host`` itself was checked against the served names first.
+    Written by hand: Starlette's CORSMiddleware only decides which origins
+    may read answers and refuses no request, and the ASGI CSRF packages
+    (asgi-csrf, starlette-csrf) want a cookie beside every token and have
+    no ``Origin`` alternative, which SPEC §13 asks for.
     """
     origin, host = headers.get("origin"), headers.get("host")
     if not origin or not host:
