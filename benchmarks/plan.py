@@ -58,6 +58,10 @@ class Plan:
     """Branches of the parallel whose every branch is one ctx.call (vs a group as wide)."""
     children_sizes: tuple[int, ...] = (250, 1_000)
     """Child runs started from one parallel (vs as many branches of the same step); the last is the issue's."""
+    check_runs: int = 1_000
+    """Runs in flight the replay check replays (``cases/replay_check.py``)."""
+    check_steps: int = 50
+    """Journaled steps of each of them."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -129,4 +133,6 @@ def quick_plan(repeat: int) -> Plan:
         calls_sequential=20,
         calls_width=64,
         children_sizes=(8, 24),
+        check_runs=20,
+        check_steps=10,
     )

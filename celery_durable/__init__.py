@@ -29,6 +29,7 @@ from celery_durable.errors import (
     WorkflowResumeError,
     WorkflowWaitCancelled,
 )
+from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
 from celery_durable.workflows.envelope import (
@@ -78,6 +79,7 @@ __all__ = [
     "RunEnvelope",
     "RunPage",
     "RunUpdate",
+    "ReplayCheck",
     "RunWatch",
     "StepRow",
     "is_terminal_status",

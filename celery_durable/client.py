@@ -12,6 +12,7 @@ import redis.exceptions
 from kombu.exceptions import KombuError
 
 from celery_durable import progress as paging
+from celery_durable import versioning
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
@@ -24,9 +25,17 @@ from celery_durable.errors import (
 )
 from celery_durable.listing import list_runs
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
-from celery_durable.run_views import agent_row, child_rows, phase_rows, resume_verdict, step_rows_in_order
+from celery_durable.run_views import (
+    agent_row,
+    child_rows,
+    phase_rows,
+    refuse_same_divergence,
+    resume_verdict,
+    step_rows_in_order,
+)
 from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
+from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
 from celery_durable.workflows.envelope import (
@@ -38,6 +47,7 @@ from celery_durable.workflows.envelope import (
 )
 from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import ceiling_fields, ceilings_argument, merge_limits, validate_limits
+from celery_durable.workflows.versions import last_code_hash
 from celery_durable.workflows.waits import check_signal_name
 
 if TYPE_CHECKING:
@@ -186,6 +196,8 @@ class Client:
             progress=progress,
             agents=agents,
             children=child_rows(self.engine.store, record) if record.children else [],
+            started_code_hash=record.code_hash,
+            last_attempt_code_hash=last_code_hash(record),
         )
 
     def get_workflow_run_progress(
@@ -268,6 +280,25 @@ class Client:
             poll_interval=options.poll_seconds,
             cancel_event=options.cancel_event,
         )
+
+    # -- deploying new code (SPEC §8a) ----------------------------------------------
+
+    def check_replay(
+        self,
+        run_ids: Iterable[str] | None = None,
+        *,
+        workflow: str | None = None,
+        statuses: Iterable[str] | None = None,
+        limit: int = 1000,
+    ) -> list[ReplayCheck]:
+        """Replay runs against the code registered now, executing and writing
+        nothing: by default every run that can still continue (``statuses``
+        narrows them, ``workflow`` too), or the ``run_ids`` given whatever their status."""
+        return versioning.check_replay(self, run_ids, workflow=workflow, statuses=statuses, limit=limit)
+
+    def export_history(self, run_id: str) -> dict[str, Any]:
+        """The run and its journal as a history document, for ``testing.replay_history``."""
+        return versioning.export_history(self, run_id)
 
     # -- changing ----------------------------------------------------------------
 
@@ -369,6 +400,7 @@ class Client:
                 raise WorkflowResumeError(
                     f"Workflow {record.workflow!r} is not registered with this engine", code="non_resumable"
                 )
+            refuse_same_divergence(record, definition.code_hash)
             code_changed = definition.code_hash != record.code_hash
             if code_changed and not allow_code_change:
                 raise WorkflowResumeError(
@@ -377,13 +409,13 @@ class Client:
                     code="workflow_code_changed",
                 )
             alive = record.status in ("pending", "running") and self._attempt_alive(record)
-            note = resume_verdict(record, alive=alive, force=force, code_changed=code_changed)
+            note = resume_verdict(record, alive=alive, force=force)
             merged = merge_limits(record.limits, limits)
             epoch = store.resume(
                 record,
                 limits_json=jsonvalue.dumps(merged),
                 message=note,
-                code_hash=definition.code_hash if code_changed else "",
+                code_hash="",  # the run keeps the hash it started with; its passes note theirs
                 message_id=message,
                 ceilings=ceilings_argument(merged),
             )

@@ -12,6 +12,7 @@ from celery_durable.broker import RunRecord, RunStore, schema
 from celery_durable.errors import WorkflowResumeError
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import ChildRow, PhaseRow, StepRow, from_ms
+from celery_durable.workflows.versions import last_code_hash
 
 
 def phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
@@ -58,8 +59,21 @@ def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
     )
 
 
-def resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed: bool) -> str:
-    """The system message of an allowed resume; raises for a refused one (SPEC §8 table)."""
+def refuse_same_divergence(record: RunRecord, registered: str) -> None:
+    """A run stopped on nondeterminism is not resumed with the code that diverged
+    (SPEC §8): the hash compared is that code's, not the one the run started
+    with, so reverting the change that broke it is a way out."""
+    if record.status == "error" and record.reason == "nondeterminism" and registered == last_code_hash(record):
+        raise WorkflowResumeError(
+            f"Run {record.run_id} stopped on nondeterminism; resuming the same code would fail the same way "
+            f"(code hash {registered} diverged: deploy a fix, or the code the run started with)",
+            code="non_resumable",
+        )
+
+
+def resume_verdict(record: RunRecord, *, alive: bool, force: bool) -> str:
+    """The system message of an allowed resume; raises for a refused one (SPEC §8 table).
+    A run stopped on nondeterminism was judged by ``refuse_same_divergence``."""
     status = record.status
     if status in ("completed", "cancelled"):
         raise WorkflowResumeError(f"Run {record.run_id} is {status} and cannot be resumed", code="non_resumable")
@@ -70,11 +84,6 @@ def resume_verdict(record: RunRecord, *, alive: bool, force: bool, code_changed:
                 code="already_active",
             )
         return "Run taken over by force" if alive else "Run recovered after its attempt died"
-    if status == "error" and record.reason == "nondeterminism" and not code_changed:
-        raise WorkflowResumeError(
-            f"Run {record.run_id} stopped on nondeterminism; resuming the same code would fail the same way",
-            code="non_resumable",
-        )
     return f"Run resumed from {status}"
 
 

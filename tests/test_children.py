@@ -457,3 +457,23 @@ def test_a_child_whose_worker_died_before_it_told_its_parent_is_told_by_the_swee
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.result == "settled by hand"
     assert time.monotonic() - started < 2 * d.settings.lease_seconds + 5  # a lease, and the sweep's look
+
+
+def test_a_replay_check_reads_children_from_the_journal_and_starts_none(durable) -> None:
+    def parent(ctx: WorkflowContext) -> Any:
+        ctx.start_child("loose", "nothing")
+        done = ctx.child("kid", "double", {"n": 2})
+        return [done, ctx.child("late", "signalled")]
+
+    d = durable([wf("parent", parent), *LEAVES])
+    run_id = d.client.start_workflow("parent")
+    late = schema.child_run_id(run_id, "late")
+    poll(lambda: waiting(d.client, late), what="the second child to wait")
+    before = {run.run_id for run in d.client.list_workflow_runs(limit=50).runs}
+    [check] = d.client.check_replay([run_id])
+    assert (check.verdict, check.message) == ("ok", "")
+    assert {run.run_id for run in d.client.list_workflow_runs(limit=50).runs} == before
+    d.client.signal_workflow_run(late, "go", "late")
+    assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).result == [4, "late"]
+    [check] = d.client.check_replay([run_id])
+    assert check.verdict == "ok"

@@ -142,8 +142,11 @@ def test_json_output_of_run_list_show_and_progress(durable) -> None:
     assert listed["next_cursor"] is None
 
     shown = json.loads(cli(settings, "runs", "show", run_id, "--app", APP, "--json").stdout)
-    assert set(shown) == {"run", "phases", "agents", "steps", "progress", "children"}
+    assert set(shown) == {
+        "run", "phases", "agents", "steps", "progress", "children", "started_code_hash", "last_attempt_code_hash"
+    }
     assert shown["children"] == [] and shown["run"]["parent_run_id"] is None
+    assert shown["started_code_hash"] == shown["last_attempt_code_hash"] == phased.code_hash
     assert shown["run"] == envelope
     assert [(p["phase_id"], p["title"], p["detail"], p["state"]) for p in shown["phases"]] == [
         ("phase-1", "Fetch", "Read the inputs", "done"),

@@ -369,11 +369,42 @@ def test_code_hash_is_stable_for_the_same_function_and_meta() -> None:
         {"phases": [{"title": "Summarize"}, {"title": "Analyze", "detail": "Inspect changed files"}]},
         {"limits": {"timeout_seconds": 5}},
         {"args_schema": {"type": "object"}},
+        {"version": "2"},
     ],
-    ids=["name", "description", "phase-detail", "phase-order", "limits", "args_schema"],
+    ids=["name", "description", "phase-detail", "phase-order", "limits", "args_schema", "version"],
 )
 def test_code_hash_changes_when_meta_changes(overrides: dict[str, Any]) -> None:
     assert define(**overrides).code_hash != define().code_hash
+
+
+def test_a_version_is_kept_and_each_one_hashes_apart() -> None:
+    first, second = define(version="2024-06"), define(version="2024-07")
+    assert (first.version, second.version, define().version) == ("2024-06", "2024-07", None)
+    assert len({first.code_hash, second.code_hash, define().code_hash}) == 3
+    assert define(version="x" * 64).version == "x" * 64
+
+
+@pytest.mark.parametrize(
+    ("version", "error"),
+    [
+        ("", "Workflow version must not be blank"),
+        ("  ", "Workflow version must not be blank"),
+        ("x" * 65, "Workflow version must be at most 64 characters, got 65"),
+        (2, "Workflow version must be a string"),
+    ],
+    ids=repr,
+)
+def test_a_bad_version_is_rejected_at_definition(version: Any, error: str) -> None:
+    with pytest.raises(WorkflowDefinitionError, match=error):
+        define(version=version)
+
+
+def test_the_decorator_takes_a_version() -> None:
+    @workflow(name="versioned", description="d", phases=[], version="3")
+    def versioned(ctx: Any) -> None:
+        return None
+
+    assert versioned.version == "3"
 
 
 def test_code_hash_changes_when_the_function_changes() -> None:

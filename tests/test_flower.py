@@ -135,3 +135,23 @@ def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flowe
     assert {task["uuid"] for task in tasks} <= set(found), "Flower's search finds a run's tasks by its id"
     found = flower.get("/api/tasks?search=m.1.2&limit=100")
     assert any(run_id in str(found[uuid].get("kwargs")) for uuid in found), "... and by a branch's sequence"
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "192.0.2.7"])
+def test_an_exposed_flower_without_basic_auth_refuses_to_start(settings: Settings, address: str) -> None:
+    """As ``web`` does: one line, exit 2, and no Flower listening (issue 25 item 12)."""
+    env = {name: value for name, value in settings_env(settings).items() if name != "FLOWER_BASIC_AUTH"}
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.apps.phased:engine",
+         f"--address={address}", f"--port={port}"],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+        # A Flower that did start would serve until killed: it is killed after this long, and the test fails.
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: refusing to serve on {address} without a credential: pass --basic-auth user:password "
+        "(or set FLOWER_BASIC_AUTH), or bind to 127.0.0.1"
+    ]

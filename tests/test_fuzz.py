@@ -161,6 +161,7 @@ meta_values: dict[str, st.SearchStrategy[Any]] = {
     "limits": limits | st.none(),
     "args_schema": st.dictionaries(st.sampled_from(["type", "properties", "required", "minimum"]), json_values)
     | json_values,
+    "version": text | junk,
 }
 good_phases = st.lists(st.fixed_dictionaries({"title": text}, optional={"detail": text}), max_size=3)
 metas = (
@@ -189,7 +190,11 @@ def test_define_workflow_accepts_or_refuses_clearly(meta: Any, run: Any) -> None
 
 
 @FUZZ
-@given(kwargs=st.dictionaries(st.sampled_from(["name", "description", "phases", "limits", "args_schema", "x"]), junk))
+@given(
+    kwargs=st.dictionaries(
+        st.sampled_from(["name", "description", "phases", "limits", "args_schema", "version", "x"]), junk
+    )
+)
 def test_the_workflow_decorator_accepts_or_refuses_clearly(kwargs: dict[str, Any]) -> None:
     refusal(lambda: workflow(**kwargs)(lambda ctx: None), SEEN)
 

@@ -35,6 +35,7 @@ PUBLIC_NAMES = {
     "PhaseRow",
     "ProgressEntry",
     "ProgressPage",
+    "ReplayCheck",
     "RunDetail",
     "RunEnvelope",
     "RunPage",

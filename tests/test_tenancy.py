@@ -42,6 +42,7 @@ CALLS: dict[str, Callable[[Client, str], Any]] = {
     "resume_workflow": lambda c, r: c.resume_workflow(r, limits={"timeout_seconds": 60}, timeout=1, force=True),
     "run_workflow": lambda c, r: c.run_workflow("tenant", resume_from_run_id=r, timeout=1),
     "signal_workflow_run": lambda c, r: c.signal_workflow_run(r, "go", {"x": 1}),
+    "export_history": lambda c, r: c.export_history(r),
 }
 """Every client method that names a run, called as a user of the other namespace would."""
 
@@ -76,6 +77,9 @@ def test_no_call_reaches_another_namespaces_run(durable, raw_redis) -> None:
                 CALLS[name](theirs, run.run_id)
             assert info.value.code == "not_found", name
             assert snapshot(raw_redis, d.settings.key_prefix) == before, f"{name} from another namespace wrote"
+        with pytest.raises(RunNotFoundError):
+            theirs.check_replay([run.run_id])
+        assert theirs.check_replay() == []
         assert theirs.list_workflow_runs().runs == []
         assert theirs.list_workflow_runs(status="error", workflow="tenant").runs == []
 

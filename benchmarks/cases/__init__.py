@@ -1,6 +1,6 @@
 """The cases of the benchmark: the seven of the engine's issue, in its order, the web view's, then
 the cases of issues 11, 13 and 14 (timers, many runs at once, the soak, the sweep at scale), then
-``ctx.call`` of a plain Celery task (SPEC §5a).
+``ctx.call`` of a plain Celery task (SPEC §5a), and the replay check before a deploy (SPEC §8a).
 
 Each module has ``run(bench, plan) -> CaseResult``; the results table is
 built from the rows they return.
@@ -20,6 +20,7 @@ from benchmarks.cases import (
     pipeline,
     recovery,
     replay,
+    replay_check,
     sequential,
     soak,
     sweep,
@@ -47,4 +48,5 @@ CASES: dict[str, CaseRunner] = {
     "sweep": sweep.run,
     "calls": calls.run,
     "children": children.run,
+    "replay_check": replay_check.run,
 }

@@ -1,4 +1,4 @@
-"""Case 14: child runs (SPEC §5b) — a parallel of n ``ctx.child`` calls vs the
+"""Case 15: child runs (SPEC §5b) — a parallel of n ``ctx.child`` calls vs the
 same work as n branches of one run.
 
 Each branch of ``bench.children`` starts a child run of ``bench.leaf`` (one
@@ -22,7 +22,7 @@ from benchmarks.model import CaseResult, Row, Target, median
 from benchmarks.plan import Plan
 from benchmarks.redisstats import CommandWindow
 
-CASE = "14. Children"
+CASE = "15. Children"
 GROWTH_LIMIT = 1.25
 """Redis commands per child at the largest size over those at the smallest: flat, give or take noise."""
 CHILDREN = "children"

@@ -248,6 +248,11 @@ class Journal(Protocol):
         a store on a virtual clock (``celery_durable.testing``) skips time consistently."""
         ...
 
+    def note_code(self, code_hash: str) -> None:
+        """This attempt runs code whose hash differs from the one the run last
+        ran (a deploy since): record it, fenced (``note_code.lua``)."""
+        ...
+
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
         """The sequence's ops as journaled from index ``start``, with their
         values, cut and high-water mark."""

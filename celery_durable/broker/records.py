@@ -56,3 +56,6 @@ class RunRecord:
     """Child keys the run started: none means no child to look at."""
     compensates: bool = False
     """A saga of the run registered a compensation (SPEC §5c)."""
+    attempt_code_hash: str = ""
+    """The code hash its latest pass ran (``code_hash`` is the one it started
+    with): after a run stopped on nondeterminism, the code that diverged."""

@@ -78,6 +78,9 @@ class RedisJournal(ChildJournal):
     def now_ms(self) -> int:
         return self._clock()
 
+    def note_code(self, code_hash: str) -> None:
+        parse.note_code(self._run("note_code", [self._keys.run], [self._epoch, code_hash]), self._run_id)
+
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
         reply = self._run("read_sequence", [self._keys.journal], [seq, start])
         return parse.read_sequence(reply, self._run_id, seq, start)

@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "index_run",
     "mark_lost",
     "mark_sent",
+    "note_code",
     "pause",
     "read_progress",
     "read_sequence",

@@ -26,6 +26,7 @@ from celery_durable.cli.common import (
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.local import require_reachable_redis, standalone
 from celery_durable.cli.render import print_envelope
+from celery_durable.exposure import ExposureError, refuse_exposure
 from celery_durable.workflows.envelope import RunEnvelope
 
 
@@ -97,7 +98,9 @@ def worker(
 def flower(
     app_path: AppOption,
     port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 5555,
-    address: Annotated[str, typer.Option("--address", help="Interface to listen on.")] = "127.0.0.1",
+    address: Annotated[
+        str, typer.Option("--address", help="Interface to listen on; anything but loopback needs --basic-auth.")
+    ] = "127.0.0.1",
     basic_auth: Annotated[
         str | None,
         typer.Option(
@@ -114,6 +117,12 @@ def flower(
     Task names say what a task is (celery_durable.coordinator, .branch,
     .agent) and their kwargs name the run, epoch and fan-out call.
     """
+    try:
+        # Before the engine is loaded, as for `web`: Flower can revoke tasks and
+        # shut workers down, so an exposed one without a credential never starts.
+        refuse_exposure(address, has_credential=bool(basic_auth), option="--basic-auth", env="FLOWER_BASIC_AUTH")
+    except ExposureError as exc:
+        raise fail(str(exc), exit_code=EXIT_USAGE) from None
     engine = guarded(lambda: load_engine(app_path))
     if basic_auth is not None:
         pairs = [pair.partition(":") for pair in basic_auth.split(",")]

@@ -146,6 +146,7 @@ def detail_view(detail: RunDetail) -> RenderableType:
     if waiting:
         parts.append(Text(f"waiting for: {waiting}", style="bold"))
     parts.extend(family_view(detail))
+    parts.append(Text(code_text(detail)))
     parts.append(agents if detail.agents else Text("agent turns: none"))
     parts.append(steps if detail.steps else Text("steps: none"))
     parts.append(Text("recent progress", style="italic"))
@@ -170,6 +171,12 @@ def family_view(detail: RunDetail) -> list[RenderableType]:
         parts.append(table)
         parts.append(Text("show one with: celery-durable runs show <run>", style="dim"))
     return parts
+def code_text(detail: RunDetail) -> str:
+    """Which code the run runs: the hash it started with, and the one its latest attempt ran when another."""
+    started, last = detail.started_code_hash, detail.last_attempt_code_hash
+    if last and last != started:
+        return f"code: started with {started}, latest attempt ran {last}"
+    return f"code: {started}"
 
 
 def record_line(record: ProgressEntry, phases: list[PhaseRow] | None) -> Text:

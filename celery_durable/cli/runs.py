@@ -141,7 +141,17 @@ def runs_resume(
     run_id: RunArgument,
     app_path: AppOption,
     force: Annotated[bool, typer.Option("--force", help="Take over even from an attempt that looks alive.")] = False,
-    allow_code_change: Annotated[bool, typer.Option("--allow-code-change")] = False,
+    allow_code_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-code-change",
+            help="Resume although the registered workflow code differs from the code the run started with (its "
+            "code hash changed). The run replays its journal with the new code, which must make the same calls up "
+            "to where the run stopped: guard changes with ctx.patched, and check first with 'celery-durable "
+            "replay-check --run RUN'. A run stopped on nondeterminism resumes without it once the code it "
+            "started with is back.",
+        ),
+    ] = False,
     timeout: TimeoutOption = None,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,

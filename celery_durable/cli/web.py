@@ -23,6 +23,13 @@ def web(
         "127.0.0.1"
     ),
     port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 8080,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A Host name clients reach the server by, besides --host's (repeatable); any other gets 400.",
+        ),
+    ] = None,
     auth: Annotated[
         str | None,
         typer.Option(
@@ -42,7 +49,7 @@ def web(
 ) -> None:
     """Serve a page of runs and a page per run, with live progress and the operator's actions."""
     try:
-        from celery_durable.web import Credential, build_server, check_exposure
+        from celery_durable.web import Credential, build_server, check_exposure, served_hosts
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] not in WEB_MODULES:
             raise
@@ -58,6 +65,10 @@ def web(
         check_exposure(host, credential)
     except ValueError as exc:  # ExposureError is one
         raise fail(str(exc) if auth is None else f"--auth / {AUTH_ENV}: {exc}", exit_code=EXIT_USAGE) from None
+    try:
+        served_hosts(host, allowed_hosts or ())  # a malformed name is refused before the engine loads
+    except ValueError as exc:
+        raise fail(str(exc), exit_code=EXIT_USAGE) from None
     engine = guarded(lambda: load_engine(app_path))
     try:
         server = build_server(
@@ -68,6 +79,7 @@ def web(
             read_only=read_only,
             auth=credential,
             flower_url=flower_url,
+            allowed_hosts=allowed_hosts or (),
         )
     except ValueError as exc:  # a bad --flower-url or --namespace
         raise fail(str(exc), exit_code=EXIT_USAGE) from None

@@ -12,10 +12,15 @@ run does and does not run again::
     env.crash_after("charge-card")
     assert env.run(my_workflow, args={...}).status == "running"   # the attempt died
     assert env.resume(run_id).status == "completed"               # charge-card not run again
+
+``replay_history(workflow, history)`` replays a history a run left
+(``Client.export_history``) against the code under test, so a change that
+would break runs in flight fails a test before it is deployed.
 """
 
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
 from celery_durable.testing.environment import WorkflowTestEnvironment
+from celery_durable.testing.history import replay_history
 
-__all__ = ["SimulatedCrash", "VirtualClock", "WorkflowTestEnvironment"]
+__all__ = ["SimulatedCrash", "VirtualClock", "WorkflowTestEnvironment", "replay_history"]

@@ -3,7 +3,11 @@
 Reads return the client's own JSON forms (``to_dict()``); errors return
 ``{"error": {"code", "message"}}`` with the client's stable code and an
 HTTP status (``problems``). The POSTs take ``application/json`` bodies and
-are refused on a read-only server, like the page's forms.
+are refused on a read-only server, like the page's forms. Each must also
+prove it is no cross-site request (SPEC §13): an ``X-CSRF-Token`` header
+with the token of ``GET /api/session``, or an ``Origin`` naming this server
+(what a browser sends from the server's own pages); else 403, before the
+body is read.
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ from celery_durable.web import actions
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest, Forbidden
+from celery_durable.web.security import names_this_server
+from celery_durable.web.session import CSRF_HEADER
 
 MAX_RUNS_LIMIT = 500
+UNPROVEN = (
+    f"This POST carries no valid {CSRF_HEADER} header (its value comes from GET /api/session) "
+    "and no Origin header naming this server"
+)
 
 
 def _int_param(request: Request, name: str, *, low: int, high: int | None = None) -> int | None:
@@ -45,6 +55,14 @@ async def about(request: Request) -> Response:
     return _json(
         {"namespace": context.namespace, "read_only": context.read_only, "workflows": context.workflow_names}
     )
+
+
+async def session(request: Request) -> Response:
+    """The CSRF token a script sends back in ``X-CSRF-Token``; the cookie too, for a page's forms."""
+    context = web(request)
+    response = _json({"csrf_token": context.session.csrf_token(request)})
+    context.session.persist(request, response)
+    return response
 
 
 async def list_runs(request: Request) -> Response:
@@ -126,6 +144,8 @@ async def act(request: Request) -> Response:
     context = web(request)
     if context.read_only:
         raise Forbidden("This server is read-only: it shows runs and changes none")
+    if not (context.session.csrf_signed(request.headers.get(CSRF_HEADER)) or names_this_server(request.headers)):
+        raise Forbidden(UNPROVEN)
     body = await read_json(request, context.body_limit)
     outcome = await context.call(
         _plan, context, request.path_params["run_id"], request.path_params["action"], body
@@ -135,6 +155,7 @@ async def act(request: Request) -> Response:
 
 routes = [
     Route("/api/", about, methods=["GET"]),
+    Route("/api/session", session, methods=["GET"]),
     Route("/api/runs", list_runs, methods=["GET"]),
     Route("/api/runs/{run_id}", get_run, methods=["GET"]),
     Route("/api/runs/{run_id}/detail", get_detail, methods=["GET"]),

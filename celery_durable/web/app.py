@@ -11,23 +11,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
 from celery_durable import DurableError, Engine
+from celery_durable.exposure import LOOPBACK_NAMES
 from celery_durable.web import api, forms, pages, streams
 from celery_durable.web.context import STATIC, WebContext, web
 from celery_durable.web.hub import RunHub
 from celery_durable.web.problems import Forbidden, Problem, problem
-from celery_durable.web.security import BasicAuth, Credential, SecurityHeaders
+from celery_durable.web.security import BasicAuth, Credential, SecurityHeaders, host_name
 from celery_durable.web.session import BrowserSession
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ def create_app(
     auth: Credential | None = None,
     flower_url: str | None = None,
     secret: bytes | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The web view of ``engine.client(namespace)``'s runs.
 
@@ -50,9 +53,13 @@ def create_app(
     and refuses every POST; ``flower_url`` links runs and agent tasks to
     Flower. ``secret`` signs the CSRF and notice cookies (default: random
     per app, so a restart asks open pages to reload before their next POST).
-    Binding the server is the caller's business: ``build_server`` refuses
-    an exposed address without ``auth``.
+    ``allowed_hosts`` are the ``Host`` names answered (default the loopback
+    names; any port of each): give the names your server is reached by, as
+    ``build_server`` does with ``served_hosts``. Binding the server is the
+    caller's business: ``build_server`` refuses an exposed address without
+    ``auth``.
     """
+    hosts = LOOPBACK_NAMES if allowed_hosts is None else [host_name(name) for name in allowed_hosts]
     client = engine.client(namespace)
     context = WebContext(
         client=client,
@@ -69,7 +76,14 @@ def create_app(
         yield
         context.hub.close()
 
-    middleware = [Middleware(SecurityHeaders)]
+    # The Host check comes first, before auth and routing (SPEC §13): a
+    # request under a name this server does not serve (a rebound DNS name)
+    # is answered 400 "Invalid host header" and nothing else. No "www."
+    # redirect: that would answer a name not served with something else.
+    middleware = [
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+        Middleware(SecurityHeaders),
+    ]
     if auth is not None:
         middleware.append(Middleware(BasicAuth, credential=auth))
     app = Starlette(

@@ -57,8 +57,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
     Only ``application/json`` is accepted, even for an empty body: a
     cross-site form cannot send that type without a CORS preflight, which
-    this server never grants, so no other page a user has open can forge
-    an API call with the user's credentials.
+    this server never grants. A second wall behind the API's CSRF check
+    (``api.act``), which a request passes before its body is read.
     """
     if media_type(request) != JSON_TYPE:
         raise HTTPException(415, f"The API's POSTs take {JSON_TYPE} bodies (send {{}} for no options)")

@@ -4,9 +4,11 @@ The web view can cancel runs and send signals, so it is an operator's tool,
 not a dashboard: bound to loopback it trusts the machine's users (like
 ``redis-server``'s protected mode); bound anywhere else it refuses to start
 without a credential, and then asks for it on every request, static files
-included. The response headers forbid inline scripts and framing, so even a
-payload that slipped past escaping would not run, and no other site can
-put the page's buttons under a user's click.
+included. It answers only the ``Host`` names it serves, so a page a browser
+loaded from another site cannot reach it by rebinding that site's name to
+this machine's address. The response headers forbid inline scripts and
+framing, so even a payload that slipped past escaping would not run, and no
+other site can put the page's buttons under a user's click.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ import base64
 import binascii
 import hmac
 import ipaddress
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from celery_durable.exposure import LOOPBACK_NAMES, is_loopback, refuse_exposure
 
 AUTH_ENV = "CELERY_DURABLE_WEB_AUTH"
 REALM = "celery-durable"
@@ -33,10 +40,6 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
 }
-
-
-class ExposureError(ValueError):
-    """Serving on a non-loopback address without a credential."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,28 +75,79 @@ class Credential:
         return user_ok & password_ok
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``; any other name counts as exposed.
-
-    Names are not resolved: what a name resolves to can change after the
-    check, and ``0.0.0.0`` or ``::`` (every interface) must never pass.
-    """
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
 def check_exposure(host: str, credential: Credential | None) -> None:
     """Refuse to serve beyond this machine without a credential."""
-    if credential is None and not is_loopback(host):
-        raise ExposureError(
-            f"refusing to serve on {host} without a credential: pass --auth user:password "
-            f"(or set {AUTH_ENV}), or bind to 127.0.0.1"
-        )
+    refuse_exposure(host, has_credential=credential is not None, option="--auth", env=AUTH_ENV)
+
+
+# Written here, not taken from a library: Starlette's TrustedHostMiddleware
+# (which does the check, in app.py) compares names as text, so the names it
+# is given must already be in the form a Host header has; and nothing in
+# Starlette or uvicorn derives them from the address a server is bound to.
+EVERY_INTERFACE = frozenset({"0.0.0.0", "[::]"})
+HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?\.?")
+
+
+def host_name(text: str, *, what: str = "an allowed host") -> str:
+    """``text`` as a ``Host`` header names it: lowercase, an IPv6 address in brackets.
+
+    A port is refused rather than ignored (every port of a name is served,
+    so one written there would suggest a restriction that does not exist),
+    and so is ``*``: a pattern that admits any name is the hole this closes.
+    """
+    name = text.strip().lower()
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        if not HOST_NAME.fullmatch(name):
+            raise ValueError(f"{what} must be a host name or an address, without a port or '*': got {text!r}") from None
+        return name
+    return f"[{address.compressed}]" if address.version == 6 else address.compressed
+
+
+def served_hosts(bound: str, allowed: Iterable[str] = ()) -> list[str]:
+    """The ``Host`` names a server bound to ``bound`` answers (SPEC §13).
+
+    The loopback names when bound to loopback, else the bound name; and each
+    ``allowed`` name either way (a reverse proxy on the same machine that
+    keeps the public name in ``Host`` needs one). Bound to every interface
+    (``0.0.0.0``, ``::``) the server listens on loopback too, so the
+    loopback names are served as well: no site can rebind a name to them.
+    """
+    own = host_name(bound, what="--host")
+    names = [own]
+    if is_loopback(bound) or own in EVERY_INTERFACE:
+        names += LOOPBACK_NAMES
+    names += (host_name(name, what="--allowed-host") for name in allowed)
+    return list(dict.fromkeys(names))
+
+
+def _netloc(text: str, default_port: str) -> str:
+    return text.lower().removesuffix(default_port)
+
+
+def names_this_server(headers: Headers) -> bool:
+    """Whether the request's ``Origin`` names the host and port its ``Host`` does.
+
+    A browser sets ``Origin`` on every cross-site POST and no page can
+    change it, so one naming this server proves the request came from its
+    own pages. ``Host`` itself was checked against the served names first.
+    Written by hand: Starlette's CORSMiddleware only decides which origins
+    may read answers and refuses no request, and the ASGI CSRF packages
+    (asgi-csrf, starlette-csrf) want a cookie beside every token and have
+    no ``Origin`` alternative, which SPEC §13 asks for.
+    """
+    origin, host = headers.get("origin"), headers.get("host")
+    if not origin or not host:
+        return False
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
+        return False
+    if parts.path or parts.query or parts.fragment:
+        return False  # an Origin is scheme://host[:port] and nothing else
+    default_port = ":80" if parts.scheme == "http" else ":443"
+    return _netloc(parts.netloc, default_port) == _netloc(host, default_port)
 
 
 class BasicAuth:

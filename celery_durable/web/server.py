@@ -7,11 +7,13 @@ server takes the decision itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import uvicorn
 
 from celery_durable import Engine
 from celery_durable.web.app import create_app
-from celery_durable.web.security import Credential, check_exposure
+from celery_durable.web.security import Credential, check_exposure, served_hosts
 
 GRACEFUL_SHUTDOWN_SECONDS = 3
 """Open event streams never end by themselves: on Ctrl-C, close them after this long."""
@@ -26,11 +28,23 @@ def build_server(
     read_only: bool = False,
     auth: Credential | None = None,
     flower_url: str | None = None,
+    allowed_hosts: Iterable[str] = (),
     log_level: str = "info",
 ) -> uvicorn.Server:
-    """A uvicorn server for the web view; ``ExposureError`` for a non-loopback host without ``auth``."""
+    """A uvicorn server for the web view; ``ExposureError`` for a non-loopback host without ``auth``.
+
+    It answers the ``Host`` names ``served_hosts(host, allowed_hosts)``
+    gives: the loopback names or the bound name, and ``allowed_hosts``.
+    """
     check_exposure(host, auth)
-    app = create_app(engine, namespace=namespace, read_only=read_only, auth=auth, flower_url=flower_url)
+    app = create_app(
+        engine,
+        namespace=namespace,
+        read_only=read_only,
+        auth=auth,
+        flower_url=flower_url,
+        allowed_hosts=served_hosts(host, allowed_hosts),
+    )
     config = uvicorn.Config(
         app,
         host=host,

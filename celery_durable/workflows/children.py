@@ -108,8 +108,8 @@ class ChildOps:
         # A call journaled here passed these checks when it was first made.
         journaled_here = cursor.journaled()
         request = None
-        if journaled_here is None or journaled_here[0] != identity:
-            request = self._request(key, workflow, args, limits)
+        if self._port is not None and (journaled_here is None or journaled_here[0] != identity):
+            request = self._request(key, workflow, args, limits)  # (a replay check has no port: it starts nothing)
         found = replay.recall(cursor, identity, f"child {key!r}", answered_elsewhere=True)
         if found.outcome is not None:
             return _returned(key, found.outcome)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
+from celery_durable.workflows import patches
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.saga import Saga
@@ -172,6 +173,15 @@ class WorkflowContext:
         if not isinstance(key, str) or not key:
             raise ValueError(f"idempotency_key takes a non-empty string, got {key!r}")
         return f"{self.run_id}:{key}"
+
+    def patched(self, patch_id: str) -> bool:
+        """True where this run executes new code at this point, False where it
+        went past it under the old code: guard a change of calls with it (SPEC §8a)."""
+        return patches.patched(self._replay, patch_id)
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """Once no run needs the old branch: consume the marker of ``patch_id`` where one is journaled."""
+        patches.deprecate_patch(self._replay, patch_id)
 
     def workflow(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("Nested workflows are not supported")

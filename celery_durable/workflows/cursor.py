@@ -48,6 +48,9 @@ class Cursor:
     compensating: int = 0
     """Sagas of this sequence running their compensations now: their steps
     run though the run is cancelled (``workflows/saga.py``)."""
+    patches: dict[str, bool] | None = None
+    """The answers ``ctx.patched`` gave in this sequence, by patch id: the
+    first answer for an id holds for the rest of it (``patches.py``)."""
 
     def take_held(self) -> PendingCommit | None:
         """The held-back step, which the caller now journals."""
@@ -80,7 +83,7 @@ class Cursor:
         return True
 
     def _goes_on_cancelled(self, epoch: int) -> bool:
-        """A fan-out looks at its branches itself (``fanout``)."""
+        """While a saga compensates, or where the journal answers the op here."""
         if self.compensating:
             return True
         entry = self.journaled()
@@ -88,8 +91,8 @@ class Cursor:
             return False
         identity, raw = entry
         kind = identity[:1]
-        if kind in ("p", "l"):
-            return True
+        if kind in ("p", "l", "v"):
+            return True  # a fan-out looks at its branches itself; a patch marker is an answer
         if raw is None:
             return False
         if kind in ("s", "c", "k", "a"):

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 RunFunction = Callable[["WorkflowContext"], Any]
 
+VERSION_MAX = 64
+"""The longest meta ``version`` (SPEC §2)."""
 NAME_PATTERN = WORKFLOW_NAME_PATTERN
 """Read here by the task messages (tasks/messages.py) and the fuzz tests; defined in ``names``."""
 
@@ -45,6 +47,12 @@ def _plain_name(name: str) -> str:
     if not NAME_PATTERN.match(name):
         raise ValueError(f"must be {name_rule(WORKFLOW_NAME_MAX)}: {short_repr(name)}")
     return name
+
+
+def _short_version(version: str) -> str:
+    if len(version) > VERSION_MAX:
+        raise ValueError(f"must be at most {VERSION_MAX} characters, got {len(version)}")
+    return version
 
 
 def _json_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -78,6 +86,7 @@ class WorkflowMeta(BaseModel):
     phases: list[PhaseMeta] = Field(strict=False)
     limits: Limits = Field(default_factory=Limits)
     args_schema: Annotated[Mapping[str, Any], Field(strict=False), AfterValidator(_json_schema)] | None = None
+    version: Annotated[Text, AfterValidator(_short_version)] | None = None
 
 
 META_KEYS = tuple(WorkflowMeta.model_fields)
@@ -101,6 +110,9 @@ class Workflow:
     args_schema: Mapping[str, Any] | None
     run: RunFunction
     code_hash: str
+    version: str | None = None
+    """The meta's ``version``: part of ``code_hash``, for what the hash of
+    ``run``'s own source cannot see (the functions it calls)."""
 
     def phase_named(self, title: str) -> Phase | None:
         for phase in self.phases:
@@ -142,6 +154,9 @@ def define_workflow(meta: Mapping[str, Any], run: RunFunction) -> Workflow:
         "limits": limits,
         "args_schema": args_schema,
     }
+    if checked.version is not None:
+        # Only when declared: the hash of a workflow without one stays what it was.
+        canonical["version"] = checked.version
     return Workflow(
         name=checked.name,
         description=checked.description,
@@ -150,6 +165,7 @@ def define_workflow(meta: Mapping[str, Any], run: RunFunction) -> Workflow:
         args_schema=MappingProxyType(args_schema) if args_schema is not None else None,
         run=run,
         code_hash=code_hash(run, canonical),
+        version=checked.version,
     )
 
 
@@ -174,6 +190,7 @@ def workflow(
     phases: Iterable[Mapping[str, Any]],
     limits: Mapping[str, Any] | None = None,
     args_schema: Mapping[str, Any] | None = None,
+    version: str | None = None,
     **unknown: Any,
 ) -> Callable[[RunFunction], Workflow]:
     """Decorator form of ``define_workflow``: ``@workflow(name=..., ...)``.
@@ -187,6 +204,8 @@ def workflow(
         meta["limits"] = limits
     if args_schema is not None:
         meta["args_schema"] = args_schema
+    if version is not None:
+        meta["version"] = version
 
     def decorate(run: RunFunction) -> Workflow:
         return define_workflow(meta, run)
@@ -206,7 +225,11 @@ def check_unique_names(workflows: Iterable[Workflow]) -> dict[str, Workflow]:
 
 
 def code_hash(run: RunFunction, canonical_meta: Mapping[str, Any]) -> str:
-    """Hash of the run function's source (bytecode when there is no source) and meta."""
+    """Hash of the run function's source (bytecode when there is no source) and meta.
+
+    The source of ``run`` alone: a change in a function it calls does not
+    change the hash, which is what the meta's ``version`` is for (SPEC §8a).
+    """
     digest = hashlib.sha256()
     try:
         digest.update(inspect.getsource(run).encode("utf-8"))

@@ -227,6 +227,11 @@ class RunDetail:
     progress: list[ProgressEntry]
     agents: list[dict[str, Any]] = field(default_factory=list)
     children: list[ChildRow] = field(default_factory=list)
+    started_code_hash: str = ""
+    """The hash of the workflow code the run started with (SPEC §8a)."""
+    last_attempt_code_hash: str = ""
+    """The hash of the code its latest attempt ran: after a deploy, the new
+    code's; for a run stopped on nondeterminism, the code that diverged."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the envelope's, and datetimes in agent rows as ISO 8601."""
@@ -240,4 +245,6 @@ class RunDetail:
             "steps": [step.to_dict() for step in self.steps],
             "progress": [record.to_dict() for record in self.progress],
             "children": [child.to_dict() for child in self.children],
+            "started_code_hash": self.started_code_hash,
+            "last_attempt_code_hash": self.last_attempt_code_hash,
         }

@@ -28,8 +28,9 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.branches import run_kept
 from celery_durable.workflows.completion import Completions
 from celery_durable.workflows.context import WorkflowContext
-from celery_durable.workflows.replay import MAIN, Replay
+from celery_durable.workflows.replay import MAIN, Mode, Replay
 from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend, unwound
+from celery_durable.workflows.versions import note_code
 
 if TYPE_CHECKING:
     from celery_durable.workflows.branch_work import KeptFanout
@@ -66,6 +67,8 @@ def main_pass(replay: Replay) -> Settlement | None:
     """
     if replay.cancelled() and not replay.run.compensates:
         return CANCELLED  # else it replays to where it stands, and its sagas compensate there
+    if replay.mode is Mode.PASS:
+        note_code(replay)
     cursor = replay.open_cursor(MAIN, writes=True)
     result: Any = None
     failure: Exception | None = None

@@ -46,6 +46,7 @@ from celery_durable.errors import (
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended, PauseRequested, Suspend
+from celery_durable.workflows.versions import divergence_message
 
 if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
@@ -79,6 +80,8 @@ class Mode(enum.Enum):
     """Replays the main body without writing (every op a journal hit) up to
     one fan-out, its ``target``, and runs some of that fan-out's branches,
     each in its own sequence."""
+    DRY = "replay check"
+    """Replays a run writing nothing and running nothing (``dry_replay``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ class Replay:
         keep_fanout: Callable[[KeptFanout], None] | None = None,
         inline: InlineBranches | None = None,
         children: ChildPort | None = None,
+        mode: Mode | None = None,
     ) -> None:
         from celery_durable.workflows.agent_ops import AgentOps
         from celery_durable.workflows.calls import CallOps
@@ -139,7 +143,7 @@ class Replay:
         self.inline = inline
         """Set in a coordinator pass that runs narrow fan-outs itself."""
         self.target = target
-        self.mode: Final = Mode.BRANCH_TASK if target is not None else Mode.PASS
+        self.mode: Final = mode or (Mode.BRANCH_TASK if target is not None else Mode.PASS)
         self.token = token
         self._read_ahead: dict[str, SequenceHistory] = {}
         """Branch sequences read before their branches run (``read_ahead``)."""
@@ -250,12 +254,8 @@ class Replay:
     def nondeterminism(self, cursor: Cursor, detail: str, *, index: int | None = None) -> NonDeterminismError:
         where = "the main body" if cursor.is_main else f"branch {cursor.seq}"
         call = cursor.index if index is None else index
-        error = NonDeterminismError(
-            f"Workflow {self.workflow.name!r} replayed differently in {where} at call {call}: {detail}. "
-            "Check that your workflow is deterministic: move clocks, randomness and I/O into steps, "
-            "or use ctx.now() and ctx.uuid4()"
-        )
-        return self.meet_fatal(error)
+        message = divergence_message(self.workflow, self.run, where, call, detail)
+        return self.meet_fatal(NonDeterminismError(message))
 
     def conflict(self, cursor: Cursor, found: Conflict, requested: str, *, index: int | None = None) -> NoReturn:
         """The journal holds another op where this one was asked for."""

@@ -111,6 +111,24 @@ def test_a_conflicting_identity_is_reported_by_every_op(make_backend: BackendFac
     assert "c" not in backend.step_rows()
 
 
+def test_a_patch_marker_is_an_op_without_a_value(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert journal.record("m", PendingCommit(0, Identity.patch("fraud-check"))) == Recorded(NO_FLAGS)
+    journal.record("m", step(1, "a", ok(1)))
+    assert journal.read_sequence("m").live_entries() == [("v|fraud-check", None), ("s|a", ok(1))]
+    assert journal.record("m", step(0, "b", ok(2))) == Conflict("v|fraud-check")
+    assert journal.record("m", PendingCommit(1, Identity.patch("fraud-check"))) == Conflict("s|a")
+
+
+def test_a_pass_notes_the_code_hash_it_runs(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert backend.field("run", "attempt_code_hash") is None
+    journal.note_code("0123456789abcdef")
+    assert backend.field("run", "attempt_code_hash") == "0123456789abcdef"
+
+
 def test_now_and_uuid_values_are_journaled_with_their_op(make_backend: BackendFactory) -> None:
     backend = make_backend()
     journal = backend.journal(1)
@@ -143,6 +161,7 @@ def test_every_write_of_an_older_epoch_is_fenced_and_counted(make_backend: Backe
         lambda: old.complete_branch("m:1", 0, ok(0), "wake"),
         lambda: old.hand_off("m:1", "task", [0], ["handed"]),
         lambda: ask(old, "m", 2),
+        lambda: old.note_code("0123456789abcdef"),
     ]
     for write in writes:
         with pytest.raises(StaleAttemptError, match=r"\(stale\)"):

@@ -57,6 +57,16 @@ class Site:
         data = {"csrf_token": token if token is not None else self.token(run_id), **fields}
         return self.http.post(f"{self.run_url(run_id)}/{action}", data=data, follow_redirects=False)
 
+    def api_token(self) -> str:
+        answer = self.http.get("/api/session")
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["csrf_token"])
+
+    def api_post(self, path: str, **options: Any) -> Any:
+        """A JSON API POST as a script sends it: the token of ``GET /api/session`` in ``X-CSRF-Token``."""
+        headers = {"X-CSRF-Token": self.api_token(), **options.pop("headers", {})}
+        return self.http.post(path, headers=headers, **options)
+
 
 SiteFactory = Callable[..., Site]
 
@@ -90,17 +100,23 @@ needs_signals = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """Headless Chromium (Debian's package), never one Playwright would download."""
+def chromium() -> Iterator[Any]:
+    """Playwright's Chromium launcher, to start Debian's package (never one Playwright would download)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra")
     with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+        yield playwright.chromium
+
+
+@pytest.fixture(scope="session")
+def browser(chromium: Any) -> Iterator[Any]:
+    """Headless Chromium, shared by the tests of a session."""
+    launched = chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    try:
+        yield launched
+    finally:
+        launched.close()
 
 
 @pytest.fixture

@@ -75,21 +75,21 @@ def test_malformed_signal_json_is_shown_and_nothing_is_sent(site: SiteFactory) -
 def test_the_api_acts_and_refuses_like_the_forms(site: SiteFactory) -> None:
     web = site()
     run_id = held(web, second=new_gate())
-    form_encoded = web.http.post(f"/api/runs/{run_id}/pause", data={"x": "1"})
-    assert form_encoded.status_code == 415  # what a cross-site form could send
-    empty = web.http.post(f"/api/runs/{run_id}/pause")
+    form_encoded = web.api_post(f"/api/runs/{run_id}/pause", data={"x": "1"})
+    assert form_encoded.status_code == 415  # what a cross-site form could send, were it to hold a token
+    empty = web.api_post(f"/api/runs/{run_id}/pause")
     assert empty.status_code == 415
-    bad = web.http.post(f"/api/runs/{run_id}/resume", json={"force": "yes"})
+    bad = web.api_post(f"/api/runs/{run_id}/resume", json={"force": "yes"})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "force must be true or false"
-    refused = web.http.post(f"/api/runs/{run_id}/resume", json={})
+    refused = web.api_post(f"/api/runs/{run_id}/resume", json={})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "already_active"
-    cancelled = web.http.post(f"/api/runs/{run_id}/cancel", json={})
+    cancelled = web.api_post(f"/api/runs/{run_id}/cancel", json={})
     assert cancelled.status_code == 200
     assert cancelled.json()["message"].startswith(("Cancellation requested", "The run is cancelled"))
     assert web.client.wait_for_workflow_run(run_id, timeout=20).status == "cancelled"
-    again = web.http.post(f"/api/runs/{run_id}/resume", json={"force": True})
+    again = web.api_post(f"/api/runs/{run_id}/resume", json={"force": True})
     assert again.status_code == 409 and again.json()["error"]["code"] == "non_resumable"
-    assert web.http.post(f"/api/runs/{run_id}/explode", json={}).status_code == 404
+    assert web.api_post(f"/api/runs/{run_id}/explode", json={}).status_code == 404
 
 
 @needs_signals
@@ -126,12 +126,12 @@ def test_the_api_signals_and_approves(site: SiteFactory) -> None:
     web = site()
     run_id = web.client.start_workflow("web.approval")
     wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
-    bad = web.http.post(f"/api/runs/{run_id}/approve", json={"approved": "yes"})
+    bad = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": "yes"})
     assert bad.status_code == 400
-    sent = web.http.post(f"/api/runs/{run_id}/approve", json={"approved": True, "note": "ok"})
+    sent = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": True, "note": "ok"})
     assert sent.status_code == 200, sent.text
     assert web.client.wait_for_workflow_run(run_id, timeout=20).result == {
         "payload": {"approved": True, "note": "ok"}
     }
-    late = web.http.post(f"/api/runs/{run_id}/signal", json={"name": "go", "payload": None})
+    late = web.api_post(f"/api/runs/{run_id}/signal", json={"name": "go", "payload": None})
     assert late.status_code == 400 and "completed" in late.json()["error"]["message"]

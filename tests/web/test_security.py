@@ -103,7 +103,7 @@ def test_another_namespaces_run_cannot_be_read_by_id(site: SiteFactory) -> None:
     assert web.http.get(f"/api/runs/{theirs.run_id}/detail").status_code == 404
     assert web.http.get(f"/api/runs/{theirs.run_id}/progress").status_code == 404
     assert web.http.get(f"/api/runs/{theirs.run_id}/events").status_code == 404
-    assert web.http.post(f"/api/runs/{theirs.run_id}/cancel", json={}).status_code == 404
+    assert web.api_post(f"/api/runs/{theirs.run_id}/cancel", json={}).status_code == 404
     # Nor by naming the namespace in the path: a server shows one namespace.
     assert web.http.get(f"/ns/other/runs/{theirs.run_id}").status_code == 404
     assert web.http.get("/ns/other/").status_code == 404

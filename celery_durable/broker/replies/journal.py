@@ -97,6 +97,12 @@ def mark_sent(reply: Any, run_id: str) -> None:
     verdict(reply, run_id, "ok")
 
 
+@script("note_code")
+def note_code(reply: Any, run_id: str) -> None:
+    """note_code.lua: {'ok'}."""
+    verdict(reply, run_id, "ok")
+
+
 @overload
 def complete_branch(reply: Any, /, run_id: str, held: Literal[False]) -> bool: ...
 

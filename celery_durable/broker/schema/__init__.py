@@ -33,8 +33,9 @@ body; ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``. A *call*
 ``m`` (the coordinator) or ``<call>/<j>`` (the branch task of a top-level
 branch). Op identities: ``s|<key>`` step, ``p|<n>``/``l|<n>`` parallel /
 pipeline of n, ``t|`` now(), ``u|`` uuid4(), ``a|<id>`` agent turn, ``z|``
-sleep, ``g|<name>`` signal wait, ``c|<key>`` task call, ``k|<key>`` child
-run waited for, ``d|<key>`` child run started detached (``schema.children``,
+sleep, ``g|<name>`` signal wait, ``c|<key>`` task call, ``v|<patch id>``
+patch marker (``ctx.patched``: it carries no value), ``k|<key>`` child run
+waited for, ``d|<key>`` child run started detached (``schema.children``,
 which also owns the children hash).
 
 **Step rows** (``P:{R}:steps`` settled, ``P:{R}:running`` running, by key)

@@ -160,6 +160,11 @@ class Identity:
         """``ctx.start_child``: a child run started, not waited for."""
         return f"d|{key}"
 
+    @staticmethod
+    def patch(patch_id: str) -> str:
+        """A patch marker (``ctx.patched``): journaled where new code took the new branch."""
+        return f"v|{patch_id}"
+
 
 def describe(identity: str) -> str:
     """An op identity as users read it in errors."""
@@ -176,6 +181,7 @@ def describe(identity: str) -> str:
         "c": f"call {rest}",
         "k": f"child {rest}",
         "d": f"start_child {rest}",
+        "v": f"patched({rest!r})",
     }.get(kind, identity)
 
 

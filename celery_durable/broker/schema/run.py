@@ -25,7 +25,10 @@ RUN_FIELDS: dict[str, str] = {
     "limits": "JSON limits in force",
     "has_result": "'1' when result holds the run's JSON result",
     "result": "JSON result",
-    "code_hash": "hash of the workflow's code and meta",
+    "code_hash": "hash of the workflow's code and meta the run started with (SPEC §8a)",
+    "attempt_code_hash": "hash of the code the run's latest pass ran, written by note_code.lua only when it "
+    "differs from what the run has ('' : the code it started with); for a run stopped on nondeterminism, "
+    "the code that diverged",
     "idempotency_key": "the start's idempotency key, or ''",
     "created_at": "ms",
     "started_at": "ms, or '' before the first activation",
@@ -145,6 +148,7 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             has_result=has_result,
             result=json.loads(raw["result"]) if has_result else None,
             code_hash=raw.get("code_hash", ""),
+            attempt_code_hash=raw.get("attempt_code_hash") or raw.get("code_hash", ""),
             created_at=int(raw["created_at"]),
             started_at=_optional_int(raw.get("started_at")),
             finished_at=_optional_int(raw.get("finished_at")),
