@@ -123,3 +123,18 @@ def test_a_settled_parent_is_told_nothing_and_a_saga_marks_its_run(make_backend:
     assert backend.tell("k", kid("k"), DONE).verdict == DoneVerdict.SETTLED
     with pytest.raises(StaleAttemptError):
         backend.journal(1).mark_compensable()
+
+
+def test_a_cancelled_run_that_compensates_wakes_the_branches_that_wait(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    journal = backend.journal(1)
+    for j in (0, 2):
+        journal.wait(f"m.0.{j}", 0, Identity.signal("go"), "signal", "go", None, f"m:0/{j}")
+    journal.wait("m.1.0", 0, Identity.signal("go"), "signal", "go", None, "m:1/0")
+    assert child(journal, "k", seq="m.0.5", owner="m:0/5").verdict == "pending"
+    assert sorted(journal.wake_branches("m:0")) == [0, 2, 5]
+    assert set(backend.waits()) == {"m.1.0:0"}, "another fan-out's branch waits on"
+    assert backend.record().waiting_for == {"kind": "signal", "name": "go", "until": None}
+    assert journal.wake_branches("m:0") == [], "woken once: their waits are gone"
+    with pytest.raises(StaleAttemptError):
+        backend.journal(backend.take_over() - 1).wake_branches("m:1")
