@@ -66,6 +66,11 @@ RUN_FIELDS: dict[str, str] = {
     "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
     "since a pass last ran; '' while one that knows it runs it (requeue.lua)",
     "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
+    "trace_parent": "W3C traceparent of the span the run was started under (the caller's, or the start's own), "
+    "written with the run by create_run.lua; '' when the start knew none: the run's trace is then its run id "
+    "(docs/telemetry.md)",
+    "trace_attempt": "W3C traceparent of the span that began the current attempt (a recovery's, a resume's), "
+    "set by resume.lua with the new epoch; '' for the first attempt or when that span was not traced",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
 
@@ -83,6 +88,7 @@ def new_run_fields(
     idempotency_key: str | None,
     progress_max: int,
     ceilings: Mapping[str, str],
+    trace_parent: str = "",
 ) -> dict[str, str]:
     """The run hash of a run that was just started (``create_run.lua`` adds
     ``incarnation`` and ``attempt``)."""
@@ -107,6 +113,8 @@ def new_run_fields(
         "idempotency_key": idempotency_key or "",
         "progress_max": str(progress_max),
         **ceilings,
+        # Only when there is one: a run started outside any trace costs no field.
+        **({"trace_parent": trace_parent} if trace_parent else {}),
     }
 
 
@@ -166,6 +174,8 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             waiting_for=_waiting(raw.get("waiting")),
             unserved_since=_optional_int(raw.get("unserved_since")),
             recoveries=int(raw.get("recoveries") or 0),
+            trace_parent=raw.get("trace_parent", ""),
+            trace_attempt=raw.get("trace_attempt", ""),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
