@@ -234,3 +234,23 @@ def test_off_without_a_tracer_provider_nothing_is_observed_or_recorded(
     run_id = client.start_workflow("counted")
     assert telemetry.refresh() is None and telemetry.observer is None
     assert raw_redis.hget(f"{settings.key_prefix}:{{{run_id}}}:run", "trace_parent") is None
+
+
+def test_the_grafana_dashboard_charts_only_metrics_that_exist() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_durable.telemetry.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    exported = {family.name + end for family in registry.collect() for end in suffixes[family.type]}
+    exported |= {"celery_durable_runs", "celery_durable_runs_waiting"}  # the web view's levels
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"celery_durable_\w+", target["expr"])
+    }
+    assert len(used) >= 10 and used <= exported, sorted(used - exported)
