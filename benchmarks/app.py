@@ -285,3 +285,25 @@ def noop_task(built: Engine) -> Task:
 
 engine = build_engine()
 celery_app = engine.celery
+
+
+def _trace_if_asked() -> None:
+    """``BENCH_TRACING=1``: the workers trace every run (an OpenTelemetry SDK
+    provider whose exporter drops what it is handed), to measure what spans
+    cost against the same cases without (docs/telemetry.md)."""
+    if os.environ.get("BENCH_TRACING") != "1":
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
+_trace_if_asked()

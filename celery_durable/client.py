@@ -12,7 +12,7 @@ import redis.exceptions
 from kombu.exceptions import KombuError
 
 from celery_durable import progress as paging
-from celery_durable import versioning
+from celery_durable import telemetry, versioning
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
@@ -112,6 +112,7 @@ class Client:
             idempotency_key=idempotency_key,
             progress_max=self.engine.settings.progress_max_records,
             ceilings=ceiling_fields(effective),
+            trace_parent=telemetry.start_traceparent(definition.name, run_id),
         )
         message = new_task_id()
         store.create_run(run_id, fields, message)
@@ -418,6 +419,7 @@ class Client:
                 code_hash="",  # the run keeps the hash it started with; its passes note theirs
                 message_id=message,
                 ceilings=ceilings_argument(merged),
+                trace_attempt=telemetry.resume_traceparent(),  # the resuming caller's span, if any
             )
             if epoch is not None:
                 return epoch

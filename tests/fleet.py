@@ -47,6 +47,7 @@ class WorkerProcess:
         log_dir: Path | None = None,
         queues: list[str] | None = None,
         env: dict[str, str] | None = None,
+        args: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.app = app
@@ -56,6 +57,7 @@ class WorkerProcess:
         self.log_dir = log_dir
         self.queues = queues
         self.env = env or {}
+        self.args = args or []
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -66,6 +68,7 @@ class WorkerProcess:
         ]
         if self.queues:
             command += ["--queues", ",".join(self.queues)]
+        command += self.args
         log = open(self.log_dir / f"{self.name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             command,

@@ -6,7 +6,7 @@ options (``--help`` appended: Click rejects an unknown option before it
 prints help); every variable it sets must be a real setting or a variable a
 command reads; Redis must keep the journal (AOF, fsync always, noeviction);
 workers must scale with ``--scale``; Flower must sit behind basic auth from
-the environment.
+the environment; Prometheus must scrape every worker's metrics port.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from celery_durable.cli import app
 from tests.fleet import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
+PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
 WORKERS = ("coordinator", "steps", "agents")
 _INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
@@ -112,7 +113,7 @@ def test_every_variable_is_a_setting_or_read_by_a_command() -> None:
     known_settings = {f"CELERY_DURABLE_{field.upper()}" for field in Settings.model_fields}
     known = known_settings | cli_envvars()
     for name, service in services().items():
-        if name == "redis":
+        if name in ("redis", "prometheus"):
             continue
         env = {key: interpolate(str(value)) for key, value in service["environment"].items()}
         assert set(env) <= known, (name, sorted(set(env) - known))
@@ -121,6 +122,24 @@ def test_every_variable_is_a_setting_or_read_by_a_command() -> None:
         values = {key.removeprefix("CELERY_DURABLE_").lower(): v for key, v in env.items() if key in known_settings}
         Settings(**values)
         assert ":" in env["CELERY_DURABLE_APP"]
+
+
+def test_prometheus_scrapes_every_worker_replica_on_its_metrics_port() -> None:
+    prometheus = services()["prometheus"]
+    mounted = {volume.split(":")[1]: volume.split(":")[0] for volume in prometheus["volumes"]}
+    config_path = ROOT / mounted["/etc/prometheus/prometheus.yml"]
+    assert config_path == PROMETHEUS and config_path.exists()
+    assert "--config.file=/etc/prometheus/prometheus.yml" in argv(prometheus)
+    assert all(port.startswith("127.0.0.1:") for port in prometheus["ports"]), "not exposed beyond the host"
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    targets: dict[str, int] = {}
+    for job in config["scrape_configs"]:
+        for discovery in job.get("dns_sd_configs", []):
+            targets.update({name: int(discovery["port"]) for name in discovery["names"]})
+    for name in WORKERS:
+        command = argv(services()[name])
+        # The port each worker serves is the one Prometheus scrapes, for every replica of the service (by its name).
+        assert targets[name] == int(command[command.index("--metrics-port") + 1]), name
 
 
 def test_workers_scale() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,7 +201,8 @@ def test_the_previous_versions_answer_of_a_call_is_journaled_and_the_run_goes_on
 def test_this_versions_answers_carry_only_what_every_previous_version_takes(settings: Settings) -> None:
     """The called task's link and link_error, as this version sends them from
     a homed worker: their arguments hold only the fields every version since
-    calls came knows, and the home queue rides in a header."""
+    calls came knows, and the home queue rides in a header, as does when the
+    call was published (its latency, for the metrics)."""
     engine = Engine([], settings)
     app = engine.celery
     engine.home = home_queue(app, settings, f"{settings.coordinator_queue}.keeper@host")
@@ -216,13 +218,17 @@ def test_this_versions_answers_carry_only_what_every_previous_version_takes(sett
         options={},
     )
     record = type("Record", (), {"run_id": run_id, "epoch": 1, "workflow": "recorded-flow"})()
+    before = int(time.time() * 1000)
     publish_call(app, engine, record, request)  # type: ignore[arg-type]
     raw = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     (sent,) = raw.lrange(gpu_queue, 0, -1)
     embed = json.loads(base64.b64decode(json.loads(sent)["body"]))[2]
     for answer in (*embed["callbacks"], *embed["errbacks"]):
         assert set(answer["kwargs"]) == ANSWER_FIELDS, answer["task"]
-        assert answer["options"]["headers"] == {HOME_HEADER: engine.home.name}
+        headers = answer["options"]["headers"]
+        assert set(headers) == {HOME_HEADER, "celery_durable_called"}, answer["task"]
+        assert headers[HOME_HEADER] == engine.home.name
+        assert before <= headers["celery_durable_called"] <= int(time.time() * 1000)
 
 
 @pytest.mark.parametrize(

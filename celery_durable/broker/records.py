@@ -59,3 +59,8 @@ class RunRecord:
     attempt_code_hash: str = ""
     """The code hash its latest pass ran (``code_hash`` is the one it started
     with): after a run stopped on nondeterminism, the code that diverged."""
+    trace_parent: str = ""
+    """W3C traceparent of the span the run was started under ('' : none; ``telemetry``)."""
+    trace_attempt: str = ""
+    """W3C traceparent of the span that started the current attempt, when it
+    was not the start ('' : the run's ``trace_parent``)."""

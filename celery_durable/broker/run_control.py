@@ -87,11 +87,15 @@ class RunControl(RunRecords, FleetLiveness):
         recovery: bool = False,
         forced: bool = False,
         ceilings: str = "",
+        trace_attempt: str = "",
     ) -> int | None:
         """Bump the epoch if the run is still as ``record`` saw it (and, for a
         recovery, its attempt is dead, or ``forced``: a message of it came back
         from a holder that died); the new epoch, or None. The new attempt's
-        first coordinator message is ``message_id``."""
+        first coordinator message is ``message_id``; ``trace_attempt`` the
+        traceparent of the span that began it ('' clears the old attempt's)."""
+        # The script sets each "field=value" pair it is given: the ceilings, and the trace anchor.
+        fields = f"{ceilings},trace_attempt={trace_attempt}" if ceilings else f"trace_attempt={trace_attempt}"
         reply = self._run(
             "resume",
             self.settle_keys(record.run_id),
@@ -105,7 +109,7 @@ class RunControl(RunRecords, FleetLiveness):
                 self.lease_ms,
                 code_hash,
                 (2 if forced else 1) if recovery else 0,
-                ceilings,
+                fields,
                 message_id,
                 self.queue_room() if recovery else "",
             ],

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from celery_durable import telemetry
 from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -43,7 +44,12 @@ def run(
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start a run and wait until it settles; exit 0 only if it completed."""
+    """Start a run and wait until it settles; exit 0 only if it completed.
+
+    A W3C traceparent in the TRACEPARENT variable (a CI job's trace, say) is
+    recorded with the run, so its spans join that trace.
+    """
+    telemetry.carry_traceparent(os.environ.get("TRACEPARENT"), "the TRACEPARENT variable")
 
     def body() -> RunEnvelope:
         parsed = parse_json_option("--args", args)
@@ -72,14 +78,25 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", help="Node name, e.g. 'steps1@%h'.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No start-up banner.")] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port (docs/telemetry.md).")
+    ] = None,
+    metrics_address: Annotated[
+        str, typer.Option("--metrics-address", help="Interface the metrics port listens on.")
+    ] = "0.0.0.0",
 ) -> None:
     """Start a Celery worker for the engine's workflows.
 
     It consumes the coordinator, steps and agents queues (or those of -Q)
     with the engine's durability settings (JSON only, late acks, prefetch 1)
-    and sends task events, so Flower shows its tasks as they run.
+    and sends task events, so Flower shows its tasks as they run. With
+    --metrics-port it serves Prometheus metrics, added up over its pool's
+    processes.
     """
     require_reachable_redis()
+    if metrics_port is not None:
+        # Before the app is loaded: every metric made from here on counts in the multiprocess directory.
+        _serve_metrics(metrics_port, metrics_address)
     engine = guarded(lambda: load_engine(app_path))
     argv = ["--quiet"] if quiet else []
     argv += ["worker", f"--loglevel={loglevel}", "--task-events"]
@@ -92,6 +109,17 @@ def worker(
     if hostname:
         argv.append(f"--hostname={hostname}")
     engine.celery.worker_main(argv)
+
+
+def _serve_metrics(port: int, address: str) -> None:
+    if not 0 < port < 65536:
+        raise fail(f"--metrics-port must be from 1 to 65535, got {port}", exit_code=EXIT_USAGE)
+    from celery_durable.telemetry.exposition import MetricsPortError, serve_worker_metrics
+
+    try:
+        serve_worker_metrics(port, address)
+    except MetricsPortError as exc:
+        raise fail(str(exc), exit_code=EXIT_USAGE) from None
 
 
 @app.command()

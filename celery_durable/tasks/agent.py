@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import jsonschema.exceptions
 
+from celery_durable import telemetry
 from celery_durable.agents import AgentRequest, AgentResult
 from celery_durable.agents.errors import AgentOutputError
 from celery_durable.broker import Flags, RunRecord, schema
@@ -111,7 +112,8 @@ def run_agent_task(
 
         with Heartbeat(engine.store, attempt, token=token, interval=engine.heartbeat_interval, wake=wake_coordinator):
             begun, clock = engine.store.now_ms(), time.monotonic()
-            turn = run_turn(engine, record, agent, json.loads(request_json))
+            request = json.loads(request_json)
+            turn = telemetry.agent_turn(record, agent, token, lambda: run_turn(engine, record, agent, request))
             active_ms = int((time.monotonic() - clock) * 1000)
         # The turn ran: only its journaling is retried, never the turn itself.
         retry_storage(what, lambda: _finish(engine, record, agent, token, turn, begun, active_ms))

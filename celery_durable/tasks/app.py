@@ -22,6 +22,7 @@ from celery import Celery, Task
 from celery.worker.request import Request
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
+from celery_durable import telemetry
 from celery_durable.config import Settings
 from celery_durable.errors import StorageUnavailableError
 from celery_durable.tasks.transport import TRANSPORT
@@ -154,7 +155,7 @@ first engine's app and run its messages against the wrong key prefix."""
 
 
 def _register(app: Celery, engine: Engine) -> None:
-    from celery_durable.tasks.calls import HOME_HEADER, CallAnswerTask, call_failed, call_succeeded
+    from celery_durable.tasks.calls import CALLED_HEADER, HOME_HEADER, CallAnswerTask, call_failed, call_succeeded
     from celery_durable.tasks.entry import run_durable_task
     from celery_durable.tasks.redelivery import recovered_on_redelivery
 
@@ -165,6 +166,7 @@ def _register(app: Celery, engine: Engine) -> None:
                 return
             if _redelivered(task) and recovered_on_redelivery(engine, _task_id(task), kwargs):
                 return
+            telemetry.received(name, task.request)  # its time in the queue; tracing looked at again
             run_durable_task(engine, name, _task_id(task), kwargs)
 
     for name in (COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK):
@@ -172,7 +174,8 @@ def _register(app: Celery, engine: Engine) -> None:
 
     @app.task(name=CALL_RESULT_TASK, base=CallAnswerTask, engine=engine, **DURABLE_OPTIONS)
     def call_result(this: Task, *args: Any, **fields: Any) -> None:
-        call_succeeded(engine, args, fields, getattr(this.request, HOME_HEADER, None))
+        request = this.request
+        call_succeeded(engine, args, fields, getattr(request, HOME_HEADER, None), getattr(request, CALLED_HEADER, None))
 
     # Not bound: Celery calls an errback in place, with the exception, only
     # when its task is not bound (``_call_task_errbacks``).

@@ -15,6 +15,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from celery_durable import telemetry
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import BranchStart
 from celery_durable.broker.replies.shape import Refusal
@@ -127,7 +128,10 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         replay.prime(started.sequences)
         replay.apply_flags(started.flags)
         try:
-            with Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake):
+            with (
+                Heartbeat(store, replay, token=token, interval=engine.heartbeat_interval, wake=wake),
+                telemetry.task(replay, "branches", token),
+            ):
                 branch_pass(replay, kept)
         finally:
             # However it ends, its message is no longer in flight; an outage is

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task
 from kombu.serialization import dumps, loads
 
+from celery_durable import telemetry
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import CallDone
 from celery_durable.broker.schema import MAIN
@@ -58,6 +59,9 @@ logger = logging.getLogger(__name__)
 HOME_HEADER = "celery_durable_home"
 """The message header of an answer that names the home queue of the worker
 that sent the call (``tasks/home.py``)."""
+CALLED_HEADER = "celery_durable_called"
+"""The message header of an answer that says when (ms) its call was
+published: the call's latency, for the metrics of the worker that journals it."""
 
 
 def answer_fields(record: RunRecord, request: CallRequest) -> dict[str, Any]:
@@ -91,9 +95,10 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     as when it is called from plain Celery.
     """
     answer = answer_fields(record, request)
-    options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json"}
+    headers: dict[str, Any] = {CALLED_HEADER: telemetry.called_at()}
     if engine.home is not None:
-        options["headers"] = {HOME_HEADER: engine.home.name}  # where the body waiting for it is kept
+        headers[HOME_HEADER] = engine.home.name  # where the body waiting for it is kept
+    options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json", "headers": headers}
     link = app.signature(CALL_RESULT_TASK, kwargs=answer, **options)
     link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, **options)
     app.send_task(
@@ -109,13 +114,16 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         result_cls=SentMessage,  # the answer comes by the link; nothing reads a result here
         **request.options,
         ignore_result=True,  # no subscription (docstring)
-        headers={"ignore_result": None},
+        # The trace context too, when this process traces: the called task's span is the call's child.
+        headers=telemetry.inject_headers({"ignore_result": None}),
     )
 
 
-def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> None:
+def call_succeeded(
+    engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None, called: Any = None
+) -> None:
     """The called task returned ``args[0]``: journal it as the call's outcome.
-    ``home``: the message's ``HOME_HEADER``."""
+    ``home``, ``called``: the message's ``HOME_HEADER`` and ``CALLED_HEADER``."""
     try:
         run_id, epoch, workflow, key, _, home = _parse(engine, fields, home)
         if len(args) != 1:
@@ -124,7 +132,7 @@ def call_succeeded(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any]
         logger.error("rejected call result message: %s", exc)
         return
     outcome = result_outcome(key, args[0], epoch, engine.settings.max_payload_bytes)
-    _journal(engine, run_id, epoch, workflow, key, outcome, home)
+    _journal(engine, run_id, epoch, workflow, key, outcome, home, called)
 
 
 class CallAnswerTask(Task):  # type: ignore[misc]
@@ -162,7 +170,9 @@ class CallAnswerTask(Task):  # type: ignore[misc]
                 _link_of_running_task(self, options.get("parent_id")),
                 consumes(engine, engine.settings.coordinator_queue),
             )
-            and answer_in_place(engine, tuple(args or ()), dict(kwargs or {}), _home_header(options))
+            and answer_in_place(
+                engine, tuple(args or ()), dict(kwargs or {}), _home_header(options), _header(options, CALLED_HEADER)
+            )
         ):
             return self.AsyncResult(task_id or new_task_id())
         return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -175,11 +185,17 @@ def _link_of_running_task(task: Task, parent_id: Any) -> bool:
 
 
 def _home_header(options: dict[str, Any]) -> Any:
+    return _header(options, HOME_HEADER)
+
+
+def _header(options: dict[str, Any], name: str) -> Any:
     headers = options.get("headers")
-    return headers.get(HOME_HEADER) if isinstance(headers, dict) else None
+    return headers.get(name) if isinstance(headers, dict) else None
 
 
-def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None) -> bool:
+def answer_in_place(
+    engine: Engine, args: tuple[Any, ...], fields: dict[str, Any], home: Any = None, called: Any = None
+) -> bool:
     """Answer a call where its task ran; False when its message must be sent instead.
 
     The answer is what its message would carry: the return value through
@@ -194,7 +210,7 @@ def answer_in_place(engine: Engine, args: tuple[Any, ...], fields: dict[str, Any
     except Exception:  # kombu's EncodeError, and whatever a value's own encoder raises
         return False
     try:
-        contextvars.Context().run(call_succeeded, engine, wired, fields, home)
+        contextvars.Context().run(call_succeeded, engine, wired, fields, home, called)
     except Exception:
         # Nothing journaled (call_succeeded handles what follows the write):
         # the message goes, and its task retries as always.
@@ -255,7 +271,14 @@ def _stored_exception(engine: Engine, task_id: str, task: str) -> tuple[str, str
 
 
 def _journal(
-    engine: Engine, run_id: str, epoch: int, workflow: str, key: str, outcome: schema.Outcome, home: str | None
+    engine: Engine,
+    run_id: str,
+    epoch: int,
+    workflow: str,
+    key: str,
+    outcome: schema.Outcome,
+    home: str | None,
+    called: Any = None,
 ) -> None:
     """Journal the call's answer and continue what waits for it, where
     ``wake_route`` says. The main body's pass may be taken by the script that
@@ -279,6 +302,8 @@ def _journal(
         engine.count_refused()
         logger.info("run %s: the answer of call %r belongs to an older attempt; refused", run_id, key)
         return
+    if done is not None:
+        telemetry.call_answered(workflow, outcome.kind == "o", called)
     if done is None or not done.owners:
         return
     if kept is not None and done.activation is not None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery_durable import telemetry
 from celery_durable.broker import Flags, RunRecord
 from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import SequenceHistory
@@ -128,7 +129,8 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
     with heartbeat, engine.parked.holding(record.run_id):
         while True:
             try:
-                _one_pass(engine, replay, kept)
+                with telemetry.task(replay, "pass", token):
+                    _one_pass(engine, replay, kept)
             except StaleAttemptError:
                 logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
                 return
@@ -347,6 +349,7 @@ def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
     if record.parent_run_id is not None:
         result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
         children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
+    telemetry.settled(record, settlement.status)
     if settlement.status == "error":
         logger.warning(
             "run %s of workflow %r ended error (%s): %s",

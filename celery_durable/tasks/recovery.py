@@ -44,6 +44,7 @@ from celery import bootsteps
 from celery.signals import task_received
 from celery.worker import state as worker_state
 
+from celery_durable import telemetry
 from celery_durable.broker import RunRecord, now_ms
 from celery_durable.broker.replies.fleet import Liveness
 from celery_durable.broker.run_control import Stop
@@ -271,7 +272,7 @@ class RecoverySweep:
         settings = self.engine.settings
         if self._may_take_over():
             self.bury_dead_workers()
-        now = now_ms()
+        now, begun = now_ms(), time.monotonic()
         self._prune(now)
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if not due.runs:
@@ -285,6 +286,7 @@ class RecoverySweep:
                 # look at it again a lease later, once someone may have repaired it.
                 logger.error("recovery of run %s skipped, its record is corrupt: %s", run_id, exc)
                 store.schedule_check(run_id, now + int(settings.lease_seconds * 1000))
+        telemetry.sweep_pass(len(due.runs), time.monotonic() - begun)
         return now if len(due.runs) == BATCH else due.next_due
 
     def _prune(self, now: int) -> None:
@@ -299,6 +301,7 @@ class RecoverySweep:
         store = self.engine.store
         prefix = new_task_id()
         examined = store.examine(run_id, room, fire_prefix=prefix)
+        telemetry.sweep_found(examined)
         if examined is None or examined.verdict is Liveness.SETTLED:
             if examined is not None:
                 settled_child(self.engine, run_id)  # a child whose parent may not know yet
@@ -332,8 +335,10 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
     Both checks are made again in the script, so of several sweepers (or a
     sweeper and a redelivery) one acts."""
     store, settings, run_id = engine.store, engine.settings, record.run_id
+    taking = telemetry.take_over(record, cause, forced=forced)
     if not settings.auto_recover:
         if store.halt(record, forced=forced):
+            taking.end("halted")
             logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, cause)
         return
     if record.recoveries >= settings.max_recoveries:
@@ -343,6 +348,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         )
         stop = Stop("error", "recovery_limit", error, f"Run stopped: {error}", recoveries=settings.max_recoveries)
         if store.halt(record, stop, forced=forced):
+            taking.end("recovery_limit")
             logger.warning("run %s of workflow %r ended error (recovery_limit): %s", run_id, record.workflow, error)
             tell_parent(engine, record, stop.status, stop.reason, stop.error, None)
         return
@@ -355,7 +361,9 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         message_id=message,
         recovery=True,
         forced=forced,
+        trace_attempt=taking.traceparent,
     )
+    taking.end("recovered" if epoch is not None else "lost", epoch)
     if epoch is None:
         return
     logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, cause, epoch)

@@ -17,6 +17,7 @@ queue in memory. Nothing else differs between the two.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
+from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.config import Settings
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
@@ -96,6 +98,7 @@ class CelerySender:
         publish_call(self.app, engine, record, request)
 
     def _publish(self, message: Outgoing, producer: Any) -> None:
+        due = time.time() + (message.countdown or 0)
         self.app.send_task(
             message.task,
             kwargs=message.kwargs,
@@ -113,6 +116,9 @@ class CelerySender:
             # inside a called task): that task's stored result would list it.
             add_to_parent=False,
             result_cls=SentMessage,
+            # When it is due, for the receiving worker's queue-wait histogram; every version ignores a header it
+            # does not know.
+            headers={telemetry.DUE_HEADER: int(due * 1000)},
         )
 
 

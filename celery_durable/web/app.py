@@ -1,7 +1,8 @@
 """``create_app``: the web view of one namespace as an ASGI application.
 
 Routes: ``/`` redirects to ``/ns/<namespace>/`` (the runs), ``/ns/<namespace>/runs/<id>``
-is a run, ``/api/`` the JSON API, ``/static/`` the stylesheet and scripts.
+is a run, ``/api/`` the JSON API, ``/static/`` the stylesheet and scripts,
+``/metrics`` the namespace's runs for Prometheus (``docs/telemetry.md``).
 Errors the client raises on purpose become pages (or JSON under ``/api/``)
 with the client's message and an HTTP status; anything else is a 500 that
 shows no traceback.
@@ -15,12 +16,13 @@ from collections.abc import AsyncIterator, Iterable
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from celery_durable import DurableError, Engine
@@ -92,6 +94,7 @@ def create_app(
             *forms.routes,
             *streams.routes,
             *api.routes,
+            Route("/metrics", _metrics),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=middleware,
@@ -105,6 +108,16 @@ def create_app(
     )
     app.state.web = context
     return app
+
+
+async def _metrics(request: Request) -> Response:
+    """Prometheus's scrape: read from storage, on a thread, as every read of the view is."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from celery_durable.telemetry.exposition import web_metrics
+
+    body = await run_in_threadpool(web_metrics, web(request).client)
+    return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
 
 
 def _flower(url: str | None) -> str | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import jsonschema.exceptions
 
+from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
@@ -64,6 +65,8 @@ class AgentOps:
             if replay.send_agent is None:
                 raise RuntimeError("this execution cannot send agent turns")
             replay.send_agent(agent_id, cursor.owner, message)
+            if (watching := telemetry.observer) is not None:
+                watching.agent_dispatched(replay)
         replay.wait_for_wake(cursor)
 
     def _request(self, prompt: str, label: str | None, schema_: Any, model: str | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import CallVerdict, Conflict
 from celery_durable.broker.schema import Identity
@@ -154,7 +155,10 @@ class CallOps:
         replay = self._replay
         assert replay.send_call is not None
         try:
-            replay.send_call(request)
+            if (watching := telemetry.observer) is None:
+                replay.send_call(request)
+            else:
+                watching.call(replay, request, replay.send_call)
         except Exception as exc:  # kombu/amqp connection errors have no common base
             with contextlib.suppress(DurableError):
                 replay.journal.unsent([], call_key=request.key)

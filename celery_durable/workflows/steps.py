@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
@@ -49,6 +50,8 @@ class StepOps:
         identity = Identity.step(key)
         found = replay.recall(cursor, identity, f"step {key!r}")
         if found.outcome is not None:
+            if (watching := telemetry.observer) is not None:
+                watching.hit(replay, "step", cursor.seq, key)
             return found.outcome.step_result(key)
         replay.check_pause(cursor)
         started = now_ms()
@@ -61,7 +64,10 @@ class StepOps:
             outcome = replay.decode(existing)
             replay.commit(cursor, PendingCommit(cursor.index, identity))
             return outcome.step_result(key)
-        outcome = self.produce(key, producer, retry)
+        if (watching := telemetry.observer) is None:
+            outcome = self.produce(key, producer, retry)
+        else:
+            outcome = watching.step(replay, cursor.seq, key, lambda: self.produce(key, producer, retry))
         commit = PendingCommit(
             cursor.index, identity, field, outcome.encode(), key, replay.step_row(cursor, started, outcome)
         )

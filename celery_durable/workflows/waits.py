@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Conflict
 from celery_durable.broker.schema import Identity
@@ -79,6 +80,8 @@ class WaitOps:
         journaled, raw = replay.expect(cursor, identity)
         if journaled and raw is not None:
             replay.flush(cursor)
+            if (watching := telemetry.observer) is not None:
+                watching.wait(replay, cursor.seq, kind, name, hit=True, ended=True)
             cursor.advance()
             return schema.wait_outcome(raw)
         if not cursor.writes:
@@ -91,6 +94,8 @@ class WaitOps:
         if isinstance(result, Conflict):
             replay.conflict(cursor, result, identity)
         replay.apply_flags(result.flags)
+        if (watching := telemetry.observer) is not None:
+            watching.wait(replay, cursor.seq, kind, name, hit=journaled, ended=result.done)
         if result.done and result.outcome is not None:
             cursor.advance()
             return schema.wait_outcome(result.outcome)

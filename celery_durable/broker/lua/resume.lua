@@ -13,8 +13,8 @@
 -- ARGV[9] '1' for a recovery: the old attempt must be dead; '2' for a
 -- recovery forced by a message delivered again whose holder died (the broker
 -- says so: no lease need run out),
--- ARGV[10] ceilings as "field=value,field=value" pairs ('' keeps them; an
--- empty value clears one), ARGV[11] task id of the new attempt's first
+-- ARGV[10] run fields to set as "field=value,field=value" pairs: the ceilings
+-- ('' keeps them; an empty value clears one) and trace_attempt, ARGV[11] task id of the new attempt's first
 -- coordinator message, ARGV[12] when each queue was last found empty ("c=<ms>,s=<ms>,a=<ms>")
 -- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')

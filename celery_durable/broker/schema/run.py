@@ -70,6 +70,11 @@ RUN_FIELDS: dict[str, str] = {
     "parent_key": "the key its parent started it under, or absent",
     "children": "how many child keys the run started (its children hash's fields)",
     "compensates": "'1' once a saga of the run registered a compensation: a cancelled run replays to run them",
+    "trace_parent": "W3C traceparent of the span the run was started under (the caller's, or the start's own), "
+    "written with the run by create_run.lua; '' when the start knew none: the run's trace is then its run id "
+    "(docs/telemetry.md)",
+    "trace_attempt": "W3C traceparent of the span that began the current attempt (a recovery's, a resume's), "
+    "set by resume.lua with the new epoch; '' for the first attempt or when that span was not traced",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
 
@@ -87,6 +92,7 @@ def new_run_fields(
     idempotency_key: str | None,
     progress_max: int,
     ceilings: Mapping[str, str],
+    trace_parent: str = "",
 ) -> dict[str, str]:
     """The run hash of a run that was just started (``create_run.lua`` adds
     ``incarnation`` and ``attempt``)."""
@@ -111,6 +117,8 @@ def new_run_fields(
         "idempotency_key": idempotency_key or "",
         "progress_max": str(progress_max),
         **ceilings,
+        # Only when there is one: a run started outside any trace costs no field.
+        **({"trace_parent": trace_parent} if trace_parent else {}),
     }
 
 
@@ -174,6 +182,8 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             parent_key=raw.get("parent_key") or None,
             children=int(raw.get("children") or 0),
             compensates=raw.get("compensates") == "1",
+            trace_parent=raw.get("trace_parent", ""),
+            trace_attempt=raw.get("trace_attempt", ""),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
