@@ -197,7 +197,7 @@ def test_a_settled_runs_keys_expire_though_what_follows_its_settling_fails(
     it (logged, then forgotten) left the run's keys with no TTL at all (issue
     25 item 9): the script that settles the run starts the clock itself."""
     d = durable([chatty], run_retention_seconds=3600)
-    monkeypatch.setattr(type(d.engine.store), "_settled", lambda *_: None)  # what follows, lost
+    monkeypatch.setattr(type(d.engine.store), "_settled", lambda *_, **__: None)  # what follows, lost
     run_id = d.client.start_workflow("chatty")
     assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "completed"
     ttls = {key: raw_redis.pttl(key) for key in run_key_names(d, run_id) if raw_redis.exists(key)}
