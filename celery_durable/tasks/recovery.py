@@ -50,6 +50,7 @@ from celery_durable.broker.fleet_store import TakeOverNote
 from celery_durable.broker.replies.fleet import Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.tasks.queue_depths import BrokerQueues
@@ -412,6 +413,7 @@ def install(engine: Engine) -> None:
                 lambda: worker.blueprint.state == bootsteps.RUN,
                 worker_id=f"{worker.hostname}/{os.getpid()}",
             )
+            flower_names.follow_worker(worker)
 
         def start(self, worker: Any) -> None:
             task_received.connect(self._received, weak=False)
