@@ -259,6 +259,7 @@ class Client:
         timeout: float | None = None,
         poll_interval_ms: int | None = None,
         cancel_event: threading.Event | None = None,
+        on_run: Callable[[RunEnvelope], None] | None = None,
     ) -> Iterator[ProgressEntry]:
         """The run's progress records after ``after_seq``, as they are written, until it settles.
 
@@ -267,8 +268,11 @@ class Client:
         and reading again after ``poll_interval_ms`` of silence). It ends
         once the run is terminal and every record is out; past ``timeout``
         it raises ``TimeoutError``, and setting ``cancel_event`` raises
-        ``WorkflowWaitCancelled`` — the run goes on either way. Options are
-        checked, and the run looked up, here, before iteration starts.
+        ``WorkflowWaitCancelled`` — the run goes on either way. ``on_run``,
+        when given, is called with the run's envelope after the records each
+        change brought: how a follower learns that the run now waits, which
+        no record says. Options are checked, and the run looked up, here,
+        before iteration starts.
         """
         options = paging.check_wait(timeout, poll_interval_ms, cancel_event)
         self.get_workflow_run_progress(run_id, phase_id=phase_id, after_seq=after_seq, limit=1)
@@ -280,6 +284,7 @@ class Client:
             timeout=options.timeout,
             poll_interval=options.poll_seconds,
             cancel_event=options.cancel_event,
+            on_run=on_run,
         )
 
     # -- deploying new code (SPEC §8a) ----------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -218,14 +218,17 @@ def follow(
     timeout: float | None,
     poll_interval: float,
     cancel_event: threading.Event | None,
+    on_run: Callable[[RunEnvelope], None] | None = None,
 ) -> Iterator[ProgressEntry]:
     """Records after ``after_seq`` as they are written, until the run settles.
 
     New records are read after each envelope, never before it: a run's final
     status and its last records are written by one script, so the read that
-    follows a terminal envelope holds every record there will be.
+    follows a terminal envelope holds every record there will be. ``on_run``
+    is given each envelope once its records are out, so a follower learns
+    what records never say: that the run now waits (``snapshot.waiting_for``).
     """
-    for _ in settling(client, run_id, timeout=timeout, poll_interval=poll_interval, cancel_event=cancel_event):
+    for envelope in settling(client, run_id, timeout=timeout, poll_interval=poll_interval, cancel_event=cancel_event):
         while True:
             page = client.get_workflow_run_progress(
                 run_id, phase_id=phase_id, after_seq=after_seq, limit=PAGE_LIMIT_MAX
@@ -235,6 +238,8 @@ def follow(
                 after_seq = page.records[-1].seq
             if not page.has_more_newer:
                 break
+        if on_run is not None:
+            on_run(envelope)
 
 
 def _until_change(watch: RunWatch, seconds: float, cancel_event: threading.Event | None, run_id: str) -> None:

@@ -7,8 +7,8 @@ a plain ``celery worker`` that knows nothing of celery-durable, as a
 journaled step: a call that returned is never sent again, and no durable
 worker's slot is held while the GPU works. The calls fan out::
 
-    celery -A examples.fleet_tasks worker -Q gpu -c 2            # the team's worker, as it was
-    celery-durable worker --app examples.render:engine          # the durable queues
+    celery -A examples.fleet_tasks worker -Q gpu -c 2 --hostname gpu@%h      # the team's worker, as it was
+    celery-durable worker --app examples.render:engine --hostname durable@%h  # the durable queues
     celery-durable run render-gallery --app examples.render:engine --args '{"urls": ["https://example.com/a.png"]}'
 """
 

@@ -76,7 +76,7 @@ def cli_envvars() -> set[str]:
 
 def test_the_file_parses_with_the_services_of_a_fleet() -> None:
     found = services()
-    assert {"redis", *WORKERS, "flower"} <= set(found)
+    assert {"redis", *WORKERS, "flower", "web"} <= set(found)
     assert "redis-data" in compose()["volumes"]
 
 
@@ -92,7 +92,7 @@ def test_redis_keeps_the_journal() -> None:
     assert "healthcheck" in redis
 
 
-@pytest.mark.parametrize("name", [*WORKERS, "flower"])
+@pytest.mark.parametrize("name", [*WORKERS, "flower", "web"])
 def test_every_command_is_a_real_command_that_accepts_its_options(name: str) -> None:
     command = argv(services()[name])
     assert command[0] == "celery-durable", command
@@ -152,13 +152,26 @@ def test_workers_scale() -> None:
         assert hostname.endswith("@%h"), "node names must differ between replicas"
 
 
-def test_flower_is_behind_basic_auth_from_the_environment() -> None:
-    flower = services()["flower"]
-    auth = flower["environment"]["FLOWER_BASIC_AUTH"]
-    # ${FLOWER_BASIC_AUTH:?...}: compose refuses to start without it; never a default password.
-    assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth), auth
-    assert "--basic-auth" not in argv(flower), "a password on the command line shows in process lists"
-    assert "FLOWER_BASIC_AUTH" in cli_envvars()
+@pytest.mark.parametrize(("name", "variable"), [("flower", "FLOWER_BASIC_AUTH"), ("web", "CELERY_DURABLE_WEB_AUTH")])
+def test_flower_and_the_web_view_are_behind_a_credential_from_the_environment(name: str, variable: str) -> None:
+    service = services()[name]
+    auth = service["environment"][variable]
+    # Never a default password, and never ${VAR:?...}: that fails every compose command
+    # (even `logs`) when unset. Unset, it is empty, and the service's own command refuses.
+    assert auth == f"${{{variable}:-}}", auth
+    assert variable in cli_envvars()
+    command = argv(service)
+    assert "--basic-auth" not in command and "--auth" not in command, "a password in a process list"
+    app_env = interpolate(str(service["environment"]["CELERY_DURABLE_APP"]))
+    refused = CliRunner().invoke(app, command[1:], env={variable: "", "CELERY_DURABLE_APP": app_env})
+    assert refused.exit_code == 2, refused.output
+    assert "refusing to serve on 0.0.0.0 without a credential" in refused.output
+
+
+def test_no_compose_command_needs_a_variable_set() -> None:
+    """``${VAR:?}`` anywhere fails every command (``docker compose logs`` too) when VAR is unset."""
+    text = COMPOSE.read_text(encoding="utf-8")
+    assert not [match[0] for match in _INTERPOLATION.finditer(text) if match["op"] in (":?", "?")]
 
 
 def test_the_dockerfile_builds_from_files_that_exist_and_runs_the_cli() -> None:
@@ -167,15 +180,14 @@ def test_the_dockerfile_builds_from_files_that_exist_and_runs_the_cli() -> None:
         if line.startswith("COPY ") and "--from=" not in line:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
-    # The image installs the wheel, with no extras: what `pip install celery-durable`
-    # gives, and what .ci/wheel_smoke.py proves starts a working worker.
+    # The image installs the wheel with the web extra: workers, Flower and the web view run on it.
     assert "pip wheel --no-deps" in dockerfile
-    assert re.search(r"^RUN pip install /dist/\*\.whl", dockerfile, re.MULTILINE)
+    assert re.search(r'^RUN pip install "\$\(echo /dist/\*\.whl\)\[web\]"', dockerfile, re.MULTILINE)
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.MULTILINE), "workers do not run as root"
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     assert {".git", ".venv", ".celery-durable"} <= set(ignored)
-    # Compose builds the image every worker service runs.
-    assert all(services()[name]["build"] == "." for name in WORKERS)
+    # Compose builds the image every worker service, Flower and the web view run.
+    assert all(services()[name]["build"] == "." for name in [*WORKERS, "flower", "web"])
 
 
 def test_the_examples_module_the_fleet_runs_by_default_exists() -> None:

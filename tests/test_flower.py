@@ -117,18 +117,24 @@ def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flowe
         # The coordinator's pass runs the first of three slow branches itself
         # and hands the other two on as tasks; the run goes on in that pass, or
         # in a second one their outcomes wake. Each shown as what it does for
-        # which workflow (Celery's shadow name).
-        expected = [["phased · branches of m:1"] * 2 + ["phased · coordinator"] * passes for passes in (1, 2)]
-        return done if names in expected else []
+        # which workflow (Celery's shadow name), and a branch task, once it has
+        # run, after the one step it ran (flower_names).
+        steps = [name for name in names if name.startswith("phased · step ")]
+        coordinators = [name for name in names if name == "phased · coordinator"]
+        ran = sorted(name.removeprefix("phased · step ") for name in steps)
+        whole = len(steps) == 2 and len(coordinators) in (1, 2) and len(names) == len(steps) + len(coordinators)
+        return done if whole and len(set(ran)) == 2 and set(ran) < {"square-1", "square-2", "square-3"} else []
 
     tasks = poll("the run's tasks in /api/tasks", run_tasks)
     for task in tasks:
         assert task["worker"] == hostname
         assert f"'run_id': '{run_id}'" in task["kwargs"]
         assert "'epoch': 1" in task["kwargs"] and "'workflow': 'phased'" in task["kwargs"]
-        if "branches" in task["name"]:
-            # The branch's sequence is where its step keys are journaled: Flower's search finds it.
+        if "· step " in task["name"]:
+            # The branch's sequence is where its step keys are journaled: Flower's search finds it; and its steps.
             assert "'call': 'm:1'" in task["kwargs"] and "'sequences': ['m.1." in task["kwargs"]
+            step = task["name"].removeprefix("phased · step ")
+            assert f"'steps': ['{step}']" in task["kwargs"]
     detail = flower.get(f"/api/task/info/{tasks[0]['uuid']}")
     assert detail["name"] == tasks[0]["name"] and run_id in detail["kwargs"]
     found = flower.get(f"/api/tasks?search={run_id}&limit=100")

@@ -299,7 +299,7 @@ def test_queue_counts_on_redis_keep_their_channel_through_missing_queues(durable
     """On Redis a queue nobody sent to does not exist (an empty list), and the
     passive declare's 404 leaves the channel usable: the sweep asks twice a
     second, and a new channel each time cost a ping and a pool."""
-    from celery_durable.tasks.recovery import BrokerQueues
+    from celery_durable.tasks.queue_depths import BrokerQueues
     from tests.conftest import put_in_steps_queue
 
     d = durable([], worker=False)

@@ -23,7 +23,7 @@ import pytest
 
 from celery_durable import Settings, WorkflowContext, workflow
 from celery_durable.broker import schema
-from celery_durable.tasks.recovery import BrokerQueues
+from celery_durable.tasks.queue_depths import BrokerQueues
 from tests.conftest import DurableFactory, put_in_steps_queue
 from tests.test_agents import (  # noqa: F401
     test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers,

@@ -8,7 +8,9 @@ serve the sweep rather than one run's attempt.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from celery_durable.broker.connection import storage_errors
@@ -21,6 +23,38 @@ BUSY_AFTER_MS = 1500
 
 CHECKED = "checked"
 """The field of ``{fleet}:empty`` that says when the queues were last looked at."""
+
+TAKE_OVER_WINDOW_MS = 3_600_000
+"""How long a take-over is kept in its namespace's list: the fleet page shows the last hour."""
+TAKE_OVERS_KEPT = 1000
+"""At most this many are kept per namespace, the newest: a storm of take-overs costs no more."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOverNote:
+    """A run taken over by the sweep or a redelivery: recovered as a new
+    attempt, or halted (``auto_recover`` off, or ``recovery_limit``)."""
+
+    run_id: str
+    outcome: str
+    """``recovered``, ``halted`` or ``recovery_limit``."""
+    cause: str
+    """How the attempt died, as the sweep judged it."""
+    epoch: int | None
+    """The new attempt's epoch when recovered."""
+    at_ms: int
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def decode(cls, text: str) -> TakeOverNote | None:
+        """None for a member this version cannot read (it is skipped, not fatal)."""
+        try:
+            data = json.loads(text)
+            return cls(str(data["run_id"]), str(data["outcome"]), str(data["cause"]), data["epoch"], int(data["at_ms"]))
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 class FleetLiveness(StoreCore):
@@ -138,3 +172,50 @@ class FleetLiveness(StoreCore):
         s = self.settings
         kinds = {"c": s.coordinator_queue, "s": s.steps_queue, "a": s.agents_queue}
         return ",".join(f"{kind}={seen[queue]}" for kind, queue in kinds.items() if seen.get(queue, "").isdigit())
+
+    # -- what the web view's fleet page reads ---------------------------------------------
+
+    def note_take_over(self, namespace: str, note: TakeOverNote) -> None:
+        """Keep ``note`` for the last hour, in its namespace's list (``keys.take_overs``)."""
+        key = self.keys.take_overs(namespace)
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(key, {note.encode(): note.at_ms})
+            pipe.zremrangebyscore(key, "-inf", note.at_ms - TAKE_OVER_WINDOW_MS)
+            pipe.zremrangebyrank(key, 0, -(TAKE_OVERS_KEPT + 1))
+            pipe.pexpire(key, TAKE_OVER_WINDOW_MS)
+            pipe.execute()
+
+    def take_overs_since(self, namespace: str, since_ms: int, limit: int) -> tuple[int, list[TakeOverNote]]:
+        """How many of the namespace's runs were taken over since ``since_ms``, and the newest ``limit``."""
+        key = self.keys.take_overs(namespace)
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcount(key, since_ms, "+inf")
+            pipe.zrevrangebyscore(key, "+inf", since_ms, start=0, num=limit)
+            total, members = pipe.execute()
+        notes = [note for note in map(TakeOverNote.decode, members) if note is not None]
+        return int(total), notes
+
+    def fleet_workers(self) -> dict[str, int]:
+        """Every worker that beat and did not stop cleanly: name -> ms of its last beat."""
+        with storage_errors():
+            pairs = cast(list[tuple[str, float]], self.client.zrange(self.keys.workers, 0, -1, withscores=True))
+        return {worker: int(score) for worker, score in pairs}
+
+    def held_messages(self, workers: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Per worker, the messages it held at its last beat: task id -> run id."""
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for worker in workers:
+                pipe.hgetall(self.keys.held_prefix + worker)
+            held = pipe.execute()
+        return dict(zip(workers, cast(list[dict[str, str]], held), strict=True))
+
+    def queues_seen_empty(self) -> tuple[dict[str, int], int | None]:
+        """When each queue was last found empty, and when the sweeps last looked (None: never)."""
+        with storage_errors():
+            seen = cast(dict[str, str], self.client.hgetall(self.keys.queues_empty))
+        checked = seen.pop(CHECKED, "")
+        last_look = int(checked) if checked.isdigit() else None
+        return {queue: int(at) for queue, at in seen.items() if at.isdigit()}, last_look

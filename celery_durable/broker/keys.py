@@ -50,6 +50,12 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{fleet}:workers zset   live workers, scored by the ms of their last beat
     P:{fleet}:held:W hash    messages worker W held at its last beat, task
                              id -> run id
+    P:{fleet}:takeovers:N
+                     zset    runs of namespace N taken over (or halted) by
+                             the sweep or a redelivery in the last hour, a
+                             JSON note each (fleet_store.TakeOverNote),
+                             scored by when: what the web view's fleet page
+                             lists
 
 A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
 body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
@@ -147,6 +153,9 @@ class KeySpace:
     @property
     def held_prefix(self) -> str:
         return f"{self.prefix}:{{fleet}}:held:"
+
+    def take_overs(self, namespace: str) -> str:
+        return f"{self.prefix}:{{fleet}}:takeovers:{namespace}"
 
     def namespace(self, namespace: str) -> NamespaceKeys:
         base = f"{self.prefix}:{{ns:{namespace}}}"

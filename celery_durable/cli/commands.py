@@ -11,22 +11,25 @@ from celery_durable import telemetry
 from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
+    EXIT_WAITING,
     AppOption,
     JsonOption,
     NamespaceOption,
     TimeoutOption,
     app,
     client_for,
+    err,
     fail,
     guarded,
     load_engine,
     out,
     parse_json_option,
     print_json,
+    print_json_line,
 )
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.local import require_reachable_redis, standalone
-from celery_durable.cli.render import print_envelope
+from celery_durable.cli.render import print_envelope, waiting_text
 from celery_durable.exposure import ExposureError, refuse_exposure
 from celery_durable.workflows.envelope import RunEnvelope
 
@@ -46,6 +49,11 @@ def run(
 ) -> None:
     """Start a run and wait until it settles; exit 0 only if it completed.
 
+    Exit codes: 0 completed; 1 it settled otherwise, or --timeout ran out
+    while it was busy; 3 --timeout ran out while it waits healthily, for a
+    signal, a timer or a child run (it goes on: 'runs start' returns at
+    once). With --follow it says what the run waits for when it begins to.
+
     A W3C traceparent in the TRACEPARENT variable (a CI job's trace, say) is
     recorded with the run, so its spans join that trace.
     """
@@ -55,18 +63,41 @@ def run(
         parsed = parse_json_option("--args", args)
         client = client_for(app_path, namespace)
         run_id = client.start_workflow(workflow_name, args=parsed, idempotency_key=idempotency_key)
-        if follow:
-            return follow_run(client, run_id, view_for(out, as_json), after_seq=0, timeout=timeout)
-        return client.wait_for_workflow_run(run_id, timeout=timeout)
+        try:
+            if follow:
+                return follow_run(client, run_id, view_for(out, as_json), after_seq=0, timeout=timeout)
+            return client.wait_for_workflow_run(run_id, timeout=timeout)
+        except TimeoutError:
+            current = client.get_workflow_run(run_id)
+            if waits_healthily(current):
+                return current  # not a failure: the run is parked until its event comes
+            raise
 
     with standalone(app_path):  # nothing configured: a private Redis and a worker
         envelope = guarded(body)
-    if as_json and not follow:
+    waiting = waits_healthily(envelope)
+    if as_json and waiting and follow:
+        print_json_line({"type": "run", "run": envelope.to_dict()})  # the stream's last line, as when it settles
+    elif as_json and not follow:
         print_json(envelope.to_dict())
     elif not follow:
         print_envelope(out, envelope)
+    if waiting:
+        # A line for people; a script reads the exit code (and --json's envelope on stdout).
+        (err if as_json else out).print(
+            f"run {envelope.run_id} is waiting for {waiting_text(envelope)} after {timeout or 0:g}s; it goes on "
+            f"(celery-durable runs show {envelope.run_id})",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_WAITING)
     if envelope.status != "completed":
         raise typer.Exit(EXIT_FAILED)
+
+
+def waits_healthily(envelope: RunEnvelope) -> bool:
+    """Running and parked on a wait (a signal, a timer, a child): nothing is wrong, it waits."""
+    return envelope.status == "running" and bool(envelope.snapshot.get("waiting_for"))
 
 
 @app.command()

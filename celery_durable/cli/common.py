@@ -4,7 +4,9 @@ the one place where errors become one line and an exit code.
 Exit codes: 0 done (and, for commands that wait, the run completed); 1 the
 run settled otherwise, or the operation failed (the line says why, with the
 error's stable code); 2 the command line is wrong, or asks for something not
-available yet; 130 interrupted by Ctrl-C (the run goes on).
+available yet; 3 ``run --timeout`` ran out while the run waits healthily (for
+a signal, a timer or a child run: it goes on, and nothing failed); 130
+interrupted by Ctrl-C (the run goes on).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ T = TypeVar("T")
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_WAITING = 3
 EXIT_INTERRUPTED = 130
 
 AppOption = Annotated[

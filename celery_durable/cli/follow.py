@@ -12,11 +12,16 @@ says the phases or the run's state moved. Three views:
   record, phases marked as they begin and end;
 - ``JsonView`` for ``--json``: one JSON object per line per record.
 
+Each also says when the run begins to wait (a signal, a timer, a child run),
+which no progress record does: a follower would otherwise sit silent at the
+phase.
+
 Each ends with the run's final envelope: a summary and the result.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -49,6 +54,10 @@ class View(Protocol):
     def start(self, detail: RunDetail) -> None: ...
     def records(self, records: list[ProgressEntry]) -> None: ...
     def refresh(self, detail: RunDetail) -> None: ...
+    def waiting(self, envelope: RunEnvelope) -> None:
+        """The run began to wait (``snapshot.waiting_for``), or waits for something else now."""
+        ...
+
     def stop(self, envelope: RunEnvelope | None) -> None: ...
 
 
@@ -68,7 +77,17 @@ def follow_run(
     or joined later. Raises ``TimeoutError`` past ``timeout`` (the run goes
     on).
     """
-    records = client.follow_workflow_run_progress(run_id, after_seq=after_seq, timeout=timeout)
+    told: list[object] = [None]
+
+    def on_run(current: RunEnvelope) -> None:
+        # No record says that a run waits: its envelope does, and it is told once per wait.
+        wait = current.snapshot.get("waiting_for") if not current.is_terminal else None
+        if wait != told[0]:
+            told[0] = wait
+            if wait:
+                view.waiting(current)
+
+    records = client.follow_workflow_run_progress(run_id, after_seq=after_seq, timeout=timeout, on_run=on_run)
     envelope: RunEnvelope | None = None
     view.start(client.get_workflow_run_detail(run_id))
     try:
@@ -120,6 +139,9 @@ class PlainView:
     def refresh(self, detail: RunDetail) -> None:
         self.phases = detail.phases
 
+    def waiting(self, envelope: RunEnvelope) -> None:
+        self.console.print(Text(f"⏸ waiting for {waiting_text(envelope)}", style="bold"), soft_wrap=True)
+
     def stop(self, envelope: RunEnvelope | None) -> None:
         if envelope is None:
             return
@@ -154,6 +176,11 @@ class LiveView:
     def refresh(self, detail: RunDetail) -> None:
         self.detail = detail
         self.live.refresh()
+
+    def waiting(self, envelope: RunEnvelope) -> None:
+        # The head line says what it waits for, once it shows this envelope.
+        if self.detail is not None:
+            self.refresh(dataclasses.replace(self.detail, run=envelope))
 
     def stop(self, envelope: RunEnvelope | None) -> None:
         self.live.stop()
@@ -206,6 +233,9 @@ class JsonView:
 
     def refresh(self, detail: RunDetail) -> None:
         pass
+
+    def waiting(self, envelope: RunEnvelope) -> None:
+        print_json_line({"type": "waiting", "run_id": envelope.run_id, "waiting_for": envelope.snapshot["waiting_for"]})
 
     def stop(self, envelope: RunEnvelope | None) -> None:
         if envelope is not None:

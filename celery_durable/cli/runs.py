@@ -31,6 +31,34 @@ from celery_durable.workflows.envelope import PhaseRow, ProgressPage, RunEnvelop
 from celery_durable.workflows.waits import APPROVAL_SIGNAL
 
 
+@runs_app.command("start")
+def runs_start(
+    workflow_name: Annotated[str, typer.Argument(metavar="WORKFLOW", help="A registered workflow's name.")],
+    app_path: AppOption,
+    args: Annotated[str, typer.Option("--args", help="JSON arguments of the run.")] = "{}",
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Start once per key: again, it prints the first run's id.")
+    ] = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a run and print its id at once, without waiting (SPEC §11).
+
+    For a script: RUN=$(celery-durable runs start order --args '{"id": 7}'),
+    then 'runs show', 'runs signal' or 'runs progress --follow' with it.
+    """
+    parsed = guarded(lambda: parse_json_option("--args", args))
+    run_id = guarded(
+        lambda: client_for(app_path, namespace).start_workflow(
+            workflow_name, args=parsed, idempotency_key=idempotency_key
+        )
+    )
+    if as_json:
+        print_json({"run_id": run_id})
+    else:
+        out.print(run_id, markup=False)
+
+
 @runs_app.command("list")
 def runs_list(
     app_path: AppOption,

@@ -21,6 +21,7 @@ from celery_durable.broker.journal import BranchStart
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
+from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.children import EngineChildren
 from celery_durable.tasks.heartbeat import Heartbeat
@@ -133,6 +134,9 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
                 telemetry.task(replay, "branches", token),
             ):
                 branch_pass(replay, kept)
+            flower_names.announce(
+                record.run_id, record.epoch, record.workflow, call_id, indices, replay.steps.ran
+            )
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.

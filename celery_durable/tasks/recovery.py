@@ -46,11 +46,14 @@ from celery.worker import state as worker_state
 
 from celery_durable import telemetry
 from celery_durable.broker import RunRecord, now_ms
+from celery_durable.broker.fleet_store import TakeOverNote
 from celery_durable.broker.replies.fleet import Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
+from celery_durable.tasks.queue_depths import BrokerQueues
 from celery_durable.workflows import jsonvalue
 
 if TYPE_CHECKING:
@@ -339,6 +342,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
     if not settings.auto_recover:
         if store.halt(record, forced=forced):
             taking.end("halted")
+            _note(engine, record, "halted", cause, None)
             logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, cause)
         return
     if record.recoveries >= settings.max_recoveries:
@@ -349,6 +353,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         stop = Stop("error", "recovery_limit", error, f"Run stopped: {error}", recoveries=settings.max_recoveries)
         if store.halt(record, stop, forced=forced):
             taking.end("recovery_limit")
+            _note(engine, record, "recovery_limit", cause, None)
             logger.warning("run %s of workflow %r ended error (recovery_limit): %s", run_id, record.workflow, error)
             tell_parent(engine, record, stop.status, stop.reason, stop.error, None)
         return
@@ -366,8 +371,18 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
     taking.end("recovered" if epoch is not None else "lost", epoch)
     if epoch is None:
         return
+    _note(engine, record, "recovered", cause, epoch)
     logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, cause, epoch)
     engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
+
+
+def _note(engine: Engine, record: RunRecord, outcome: str, cause: str, epoch: int | None) -> None:
+    """Keep the take-over for the fleet page; it happened whether or not this write lands."""
+    note = TakeOverNote(record.run_id, outcome, cause[:500], epoch, now_ms())
+    try:
+        engine.store.note_take_over(record.namespace, note)
+    except StorageError as exc:
+        logger.warning("run %s: the take-over could not be noted for the fleet page: %s", record.run_id, exc)
 
 
 def _durable_run(request: Any) -> str | None:
@@ -381,68 +396,6 @@ def _durable_run(request: Any) -> str | None:
     if getattr(request, "type", None) in DURABLE_TASKS and isinstance(run_id, str):
         return run_id
     return None
-
-
-class BrokerQueues:
-    """Which of the engine's queues the broker holds no message in, now.
-
-    A passive declare counts a queue's ready messages on RabbitMQ and on
-    kombu's Redis transport alike; a queue that does not exist (Redis drops
-    an empty list) holds none. RabbitMQ answers that with a 404 and closes
-    the channel it came on, so the next question takes a new channel; on
-    Redis the channel stays usable and is kept.
-
-    The connection is kept from one call to the next: the sweep asks twice a
-    second in every worker, and RabbitMQ pays for each connection opened and
-    closed (a handshake, and two lines in its log) far more than for a
-    declare. A connection that failed is dropped, and the next call opens one.
-    Called from one thread at a time (the sweep's queue watcher).
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._connection: Any = None
-        self._channel: Any = None
-
-    def __call__(self) -> list[str]:
-        settings = self._engine.settings
-        try:
-            return [
-                queue
-                for queue in (settings.coordinator_queue, settings.steps_queue, settings.agents_queue)
-                if self._count(queue) == 0
-            ]
-        except Exception:
-            self.close()
-            raise
-
-    def _count(self, queue: str) -> int:
-        if self._connection is None:
-            self._connection = self._engine.celery.connection_for_read()
-        if self._channel is None:
-            self._channel = self._connection.channel()
-        try:
-            _, count, _ = self._channel.queue_declare(queue=queue, passive=True)
-        except self._connection.channel_errors:
-            if self._connection.transport.driver_type == "amqp":
-                # RabbitMQ closed the channel with its 404; kombu's Redis
-                # transport keeps it (a new one would cost a ping and a pool).
-                self._drop_channel()
-            return 0  # no such queue: nothing waits in it
-        return int(count)
-
-    def _drop_channel(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            with contextlib.suppress(Exception):
-                channel.close()
-
-    def close(self) -> None:
-        self._drop_channel()
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.release()
 
 
 def install(engine: Engine) -> None:
@@ -460,6 +413,7 @@ def install(engine: Engine) -> None:
                 lambda: worker.blueprint.state == bootsteps.RUN,
                 worker_id=f"{worker.hostname}/{os.getpid()}",
             )
+            flower_names.follow_worker(worker)
 
         def start(self, worker: Any) -> None:
             task_received.connect(self._received, weak=False)

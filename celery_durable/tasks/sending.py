@@ -5,7 +5,8 @@ Each message is JSON, sent to its queue with a task id chosen by the caller
 see liveness in ``_prelude.lua``). Flower shows what a message is for: the
 task's displayed name (Celery's ``shadow``) says the workflow and what the
 message does, and its arguments say the run, the fan-out and its branches'
-sequences, so Flower's search finds a run's tasks by run id or sequence.
+sequences, so Flower's search finds a run's tasks by run id or sequence; a
+branch task renames itself after the steps it ran (``flower_names``).
 
 What a message says is built here once (``coordinator_message``,
 ``agent_message``, ``branch_messages``); how it travels is a ``Sender``:
@@ -173,7 +174,7 @@ def _branch_kwargs(run_id: str, epoch: int, workflow: str, call: str, branches: 
 SHOWN_SEQUENCES = 16
 
 
-def _branch_shown(kwargs: dict[str, Any]) -> dict[str, Any]:
+def branch_shown(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The branches' sequences ("m.2.19"), where their step keys are journaled
     (the first few: a wide fan-out's chunk holds many)."""
     seq, _, index = str(kwargs["call"]).rpartition(":")
@@ -228,7 +229,7 @@ def branch_messages(
                 task_id,
                 settings.steps_queue,
                 shadow=shadow,
-                shown=_branch_shown(kwargs),
+                shown=branch_shown(kwargs),
                 countdown=countdown,
             )
         )

@@ -34,31 +34,33 @@ class Outcome:
         return {"message": self.message, "run": self.run.to_dict() if self.run is not None else None}
 
 
-def cancel(client: Client, run_id: str) -> Outcome:
+def cancel(client: Client, run_id: str, *, settle: float = SETTLE_SECONDS) -> Outcome:
     requested = "Cancellation requested: the run stops at its next step or agent call."
-    return _settling(client, run_id, client.cancel_workflow_run, requested)
+    return _settling(client, run_id, client.cancel_workflow_run, requested, settle)
 
 
 def pause(client: Client, run_id: str) -> Outcome:
     requested = "Pause requested: work in flight finishes, then the run pauses."
-    return _settling(client, run_id, client.pause_workflow_run, requested)
+    return _settling(client, run_id, client.pause_workflow_run, requested, SETTLE_SECONDS)
 
 
-def _settling(client: Client, run_id: str, ask: Callable[..., RunEnvelope], requested: str) -> Outcome:
-    """``ask`` the client and wait a little for the run to settle: its status,
-    or ``requested`` when it has not settled yet."""
+def _settling(
+    client: Client, run_id: str, ask: Callable[..., RunEnvelope], requested: str, settle: float
+) -> Outcome:
+    """``ask`` the client and wait a little (``settle`` seconds) for the run to
+    settle: its status, or ``requested`` when it has not settled yet."""
     try:
-        run = ask(run_id, timeout=SETTLE_SECONDS)
+        run = ask(run_id, timeout=settle)
     except TimeoutError:
-        return Outcome(requested, _read(client, run_id))
+        return Outcome(requested, read(client, run_id))
     return Outcome(f"The run is {run.status}.", run)
 
 
-def resume(client: Client, run_id: str, *, force: bool) -> Outcome:
+def resume(client: Client, run_id: str, *, force: bool, settle: float = SETTLE_SECONDS) -> Outcome:
     try:
-        run = client.resume_workflow(run_id, timeout=SETTLE_SECONDS, force=force)
+        run = client.resume_workflow(run_id, timeout=settle, force=force)
     except TimeoutError:
-        current = _read(client, run_id)
+        current = read(client, run_id)
         what = f"attempt {current.attempt} is {current.status}" if current is not None else "the new attempt runs"
         return Outcome(f"Resumed: {what}.", current)
     return Outcome(f"Resumed: attempt {run.attempt} ended {run.status}.", run)
@@ -69,14 +71,14 @@ def signal(client: Client, run_id: str, name: str, payload: Any) -> Outcome:
     if send is None:
         raise BadRequest("This engine cannot send signals yet (Client.signal_workflow_run is missing)")
     send(run_id, name, payload)
-    return Outcome(f"Signal {name!r} sent.", _read(client, run_id))
+    return Outcome(f"Signal {name!r} sent.", read(client, run_id))
 
 
 def approve(client: Client, run_id: str, *, approved: bool, note: str | None) -> Outcome:
     """SPEC §11's ``approve``: the signal ``approval`` with ``{"approved", "note"}``."""
     signal(client, run_id, APPROVAL_SIGNAL, {"approved": approved, "note": note or None})
     verdict = "Approved" if approved else "Rejected"
-    return Outcome(f"{verdict}: the signal {APPROVAL_SIGNAL!r} was sent.", _read(client, run_id))
+    return Outcome(f"{verdict}: the signal {APPROVAL_SIGNAL!r} was sent.", read(client, run_id))
 
 
 def signal_name(text: str | None) -> str:
@@ -98,7 +100,8 @@ def signal_payload(text: str | None) -> Any:
         raise BadRequest(f"The payload is not valid JSON ({exc}); no signal was sent") from None
 
 
-def _read(client: Client, run_id: str) -> RunEnvelope | None:
+def read(client: Client, run_id: str) -> RunEnvelope | None:
+    """The run's envelope after an action; None when it cannot be read (the action was still made)."""
     try:
         return client.get_workflow_run(run_id)
     except Exception:  # the action was made; failing to read back must not hide that

@@ -19,10 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from celery_durable.web import actions
+from celery_durable.web import actions, bulk, search
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest, Forbidden
+from celery_durable.web.search import RunsQuery
 from celery_durable.web.security import names_this_server
 from celery_durable.web.session import CSRF_HEADER
 
@@ -66,16 +67,10 @@ async def session(request: Request) -> Response:
 
 
 async def list_runs(request: Request) -> Response:
+    """The runs page's search, as JSON: the same options (``search``), and ``limit``."""
     context = web(request)
-    params = request.query_params
     limit = _int_param(request, "limit", low=1, high=MAX_RUNS_LIMIT) or 50
-    page = await context.call(
-        context.client.list_workflow_runs,
-        status=params.get("status") or None,
-        workflow=params.get("workflow") or None,
-        limit=limit,
-        cursor=params.get("cursor") or None,
-    )
+    page = await context.call(search.list_runs, context.client, RunsQuery.of(request.query_params), limit)
     return _json(
         {
             "namespace": context.namespace,
@@ -140,12 +135,17 @@ def _plan(context: WebContext, run_id: str, action: str, body: dict[str, Any]) -
     raise HTTPException(404, f"No action {action!r}")
 
 
-async def act(request: Request) -> Response:
-    context = web(request)
+def _proven(request: Request, context: WebContext) -> None:
+    """The gates every POST passes before its body is read: not read-only, and no cross-site request."""
     if context.read_only:
         raise Forbidden("This server is read-only: it shows runs and changes none")
     if not (context.session.csrf_signed(request.headers.get(CSRF_HEADER)) or names_this_server(request.headers)):
         raise Forbidden(UNPROVEN)
+
+
+async def act(request: Request) -> Response:
+    context = web(request)
+    _proven(request, context)
     body = await read_json(request, context.body_limit)
     outcome = await context.call(
         _plan, context, request.path_params["run_id"], request.path_params["action"], body
@@ -153,8 +153,35 @@ async def act(request: Request) -> Response:
     return _json(outcome.to_dict())
 
 
+async def act_in_bulk(request: Request) -> Response:
+    """``POST /api/bulk/{cancel|resume}`` with ``{"run_ids": [...], "force": false}``: each run's result.
+
+    200 whatever each run answered: the answer says per run (``ok``, ``message``,
+    ``code``, ``status``), and ``failed`` counts the runs that refused.
+    """
+    context = web(request)
+    _proven(request, context)
+    action = bulk.check_action(request.path_params["action"])
+    body = await read_json(request, context.body_limit)
+    run_ids = body.get("run_ids")
+    if not isinstance(run_ids, list):
+        raise BadRequest("run_ids must be a list of run ids")
+    checked = bulk.check_run_ids(run_ids)
+    force = _flag(body, "force")
+    results = await context.call(bulk.perform, context.client, action, checked, force=force)
+    return _json(
+        {
+            "action": action,
+            "results": [result.to_dict() for result in results],
+            "succeeded": sum(result.ok for result in results),
+            "failed": sum(not result.ok for result in results),
+        }
+    )
+
+
 routes = [
     Route("/api/", about, methods=["GET"]),
+    Route("/api/bulk/{action}", act_in_bulk, methods=["POST"]),
     Route("/api/session", session, methods=["GET"]),
     Route("/api/runs", list_runs, methods=["GET"]),
     Route("/api/runs/{run_id}", get_run, methods=["GET"]),

@@ -1,11 +1,12 @@
 """``create_app``: the web view of one namespace as an ASGI application.
 
-Routes: ``/`` redirects to ``/ns/<namespace>/`` (the runs), ``/ns/<namespace>/runs/<id>``
-is a run, ``/api/`` the JSON API, ``/static/`` the stylesheet and scripts,
-``/metrics`` the namespace's runs for Prometheus (``docs/telemetry.md``).
-Errors the client raises on purpose become pages (or JSON under ``/api/``)
-with the client's message and an HTTP status; anything else is a 500 that
-shows no traceback.
+Routes: ``/`` redirects to ``/ns/<namespace>/`` (the runs, searched, and
+selected for bulk actions at ``/ns/<namespace>/bulk``), ``/ns/<namespace>/fleet``
+the workers and queues, ``/ns/<namespace>/runs/<id>`` is a run, ``/api/``
+the JSON API, ``/static/`` the stylesheet and scripts, ``/metrics`` the
+namespace's runs for Prometheus (``docs/telemetry.md``). Errors the client
+raises on purpose become pages (or JSON under ``/api/``) with the client's
+message and an HTTP status; anything else is a 500 that shows no traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from celery_durable import DurableError, Engine
 from celery_durable.exposure import LOOPBACK_NAMES
-from celery_durable.web import api, forms, pages, streams
+from celery_durable.web import api, bulk, fleet, forms, pages, streams
 from celery_durable.web.context import STATIC, WebContext, web
 from celery_durable.web.hub import RunHub
 from celery_durable.web.problems import Forbidden, Problem, problem
@@ -91,6 +92,8 @@ def create_app(
     app = Starlette(
         routes=[
             *pages.routes,
+            *bulk.routes,
+            *fleet.routes,
             *forms.routes,
             *streams.routes,
             *api.routes,

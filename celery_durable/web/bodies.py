@@ -42,14 +42,19 @@ def media_type(request: Request) -> str:
 
 async def read_form(request: Request, limit: int) -> dict[str, str]:
     """The form's fields, the first value of each."""
+    fields = await read_form_lists(request, limit)
+    return {name: values[0] for name, values in fields.items()}
+
+
+async def read_form_lists(request: Request, limit: int, max_fields: int = MAX_FORM_FIELDS) -> dict[str, list[str]]:
+    """The form's fields, every value of each (a bulk action's selected runs)."""
     if media_type(request) != FORM_TYPE:
         raise HTTPException(415, f"Forms must be sent as {FORM_TYPE}")
     body = await read_body(request, limit)
     try:
-        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+        return parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=max_fields)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"The form could not be read: {exc}") from None
-    return {name: values[0] for name, values in fields.items()}
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The HTML pages: a namespace's runs, and one run.
+"""The HTML pages: a namespace's runs (searched as ``search`` reads the form), and one run.
 
 Each page has a fragment route that renders only its live part with the
 same templates; the page's script fetches it again when the run (or any
@@ -17,8 +17,10 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_durable import Client, ProgressPage, RunDetail, RunPage
+from celery_durable.web import search
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest
+from celery_durable.web.search import ANY_WAIT, RunsQuery
 from celery_durable.web.session import Notice
 
 RUNS_PER_PAGE = 50
@@ -45,37 +47,22 @@ async def index(request: Request) -> Response:
     return RedirectResponse(runs_url(web(request).namespace), status_code=302)
 
 
-@dataclass(frozen=True, slots=True)
-class RunsQuery:
-    status: str | None
-    workflow: str | None
-    cursor: str | None
-
-    @classmethod
-    def of(cls, request: Request) -> RunsQuery:
-        params = request.query_params
-        return cls(params.get("status") or None, params.get("workflow") or None, params.get("cursor") or None)
-
-    def as_params(self) -> dict[str, str | None]:
-        return {"status": self.status, "workflow": self.workflow, "cursor": self.cursor}
-
-
 def _list(client: Client, query: RunsQuery) -> RunPage:
-    return client.list_workflow_runs(
-        status=query.status, workflow=query.workflow, limit=RUNS_PER_PAGE, cursor=query.cursor
-    )
+    return search.list_runs(client, query, RUNS_PER_PAGE)
 
 
 async def runs_page(request: Request) -> Response:
     context = served(request)
-    query = RunsQuery.of(request)
+    query = RunsQuery.of(request.query_params)
     page = await context.call(_list, context.client, query)
-    return context.render(request, "runs.html", {"page": page, "query": query, "workflows": context.workflow_names})
+    return context.render(
+        request, "runs.html", {"page": page, "query": query, "workflows": context.workflow_names, "any_wait": ANY_WAIT}
+    )
 
 
 async def runs_fragment(request: Request) -> Response:
     context = served(request)
-    query = RunsQuery.of(request)
+    query = RunsQuery.of(request.query_params)
     page = await context.call(_list, context.client, query)
     return context.render(request, "runs_live.html", {"page": page, "query": query}, fragment=True)
 

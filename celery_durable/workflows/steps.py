@@ -34,6 +34,9 @@ class StepOps:
 
     def __init__(self, replay: Replay) -> None:
         self._replay = replay
+        self.ran: list[str] = []
+        """Keys of the steps this execution ran (journal hits not counted) in
+        branch sequences: what a branch task shows Flower it did (``tasks/flower_names.py``)."""
 
     def step(self, key: str, producer: Callable[[], Any], *, volatile: bool, retry: RetryPolicy | None) -> Any:
         replay = self._replay
@@ -46,6 +49,7 @@ class StepOps:
         if volatile:
             replay.flush(cursor)
             replay.check_cancelled()
+            self._ran(cursor.seq, key)
             return self.produce(key, producer, retry).step_result(key)
         identity = Identity.step(key)
         found = replay.recall(cursor, identity, f"step {key!r}")
@@ -64,6 +68,7 @@ class StepOps:
             outcome = replay.decode(existing)
             replay.commit(cursor, PendingCommit(cursor.index, identity))
             return outcome.step_result(key)
+        self._ran(cursor.seq, key)
         if (watching := telemetry.observer) is None:
             outcome = self.produce(key, producer, retry)
         else:
@@ -79,6 +84,10 @@ class StepOps:
         if winner is not None:
             outcome = replay.decode(winner)
         return outcome.step_result(key)
+
+    def _ran(self, seq: str, key: str) -> None:
+        if seq != schema.MAIN:
+            self.ran.append(key)  # list.append is atomic: nested branches run on threads
 
     def produce(self, key: str, producer: Callable[[], Any], retry: RetryPolicy | None) -> Outcome:
         """Call the producer (with its retries): its outcome, never an ordinary exception."""

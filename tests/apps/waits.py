@@ -30,3 +30,9 @@ def make_approval_engine() -> Engine:
     from examples.approval import expense_approval
 
     return Engine(workflows=[expense_approval])
+
+
+def make_engine() -> Engine:
+    """This module's workflows on an engine built when the command runs, from
+    the test's environment (in-process CLI tests: ``--app tests.apps.waits:make_engine``)."""
+    return Engine(workflows=[await_signal, nap])

@@ -3,7 +3,8 @@
 Starts a private Redis, an in-process worker and the web view, runs a few
 code-review workflows (one held mid-way, so the run page has a live phase,
 agent turns and progress), and has headless Chromium save
-``docs/web-runs.png`` and ``docs/web-run.png``.
+``docs/web-runs.png`` (two runs selected for a bulk action),
+``docs/web-fleet.png`` and ``docs/web-run.png``.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def main() -> int:
             shoot(engine, client)
         finally:
             release.set()
-    print(f"wrote {DOCS / 'web-runs.png'} and {DOCS / 'web-run.png'}")
+    print(f"wrote {DOCS / 'web-runs.png'}, {DOCS / 'web-fleet.png'} and {DOCS / 'web-run.png'}")
     return 0
 
 
@@ -101,7 +102,12 @@ def shoot(engine: Engine, client: Any) -> None:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.goto(f"{url}/")
             page.wait_for_selector('#live-state[data-state="on"]')
+            for box in page.locator('input[name="run_id"]').all()[1:3]:
+                box.check()  # two runs selected for a bulk action
             page.screenshot(path=str(DOCS / "web-runs.png"))
+            page.goto(f"{url}/ns/default/fleet")
+            page.wait_for_selector("#workers")
+            page.screenshot(path=str(DOCS / "web-fleet.png"), full_page=True)
             page.set_viewport_size({"width": 1280, "height": 1400})
             page.goto(f"{url}/ns/default/runs/{held}")
             page.wait_for_selector('#live-state[data-state="on"]')
