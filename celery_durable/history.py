@@ -11,12 +11,19 @@ is one :func:`read_value` away, by the ``value_ref`` the event carries.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.history_facts import read_child_times, read_history_facts, read_values
+from celery_durable.broker.history_facts import (
+    read_child_times,
+    read_fingerprint,
+    read_history_facts,
+    read_values,
+)
 from celery_durable.errors import RunNotFoundError
 from celery_durable.history_derive import KIND_ORDER, Event, derive
 from celery_durable.workflows.envelope import from_ms
@@ -80,20 +87,59 @@ def check_page(after: Any, limit: Any) -> tuple[int, int]:
     return after, limit
 
 
-def history_page(store: StoreCore, run_id: str, after: int, limit: int) -> HistoryPage:
-    """The events with seq > ``after``, at most ``limit`` (more only to keep events of one seq together)."""
+class _Derived:
+    """The derived events of the runs paged last, by run, with the
+    fingerprint of the facts they came from (``read_fingerprint``): the next
+    page of a long run is cut from them while its facts stand still, not
+    derived again. A cache of a derived value, never the truth: a changed
+    fingerprint derives the run again."""
+
+    RUNS = 8
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[tuple[str, str], tuple[tuple[object, ...], list[Event]]] = OrderedDict()
+
+    def events(self, store: StoreCore, run_id: str) -> list[Event]:
+        fingerprint = read_fingerprint(store, run_id)
+        if fingerprint is None:
+            raise RunNotFoundError(f"Run not found: {run_id}")
+        place = (store.keys.prefix, run_id)
+        with self._lock:
+            kept = self._runs.get(place)
+            if kept is not None and kept[0] == fingerprint:
+                self._runs.move_to_end(place)
+                return kept[1]
+        events = _derive(store, run_id)
+        with self._lock:
+            self._runs[place] = (fingerprint, events)
+            self._runs.move_to_end(place)
+            while len(self._runs) > self.RUNS:
+                self._runs.popitem(last=False)
+        return events
+
+
+_DERIVED = _Derived()
+
+
+def _derive(store: StoreCore, run_id: str) -> list[Event]:
     facts = read_history_facts(store, run_id)
     if facts is None:
         raise RunNotFoundError(f"Run not found: {run_id}")
     child_ids = [child for child in map(_child_id, facts.children.values()) if child is not None]
     times = read_child_times(store, child_ids)
     children = {child: (_int(c), _int(f), s) for child, (c, f, s) in zip(child_ids, times, strict=True)}
-    events = derive(facts, run_id, children)
+    return derive(facts, run_id, children)
+
+
+def history_page(store: StoreCore, run_id: str, after: int, limit: int) -> HistoryPage:
+    """The events with seq > ``after``, at most ``limit`` (more only to keep events of one seq together)."""
+    events = _DERIVED.events(store, run_id)
     start = _first_after(events, after)
     end = min(start + limit, len(events))
     while 0 < end < len(events) and events[end].seq == events[end - 1].seq:
         end += 1
-    chosen = events[start:end]
+    chosen = [_copy(event) for event in events[start:end]]
     _preview(store, run_id, chosen)
     nxt = chosen[-1].seq if chosen and end < len(events) else None
     return HistoryPage([_shown(event) for event in chosen], nxt)
@@ -148,6 +194,11 @@ def _preview(store: StoreCore, run_id: str, events: list[Event]) -> None:
             event.data[f"{name}_preview"] = text[: PREVIEW_CHARS - 1] + "…"
             event.data[f"{name}_chars"] = len(text)
         event.data["value_ref"] = field
+
+
+def _copy(event: Event) -> Event:
+    """A page's own copy: previews are added to it, not to the kept events."""
+    return Event(event.at, event.kind, event.key, event.attempt, dict(event.data), event.ref, event.seq)
 
 
 def _shown(event: Event) -> HistoryEvent:

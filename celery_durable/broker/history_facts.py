@@ -85,3 +85,33 @@ def read_child_times(store: StoreCore, run_ids: Sequence[str]) -> list[tuple[str
         for run_id in run_ids:
             pipe.hmget(store.run_keys(run_id).run, ["created_at", "finished_at", "status"])
         return [cast(tuple[str | None, str | None, str | None], tuple(row)) for row in pipe.execute()]
+
+
+FINGERPRINT_FIELDS = (
+    "epoch",
+    "status",
+    "steps_done",
+    "steps_running",
+    "next_seq",
+    "agents_done",
+    "agents_running",
+    "children",
+    "finished_at",
+)
+
+
+def read_fingerprint(store: StoreCore, run_id: str) -> tuple[str | int | None, ...] | None:
+    """What changes whenever a fact the history reads does: counters of the
+    run hash and the sizes of its hashes (a journal write adds a field; a
+    step row settling moves between two hashes or bumps ``steps_done``; a
+    later attempt's rewrite bumps the epoch). None for a run that does not exist."""
+    k = store.run_keys(run_id)
+    with storage_errors():
+        pipe = store.client.pipeline(transaction=True)
+        pipe.hmget(k.run, list(FINGERPRINT_FIELDS))
+        for key in (k.journal, k.steps, k.running, k.agents, k.signals, k.children):
+            pipe.hlen(key)
+        fields, *sizes = pipe.execute()
+    if fields[0] is None:
+        return None
+    return (*fields, *sizes)
