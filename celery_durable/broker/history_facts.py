@@ -34,7 +34,8 @@ class HistoryFacts:
 
     run: dict[str, str]
     journal: dict[str, str]
-    """Only ``o:``, ``x:`` (capped at 200 characters), ``wd:``, ``wt:`` and ``wf:`` fields."""
+    """Only ``o:`` fields but steps' (their rows say it all), ``x:`` (capped
+    at 200 characters), ``wd:``, ``wt:`` and ``wf:`` fields."""
     steps: dict[str, str]
     running: dict[str, str]
     agents: dict[str, str]

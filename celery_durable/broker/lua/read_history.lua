@@ -5,7 +5,7 @@
 -- Returns {} for a run that does not exist, else {run fields, journal
 -- fields, settled step rows, running step rows, agent rows, signal fields,
 -- children, system records}, each a flat list of field, value (the journal's
--- op identities and wait times only, not its values: a long run's results
+-- op identities but steps' and wait times only, not its values: a long run's results
 -- are read for the page that shows them; the signals' times and takers, not
 -- their payloads; a system record is seq, attempt, at, message).
 if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
@@ -14,7 +14,9 @@ local raw = redis.call('HGETALL', KEYS[2])
 for i = 1, #raw, 2 do
   local name = raw[i]
   local p2, p3 = string.sub(name, 1, 2), string.sub(name, 1, 3)
-  if p2 == 'o:' or p2 == 'x:' or p3 == 'wd:' or p3 == 'wt:' or p3 == 'wf:' then
+  -- A step's op is left out: its row says all the history needs of it.
+  local step_op = p2 == 'o:' and string.find(raw[i + 1], ':s|', 1, true) ~= nil
+  if (p2 == 'o:' and not step_op) or p2 == 'x:' or p3 == 'wd:' or p3 == 'wt:' or p3 == 'wf:' then
     table.insert(journal, name)
     local value = raw[i + 1]
     if p2 == 'x:' and #value > 200 then value = string.sub(value, 1, 200) end
