@@ -145,6 +145,29 @@ def history_page(store: StoreCore, run_id: str, after: int, limit: int) -> Histo
     return HistoryPage([_shown(event) for event in chosen], nxt)
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryTail:
+    """The newest events of a run, for a view that shows where it stands."""
+
+    events: list[HistoryEvent]
+    total: int
+    """Events in the whole history."""
+    first_start: tuple[datetime, int] | None
+    """When the first attempt that started did, and its number."""
+
+
+def newest(store: StoreCore, run_id: str, count: int, *, previews: bool = True) -> HistoryTail:
+    """The last ``count`` events (not a page of the API: a view's tail);
+    without ``previews``, their values are not read."""
+    events = _DERIVED.events(store, run_id)
+    chosen = [_copy(event) for event in events[-count:]] if count > 0 else []
+    if previews:
+        _preview(store, run_id, chosen)
+    started = next((_shown(event) for event in events if event.kind == "attempt_started"), None)
+    first = (started.at, started.attempt) if started is not None else None
+    return HistoryTail([_shown(event) for event in chosen], len(events), first)
+
+
 def read_value(store: StoreCore, run_id: str, ref: str) -> Any:
     """The whole value an event previews, by its ``value_ref``: a result, an
     answer, a payload; for a failure, ``{"error_type", "message"}``.
