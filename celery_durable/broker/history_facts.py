@@ -108,7 +108,8 @@ def read_fingerprint(store: StoreCore, run_id: str) -> tuple[str | int | None, .
     later attempt's rewrite bumps the epoch). None for a run that does not exist."""
     k = store.run_keys(run_id)
     with storage_errors():
-        pipe = store.client.pipeline(transaction=True)
+        # Not a transaction (a Cluster's pipelines are not): a torn read is only a cache miss.
+        pipe = store.client.pipeline(transaction=False)
         pipe.hmget(k.run, list(FINGERPRINT_FIELDS))
         for key in (k.journal, k.steps, k.running, k.agents, k.signals, k.children):
             pipe.hlen(key)
