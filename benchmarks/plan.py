@@ -62,6 +62,8 @@ class Plan:
     """Runs in flight the replay check replays (``cases/replay_check.py``)."""
     check_steps: int = 50
     """Journaled steps of each of them."""
+    history_steps: int = 10_000
+    """Journaled steps of the run whose history is paged (``cases/history.py``)."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -135,4 +137,5 @@ def quick_plan(repeat: int) -> Plan:
         children_sizes=(8, 24),
         check_runs=20,
         check_steps=10,
+        history_steps=200,
     )

@@ -29,6 +29,7 @@ from celery_durable.errors import (
     WorkflowResumeError,
     WorkflowWaitCancelled,
 )
+from celery_durable.history import HistoryEvent, HistoryPage
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
@@ -72,6 +73,8 @@ __all__ = [
     "Settings",
     # what clients see
     "ChildRow",
+    "HistoryEvent",
+    "HistoryPage",
     "PhaseRow",
     "ProgressEntry",
     "ProgressPage",

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.exceptions
 from kombu.exceptions import KombuError
 
+from celery_durable import history, telemetry, versioning
 from celery_durable import progress as paging
-from celery_durable import telemetry, versioning
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
@@ -23,6 +23,7 @@ from celery_durable.errors import (
     WorkflowDefinitionError,
     WorkflowResumeError,
 )
+from celery_durable.history import HistoryPage
 from celery_durable.listing import list_runs
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
 from celery_durable.run_views import (
@@ -200,6 +201,14 @@ class Client:
             started_code_hash=record.code_hash,
             last_attempt_code_hash=last_code_hash(record),
         )
+
+    def get_workflow_run_history(self, run_id: str, after: int | None = None, limit: int = 200) -> HistoryPage:
+        """The run's events, oldest first, derived from its journal and progress
+        (SPEC §4): a ``HistoryPage``; pass its ``next`` as ``after`` for the
+        next page (None: the last one). A bad ``after``/``limit`` is a ValueError."""
+        cursor, count = history.check_page(after, limit)
+        record = self._record(run_id)
+        return history.history_page(self.engine.store, record.run_id, cursor, count)
 
     def get_workflow_run_progress(
         self,

@@ -127,6 +127,8 @@ def test_runs_spread_over_the_masters_and_every_script_touches_one_slot(
         assert {redis_cluster.node_of(key).port for key in (keys.journal, keys.progress, keys.live)} == {owner.port}
     listed = {run.run_id for run in d.client.list_workflow_runs(limit=100).runs}
     assert listed == set(run_ids)  # one page read from the runs of every master
+    story = d.client.get_workflow_run_history(run_ids[0]).events  # read_history.lua, in the run's slot
+    assert [e.key for e in story if e.kind == "step_completed"] == ["one", "two"]
 
 
 def test_the_sweep_reads_the_fleet_and_halts_runs_across_slots(

@@ -32,6 +32,8 @@ PUBLIC_NAMES = {
     "Settings",
     # what clients see
     "ChildRow",
+    "HistoryEvent",
+    "HistoryPage",
     "PhaseRow",
     "ProgressEntry",
     "ProgressPage",

@@ -43,6 +43,7 @@ CALLS: dict[str, Callable[[Client, str], Any]] = {
     "run_workflow": lambda c, r: c.run_workflow("tenant", resume_from_run_id=r, timeout=1),
     "signal_workflow_run": lambda c, r: c.signal_workflow_run(r, "go", {"x": 1}),
     "export_history": lambda c, r: c.export_history(r),
+    "get_workflow_run_history": lambda c, r: c.get_workflow_run_history(r),
 }
 """Every client method that names a run, called as a user of the other namespace would."""
 

@@ -15,6 +15,7 @@ from benchmarks.cases import (
     children,
     fanout,
     footprint,
+    history,
     latency,
     many,
     pipeline,
@@ -49,4 +50,5 @@ CASES: dict[str, CaseRunner] = {
     "calls": calls.run,
     "children": children.run,
     "replay_check": replay_check.run,
+    "history": history.run,
 }

@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     "mark_sent",
     "note_code",
     "pause",
+    "read_history",
     "read_progress",
     "read_sequence",
     "read_sequences",

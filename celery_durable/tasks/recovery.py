@@ -361,7 +361,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
     epoch = store.resume(
         record,
         limits_json=jsonvalue.dumps(record.limits),
-        message="Run recovered after its attempt died",
+        message=f"Run recovered after its attempt died ({cause})",
         code_hash="",
         message_id=message,
         recovery=True,

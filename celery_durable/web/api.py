@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from celery_durable import history
 from celery_durable.web import actions, bulk, search
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import WebContext, web
@@ -105,6 +106,31 @@ async def get_progress(request: Request) -> Response:
     return _json(page.to_dict())
 
 
+async def get_history(request: Request) -> Response:
+    """``get_workflow_run_history``: ``after`` and ``limit`` as the client takes them."""
+    context = web(request)
+    page = await context.call(
+        context.client.get_workflow_run_history,
+        request.path_params["run_id"],
+        after=_int_param(request, "after", low=0),
+        limit=_int_param(request, "limit", low=1, high=history.LIMIT_MAX) or history.DEFAULT_LIMIT,
+    )
+    return _json(page.to_dict())
+
+
+async def get_value(request: Request) -> Response:
+    """The whole value a history event previews, by its ``value_ref`` (``?ref=``)."""
+    context = web(request)
+    run_id = request.path_params["run_id"]
+    ref = request.query_params.get("ref") or ""
+    await context.call(context.client.get_workflow_run, run_id)  # unknown, or another namespace's: 404
+    try:
+        value = await context.call(history.read_value, context.client.engine.store, run_id, ref)
+    except LookupError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return _json({"ref": ref, "value": value})
+
+
 def _flag(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
@@ -187,5 +213,7 @@ routes = [
     Route("/api/runs/{run_id}", get_run, methods=["GET"]),
     Route("/api/runs/{run_id}/detail", get_detail, methods=["GET"]),
     Route("/api/runs/{run_id}/progress", get_progress, methods=["GET"]),
+    Route("/api/runs/{run_id}/history", get_history, methods=["GET"]),
+    Route("/api/runs/{run_id}/value", get_value, methods=["GET"]),
     Route("/api/runs/{run_id}/{action}", act, methods=["POST"]),
 ]

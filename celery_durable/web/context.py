@@ -23,6 +23,8 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from celery_durable import Client
+from celery_durable.broker import TERMINAL_STATUSES
+from celery_durable.history_text import event_summary
 from celery_durable.web import present
 from celery_durable.web.hub import RunHub
 from celery_durable.web.session import CSRF_FIELD, BrowserSession
@@ -77,10 +79,12 @@ class WebContext:
             usage=present.usage,
             waiting=present.waiting,
             pretty_json=present.pretty_json,
+            event_summary=event_summary,
         )
         environment.globals.update(
             STATUSES=present.STATUSES,
             SETTLED_FOR_GOOD=present.SETTLED_FOR_GOOD,
+            STATUSES_SETTLED=TERMINAL_STATUSES,
             CSRF_FIELD=CSRF_FIELD,
             static=self._static_url,
             qs=present.query,

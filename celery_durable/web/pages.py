@@ -11,17 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from markupsafe import Markup
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from celery_durable import Client, ProgressPage, RunDetail, RunPage
+from celery_durable import Client, ProgressPage, RunDetail, RunPage, history
+from celery_durable.history import HistoryTail
 from celery_durable.web import search
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest
 from celery_durable.web.search import ANY_WAIT, RunsQuery
 from celery_durable.web.session import Notice
+from celery_durable.web.timeline import timeline_svg
 
 RUNS_PER_PAGE = 50
 PROGRESS_PER_PAGE = 100
@@ -71,6 +74,16 @@ async def runs_fragment(request: Request) -> Response:
 class RunView:
     detail: RunDetail
     progress: ProgressPage | None
+    story: HistoryTail
+    timeline: Markup
+
+    def live(self) -> dict[str, Any]:
+        """What ``run_live.html`` shows, on the page and in each live fragment."""
+        return {"detail": self.detail, "run": self.detail.run, "story": self.story, "timeline": self.timeline}
+
+
+HISTORY_ON_PAGE = 50
+"""The newest events the run page shows (older ones: the history page)."""
 
 
 def _read_run(client: Client, run_id: str, *, before_seq: int | None, with_progress: bool) -> RunView:
@@ -80,7 +93,14 @@ def _read_run(client: Client, run_id: str, *, before_seq: int | None, with_progr
         if with_progress
         else None
     )
-    return RunView(detail, progress)
+    store = client.engine.store
+    story = history.newest(store, detail.run.run_id, HISTORY_ON_PAGE)
+    every = history.newest(store, detail.run.run_id, TIMELINE_EVENTS, previews=False).events
+    return RunView(detail, progress, story, timeline_svg(detail, every))
+
+
+TIMELINE_EVENTS = 2000
+"""Events the timeline reads its waits and fan-outs from (the newest)."""
 
 
 def _before_seq(request: Request) -> int | None:
@@ -110,8 +130,7 @@ async def render_run(
     """The run page; a form that failed validation passes its ``notice`` and the values typed."""
     view = await context.call(_read_run, context.client, run_id, before_seq=before_seq, with_progress=True)
     page: dict[str, Any] = {
-        "detail": view.detail,
-        "run": view.detail.run,
+        **view.live(),
         "progress": view.progress,
         # A page of history is a still picture; the newest page follows the run live.
         "following": before_seq is None,
@@ -126,7 +145,25 @@ async def run_fragment(request: Request) -> Response:
     context = served(request)
     run_id = request.path_params["run_id"]
     view = await context.call(_read_run, context.client, run_id, before_seq=None, with_progress=False)
-    return context.render(request, "run_live.html", {"detail": view.detail, "run": view.detail.run}, fragment=True)
+    return context.render(request, "run_live.html", view.live(), fragment=True)
+
+
+def _after(request: Request) -> int | None:
+    text = request.query_params.get("after")
+    if not text:
+        return None
+    if not text.isdigit():
+        raise BadRequest(f"after must be a whole number, got {text[:40]!r}")
+    return int(text)
+
+
+async def history_page(request: Request) -> Response:
+    """The whole history, a page at a time (the run page shows the newest events)."""
+    context = served(request)
+    run_id = request.path_params["run_id"]
+    page = await context.call(context.client.get_workflow_run_history, run_id, after=_after(request))
+    run = await context.call(context.client.get_workflow_run, run_id)
+    return context.render(request, "history.html", {"run": run, "events": page.events, "next": page.next})
 
 
 routes = [
@@ -135,4 +172,5 @@ routes = [
     Route("/ns/{namespace}/rows", runs_fragment, methods=["GET"]),
     Route("/ns/{namespace}/runs/{run_id}", run_page, methods=["GET"], name="run"),
     Route("/ns/{namespace}/runs/{run_id}/live", run_fragment, methods=["GET"]),
+    Route("/ns/{namespace}/runs/{run_id}/history", history_page, methods=["GET"]),
 ]

@@ -20,7 +20,6 @@ from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
-from celery_durable.broker.scripts import now_ms
 from celery_durable.workflows import jsonvalue
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ class AgentOps:
             return found.outcome.result
         replay.flush(cursor)
         replay.check_pause(cursor)
-        row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, now_ms())
+        row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, replay.journal.now_ms())
         message = uuid.uuid4().hex
         result = replay.journal.agent_call(
             cursor.seq, cursor.index, agent_id, jsonvalue.dumps(request), cursor.owner, row, found.cut, message

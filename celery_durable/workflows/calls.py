@@ -119,7 +119,13 @@ class CallOps:
         failure = schema.failure_outcome(replay.epoch, timed_out).encode()
         while True:
             now = replay.journal.now_ms()
-            running = schema.StepRow.running(replay.run.attempt, now, schema.call_id(cursor.seq, cursor.index))
+            running = schema.StepRow.running(
+                replay.run.attempt,
+                now,
+                schema.call_id(cursor.seq, cursor.index),
+                task=request.task_name,
+                queue=request.queue,
+            )
             result = replay.journal.call(
                 cursor.seq, cursor.index, key, cursor.owner, due_from(now), cut, running.encode(), failure
             )

@@ -116,7 +116,7 @@ def _failed(replay: Replay, exc: Exception) -> Settlement:
             return limit_reached(replay, candidate.limit)
     if isinstance(fatal, NonDeterminismError) or isinstance(exc, NonDeterminismError):
         error = str(fatal or exc)
-        return Settlement("error", "nondeterminism", error, False, message="Run stopped: nondeterminism")
+        return _nondeterminism(error)
     if isinstance(fatal, WorkflowCancelled) or isinstance(exc, WorkflowCancelled) or replay.cancelled():
         return CANCELLED
     if isinstance(exc, StorageCorruptError):
@@ -128,11 +128,17 @@ def _failed(replay: Replay, exc: Exception) -> Settlement:
     return Settlement("error", "exception", error, True, message=f"Run failed: {error}")
 
 
+def _nondeterminism(error: str) -> Settlement:
+    """The record keeps the error: a resume with new code clears the run's
+    own, and the history still names both keys (``history.derive``)."""
+    return Settlement("error", "nondeterminism", error, False, message=f"Run stopped: nondeterminism: {error}")
+
+
 def _returned(replay: Replay, result: Any) -> Settlement:
     if isinstance(replay.fatal, WorkflowLimitReached):
         return limit_reached(replay, replay.fatal.limit)
     if isinstance(replay.fatal, NonDeterminismError):
-        return Settlement("error", "nondeterminism", str(replay.fatal), False, message="Run stopped: nondeterminism")
+        return _nondeterminism(str(replay.fatal))
     if replay.fatal is not None or replay.cancelled():
         return CANCELLED
     if result is None:

@@ -33,7 +33,6 @@ from celery_durable.broker.journal import Began, BeginCall, Conflict, Flags, Jou
 from celery_durable.broker.journal_guard import GuardedJournal
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import Outcome, SequenceHistory, describe
-from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import (
     EXECUTION_LOST,
     NonDeterminismError,
@@ -495,4 +494,4 @@ class Replay:
         """The row a journaled step leaves: the run detail lists journaled
         steps as well as running ones (SPEC §3)."""
         row = schema.StepRow.running(self.run.attempt, started, schema.call_id(cursor.seq, cursor.index))
-        return row.settled(outcome, now_ms()).encode()
+        return row.settled(outcome, self.journal.now_ms()).encode()

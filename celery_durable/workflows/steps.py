@@ -19,7 +19,6 @@ from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
-from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
@@ -58,7 +57,7 @@ class StepOps:
                 watching.hit(replay, "step", cursor.seq, key)
             return found.outcome.step_result(key)
         replay.check_pause(cursor)
-        started = now_ms()
+        started = replay.journal.now_ms()
         running = schema.StepRow.running(replay.run.attempt, started, schema.call_id(cursor.seq, cursor.index)).encode()
         existing = replay.flush(cursor, step_key=key, step_row=running, cut=found.cut)
         replay.check_pause(cursor)  # the flags that came back may ask for a pause

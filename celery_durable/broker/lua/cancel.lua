@@ -13,6 +13,9 @@ local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id')
 local status = f[1]
 if status == 'completed' or status == 'cancelled' then return {'settled', status} end
 if status == 'pending' or status == 'running' then
+  if redis.call('HGET', KEYS[1], 'cancel') ~= '1' then
+    append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1])
+  end
   redis.call('HSET', KEYS[1], 'cancel', '1', 'updated_at', ARGV[1])
   token_queued(KEYS[1], KEYS[3], ARGV[3], 'c', ARGV[1], ARGV[1])
   redis.call('PUBLISH', ARGV[2], f[3] .. ' cancel')

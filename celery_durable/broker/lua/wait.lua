@@ -16,7 +16,7 @@ if conflict then return {'conflict', conflict} end
 local at = ARGV[3] .. ':' .. ARGV[4]
 local outcome_field, due_field = 'x:' .. at, 'wd:' .. at
 -- What an abandoned op left at this index is not this wait's.
-if replaced then redis.call('HDEL', KEYS[2], outcome_field, due_field) end
+if replaced then redis.call('HDEL', KEYS[2], outcome_field, due_field, 'wt:' .. at, 'wf:' .. at) end
 local f
 local done = redis.call('HGET', KEYS[2], outcome_field)
 if done then
@@ -26,7 +26,8 @@ end
 local due = redis.call('HGET', KEYS[2], due_field)
 if not due then
   due = ARGV[8]
-  redis.call('HSET', KEYS[2], due_field, due)
+  -- When the wait was set, for the run's history (schema.history).
+  redis.call('HSET', KEYS[2], due_field, due, 'wt:' .. at, ARGV[2])
 end
 local now = tonumber(ARGV[2])
 local outcome = nil
@@ -35,7 +36,7 @@ if not outcome and due ~= '' and now >= tonumber(due) then
   if ARGV[6] == 'signal' then outcome = '{"received":false,"payload":null}' else outcome = '{"fired":true}' end
 end
 if outcome then
-  redis.call('HSET', KEYS[2], outcome_field, outcome)
+  redis.call('HSET', KEYS[2], outcome_field, outcome, 'wf:' .. at, ARGV[2])
   if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
   made_progress(KEYS[1])
   f = flags(KEYS[1])

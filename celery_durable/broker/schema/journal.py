@@ -26,6 +26,8 @@ JOURNAL_FIELDS: dict[str, str] = {
     "qe:": "qe:<id>: epoch that asked for the turn",
     "w:": "w:<id>: owners waiting for the turn",
     "wd:": "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none)",
+    "wt:": "wt:<seq>:<i>: when (ms) a wait op was first reached (the run's history)",
+    "wf:": "wf:<seq>:<i>: when (ms) a wait op's outcome was journaled (the run's history)",
     "ce:": "ce:<key>: the epoch that published the task call <key>",
     "cuts": "how many cuts the run's sequences got (a cut voids the signals' floors, SIGNAL_FIELDS f:)",
     "wk:": "wk:<prefix>: the owners a call's answer or an agent turn's end woke by the messages '<prefix>-<n>' "

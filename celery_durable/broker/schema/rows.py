@@ -33,6 +33,10 @@ class StepRow:
     error: str | None
     op: str = ""
     """Where the step stands, "<seq>:<index>": it orders steps begun in the same ms."""
+    task: str | None = None
+    """A task call's (``ctx.call``): the task's name, for the run's history."""
+    queue: str | None = None
+    """A task call's: the queue it was sent to (None: the task's own route)."""
 
     def encode(self) -> str:
         """Defaults left out (attempt 1, no error): a run keeps a row per step,
@@ -44,17 +48,23 @@ class StepRow:
         if self.error is not None:
             row["error"] = self.error
         row["op"] = self.op
+        if self.task is not None:
+            row["task"] = self.task
+        if self.queue is not None:
+            row["queue"] = self.queue
         return _dumps(row)
 
     @classmethod
-    def running(cls, attempt: int, now: int, op: str = "") -> StepRow:
-        return cls("running", attempt, now, None, None, op)
+    def running(
+        cls, attempt: int, now: int, op: str = "", *, task: str | None = None, queue: str | None = None
+    ) -> StepRow:
+        return cls("running", attempt, now, None, None, op, task, queue)
 
     def settled(self, outcome: Outcome, now: int) -> StepRow:
         if outcome.kind == "o":
-            return StepRow("completed", self.attempt, self.started_at, now, None, self.op)
+            return StepRow("completed", self.attempt, self.started_at, now, None, self.op, self.task, self.queue)
         error = f"{outcome.error_type}: {outcome.message}"
-        return StepRow("failed", self.attempt, self.started_at, now, error, self.op)
+        return StepRow("failed", self.attempt, self.started_at, now, error, self.op, self.task, self.queue)
 
     def order(self) -> tuple[int, int, tuple[int, ...]]:
         """Begun first, first: by start time, then by position (``op``), numerically."""
@@ -76,6 +86,8 @@ class StepRow:
                 finished_at=optional_ms(row.get("finished_at")),
                 error=None if row.get("error") is None else str(row["error"]),
                 op=str(row.get("op") or ""),
+                task=None if row.get("task") is None else str(row["task"]),
+                queue=None if row.get("queue") is None else str(row["queue"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StorageCorruptError(

@@ -1,0 +1,50 @@
+"""One line per history event, as the CLI's table and the web view show it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from celery_durable.history import HistoryEvent
+
+SUMMARY_CHARS = 160
+
+
+def _value(data: dict[str, Any], name: str) -> str:
+    if name in data:
+        text = json.dumps(data[name], ensure_ascii=False)
+    elif f"{name}_preview" in data:
+        text = f"{data[f'{name}_preview']} ({data[f'{name}_chars']} chars)"
+    else:
+        return ""
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def event_summary(event: HistoryEvent) -> str:
+    """What the event says beyond its kind and key: a result, an error, a cause, a payload."""
+    data, kind = event.data, event.kind
+    if data.get("error"):
+        return str(data["error"])[:SUMMARY_CHARS]
+    if kind == "taken_over":
+        return f"cause: {data.get('cause')}"
+    if kind == "resumed":
+        return f"from {data.get('from')}, by {data.get('by')}"
+    if kind == "nondeterminism":
+        return f"expected {data.get('expected')}, got {data.get('got')}" if "expected" in data else data["message"]
+    if kind == "run_settled":
+        return str(data.get("status"))
+    if kind == "call_sent":
+        queue = data.get("queue") or "its own route"
+        return f"task {data.get('task')} id {data.get('task_id')} on {queue}"
+    if kind == "branches_dispatched":
+        return f"{data.get('kind')} of {data.get('width')}"
+    if kind in ("timer_set", "timer_fired"):
+        return f"until {data.get('until')}"
+    if kind in ("child_started", "child_settled"):
+        status = f" {data['status']}" if "status" in data else ""
+        return f"run {data.get('run_id')} ({data.get('workflow')}){status} {_value(data, 'result')}".rstrip()
+    if kind == "signal_received":
+        return _value(data, "payload")
+    if kind in ("compensation_started", "note"):
+        return str(data.get("message", ""))
+    return _value(data, "result")

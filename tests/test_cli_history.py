@@ -1,0 +1,75 @@
+"""``celery-durable runs history RUN [--follow] [--json]`` on a real Redis and an in-process worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from celery_durable import Engine
+from tests.apps.phased import phased
+from tests.apps.waits import await_signal
+from tests.test_cli import APP, cli, wait_until
+
+WAITS_APP = "tests.test_cli_history:make_engine"
+
+
+def make_engine() -> Engine:
+    """Built when the command runs, so it takes the test's settings from the environment."""
+    return Engine(workflows=[await_signal])
+
+
+def test_history_as_json_and_as_a_table(durable) -> None:
+    d = durable([phased])
+    started = cli(d.settings, "run", "phased", "--app", APP, "--args", '{"pause": 0}', "--json")
+    run_id = json.loads(started.stdout)["run_id"]
+
+    page = json.loads(cli(d.settings, "runs", "history", run_id, "--app", APP, "--json").stdout)
+    kinds = [event["kind"] for event in page["events"]]
+    assert kinds[0] == "attempt_started" and kinds[-1] == "run_settled" and page["next"] is None
+    assert kinds.count("step_completed") == 5
+    assert page == d.client.get_workflow_run_history(run_id).to_dict()
+
+    first = json.loads(cli(d.settings, "runs", "history", run_id, "--app", APP, "--limit", "2", "--json").stdout)
+    rest = json.loads(
+        cli(d.settings, "runs", "history", run_id, "--app", APP, "--after", str(first["next"]), "--json").stdout
+    )
+    assert first["events"] + rest["events"] == page["events"]
+
+    table = cli(d.settings, "runs", "history", run_id, "--app", APP, "--limit", "3")
+    assert table.exit_code == 0, table.output
+    assert "attempt_started" in table.stdout and "step_completed" in table.stdout
+    assert f"next page: --after {page['events'][2]['seq']}" in table.stdout
+
+
+def test_bad_options_and_unknown_runs_are_one_line_and_exit_nonzero(durable) -> None:
+    d = durable([phased])
+    run_id = d.client.start_workflow("phased", args={"pause": 0})
+    bad = cli(d.settings, "runs", "history", run_id, "--app", APP, "--limit", "0")
+    assert bad.exit_code == 1 and "limit must be an integer from 1 to 500" in bad.output
+    unknown = cli(d.settings, "runs", "history", "0" * 32, "--app", APP)
+    assert unknown.exit_code == 1 and "Run not found" in unknown.output
+
+
+def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
+    d = durable([await_signal])
+    run_id = d.client.start_workflow("await-signal")
+    wait_until(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], "the run to wait")
+    result: dict[str, Any] = {}
+    follower = threading.Thread(
+        target=lambda: result.update(
+            done=cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--follow", "--json")
+        )
+    )
+    follower.start()
+    d.client.signal_workflow_run(run_id, "go", {"ok": 1})
+    follower.join(60)
+    assert not follower.is_alive()
+    done = result["done"]
+    assert done.exit_code == 0, done.output
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    seqs = [event["seq"] for event in events]
+    assert seqs == sorted(set(seqs))
+    assert events[-1]["kind"] == "run_settled"
+    signal = [event for event in events if event["kind"] == "signal_received"]
+    assert signal and signal[0]["data"]["payload"] == {"ok": 1}

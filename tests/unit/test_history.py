@@ -1,0 +1,219 @@
+"""A run's event history (``get_workflow_run_history``), in-process on a real Redis.
+
+Each kind the runtime produces, derived from the journal and the progress
+stream; pages whose seqs hold while the run goes on; bad options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from celery_durable import (
+    FunctionRunner,
+    HistoryEvent,
+    HistoryPage,
+    RunNotFoundError,
+    StepFailed,
+    WorkflowContext,
+    workflow,
+)
+from celery_durable.history import PREVIEW_CHARS, read_value
+from celery_durable.testing import WorkflowTestEnvironment
+
+
+@workflow(name="hist-kid", description="a child", phases=[])
+def kid(ctx: WorkflowContext) -> Any:
+    return ctx.step("k", lambda: 7)
+
+
+@workflow(name="hist-story", description="every kind of op", phases=[{"title": "Work"}])
+def story(ctx: WorkflowContext) -> Any:
+    ctx.phase("Work")
+    ctx.step("fetch", lambda: {"rows": list(range(300))})
+    with contextlib.suppress(StepFailed):
+        ctx.step("boom", lambda: 1 / 0)
+    ctx.parallel([lambda: ctx.step("p0", lambda: 0), lambda: ctx.step("p1", lambda: 1)])
+    ctx.call("resize", "fleet.resize", args=("a.png",))
+    with contextlib.suppress(StepFailed):
+        ctx.call("broken", "fleet.broken", queue="images")
+    ctx.sleep(timedelta(hours=1))
+    if ctx.patched("new-path"):
+        ctx.step("new", lambda: "n")
+    ctx.agent("hello", label="helper")
+    ctx.agent("fail", label="sad")
+    child = ctx.child("kid1", kid)
+    decision = ctx.wait_for_signal("approval")
+    return {"decision": decision.payload, "child": child}
+
+
+def broken() -> None:
+    raise KeyError("gone")
+
+
+def sad(request: Any) -> Any:
+    if request.label == "sad":
+        raise RuntimeError("no answer")
+    return "hi there"
+
+
+@pytest.fixture
+def env() -> WorkflowTestEnvironment:
+    return WorkflowTestEnvironment(
+        [story, kid],
+        tasks={"fleet.resize": lambda url: {"url": url}, "fleet.broken": broken},
+        agent_runner=FunctionRunner(default=sad),
+    )
+
+
+def everything(env: WorkflowTestEnvironment, run_id: str, limit: int = 200) -> list[HistoryEvent]:
+    events: list[HistoryEvent] = []
+    after = None
+    while True:
+        page = env.client.get_workflow_run_history(run_id, after=after, limit=limit)
+        events.extend(page.events)
+        if page.next is None:
+            return events
+        after = page.next
+
+
+def one(events: list[HistoryEvent], kind: str, key: str | None = None) -> HistoryEvent:
+    found = [e for e in events if e.kind == kind and (key is None or e.key == key)]
+    assert len(found) == 1, (kind, key, [(e.kind, e.key) for e in events])
+    return found[0]
+
+
+def test_a_run_tells_each_kind_of_event_in_order(env: WorkflowTestEnvironment) -> None:
+    run_id = env.start(story)
+    env.clock.advance(3600)
+    env.signal(run_id, "approval", {"ok": True})
+    assert env.get(run_id).status == "completed"
+    events = everything(env, run_id)
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert len({e.seq for e in events}) == len(events)
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    assert events[0].kind == "attempt_started" and events[-1].kind == "run_settled"
+    assert events[-1].data == {"status": "completed"}
+
+    fetch = one(events, "step_completed", "fetch")
+    assert fetch.attempt == 1 and fetch.data["op"] == "m:0" and "started_at" in fetch.data
+    assert fetch.data["result_chars"] > PREVIEW_CHARS and fetch.data["result_preview"].endswith("…")
+    assert read_value(env.engine.store, run_id, fetch.data["value_ref"]) == {"rows": list(range(300))}
+    assert one(events, "step_failed", "boom").data["error"] == "ZeroDivisionError: division by zero"
+    dispatched = one(events, "branches_dispatched")
+    assert (dispatched.key, dispatched.data["kind"], dispatched.data["width"]) == ("m:2", "parallel", 2)
+    assert one(events, "step_completed", "p1").data["result"] == 1
+
+    sent = one(events, "call_sent", "resize")
+    assert sent.data["task"] == "fleet.resize" and len(sent.data["task_id"]) == 36
+    assert one(events, "call_completed", "resize").data["result"] == {"url": "a.png"}
+    failed = one(events, "call_failed", "broken")
+    assert "KeyError" in failed.data["error"]
+    assert one(events, "call_sent", "broken").data["queue"] == "images"
+
+    timer_set, fired = one(events, "timer_set"), one(events, "timer_fired")
+    assert (fired.at - timer_set.at) >= timedelta(hours=1)
+    assert one(events, "patched", "new-path").seq > fired.seq
+    assert one(events, "agent_completed", "helper").data["result"] == "hi there"
+    assert "no answer" in one(events, "agent_failed", "sad").data["error"]
+    started, settled = one(events, "child_started", "kid1"), one(events, "child_settled", "kid1")
+    assert started.data["workflow"] == "hist-kid" and settled.data["status"] == "completed"
+    assert settled.data["result"] == 7 and settled.data["run_id"] == started.data["run_id"]
+    signal = one(events, "signal_received", "approval")
+    assert signal.data["payload"] == {"ok": True} and signal.data["taken_by"].startswith("m:")
+
+    as_json = HistoryPage(events, None).to_dict()
+    assert as_json["events"][0]["at"].endswith("+00:00") and as_json["next"] is None
+
+
+def test_pages_keep_their_seqs_while_the_run_goes_on(env: WorkflowTestEnvironment) -> None:
+    run_id = env.start(story)  # it sleeps, an hour
+    before = everything(env, run_id, limit=2)
+    assert before[-1].kind == "timer_set"
+    last = before[-1].seq
+    env.clock.advance(3600)  # it goes on, and waits for the signal
+    later = env.client.get_workflow_run_history(run_id, after=last, limit=500)
+    assert later.next is None and later.events and all(e.seq > last for e in later.events)
+    env.signal(run_id, "approval", True)
+    rest = env.client.get_workflow_run_history(run_id, after=later.events[-1].seq).events
+    whole = everything(env, run_id)
+    assert [e.to_dict() for e in before + later.events + rest] == [e.to_dict() for e in whole]
+
+
+def test_pause_cancel_and_resume_are_in_the_history() -> None:
+    @workflow(name="hist-wait", description="waits", phases=[])
+    def waits(ctx: WorkflowContext) -> Any:
+        ctx.step("a", lambda: 1)
+        return ctx.wait_for_signal("go").payload
+
+    env = WorkflowTestEnvironment([waits])
+    run_id = env.start(waits)
+    env.pause(run_id)
+    env.resume(run_id)
+    env.cancel(run_id)
+    events = everything(env, run_id)
+    kinds = [e.kind for e in events]
+    assert kinds.index("paused") < kinds.index("resumed") < kinds.index("cancel_requested")
+    resumed = one(events, "resumed")
+    assert (resumed.attempt, resumed.data) == (2, {"from": "paused", "by": "client"})
+    assert [e.attempt for e in events if e.kind == "attempt_started"] == [1, 2]
+    assert events[-1].kind == "run_settled" and events[-1].data["status"] == "cancelled"
+
+
+def test_a_take_over_names_its_cause_and_steps_say_their_attempt() -> None:
+    @workflow(name="hist-crash", description="crashes once", phases=[])
+    def crashes(ctx: WorkflowContext) -> Any:
+        return [ctx.step("one", lambda: 1), ctx.step("two", lambda: 2)]
+
+    env = WorkflowTestEnvironment([crashes])
+    env.crash_before("two")
+    crashed = env.run(crashes)
+    env.resume(crashed.run_id)
+    events = everything(env, crashed.run_id)
+    taken = one(events, "taken_over")
+    assert taken.attempt == 2 and taken.data["cause"]
+    assert one(events, "step_completed", "one").attempt == 1
+    two = [e for e in events if e.key == "two"]
+    assert [(e.kind, e.attempt) for e in two] == [("step_completed", 2)]
+
+
+def test_nondeterminism_names_both_keys() -> None:
+    order = ["a", "b"]
+
+    @workflow(name="hist-diverge", description="diverges", phases=[])
+    def diverges(ctx: WorkflowContext) -> Any:
+        ctx.step(order[0], lambda: 1)
+        ctx.wait_for_signal("go")
+        return ctx.step("c", lambda: 3)
+
+    env = WorkflowTestEnvironment([diverges])
+    run_id = env.start(diverges)
+    order[0] = "b"  # a deploy that moved a step under a running run
+    settled = env.signal(run_id, "go")
+    assert settled.reason == "nondeterminism"
+    found = one(everything(env, run_id), "nondeterminism")
+    assert (found.data["expected"], found.data["got"]) == ("a", "b")
+    assert "expected a, got b" in found.data["message"]
+    system = [r.message for r in env.progress(run_id).records if r.kind == "system"]
+    assert any("expected a, got b" in message for message in system)  # kept past a rescue that clears the run's error
+
+
+def test_bad_options_and_unknown_runs_are_refused(env: WorkflowTestEnvironment) -> None:
+    run_id = env.start(story)
+    for after in (-1, "3", 1.5, True):
+        with pytest.raises(ValueError, match="after"):
+            env.client.get_workflow_run_history(run_id, after=after)
+    for limit in (0, 501, "5", None):
+        with pytest.raises(ValueError, match="limit"):
+            env.client.get_workflow_run_history(run_id, limit=limit)
+    with pytest.raises(RunNotFoundError):
+        env.client.get_workflow_run_history("0" * 32)
+    with pytest.raises(RunNotFoundError):
+        env.client.get_workflow_run_history("nope")
+    with pytest.raises(ValueError, match="value reference"):
+        read_value(env.engine.store, run_id, "o:m:0")
+    with pytest.raises(LookupError):
+        read_value(env.engine.store, run_id, "v:never")

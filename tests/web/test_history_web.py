@@ -1,0 +1,92 @@
+"""The run's history on the web: the JSON API, the run page's panels, the history pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_durable.web import create_app
+from tests.web.conftest import Site, SiteFactory
+from tests.web.support import gate, new_gate, serving, wait_until
+
+expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
+expect.set_options(timeout=15_000)
+
+UNKNOWN = "0" * 32
+
+
+def test_the_api_mirrors_the_client_and_gives_values_whole(site: SiteFactory) -> None:
+    web = site()
+    run = web.client.run_workflow("web.quick", args={"lines": 2}, timeout=20)
+    whole = web.http.get(f"/api/runs/{run.run_id}/history")
+    assert whole.status_code == 200
+    assert whole.json() == web.client.get_workflow_run_history(run.run_id).to_dict()
+    events = whole.json()["events"]
+    assert events[0]["kind"] == "attempt_started" and events[-1]["kind"] == "run_settled"
+    step = next(event for event in events if event["kind"] == "step_completed")
+    assert (step["key"], step["data"]["result"], step["data"]["value_ref"]) == ("answer", 42, "v:answer")
+
+    first = web.http.get(f"/api/runs/{run.run_id}/history", params={"limit": 1}).json()
+    rest = web.http.get(f"/api/runs/{run.run_id}/history", params={"after": first["next"]}).json()
+    assert first["events"] + rest["events"] == events and rest["next"] is None
+
+    value = web.http.get(f"/api/runs/{run.run_id}/value", params={"ref": "v:answer"})
+    assert value.status_code == 200 and value.json() == {"ref": "v:answer", "value": 42}
+    assert web.http.get(f"/api/runs/{run.run_id}/value", params={"ref": "v:nothing"}).status_code == 404
+    assert web.http.get(f"/api/runs/{run.run_id}/value", params={"ref": "o:m:0"}).status_code == 400
+    assert web.http.get(f"/api/runs/{UNKNOWN}/value", params={"ref": "v:answer"}).status_code == 404
+    assert web.http.get(f"/api/runs/{UNKNOWN}/history").status_code == 404
+    for bad in ({"limit": "0"}, {"limit": "501"}, {"after": "-1"}, {"after": "x"}):
+        answer = web.http.get(f"/api/runs/{run.run_id}/history", params=bad)
+        assert answer.status_code == 400, bad
+        assert answer.json()["error"]["message"]
+
+
+def test_the_run_page_shows_history_timeline_start_times_and_code(site: SiteFactory) -> None:
+    web = site()
+    run = web.client.run_workflow("web.quick", timeout=20)
+    text = web.http.get(web.run_url(run.run_id)).text
+    assert 'id="history-events"' in text and 'data-kind="step_completed"' in text
+    assert f'href="/api/runs/{run.run_id}/value?ref=v%3Aanswer"' in text
+    assert 'id="timeline-svg"' in text and 'data-label="answer"' in text
+    detail = web.client.get_workflow_run_detail(run.run_id)
+    assert detail.started_code_hash[:12] in text
+    assert "No agent turns." in text and "No agent turn yet." not in text
+
+    pages = web.http.get(f"/ns/default/runs/{run.run_id}/history")
+    assert pages.status_code == 200 and 'data-kind="run_settled"' in pages.text and 'id="next-page"' not in pages.text
+    assert web.http.get(f"/ns/default/runs/{run.run_id}/history", params={"after": "x"}).status_code == 400
+
+
+@pytest.fixture
+def live(site: SiteFactory) -> Any:
+    web = site()
+    with serving(create_app(web.engine)) as url:
+        yield web, url
+
+
+def test_history_and_timeline_grow_live_in_the_browser(live: tuple[Site, str], page: Any) -> None:
+    web, url = live
+    first, second = new_gate(), new_gate()
+    run_id = web.client.start_workflow("web.gated", args={"first": first, "second": second, "line": "on"})
+    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    page.goto(f"{url}/ns/default/runs/{run_id}")
+    expect(page.locator('#history-events tr[data-kind="attempt_started"]')).to_have_count(1)
+    expect(page.locator("#live-state")).to_have_attribute("data-state", "on")
+    page.evaluate("window.__loaded_once = true")
+    gate(first).set()
+    gate(second).set()
+    expect(page.locator('#history-events tr[data-kind="run_settled"]')).to_have_count(1)
+    expect(page.locator('#history-events tr[data-kind="step_completed"]').first).to_be_visible()
+    expect(page.locator("#timeline-svg g.bar-step").first).to_be_attached()
+    rows = page.locator("#history-events tr.event")
+    seqs = [int(seq) for seq in rows.evaluate_all("rows => rows.map(r => r.dataset.seq)")]
+    assert seqs == sorted(seqs)
+    assert page.evaluate("window.__loaded_once === true")  # it came live, no reload
+
+    page.locator("#whole-history").click()
+    expect(page.locator("#history-events tr.event").first).to_have_attribute("data-kind", "attempt_started")
+    link = page.locator("#history-events a.value-link").first
+    href = link.get_attribute("href")
+    assert href is not None and web.http.get(href).status_code == 200
