@@ -18,5 +18,6 @@ One module per part of the store that runs the scripts:
 - ``run``: a run's record, its passes' lock, its tasks' starts, beats and ends,
   a called task's answer (``run_records.py``, ``run_passes.py``);
 - ``control``: finish, resume, halt, cancel, pause, signal (``run_control.py``);
-- ``fleet``: the recovery sweep's (``fleet_store.py``).
+- ``fleet``: the recovery sweep's (``fleet_store.py``);
+- ``index``: the scripts that keep a namespace's indexes (``run_index.py``).
 """
