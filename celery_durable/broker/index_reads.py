@@ -23,8 +23,13 @@ class IndexReads(StoreCore):
     def index_built(self, namespace: str) -> bool:
         """Whether the indexes cover every run of the namespace: it was born
         with them, or `runs reindex` rebuilt them (an older store's runs)."""
+        ns = self.keys.namespace(namespace)
         with storage_errors():
-            return self.client.hget(self.keys.namespace(namespace).index_meta, "built") == "1"
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(ns.index_meta, "built")
+            pipe.exists(ns.runs)
+            built, listed = pipe.execute()
+        return built == "1" or not listed  # a namespace with no run yet is born indexed
 
     def index_counts(self, namespace: str, prefixes: Sequence[str], rng: OrdRange) -> list[int]:
         """How many runs each filter holds in ``rng`` (O(log n) each, one round trip)."""
