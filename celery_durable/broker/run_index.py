@@ -123,7 +123,7 @@ class IndexWrites:
     def _together(self, name: str, keys: Sequence[str], args: Sequence[Any], ns: NamespaceKeys, run_id: str) -> Any:
         script, sync = self._scripts[name], self._scripts["index_sync"]
         sync_keys = [*self._sync_keys(ns), self._keys.run(run_id).run]
-        sync_args: list[Any] = [run_id, "", self._clock(), INTENT_GRACE_MS]
+        sync_args: list[Any] = ["", self._clock(), INTENT_GRACE_MS, run_id]
         for attempt in range(2):
             with storage_errors():
                 pipe = self._client.pipeline(transaction=True)
@@ -163,44 +163,20 @@ class IndexWrites:
 
     def sync_from_records(self, ns: NamespaceKeys, run_ids: Sequence[str], mode: str) -> None:
         """Bring each run's entries in line with its record as read now
-        (``mode``: 'w' a writer's sync, 'r' a repair, '' neither)."""
+        (``mode``: 'w' a writer's sync, 'r' a repair, '' neither): one read
+        of the records, one script call in the namespace's slot."""
         if not run_ids:
             return
-        sync = self._scripts["index_sync"]
-        now = self._clock()
         with storage_errors():
-            if not self._cluster:  # the script reads each record itself
-                self._pipelined(
-                    sync,
-                    [([*self._sync_keys(ns), self._keys.run(r).run], [r, mode, now, INTENT_GRACE_MS]) for r in run_ids],
-                )
-                return
             pipe = self._client.pipeline(transaction=False)
             for run_id in run_ids:
                 pipe.hmget(self._keys.run(run_id).run, list(RECORD_FIELDS))
             rows = pipe.execute()
-            calls = []
+            args: list[Any] = [mode, self._clock(), INTENT_GRACE_MS]
             for run_id, row in zip(run_ids, rows, strict=True):
-                exists = "1" if row[0] is not None else "0"
-                fields = ["" if value is None else str(value) for value in row[1:]]
-                calls.append((self._sync_keys(ns), [run_id, mode, now, INTENT_GRACE_MS, exists, *fields]))
-            self._pipelined(sync, calls)
-
-    def _pipelined(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> None:
-        def send() -> list[Any]:
-            pipe = self._client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            return cast(list[Any], pipe.execute(raise_on_error=False))
-
-        replies = send()
-        if any(isinstance(reply, NoScriptError) for reply in replies):
-            self._client.script_load(script.script)
-            replies = send()
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-            parse.index_sync(reply)
+                args.extend((run_id, "1" if row[0] is not None else "0"))
+                args.extend("" if value is None else str(value) for value in row[1:])
+            parse.index_sync(self._scripts["index_sync"](keys=self._sync_keys(ns), args=args))
 
     def repair(self, namespace: str) -> int:
         """Sync the runs with writes under way or interrupted (Redis Cluster); how many."""

@@ -20,9 +20,11 @@ class Synced(StrEnum):
 
 
 @script("index_sync")
-def index_sync(reply: Any) -> Synced:
-    """index_sync.lua: 'applied', 'same', 'older', 'unlisted' or 'gone'."""
-    return Synced(reply)
+def index_sync(reply: Any) -> list[Synced]:
+    """index_sync.lua: per run, 'applied', 'same', 'older', 'unlisted' or 'gone'."""
+    if not isinstance(reply, list):
+        raise TypeError(f"{type(reply).__name__}, not a list")
+    return [Synced(verdict) for verdict in reply]
 
 
 @script("index_intent")
