@@ -40,6 +40,30 @@ WAIT_NAME = name_pattern(max(SIGNAL_NAME_MAX, 32))
 """What a run waits for by name: a signal's name, or a child's run id."""
 
 
+ANY_WAIT = "*"
+"""How text (the CLI's --waiting alone, the web's ``waiting=*``) says "waiting for anything"."""
+
+
+def waiting_param(text: str | None) -> bool | str | None:
+    """The ``waiting`` filter a text parameter names: '' or None none, "*" any wait, else a name."""
+    if not text:
+        return None
+    return True if text == ANY_WAIT else text
+
+
+def time_param(name: str, text: str | None) -> datetime | None:
+    """A time filter given as ISO 8601 text ('' or None: none); a ValueError names a bad one."""
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name} takes an ISO 8601 time such as 2024-05-01T09:00:00Z, got {text!r:.80}") from None
+    if when.tzinfo is None:
+        raise ValueError(f"{name} needs a time zone (2024-05-01T09:00:00Z, or +02:00), got {text!r:.80}")
+    return when
+
+
 @dataclass(frozen=True, slots=True)
 class RunFilter:
     """What a listing keeps (None: any). Times are ms; after inclusive, before exclusive."""

@@ -11,6 +11,7 @@ slot than the runs.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from celery_durable import Engine, Settings, define_workflow
+from celery_durable import Engine, RunNotFoundError, Settings, define_workflow
 from celery_durable.redis_server import RedisServer, free_port
 from tests.conftest import Durable
 from tests.index_check import disagreements
@@ -51,7 +52,11 @@ def poll(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> A
 
 
 def waiting_for(d: Durable, run_id: str) -> str | None:
-    waiting = d.client.get_workflow_run(run_id).snapshot["waiting_for"]
+    """The name the run waits for ('' a timer), None when it waits for nothing or is not there yet."""
+    try:
+        waiting = d.client.get_workflow_run(run_id).snapshot["waiting_for"]
+    except RunNotFoundError:  # a child its parent waits for, about to be created
+        return None
     return None if waiting is None else str(waiting["name"])
 
 
@@ -312,3 +317,42 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
         )
     assert disagreements(d.engine.store, "default") == []
     assert len(ids(d.client.list_workflow_runs(waiting="approval"))) == 8
+
+
+# -- the command line and the web view ----------------------------------------------------------
+
+
+def test_runs_list_waiting_prefix_since_and_runs_reindex_on_the_command_line(durable) -> None:
+    from tests.apps.waits import await_signal, nap
+    from tests.test_cli import cli
+
+    app = "tests.apps.waits:make_engine"
+    d = durable([await_signal, nap])
+    go = [d.client.start_workflow("await-signal") for _ in range(2)]
+    sleeping = d.client.start_workflow("nap", args={"seconds": 3600})
+    for run_id in go:
+        poll(lambda r=run_id: waiting_for(d, r) == "go", "the run to wait for go")
+    poll(lambda: waiting_for(d, sleeping) == "", "the nap's timer")
+
+    def listed(*options: str) -> list[str]:
+        result = cli(d.settings, "runs", "list", "--app", app, *options, "--json")
+        assert result.exit_code == 0, result.output
+        return [run["run_id"] for run in json.loads(result.stdout)["runs"]]
+
+    assert set(listed("--waiting")) == {*go, sleeping}
+    assert listed("--waiting", "go") == go[::-1]
+    assert listed("--waiting", "go", "--limit", "1") == [go[1]]
+    assert listed("--prefix", sleeping[:10]) == [sleeping]
+    assert listed("--since", "2000-01-01T00:00:00Z", "--until", "2000-01-02T00:00:00+00:00") == []
+    assert set(listed("--since", "2000-01-01T00:00:00Z")) == {*go, sleeping}
+    for options, message in [
+        (["--since", "yesterday"], "ISO 8601"),
+        (["--until", "2024-01-01T00:00:00"], "time zone"),
+        (["--prefix", "XYZ"], "run_id_prefix"),
+    ]:
+        result = cli(d.settings, "runs", "list", "--app", app, *options)
+        assert result.exit_code != 0 and message in result.stderr, result.output
+    reindexed = cli(d.settings, "runs", "reindex", "--app", app, "--json")
+    assert reindexed.exit_code == 0, reindexed.output
+    assert json.loads(reindexed.stdout) == {"runs": 3}
+    assert disagreements(d.engine.store, "default") == []

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from celery_durable.listing import time_param, waiting_param
 from celery_durable.web import actions
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import WebContext, web
@@ -75,6 +76,10 @@ async def list_runs(request: Request) -> Response:
         workflow=params.get("workflow") or None,
         limit=limit,
         cursor=params.get("cursor") or None,
+        waiting=waiting_param(params.get("waiting")),
+        run_id_prefix=params.get("run_id_prefix") or None,
+        created_after=time_param("created_after", params.get("created_after")),
+        created_before=time_param("created_before", params.get("created_before")),
     )
     return _json(
         {

@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_durable import Client, ProgressPage, RunDetail, RunPage
+from celery_durable.listing import waiting_param
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest
 from celery_durable.web.session import Notice
@@ -50,19 +51,30 @@ class RunsQuery:
     status: str | None
     workflow: str | None
     cursor: str | None
+    waiting: str | None = None
+    """'*' any wait, else what runs wait for (listing.waiting_param)."""
 
     @classmethod
     def of(cls, request: Request) -> RunsQuery:
         params = request.query_params
-        return cls(params.get("status") or None, params.get("workflow") or None, params.get("cursor") or None)
+        return cls(
+            params.get("status") or None,
+            params.get("workflow") or None,
+            params.get("cursor") or None,
+            params.get("waiting") or None,
+        )
 
     def as_params(self) -> dict[str, str | None]:
-        return {"status": self.status, "workflow": self.workflow, "cursor": self.cursor}
+        return {"status": self.status, "workflow": self.workflow, "waiting": self.waiting, "cursor": self.cursor}
 
 
 def _list(client: Client, query: RunsQuery) -> RunPage:
     return client.list_workflow_runs(
-        status=query.status, workflow=query.workflow, limit=RUNS_PER_PAGE, cursor=query.cursor
+        status=query.status,
+        workflow=query.workflow,
+        limit=RUNS_PER_PAGE,
+        cursor=query.cursor,
+        waiting=waiting_param(query.waiting),
     )
 
 

@@ -30,3 +30,9 @@ def make_approval_engine() -> Engine:
     from examples.approval import expense_approval
 
     return Engine(workflows=[expense_approval])
+
+
+def make_engine() -> Engine:
+    """The same workflows on an engine built when the command runs, from the
+    test's environment (in-process CLI tests)."""
+    return Engine(workflows=[await_signal, nap])
