@@ -62,6 +62,9 @@ class Plan:
     """Runs in flight the replay check replays (``cases/replay_check.py``)."""
     check_steps: int = 50
     """Journaled steps of each of them."""
+    listing_runs: int = 1_000_000
+    """Stored runs the listing case builds and pages through (``cases/listing.py``)."""
+    listing_requests: int = 20
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -135,4 +138,6 @@ def quick_plan(repeat: int) -> Plan:
         children_sizes=(8, 24),
         check_runs=20,
         check_steps=10,
+        listing_runs=3_000,
+        listing_requests=5,
     )

@@ -16,6 +16,7 @@ from benchmarks.cases import (
     fanout,
     footprint,
     latency,
+    listing,
     many,
     pipeline,
     recovery,
@@ -49,4 +50,5 @@ CASES: dict[str, CaseRunner] = {
     "calls": calls.run,
     "children": children.run,
     "replay_check": replay_check.run,
+    "listing": listing.run,
 }
