@@ -12,6 +12,7 @@ slot than the runs.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -356,3 +357,31 @@ def test_runs_list_waiting_prefix_since_and_runs_reindex_on_the_command_line(dur
     assert reindexed.exit_code == 0, reindexed.output
     assert json.loads(reindexed.stdout) == {"runs": 3}
     assert disagreements(d.engine.store, "default") == []
+
+
+def test_every_script_that_can_change_a_status_or_a_wait_is_followed_by_its_index_sync() -> None:
+    """A script that writes a status or the waiting summary (through the
+    prelude's helpers) and is not in INDEXED_SCRIPTS would leave the indexes
+    behind its record. call.lua and call_done.lua only wake a task call's
+    wait, which has no place in the summary, and call_done's activation finds
+    the run running already."""
+    from importlib import resources
+
+    from celery_durable.broker.run_index import INDEXED_SCRIPTS
+    from celery_durable.broker.scripts import SCRIPT_NAMES
+
+    helpers = re.compile(
+        r"\b(set_status|set_waiting|refresh_waiting|summarize_child_wait|end_child_wait|tokens_clear|wake_waits"
+        r"|activate_run)\("
+    )
+    folder = resources.files("celery_durable.broker") / "lua"
+    changing = {name for name in SCRIPT_NAMES if helpers.search((folder / f"{name}.lua").read_text(encoding="utf-8"))}
+    assert changing - {"call", "call_done"} == set(INDEXED_SCRIPTS)
+    prelude = (folder / "_prelude.lua").read_text(encoding="utf-8")
+    assert prelude.count("redis.call('HSET', run_key, 'waiting'") == 1  # set_waiting's own
+    status_writes = [
+        name
+        for name in ("_prelude", *SCRIPT_NAMES)
+        for _ in re.finditer(r"'HSET', [^,]+, 'status'", (folder / f"{name}.lua").read_text(encoding="utf-8"))
+    ]
+    assert status_writes == ["_prelude"]  # set_status's own
