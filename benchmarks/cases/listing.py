@@ -167,7 +167,8 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
     for label, call, limit in probes:
         samples, page = _time(call, requests)
         figure = f"page of {label} over {fmt_int(n)} runs, median"
-        before = f"before the indexes: {BEFORE_MS:,.0f} ms over 10,000 runs" if label.startswith("status with 0 ") else ""
+        zero = label.startswith("status with 0 ")
+        before = f"before the indexes: {BEFORE_MS:,.0f} ms over 10,000 runs" if zero else ""
         result.rows.append(Row(CASE, figure, "ms", samples, target=Target(f"< {limit:.0f} ms", limit), note=before))
         timings[label] = {"median_ms": median(samples), "max_ms": max(samples), "runs_on_page": len(page.runs)}
     forget_seconds = _forget(store)
