@@ -298,7 +298,11 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
     once the runs are done."""
     d = durable(ALL, redis_url=private_redis.url, broker_url=None)
     started = [d.client.start_workflow(name) for name in ("quick", "boom", "approval") * 8]
-    poll(lambda: len(d.client.list_workflow_runs(status="completed", limit=50).runs) >= 3, "some runs to settle")
+    poll(
+        lambda: len(d.client.list_workflow_runs(status="completed", limit=50).runs) >= 3,
+        "some runs to settle",
+        timeout=2 * TIMEOUT,
+    )
     private_redis.kill()
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -314,7 +318,7 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
                 d.client.get_workflow_run(r).status in ("completed", "error") or waiting_for(d, r) == "approval"
             ),
             "every run to settle or wait once Redis is back",
-            timeout=60,
+            timeout=4 * TIMEOUT,  # the worker reconnects first, and the sweep takes over what was cut
         )
     assert disagreements(d.engine.store, "default") == []
     assert len(ids(d.client.list_workflow_runs(waiting="approval"))) == 8
