@@ -64,6 +64,9 @@ class Plan:
     """Journaled steps of each of them."""
     history_steps: int = 10_000
     """Journaled steps of the run whose history is paged (``cases/history.py``)."""
+    listing_runs: int = 1_000_000
+    """Stored runs the listing case builds and pages through (``cases/listing.py``)."""
+    listing_requests: int = 20
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -138,4 +141,6 @@ def quick_plan(repeat: int) -> Plan:
         check_runs=20,
         check_steps=10,
         history_steps=200,
+        listing_runs=3_000,
+        listing_requests=5,
     )

@@ -6,6 +6,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
@@ -178,9 +179,38 @@ class Client:
         workflow: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        *,
+        waiting: bool | str | None = None,
+        run_id_prefix: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
     ) -> RunPage:
-        """This namespace's runs, newest first, in pages."""
-        return list_runs(self.engine.store, self.namespace, status, workflow, limit, cursor)
+        """This namespace's runs, newest first, in pages; the filters combine.
+
+        ``waiting``: True keeps the runs whose ``snapshot.waiting_for`` is
+        set, a name the runs waiting for that name (a signal's, or a child's
+        run id). ``run_id_prefix``: runs whose id starts with it (lowercase
+        hex), given in id order. ``created_after`` (inclusive) and
+        ``created_before`` (exclusive): timezone-aware datetimes. Filtered
+        pages read the namespace's indexes (``celery-durable runs reindex``
+        builds them for a store written before they existed)."""
+        return list_runs(
+            self.engine.store,
+            self.namespace,
+            status,
+            workflow,
+            limit,
+            cursor,
+            waiting=waiting,
+            run_id_prefix=run_id_prefix,
+            created_after=created_after,
+            created_before=created_before,
+        )
+
+    def reindex_runs(self) -> int:
+        """Rebuild this namespace's indexes from its run records (a store
+        written before they existed); returns how many runs it holds."""
+        return self.engine.store.reindex(self.namespace)
 
     def get_workflow_run_detail(self, run_id: str) -> RunDetail:
         record = self._record(run_id)

@@ -58,6 +58,13 @@ from tests.test_recovery import (  # noqa: F401
     test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
 )
 from tests.test_retention import test_expired_runs_leave_the_index_and_free_their_idempotency_key  # noqa: F401
+from tests.test_run_indexes import (  # noqa: F401
+    test_a_cursor_from_before_a_run_changed_status_neither_skips_nor_repeats,
+    test_a_listing_that_meets_expired_runs_takes_them_out_of_every_index,
+    test_a_store_written_before_the_indexes_lists_correctly_and_reindex_builds_them,
+    test_indexes_agree_with_the_records_through_a_mix_of_runs,
+    test_retention_takes_runs_out_of_every_index,
+)
 from tests.test_unserved import (  # noqa: F401
     test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does,
 )

@@ -17,6 +17,7 @@ from benchmarks.cases import (
     footprint,
     history,
     latency,
+    listing,
     many,
     pipeline,
     recovery,
@@ -51,4 +52,5 @@ CASES: dict[str, CaseRunner] = {
     "children": children.run,
     "replay_check": replay_check.run,
     "history": history.run,
+    "listing": listing.run,
 }

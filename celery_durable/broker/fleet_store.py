@@ -135,17 +135,19 @@ class FleetLiveness(StoreCore):
                 pipe.pttl(self.run_keys(run_id).run)
             ttls = pipe.execute()
             pipe = self.client.pipeline(transaction=False)
-            gone = 0
+            gone: dict[str, list[str]] = {}
             for member, (namespace, run_id), ttl in zip(due, runs, ttls, strict=True):
                 if ttl > 0:
                     pipe.zadd(self.keys.sweep_expiring, {member: now + int(ttl)})
                     continue
                 pipe.zrem(self.keys.sweep_expiring, member)
                 if ttl == -2:  # the keys are gone
-                    pipe.zrem(self.keys.namespace(namespace).runs, run_id)
-                    gone += 1
+                    gone.setdefault(namespace, []).append(run_id)
+            # Out of every index first: a pass that dies here finds them again.
+            for namespace, run_ids in gone.items():
+                self.indexes.forget(namespace, run_ids)
             pipe.execute()
-        return gone
+        return sum(len(run_ids) for run_ids in gone.values())
 
     def report_empty(self, queues: Sequence[str], at_ms: int) -> None:
         """The broker held no message in ``queues`` at ``at_ms`` (a look at every

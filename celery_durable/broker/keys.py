@@ -32,6 +32,22 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
+    P:{ns:N}:ix      zset    the namespace's indexes, in one lexicographic
+                             zset (all scored 0; member formats: indexes.py):
+                             per run "t|<ord>|R" (every run), "s|<status>|
+                             <ord>|R", "w|<workflow>|<ord>|R", "sw|<status>|
+                             <workflow>|<ord>|R", "i|R" (by id), and while it
+                             waits "a|<ord>|R" and "n|<wait name>|<ord>|R";
+                             <ord> is "<created ms, 13 digits><start counter,
+                             15 digits>", so a filter's runs are one range
+    P:{ns:N}:ixstate hash    run id -> what the index holds of it, with the
+                             run's 'ixv' version it was written from
+                             (index_state_parse in _prelude.lua)
+    P:{ns:N}:ixintent hash   run id -> "<count>|<ms>": writes under way that
+                             may change its entries (Redis Cluster only,
+                             run_index.py)
+    P:{ns:N}:ixmeta  hash    'built' = '1' once the index covers every run
+                             of the namespace (born so, or `runs reindex`)
     P:{ns:N}:idem:K  string  run id started with idempotency key K
     P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>",
                              what: created, status, progress or cancel)
@@ -107,6 +123,10 @@ class NamespaceKeys:
     counter: str
     events: str
     idempotency_prefix: str
+    index: str
+    index_state: str
+    index_intents: str
+    index_meta: str
 
     def idempotency(self, key: str) -> str:
         return self.idempotency_prefix + key
@@ -164,4 +184,13 @@ class KeySpace:
             counter=f"{base}:counter",
             events=f"{base}:events",
             idempotency_prefix=f"{base}:idem:",
+            index=f"{base}:ix",
+            index_state=f"{base}:ixstate",
+            index_intents=f"{base}:ixintent",
+            index_meta=f"{base}:ixmeta",
         )
+
+    def run_id_of(self, run_key: str) -> str:
+        """The run id a key of ``run()`` names (the text of its hash tag)."""
+        start = len(self.prefix) + 2
+        return run_key[start : run_key.index("}", start)]

@@ -13,10 +13,10 @@ from typing import Any, cast
 
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.index_reads import IndexReads
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import run as parse
-from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageCorruptError, StorageError
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class RunHashes:
     signals: dict[str, str]
 
 
-class RunRecords(StoreCore):
+class RunRecords(IndexReads):
     """``RunStore``'s calls about run records as a whole."""
 
     def create_run(self, run_id: str, fields: dict[str, str], message: str) -> bool:
@@ -53,11 +53,13 @@ class RunRecords(StoreCore):
         return parse.create_run(reply, run_id)
 
     def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
+        """List the run in its namespace (and its indexes, from its record)."""
         ns = self.keys.namespace(namespace)
-        keys = [ns.runs, ns.counter]
+        keys = [ns.runs, ns.counter, ns.index_meta]
         if idempotency_key is not None:
             keys.append(ns.idempotency(idempotency_key))
-        return parse.index_run(self._run("index_run", keys, [run_id, ns.events]))
+        self.indexes.remember(run_id, namespace)
+        return self.indexes.index_run(keys, [run_id, ns.events], namespace, run_id)
 
     def discard_run(self, run_id: str, epoch: int) -> None:
         k = self.run_keys(run_id)
@@ -69,10 +71,8 @@ class RunRecords(StoreCore):
         return parse.release_idempotency(self._run("release_idempotency", [key], [owner]))
 
     def forget_runs(self, namespace: str, run_ids: Sequence[str]) -> None:
-        """Drop runs whose keys have expired (run retention) from the namespace index."""
-        if run_ids:
-            with storage_errors():
-                self.client.zrem(self.keys.namespace(namespace).runs, *run_ids)
+        """Drop runs whose keys have expired (run retention) from every index of the namespace."""
+        self.indexes.forget(namespace, run_ids)
 
     def settle_keys(self, run_id: str) -> list[str]:
         """The KEYS of a script that settles the run: the run hash, its progress,
@@ -118,7 +118,11 @@ class RunRecords(StoreCore):
     def load_run(self, run_id: str) -> RunRecord | None:
         with storage_errors():
             raw = cast(dict[str, str], self.client.hgetall(self.run_keys(run_id).run))
-        return schema.parse_run(run_id, raw) if raw else None
+        if not raw:
+            return None
+        record = schema.parse_run(run_id, raw)
+        self.indexes.remember(run_id, record.namespace)
+        return record
 
     def hashes(self, run_id: str) -> RunHashes:
         """The run's hashes as they are now (one round trip; all empty for an unknown run)."""
@@ -150,6 +154,7 @@ class RunRecords(StoreCore):
                         raise raw
                 if raw:
                     records.append(schema.parse_run(run_id, raw))
+                    self.indexes.remember(run_id, records[-1].namespace)
             except StorageCorruptError as exc:
                 corrupt[run_id] = exc
         return records, corrupt
@@ -160,15 +165,6 @@ class RunRecords(StoreCore):
                 return self.client.hgetall(self.run_keys(run_id).run)
         except StorageCorruptError as exc:
             return exc
-
-    def list_run_ids(self, namespace: str, before_score: float | None, count: int) -> list[tuple[str, float]]:
-        """Run ids of a namespace, newest first, strictly before ``before_score``."""
-        top = f"({before_score}" if before_score is not None else "+inf"
-        with storage_errors():
-            rows = self.client.zrevrangebyscore(
-                self.keys.namespace(namespace).runs, top, "-inf", start=0, num=count, withscores=True
-            )
-        return [(str(member), float(score)) for member, score in rows]
 
     def step_rows(self, run_id: str) -> dict[str, str]:
         """Every step row: settled ones, then the ones running now."""

@@ -37,7 +37,10 @@ SCRIPT_NAMES = (
     "finish",
     "halt",
     "heartbeat",
+    "index_forget",
+    "index_intent",
     "index_run",
+    "index_sync",
     "mark_lost",
     "mark_sent",
     "note_code",
@@ -101,4 +104,3 @@ Clock = Callable[[], int]
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-

@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError
 
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.run_index import INDEXED_SCRIPTS, IndexWrites
 from celery_durable.broker.scripts import Clock, Scripts, now_ms
 from celery_durable.config import Settings
 
@@ -34,6 +35,8 @@ class StoreCore:
         self.keys = KeySpace(settings.key_prefix)
         self.client: RedisClient = client or connect(settings)
         self._scripts = Scripts(self.client)
+        self.indexes = IndexWrites(self.client, self._scripts, self.keys, lambda: self.clock())
+        """The namespace indexes' writes, around the scripts that change what they hold (run_index.py)."""
 
     @property
     def lease_ms(self) -> int:
@@ -53,7 +56,11 @@ class StoreCore:
             self.client.ping()
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Script ``name``'s raw reply, for the parse function of the same name in ``replies``."""
+        """Script ``name``'s raw reply, for the parse function of the same name
+        in ``replies``; a script that may change a run's status or waiting
+        summary brings its namespace's indexes in line too (run_index.py)."""
+        if name in INDEXED_SCRIPTS:
+            return self.indexes.run(name, keys, args)
         with storage_errors():
             return self._scripts[name](keys=list(keys), args=list(args))
 
@@ -61,17 +68,15 @@ class StoreCore:
         """Run a script, and have the sweep look at the run a lease from
         ``now`` at the latest (the schedule is a hint, in a slot of its own)."""
         at_ms = now + self.lease_ms
-        return self._run_with(
-            name, keys, args, lambda pipe: pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True)
-        )
+        return self._run_with(name, keys, args, lambda pipe: pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True))
 
-    def _run_with(
-        self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]
-    ) -> Any:
+    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
         """Run a script, then ``writes`` (commands on keys outside its slot,
         none of which depends on it): in one round trip on one Redis, a
         pipeline but not a transaction; in two on a Cluster, where they
-        live on other nodes. Returns the script's reply."""
+        live on other nodes. Returns the script's reply. (Not for the
+        scripts of ``INDEXED_SCRIPTS``.)"""
+        assert name not in INDEXED_SCRIPTS, name
         if isinstance(self.client, RedisCluster):
             reply = self._run(name, keys, args)
             with storage_errors():

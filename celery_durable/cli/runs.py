@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from celery_durable.cli.common import (
     EXIT_FAILED,
@@ -27,6 +28,7 @@ from celery_durable.cli.common import (
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
 from celery_durable.client import Client
+from celery_durable.listing import ANY_WAIT, time_param, waiting_param
 from celery_durable.workflows.envelope import PhaseRow, ProgressPage, RunEnvelope
 from celery_durable.workflows.waits import APPROVAL_SIGNAL
 
@@ -59,20 +61,52 @@ def runs_start(
         out.print(run_id, markup=False)
 
 
-@runs_app.command("list")
+class _WaitingNameOptional(TyperCommand):
+    """``--waiting [NAME]``: with no name (the last word, or an option next),
+    runs waiting for anything. Click has no optional option values Typer passes on."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)
+        for at, word in enumerate(given):
+            if word == "--":
+                break
+            if word == "--waiting" and (at + 1 == len(given) or given[at + 1].startswith("-")):
+                given[at] = f"--waiting={ANY_WAIT}"
+        return super().parse_args(ctx, given)
+
+
+@runs_app.command("list", cls=_WaitingNameOptional)
 def runs_list(
     app_path: AppOption,
     status: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
     workflow_name: Annotated[str | None, typer.Option("--workflow", help="Only runs of this workflow.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="Runs per page, 1 to 500.")] = 50,
     cursor: Annotated[str | None, typer.Option("--cursor", help="The next_cursor of the previous page.")] = None,
+    waiting: Annotated[
+        str | None,
+        typer.Option(
+            "--waiting",
+            metavar="[NAME]",
+            help="Only runs that wait: for anything (alone), or for NAME (a signal's name, a child's run id).",
+        ),
+    ] = None,
+    prefix: Annotated[str | None, typer.Option("--prefix", help="Only runs whose id starts with this.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only runs created at or after (ISO 8601).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Only runs created before (ISO 8601).")] = None,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (by id with --prefix)."""
     page = guarded(
         lambda: client_for(app_path, namespace).list_workflow_runs(
-            status=status, workflow=workflow_name, limit=limit, cursor=cursor
+            status=status,
+            workflow=workflow_name,
+            limit=limit,
+            cursor=cursor,
+            waiting=waiting_param(waiting),
+            run_id_prefix=prefix,
+            created_after=time_param("--since", since),
+            created_before=time_param("--until", until),
         )
     )
     if as_json:
@@ -81,6 +115,17 @@ def runs_list(
     out.print(runs_table(page))
     if page.next_cursor:
         out.print(f"next page: --cursor {page.next_cursor}", markup=False)
+
+
+@runs_app.command("reindex")
+def runs_reindex(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
+    """Rebuild the namespace's run indexes from the run records (a store
+    written before they existed lists by status, workflow or wait only after)."""
+    count = guarded(lambda: client_for(app_path, namespace).reindex_runs())
+    if as_json:
+        print_json({"runs": count})
+        return
+    out.print(f"indexed {count} runs", markup=False)
 
 
 @runs_app.command("show")

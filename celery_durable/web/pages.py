@@ -19,10 +19,11 @@ from starlette.routing import Route
 
 from celery_durable import Client, ProgressPage, RunDetail, RunPage, history
 from celery_durable.history import HistoryTail
+from celery_durable.listing import ANY_WAIT
 from celery_durable.web import search
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest
-from celery_durable.web.search import ANY_WAIT, RunsQuery
+from celery_durable.web.search import RunsQuery
 from celery_durable.web.session import Notice
 from celery_durable.web.timeline import timeline_svg
 

@@ -14,7 +14,6 @@ name of what they wait for (a signal's name, a child run's id).
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -23,20 +22,14 @@ from typing import Any
 from starlette.datastructures import QueryParams
 
 from celery_durable import Client, RunPage
+from celery_durable.listing import ANY_WAIT
 from celery_durable.web.problems import BadRequest
 
-ANY_WAIT = "*"
 PREFIX = re.compile(r"[0-9a-f]{1,32}")
 MAX_TEXT = 200
 
 SEARCH_OPTIONS = ("run_id_prefix", "created_after", "created_before", "waiting")
 """The keywords of ``list_workflow_runs`` beyond status and workflow, as the page and the API name them."""
-LABELS = {
-    "run_id_prefix": "run id prefix",
-    "created_after": "creation time",
-    "created_before": "creation time",
-    "waiting": "what a run waits for",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,16 +98,6 @@ def _moment(name: str, text: str | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def accepted(client: Client) -> frozenset[str]:
-    """The keywords this engine's ``list_workflow_runs`` takes."""
-    return frozenset(inspect.signature(client.list_workflow_runs).parameters)
-
-
 def list_runs(client: Client, query: RunsQuery, limit: int) -> RunPage:
-    """One page of the search: a ``BadRequest`` naming an option this client cannot search by."""
-    options = query.client_options()
-    missing = [name for name in options if name not in accepted(client)]
-    if missing:
-        what = ", ".join(sorted({LABELS.get(name, name) for name in missing}))
-        raise BadRequest(f"This engine cannot search runs by {what} yet (list_workflow_runs has no {missing[0]})")
-    return client.list_workflow_runs(limit=limit, **options)
+    """One page of the search."""
+    return client.list_workflow_runs(limit=limit, **query.client_options())

@@ -150,3 +150,28 @@ def test_unknown_run_is_a_404_page_and_a_404_json_error(site: SiteFactory) -> No
     assert api.json() == {"error": {"code": "not_found", "message": f"Run not found: {UNKNOWN}"}}
     assert web.http.get(f"/api/runs/{UNKNOWN}/events").status_code == 404
     assert web.http.get("/nowhere").status_code == 404
+
+
+def test_the_runs_api_and_page_filter_by_what_runs_wait_for(site: SiteFactory) -> None:
+    web = site()
+    waiting = [web.client.start_workflow("web.approval") for _ in range(2)]
+    done = web.client.run_workflow("web.quick", timeout=20)
+    for run_id in waiting:
+        wait_until(
+            lambda r=run_id: (web.client.get_workflow_run(r).snapshot["waiting_for"] or {}).get("name") == "approval",
+            "the run to wait for approval",
+        )
+    api = web.http.get("/api/runs", params={"waiting": "approval"}).json()
+    assert [run["run_id"] for run in api["runs"]] == waiting[::-1]
+    assert {run["run_id"] for run in web.http.get("/api/runs", params={"waiting": "*"}).json()["runs"]} == set(waiting)
+    assert web.http.get("/api/runs", params={"waiting": "nobody"}).json()["runs"] == []
+    prefixed = web.http.get("/api/runs", params={"run_id_prefix": done.run_id[:12]}).json()
+    assert [run["run_id"] for run in prefixed["runs"]] == [done.run_id]
+    # A time without a zone is UTC (what a form's datetime-local sends); one that does not parse is refused.
+    later = web.http.get("/api/runs", params={"created_after": "2999-01-01T00:00:00"}).json()
+    assert later["runs"] == []
+    bad = web.http.get("/api/runs", params={"created_after": "yesterday"})
+    assert bad.status_code == 400 and "created_after must be a date and time" in bad.text
+    page = web.http.get("/ns/default/", params={"waiting": "approval"})
+    assert all(run_id in page.text for run_id in waiting) and done.run_id not in page.text
+    assert 'name="waiting" value="approval"' in page.text

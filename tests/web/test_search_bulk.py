@@ -7,26 +7,13 @@ those tests skip, naming the keyword, on a client that does not take it yet.
 
 from __future__ import annotations
 
-import inspect
 import re
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
-from celery_durable import Client
 from tests.web.conftest import Site, SiteFactory
 from tests.web.support import csrf_token, new_gate, wait_until
 
 UNKNOWN = "0" * 32
-
-
-def searchable(*keywords: str) -> pytest.MarkDecorator:
-    taken = inspect.signature(Client.list_workflow_runs).parameters
-    missing = [keyword for keyword in keywords if keyword not in taken]
-    return pytest.mark.skipif(
-        bool(missing),
-        reason=f"list_workflow_runs takes no {', '.join(missing)} yet: it comes with the indexes of issue 30",
-    )
 
 
 def listed(web: Site, **params: str) -> set[str]:
@@ -82,7 +69,6 @@ def test_bad_search_options_are_a_400_naming_them(site: SiteFactory) -> None:
     assert backwards.status_code == 400 and "later than created_before" in backwards.json()["error"]["message"]
 
 
-@searchable("run_id_prefix")
 def test_search_by_run_id_prefix(site: SiteFactory) -> None:
     web = site(worker=False)
     ids = [web.client.start_workflow("web.quick") for _ in range(12)]
@@ -97,7 +83,6 @@ def test_search_by_run_id_prefix(site: SiteFactory) -> None:
     assert [run["run_id"] for run in api["runs"]] == [target]
 
 
-@searchable("created_after", "created_before")
 def test_search_by_creation_time(site: SiteFactory) -> None:
     web = site(worker=False)
     ids = {web.client.start_workflow("web.quick") for _ in range(3)}
@@ -112,7 +97,6 @@ def test_search_by_creation_time(site: SiteFactory) -> None:
     assert web.http.get("/api/runs", params={"created_after": later}).json()["runs"] == []
 
 
-@searchable("waiting")
 def test_search_by_what_a_run_waits_for(site: SiteFactory) -> None:
     web = site()
     go = waiting(web, "web.waits-for-go")

@@ -283,6 +283,100 @@ local function interrupt_agents(agents_key)
   end
 end
 
+-- == The namespace's indexes (index_run.lua, index_sync.lua) =============
+-- A run's 'ixv' counts the changes of what its namespace's indexes hold of
+-- it (its status, its waiting summary): bumped in the same script as the
+-- change, so an index write carrying the version it read can never undo a
+-- newer one (on a Redis Cluster the indexes are written apart: run_index.py).
+local function index_touch(run_key)
+  redis.call('HINCRBY', run_key, 'ixv', 1)
+end
+
+-- Sets the run's 'waiting' summary, counting a change for the indexes.
+local function set_waiting(run_key, value)
+  if (redis.call('HGET', run_key, 'waiting') or '') ~= value then
+    redis.call('HSET', run_key, 'waiting', value)
+    index_touch(run_key)
+  end
+end
+
+-- Sets the run's status (and more fields: name, value, ...), counting the change.
+local function set_status(run_key, status, ...)
+  redis.call('HSET', run_key, 'status', status, ...)
+  index_touch(run_key)
+end
+
+-- A run's place in its namespace's start order: "<created ms, 13 digits>
+-- <start counter, 15 digits>", compared as text.
+local function index_ord(created_ms, counter)
+  return string.format('%013d%015d', tonumber(created_ms) or 0, tonumber(counter) or 0)
+end
+
+-- The index members of one run (layout: keys.py, broker/indexes.py), all
+-- scored 0 in the namespace's lexicographic index, so one filter's runs are
+-- one range of text, in start order. <waiting> is '1' when the run waits.
+local function index_members(ord, status, workflow, waiting, wait_name, run_id)
+  local tail = ord .. '|' .. run_id
+  local members = {'t|' .. tail, 's|' .. status .. '|' .. tail, 'w|' .. workflow .. '|' .. tail,
+    'sw|' .. status .. '|' .. workflow .. '|' .. tail, 'i|' .. run_id}
+  if waiting == '1' then
+    table.insert(members, 'a|' .. tail)
+    if wait_name ~= '' then table.insert(members, 'n|' .. wait_name .. '|' .. tail) end
+  end
+  return members
+end
+
+-- A run's entry in the namespace's index state hash:
+-- "<version>|<ord>|<status>|<workflow>|<waiting 0/1>|<wait name>".
+local function index_state_parse(raw)
+  if not raw then return nil end
+  local v, ord, status, workflow, waiting, wait_name =
+    string.match(raw, '^(%d+)|(%d+)|([^|]*)|([^|]*)|([01])|(.*)$')
+  if not v then return nil end
+  return {v = tonumber(v), ord = ord, status = status, workflow = workflow, waiting = waiting, wait_name = wait_name}
+end
+
+-- Takes one run out of every index and forgets its state.
+local function index_drop(index_key, state_key, run_id)
+  local old = index_state_parse(redis.call('HGET', state_key, run_id))
+  redis.call('ZREM', index_key, 'i|' .. run_id)
+  if old then
+    for _, member in ipairs(index_members(old.ord, old.status, old.workflow, old.waiting, old.wait_name, run_id)) do
+      redis.call('ZREM', index_key, member)
+    end
+  end
+  redis.call('HDEL', state_key, run_id)
+end
+
+-- Puts one run's index members where its state says, unless the state the
+-- index holds has a newer version. <waiting_json> is the run's 'waiting'
+-- summary ('' or its JSON). Returns 'applied', 'same' or 'older'.
+local function index_apply(index_key, state_key, run_id, version, ord, status, workflow, waiting_json)
+  local waiting, wait_name = '0', ''
+  if waiting_json and waiting_json ~= '' then
+    waiting = '1'
+    local ok, summary = pcall(cjson.decode, waiting_json)
+    if ok and type(summary) == 'table' and type(summary['name']) == 'string' then wait_name = summary['name'] end
+  end
+  local new = version .. '|' .. ord .. '|' .. status .. '|' .. workflow .. '|' .. waiting .. '|' .. wait_name
+  local raw = redis.call('HGET', state_key, run_id)
+  if raw == new then return 'same' end
+  local old = index_state_parse(raw)
+  if old and old.v > tonumber(version) then return 'older' end
+  local members, add = index_members(ord, status, workflow, waiting, wait_name, run_id), {}
+  for _, member in ipairs(members) do add[member] = true end
+  if old then
+    for _, member in ipairs(index_members(old.ord, old.status, old.workflow, old.waiting, old.wait_name, run_id)) do
+      if add[member] then add[member] = false else redis.call('ZREM', index_key, member) end
+    end
+  end
+  for _, member in ipairs(members) do
+    if add[member] then redis.call('ZADD', index_key, 0, member) end
+  end
+  redis.call('HSET', state_key, run_id, new)
+  return 'applied'
+end
+
 -- A run settled for good or for now (completed, cancelled, error, halted;
 -- not paused) starts its retention clock in the script that settles it:
 -- every key of the run (all of KEYS, in the scripts that settle) expires
@@ -397,7 +491,7 @@ end
 local function tokens_clear(run_key, live_key, waits_key, now)
   clock_stop(run_key, now)
   redis.call('DEL', live_key, waits_key)
-  redis.call('HSET', run_key, 'waiting', '')
+  set_waiting(run_key, '')
 end
 
 -- The queue a message of an owner goes to: the coordinator's, or a branch's.
@@ -627,12 +721,12 @@ local function refresh_waiting(run_key, waits_key)
     end
   end
   if not best then
-    redis.call('HSET', run_key, 'waiting', '')
+    set_waiting(run_key, '')
     return
   end
   local summary = {kind = best['kind'], name = best['name']}
   if best_due then summary['until'] = best_due end
-  redis.call('HSET', run_key, 'waiting', cjson.encode(summary))
+  set_waiting(run_key, cjson.encode(summary))
 end
 
 -- Signals of a run live in its signals hash, per name, in arrival order:
@@ -740,7 +834,7 @@ local function summarize_child_wait(run_key, wait)
   end
   local summary = {kind = 'child', name = wait['name']}
   if wait['until'] then summary['until'] = wait['until'] end
-  redis.call('HSET', run_key, 'waiting', cjson.encode(summary))
+  set_waiting(run_key, cjson.encode(summary))
 end
 
 local function end_child_wait(run_key, waits_key, at, child_id)
@@ -774,8 +868,7 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
   -- A pass runs: a worker that knows the workflow has it (see requeue.lua).
   redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0', 'unserved_since', '')
   if redis.call('HGET', run_key, 'status') == 'pending' then
-    redis.call('HSET', run_key, 'status', 'running', 'started_at', now_arg, 'updated_at', now_arg,
-      'active_since', '')
+    set_status(run_key, 'running', 'started_at', now_arg, 'updated_at', now_arg, 'active_since', '')
     local attempt = redis.call('HGET', run_key, 'attempt') or '1'
     append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt .. ' started', epoch, now_arg)
     local run_id = redis.call('HGET', run_key, 'id')

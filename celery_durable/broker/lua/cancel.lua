@@ -23,7 +23,7 @@ if status == 'pending' or status == 'running' then
 end
 local epoch = next_epoch(KEYS[1])
 redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- fencing only: no new attempt runs
-redis.call('HSET', KEYS[1], 'status', 'cancelled', 'reason', 'cancelled',
+set_status(KEYS[1], 'cancelled', 'reason', 'cancelled',
   'error', 'Cancelled while ' .. status, 'can_resume', '0', 'finished_at', ARGV[1],
   'updated_at', ARGV[1], 'cancel', '1')
 tokens_clear(KEYS[1], KEYS[3], KEYS[4], ARGV[1])

@@ -11,7 +11,7 @@
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
-redis.call('HSET', KEYS[1], 'status', ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
+set_status(KEYS[1], ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
   'can_resume', ARGV[7], 'has_result', ARGV[8], 'result', ARGV[9],
   'finished_at', ARGV[2], 'updated_at', ARGV[2], 'lock', '', 'lock_until', '0', 'wake', '0')
 if ARGV[4] == 'completed' then

@@ -39,7 +39,7 @@ if recovery then
 else
   made_progress(KEYS[1])  -- a resume by hand starts the count again
 end
-redis.call('HSET', KEYS[1], 'status', 'running', 'reason', '', 'error', '', 'can_resume', '0',
+set_status(KEYS[1], 'running', 'reason', '', 'error', '', 'can_resume', '0',
   'cancel', cancel, 'pause', pause, 'lock', '', 'lock_until', '0', 'wake', '0',
   'lease_until', now + tonumber(ARGV[7]), 'finished_at', '', 'updated_at', ARGV[3],
   'limit', '', 'active_since', '', 'agents_running', '0')

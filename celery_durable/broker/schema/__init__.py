@@ -101,7 +101,7 @@ from celery_durable.broker.schema.rows import (
     parse_agent_row,
     queued_agent_row,
 )
-from celery_durable.broker.schema.run import RUN_FIELDS, new_run_fields, parse_run, wait_outcome
+from celery_durable.broker.schema.run import INDEX_META_FIELDS, RUN_FIELDS, new_run_fields, parse_run, wait_outcome
 
 __all__ = [
     "AGENT_STATUSES",
@@ -119,6 +119,7 @@ __all__ = [
     "JOURNAL_FIELDS",
     "MAIN",
     "POSITION_STRIDE",
+    "INDEX_META_FIELDS",
     "RUN_FIELDS",
     "SIGNAL_FIELDS",
     "STEP_STATUSES",

@@ -66,6 +66,8 @@ RUN_FIELDS: dict[str, str] = {
     "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
     "since a pass last ran; '' while one that knows it runs it (requeue.lua)",
     "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
+    "ixv": "how many times its status or waiting summary changed (set_status, set_waiting in _prelude.lua): "
+    "the version its namespace's indexes were written from (run_index.py); absent: 0",
     "parent_run_id": "the run that started this one with ctx.child/ctx.start_child (schema.children), or absent",
     "parent_key": "the key its parent started it under, or absent",
     "children": "how many child keys the run started (its children hash's fields)",
@@ -77,6 +79,10 @@ RUN_FIELDS: dict[str, str] = {
     "set by resume.lua with the new epoch; '' for the first attempt or when that span was not traced",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
+
+INDEX_META_FIELDS: dict[str, str] = {
+    "built": "'1' once the namespace's indexes cover every run it holds (P:{ns:N}:ixmeta; run_index.py)",
+}
 
 
 def new_run_fields(
