@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="what-if: settings.fanout_tasks for the workers (default: the engine's)")
     parser.add_argument("--fanout-sizes", default=None, metavar="N,N,...",
                         help="fan-out widths instead of the plan's (the first is the reference and has a baseline)")
+    parser.add_argument("--burst-sizes", default=None, metavar="N,N,...",
+                        help="timers due at once in the timer-burst case instead of the plan's")
     parser.add_argument("--external-sweep", action="store_true",
                         help="what-if for the timers case: the workers run no recovery sweep; one RecoverySweep "
                         "thread in the benchmark process sweeps and fires the timers")
@@ -65,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         env, cases, seconds = load_json(args.output / "results.json")
         write_markdown(args.output / "RESULTS.md", env, cases, seconds)
         return 0
-    plan = quick_plan(args.repeat) if args.quick else full_plan(args.repeat)
-    if args.fanout_sizes:
-        widths = tuple(int(n) for n in args.fanout_sizes.split(","))
-        baseline = tuple(n for n in widths if n in plan.fanout_baseline_sizes) or widths[:1]
-        plan = dataclasses.replace(plan, fanout_sizes=widths, fanout_baseline_sizes=baseline)
+    plan = _plan(args)
     setup = WorkerSetup(workers=args.workers, pool="threads", concurrency=args.concurrency)
     output: Path = args.output
     output.mkdir(parents=True, exist_ok=True)
@@ -122,6 +120,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.case:14} {row.figure:55} {row.value:12.4g} {row.unit}{ratio}{verdict}")
     print(f"wrote {output / 'RESULTS.md'} and {output / 'results.json'} in {seconds:.0f} s")
     return 1 if any(case.error for case in results) else 0
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """The plan's sizes, with the sizes the command line gave instead."""
+    plan = quick_plan(args.repeat) if args.quick else full_plan(args.repeat)
+    if args.fanout_sizes:
+        widths = tuple(int(n) for n in args.fanout_sizes.split(","))
+        baseline = tuple(n for n in widths if n in plan.fanout_baseline_sizes) or widths[:1]
+        plan = dataclasses.replace(plan, fanout_sizes=widths, fanout_baseline_sizes=baseline)
+    if args.burst_sizes:
+        plan = dataclasses.replace(plan, burst_sizes=tuple(int(n) for n in args.burst_sizes.split(",")))
+    return plan
 
 
 def _merged(

@@ -185,6 +185,23 @@ def many(ctx: WorkflowContext) -> int:
     return len(results)
 
 
+TYPICAL_STEPS = 10
+TYPICAL_BRANCHES = 8
+TYPICAL_RECORDS = 20
+
+
+@workflow(name="bench.typical", description="10 steps, a parallel of 8 steps, 20 progress records", phases=[])
+def typical(ctx: WorkflowContext) -> int:
+    """The capacity case's run of a typical shape (issue 28): what one settled run costs Redis."""
+    for i in range(TYPICAL_STEPS):
+        ctx.step(f"s{i}", noop_value)
+        ctx.log(f"step {i} done")
+    results = ctx.parallel([functools.partial(ctx.step, f"p{i}", noop_value) for i in range(TYPICAL_BRANCHES)])
+    for i in range(TYPICAL_RECORDS - TYPICAL_STEPS):
+        ctx.log(f"record {i}")
+    return len(results)
+
+
 @workflow(name="bench.calls", description="n ctx.calls of the plain no-op task, one after another", phases=[])
 def calls(ctx: WorkflowContext) -> int:
     """Each call publishes the task and suspends the run; its answer wakes the next pass."""
@@ -228,7 +245,7 @@ def hold(ctx: WorkflowContext) -> None:
 
 WORKFLOWS = [
     sequential, fanout, pipeline, one_step, replay, ticker, footprint, timer, many, hold, calls, call_fanout,
-    leaf, children,
+    leaf, children, typical,
 ]
 
 

@@ -42,6 +42,12 @@ class Plan:
     timer_pilot: int = 300
     external_sweep: bool = False
     """What-if (``--external-sweep``): the timers case's fleets run no sweep; one in the benchmark process does."""
+    burst_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)
+    """Timers due at one instant in the timer-burst case (issue 28); the claim rate is compared first to last."""
+    capacity_runs: int = 300
+    """Typical runs on the fleet whose Redis commands the capacity case counts."""
+    capacity_stored: int = 100_000
+    """Settled typical runs the capacity case stores through the real scripts to weigh one."""
     many_runs: int = 1_000
     sweep_stored: int = 20_000
     sweep_live: int = 100
@@ -128,6 +134,9 @@ def quick_plan(repeat: int) -> Plan:
         timer_idle_points=(0, 10, 40),
         timer_passes=5,
         timer_pilot=10,
+        burst_sizes=(20, 60),
+        capacity_runs=10,
+        capacity_stored=200,
         many_runs=20,
         sweep_stored=200,
         sweep_live=10,

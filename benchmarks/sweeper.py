@@ -7,7 +7,7 @@ the same Redis and settings as the fleet, and either call ``sweep_once()``
 (their own loop, as in a worker: passes, the worker beat and the broker queue
 watch), several at once, to see what a fleet of sweepers costs Redis.
 
-``CountingSweep`` only counts the runs a sweeper looked at (``_look_at``):
+``CountingSweep`` only counts the runs a sweeper looked at (``_look``):
 the part of a pass that is proportional to the runs due.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +37,10 @@ class CountingSweep(RecoverySweep):
         self.looked = 0
         self._count_lock = threading.Lock()
 
-    def _look_at(self, run_id: str, room: str) -> None:
+    def _look(self, run_ids: Sequence[str], room: str, now: int) -> None:
         with self._count_lock:
-            self.looked += 1
-        super()._look_at(run_id, room)
+            self.looked += len(run_ids)
+        super()._look(run_ids, room, now)
 
     def start_passes(self) -> None:
         """What-if: only the sweep's passes, in a thread of their own, without the worker beat and the

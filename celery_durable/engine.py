@@ -160,24 +160,27 @@ class Engine:
         return ids
 
     def _publish(self, messages: Sequence[Outgoing]) -> None:
-        """Send messages of one run's attempt, each counted in flight before.
+        """Send messages of runs' attempts, each counted in flight before.
 
-        Should the broker refuse them, they are forgotten (``unsent``) before
-        the error goes on, and the sweep is told to look at the run now: a
-        message counted and never sent would keep the run looking alive, or
-        get it taken over while healthy; forgotten, a run left with nothing
-        to move it is taken over, and its new attempt finds in the journal
-        whatever the lost message was to wake it for.
+        Should the broker refuse them, they are forgotten (``unsent``), run
+        by run, before the error goes on, and the sweep is told to look at
+        each run now: a message counted and never sent would keep the run
+        looking alive, or get it taken over while healthy; forgotten, a run
+        left with nothing to move it is taken over, and its new attempt finds
+        in the journal whatever the lost message was to wake it for.
         """
         try:
             self.sender.send(messages)
         except Exception:
-            run_id, epoch = messages[0].kwargs["run_id"], messages[0].kwargs["epoch"]
-            try:
-                self.store.journal(run_id, epoch, self.settings.namespace).unsent([m.task_id for m in messages])
-                self.store.schedule_check(run_id, self.store.now_ms())
-            except DurableError as exc:  # Redis down too, or the run moved on: liveness still judges it
-                logger.warning("run %s: unsent messages could not be forgotten: %s", run_id, exc)
+            by_run: dict[tuple[str, int], list[str]] = {}
+            for m in messages:
+                by_run.setdefault((m.kwargs["run_id"], m.kwargs["epoch"]), []).append(m.task_id)
+            for (run_id, epoch), task_ids in by_run.items():
+                try:
+                    self.store.journal(run_id, epoch, self.settings.namespace).unsent(task_ids)
+                    self.store.schedule_check(run_id, self.store.now_ms())
+                except DurableError as exc:  # Redis down too, or the run moved on: liveness still judges it
+                    logger.warning("run %s: unsent messages could not be forgotten: %s", run_id, exc)
             raise
 
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
@@ -189,13 +192,24 @@ class Engine:
         """Send the message that continues ``owner`` of a run: a coordinator
         pass ("m"), to ``home`` when given (and watched there,
         ``HomeWakes``), or the branch task of a top-level branch ("<call>/<j>")."""
+        self._publish([self.wake_message(run_id, epoch, workflow, owner, task_id, home)])
+        if owner == MAIN and home is not None:
+            self.home_wakes.watch(run_id, epoch, workflow, task_id)
+
+    def wake_message(
+        self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, home: Queue | None = None
+    ) -> Outgoing:
+        """The message ``wake`` sends; the sweep sends many of them at once (``send_wakes``)."""
         if owner == MAIN:
-            self.send_coordinator(run_id, epoch, workflow, task_id=task_id, queue=home)
-            if home is not None:
-                self.home_wakes.watch(run_id, epoch, workflow, task_id)
-        else:
-            call, branch = branch_of(owner)
-            self.send_branches(run_id, epoch, workflow, call, [branch], task_ids=[task_id])
+            return coordinator_message(self.settings, run_id, epoch, workflow, task_id=task_id, queue=home)
+        call, branch = branch_of(owner)
+        return branch_messages(self.settings, run_id, epoch, workflow, call, [branch], [task_id])[0]
+
+    def send_wakes(self, messages: Sequence[Outgoing]) -> None:
+        """Send wake messages of many runs together (one connection, and one
+        round trip where the broker batches publishes: kombu's Redis transport)."""
+        if messages:
+            self._publish(messages)
 
     def count_refused(self) -> None:
         """Count a task message refused by the fence (stale epoch or forged run)."""

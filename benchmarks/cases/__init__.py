@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from benchmarks.cases import (
+    bursts,
     calls,
+    capacity,
     children,
     fanout,
     footprint,
@@ -53,4 +55,6 @@ CASES: dict[str, CaseRunner] = {
     "replay_check": replay_check.run,
     "history": history.run,
     "listing": listing.run,
+    "bursts": bursts.run,
+    "capacity": capacity.run,
 }

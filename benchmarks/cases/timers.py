@@ -89,8 +89,8 @@ class FireWatch:
     So the two curves say whether firing or the passes after it take the time.
     """
 
-    def __init__(self, bench: Bench, at_ms: int) -> None:
-        self.bench, self.at_ms = bench, at_ms
+    def __init__(self, bench: Bench, at_ms: int, every: float = WATCH_SECONDS) -> None:
+        self.bench, self.at_ms, self.every = bench, at_ms, every
         self.samples: list[tuple[float, int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-fire-watch", daemon=True)
@@ -109,7 +109,7 @@ class FireWatch:
             before_t = self.at_ms / 1000 - time.time()
             if before_t <= 0:
                 self._sample()
-            self._stop.wait(WATCH_SECONDS if before_t <= 0 else min(WATCH_SECONDS, before_t))
+            self._stop.wait(self.every if before_t <= 0 else min(self.every, before_t))
 
     def _sample(self) -> None:
         pipe = self.bench.raw.pipeline(transaction=False)

@@ -17,6 +17,7 @@ from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.replies import fleet as parse
 from celery_durable.broker.replies.fleet import DueRuns, Examined
 from celery_durable.broker.store_core import StoreCore
+from celery_durable.errors import StorageCorruptError
 
 BUSY_AFTER_MS = 1500
 """Three sweep intervals: every worker's sweep looks at the queues twice a second."""
@@ -72,6 +73,29 @@ class FleetLiveness(StoreCore):
         k = self.run_keys(run_id)
         args = [self.clock(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
         return parse.examine(self._run("examine", [k.run, k.live, k.waits], args), run_id)
+
+    def examine_each(
+        self, run_ids: Sequence[str], room: str, fire_prefixes: Sequence[str]
+    ) -> list[Examined | StorageCorruptError | None]:
+        """``examine`` of many runs, their due timers fired, in one round trip
+        (each run's script touches its own slot alone): the i-th run's woken
+        owners by messages ``f"{fire_prefixes[i]}-{n}"``. A run whose record
+        is corrupt has its error in its place, so that the others go on."""
+        now = self.clock()
+        calls = []
+        for run_id, prefix in zip(run_ids, fire_prefixes, strict=True):
+            k = self.run_keys(run_id)
+            calls.append(([k.run, k.live, k.waits], [now, self.lease_ms, room, int(bool(prefix)), prefix]))
+        looks: list[Examined | StorageCorruptError | None] = []
+        for run_id, reply in zip(run_ids, self._run_each("examine", calls), strict=True):
+            if isinstance(reply, StorageCorruptError):
+                looks.append(reply)
+                continue
+            try:
+                looks.append(parse.examine(reply, run_id))
+            except StorageCorruptError as exc:
+                looks.append(exc)
+        return looks
 
     def report_worker(self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int) -> None:
         """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id

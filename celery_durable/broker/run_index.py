@@ -145,6 +145,58 @@ class IndexWrites:
             return reply
         raise AssertionError("unreachable")
 
+    def run_each_together(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """``run`` of many calls of script ``name`` on one Redis, in one
+        MULTI/EXEC: each call followed by its run's index sync, as ``run``
+        does for one (a burst of timers the sweep fires, say). The raw
+        replies in order, an error in its place (a ``NoScriptError`` left for
+        the caller to run that call alone). Not for a Cluster, where each
+        call goes through ``run`` by itself."""
+        assert not self._cluster
+        run_ids = [self._keys.run_id_of(keys[0]) for keys, _ in calls]
+        namespaces = self._namespaces_of(run_ids)
+        script, sync = self._scripts[name], self._scripts["index_sync"]
+        now = self._clock()
+        with storage_errors():
+            pipe = self._client.pipeline(transaction=True)
+            for (keys, args), run_id, namespace in zip(calls, run_ids, namespaces, strict=True):
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                if namespace is not None:
+                    sync_keys = [*self._sync_keys(self._keys.namespace(namespace)), self._keys.run(run_id).run]
+                    pipe.evalsha(sync.sha, len(sync_keys), *sync_keys, "", now, INTENT_GRACE_MS, run_id)
+            replies = iter(pipe.execute(raise_on_error=False))
+        out: list[Any] = []
+        unsynced: dict[str, list[str]] = {}
+        for run_id, namespace in zip(run_ids, namespaces, strict=True):
+            out.append(next(replies))
+            if namespace is None:
+                continue
+            synced = next(replies)
+            if isinstance(synced, Exception):
+                unsynced.setdefault(namespace, []).append(run_id)
+            else:
+                parse.index_sync(synced)
+        for namespace, stale in unsynced.items():
+            # The sync script was not loaded (a restarted Redis): sync from the records now.
+            try:
+                self.sync_from_records(self._keys.namespace(namespace), stale, "")
+            except StorageError as exc:
+                logger.warning("runs %s: their indexes were not synced (%s); `runs reindex` repairs them", stale, exc)
+        return out
+
+    def _namespaces_of(self, run_ids: Sequence[str]) -> list[str | None]:
+        """Each run's namespace: remembered, or read in one round trip for those not yet seen."""
+        unknown = [run_id for run_id in run_ids if run_id not in self._namespaces]
+        if unknown:
+            with storage_errors():
+                pipe = self._client.pipeline(transaction=False)
+                for run_id in unknown:
+                    pipe.hget(self._keys.run(run_id).run, "namespace")
+                for run_id, found in zip(unknown, pipe.execute(), strict=True):
+                    if found:
+                        self.remember(run_id, found)
+        return [self._namespaces.get(run_id) for run_id in run_ids]
+
     def _apart(self, name: str, keys: Sequence[str], args: Sequence[Any], ns: NamespaceKeys, run_id: str) -> Any:
         with storage_errors():
             parse.index_intent(self._scripts["index_intent"](keys=[ns.index_intents], args=[run_id, self._clock()]))

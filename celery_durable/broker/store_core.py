@@ -22,6 +22,10 @@ from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.run_index import INDEXED_SCRIPTS, IndexWrites
 from celery_durable.broker.scripts import Clock, Scripts, now_ms
 from celery_durable.config import Settings
+from celery_durable.errors import StorageCorruptError, StorageError
+
+ALONE = object()
+"""In place of a pipelined reply: run that call again by itself."""
 
 
 class StoreCore:
@@ -99,6 +103,92 @@ class StoreCore:
                     raise failed
         return reply
 
+    def _run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Script ``name`` once per ``(keys, args)``, pipelined: one round
+        trip on one Redis, one per master on a Cluster (each call still
+        touches one slot). The replies in order; a call that failed has its
+        error in its place, translated (``StorageCorruptError``, say), so one
+        damaged run does not fail the others. A reply that cannot be decoded
+        breaks the whole pipelined read: then each call runs alone."""
+        if not calls:
+            return []
+        if name in INDEXED_SCRIPTS:
+            # Each call with its index sync (run_index.py): one transaction on
+            # one Redis; on a Cluster each call alone, through ``_run``.
+            if isinstance(self.client, RedisCluster):
+                replies: list[Any] = [ALONE] * len(calls)
+            else:
+                try:
+                    with storage_errors():
+                        replies = self.indexes.run_each_together(name, calls)
+                except StorageCorruptError:  # a reply that cannot be decoded: each again alone, as below
+                    replies = [ALONE] * len(calls)
+            return [
+                self._reply_or_error(name, keys, args, reply)
+                for (keys, args), reply in zip(calls, replies, strict=True)
+            ]
+        if isinstance(self.client, RedisCluster):
+            return self._run_each_on_masters(name, calls)
+        script = self._scripts[name]
+        try:
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+        except StorageCorruptError:
+            replies = [ALONE] * len(calls)
+        return [
+            self._reply_or_error(name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
+        ]
+
+    def _run_each_on_masters(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """``_run_each`` on a Cluster, whose client pipelines no scripts: a
+        pipeline per master, on that master's own connection, for the calls
+        whose slot it serves. A call that meets anything but its reply there
+        (a slot moved meanwhile, the script not loaded on that master) runs
+        again alone, through the cluster client, which follows the slot."""
+        assert isinstance(self.client, RedisCluster)
+        script = self._scripts[name]
+        replies: list[Any] = [ALONE] * len(calls)
+        by_node: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        with storage_errors():
+            for i, (keys, _) in enumerate(calls):
+                node = self.client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+                nodes[node.name] = node
+                by_node.setdefault(node.name, []).append(i)
+        for node_name, indices in by_node.items():
+            connection = nodes[node_name].redis_connection
+            if connection is None:
+                continue
+            try:
+                with storage_errors():
+                    pipe = connection.pipeline(transaction=False)
+                    for i in indices:
+                        keys, args = calls[i]
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    for i, reply in zip(indices, pipe.execute(raise_on_error=False), strict=True):
+                        replies[i] = ALONE if isinstance(reply, Exception) else reply
+            except StorageError:
+                continue  # that master's calls run alone: the cluster client finds their nodes
+        return [
+            self._reply_or_error(name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
+        ]
+
+    def _reply_or_error(self, name: str, keys: Sequence[str], args: Sequence[Any], reply: Any) -> Any:
+        """One reply of ``_run_each``: run alone again where the script was not
+        loaded (a restarted Redis, a Cluster node not asked before)."""
+        try:
+            if reply is ALONE or isinstance(reply, NoScriptError):
+                return self._run(name, keys, args)
+            if isinstance(reply, Exception):
+                with storage_errors():
+                    raise reply
+        except StorageCorruptError as exc:
+            return exc
+        return reply
+
     def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
         with storage_errors():
             return cast(list[str | None], self.client.hmget(key, fields))
@@ -111,6 +201,19 @@ class StoreCore:
         puts off a look already scheduled earlier."""
         with storage_errors():
             self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
+
+    def reschedule(self, looks: dict[str, int], done: Sequence[str]) -> None:
+        """Many runs' next looks at once (``schedule_check`` for each of
+        ``looks``, ``unschedule`` for each of ``done``): one round trip."""
+        if not looks and not done:
+            return
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            if looks:
+                pipe.zadd(self.keys.sweep_due, looks)
+            if done:
+                pipe.zrem(self.keys.sweep_due, *done)
+            pipe.execute()
 
     def unschedule(self, run_id: str) -> None:
         with storage_errors():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable import telemetry
 from celery_durable.broker import Flags, RunRecord
 from celery_durable.broker.journal import Activation, PassHere
-from celery_durable.broker.schema import SequenceHistory
+from celery_durable.broker.schema import MAIN, SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
@@ -102,14 +102,11 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
     # One dispatch token per execution: a fan-out dispatched by an execution
     # that died halfway through sending is sent again by the next one.
     execution = new_task_id()
-    kept = engine.parked.take(record.run_id, record.epoch, tail)
-    if kept is None and peeked is not None:
-        # The body was stale: replay from a record read now, not the body's copy.
-        fresh = _reload(engine, record, token)
-        if fresh is None:
-            return
-        record = fresh
-    replay = kept[0].replay if kept else _new_replay(engine, record, definition, execution)
+    chosen = _replay_to_run(engine, record, token, peeked, tail, execution)
+    if chosen is None:
+        return
+    replay, kept = chosen
+    record = replay.run
     replay.apply_flags(activation)
 
     def overdue(flags: Flags) -> bool:
@@ -130,13 +127,15 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
         while True:
             try:
                 with telemetry.task(replay, "pass", token):
-                    _one_pass(engine, replay, kept)
+                    settled = _one_pass(engine, replay, kept)
             except StaleAttemptError:
                 logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
                 return
             except StorageCorruptError as exc:
                 _settle_corrupt(engine, record, exc)
                 return
+            if settled:
+                return  # finish.lua let go of the lock and of every message: nothing to release
             # A pass that lost a first-write race runs again at once, in this
             # task: it holds the lock, and its message is still the run's.
             if not replay.rerun and not store.release(record.run_id, token, record.epoch):
@@ -193,15 +192,26 @@ def _activate(
     if taken is not None and isinstance(taken.activation, int):
         return taken.activation, None
     cursor = peeked.cursor if peeked is not None else None
-    if cursor is None:
-        return store.activate(record.run_id, record.epoch, token, record.namespace, resend), None
-    seq = cursor.seq
-    if taken is not None and taken.body is peeked and (taken.request.seq, taken.request.start) == (seq, cursor.index):
+    # Without a kept body the pass replays from the top: the main body's
+    # sequence is read by the same script, not by a round trip of its own.
+    seq, start = (cursor.seq, cursor.index) if cursor is not None else (MAIN, 0)
+    if (
+        taken is not None
+        and cursor is not None
+        and taken.body is peeked
+        and (taken.request.seq, taken.request.start) == (seq, start)
+    ):
         reading = taken.activation
+    elif cursor is None:
+        try:
+            reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, start)
+        except StorageCorruptError:
+            # The main body's sequence holds what cannot be read: the lock is
+            # taken (again, by its token), and the pass meets the damage where
+            # it settles the run as corrupt.
+            return store.activate(record.run_id, record.epoch, token, record.namespace, resend), None
     else:
-        reading = store.activate_reading(
-            record.run_id, record.epoch, token, record.namespace, resend, seq, cursor.index
-        )
+        reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, start)
     return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
 
 
@@ -263,6 +273,33 @@ def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> bool:
     return True
 
 
+def _replay_to_run(
+    engine: Engine,
+    record: RunRecord,
+    token: str,
+    peeked: ParkedBody | None,
+    tail: tuple[str, SequenceHistory] | None,
+    execution: str,
+) -> tuple[Replay, tuple[ParkedBody, str | None] | None] | None:
+    """The pass's replay, once its lock is taken: the body kept parked at its
+    call if the journal still ends there, else a replay from the top, given
+    the main body's sequence when the activation read it (under the lock: as
+    current as a read now). None when the run changed under a stale body."""
+    kept = engine.parked.take(record.run_id, record.epoch, tail)
+    if kept is not None:
+        return kept[0].replay, kept
+    if peeked is not None:
+        # The body was stale: replay from a record read now, not the body's copy.
+        fresh = _reload(engine, record, token)
+        if fresh is None:
+            return None
+        record = fresh
+    replay = _new_replay(engine, record, engine.workflows[record.workflow], execution)
+    if tail is not None and tail[0] == MAIN and tail[1].start == 0:
+        replay.prime({MAIN: tail[1]})
+    return replay, None
+
+
 def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
     settings = engine.settings
 
@@ -307,9 +344,10 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
     )
 
 
-def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None] | None) -> None:
+def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None] | None) -> bool:
     """Run the main body once, to where it waits or to its end: from the
-    top (a replay), or from the call where a body this process kept parked."""
+    top (a replay), or from the call where a body this process kept parked.
+    True when it settled the run."""
     if kept is not None:
         body, answer = kept
         end = body.resume(answer)
@@ -321,10 +359,12 @@ def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None
         end = PassEnd(parked=False, settlement=settlement)
     if end.parked:
         engine.parked.keep(replay.run.run_id, replay.epoch, body)
-        return
+        return False
     settlement = end.result()
-    if settlement is not None:
-        _finish(engine, replay.run, settlement)
+    if settlement is None:
+        return False
+    _finish(engine, replay.run, settlement)
+    return True
 
 
 def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:

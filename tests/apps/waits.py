@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from datetime import UTC, datetime
 from typing import Any
+
+import redis
 
 from celery_durable import Engine, WorkflowContext, workflow
 
@@ -20,7 +24,29 @@ def nap(ctx: WorkflowContext) -> Any:
     return ctx.now().isoformat()
 
 
-engine = Engine(workflows=[await_signal, nap])
+def rang_key(prefix: str) -> str:
+    """The list every ring of ``alarm`` appends its run id to (the test's key prefix)."""
+    return f"{prefix}:test:rang"
+
+
+def _ring(run_id: str) -> str:
+    """A side effect outside the journal: how many times the step after the timer ran."""
+    client = redis.Redis.from_url(os.environ["CELERY_DURABLE_REDIS_URL"])
+    try:
+        client.rpush(rang_key(os.environ["CELERY_DURABLE_KEY_PREFIX"]), run_id)
+    finally:
+        client.close()
+    return "rang"
+
+
+@workflow(name="alarm", description="Sleeps until an instant, then rings once", phases=[])
+def alarm(ctx: WorkflowContext) -> Any:
+    ctx.sleep_until(datetime.fromtimestamp(int(ctx.args["at_ms"]) / 1000, UTC))
+    run_id = ctx.run_id
+    return ctx.step("ring", lambda: _ring(run_id))
+
+
+engine = Engine(workflows=[await_signal, nap, alarm])
 celery_app = engine.celery
 
 

@@ -16,6 +16,7 @@ from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import Backend, BackendFactory
 from tests.contract.test_journal import RUNNING, failed, ok, step
+from tests.index_check import disagreements
 
 NO_FLAGS = Flags()
 HOUR = 3_600_000
@@ -50,6 +51,49 @@ def fire(backend: Backend, prefix: str = "fire") -> list[str]:
 
 
 # -- timers ---------------------------------------------------------------------------------
+
+
+def test_the_sweep_fires_a_batch_of_runs_timers_in_one_pipeline_as_it_would_one_by_one(
+    make_backend: BackendFactory,
+) -> None:
+    """``examine_each``: one script per run (each in its own slot), one round
+    trip; each run's wakes named by its own prefix, a run gone answered None."""
+    first, second = started(make_backend), started(make_backend)
+    due = now_ms() + HOUR
+    for backend in (first, second):
+        assert sleep(backend.journal(1), "m", 0, due) == WaitResult(False, NO_FLAGS, due=due)
+    first.pass_time(HOUR)  # the store that sweeps: its clock has both timers due
+    store = first.store  # type: ignore[attr-defined]
+    gone = "0" * 32
+    looks = store.examine_each([first.run_id, second.run_id, gone], "", ["a", "b", "c"])
+    assert [look.woken if look else look for look in looks] == [["m"], ["m"], None]
+    assert all(look.verdict == "alive" for look in looks[:2])
+    assert first.live()["a-1"].startswith("q|c|") and second.live()["b-1"].startswith("q|c|")
+    assert first.waits() == {} and second.waits() == {}
+    # Each fired timer ended its run's wait, and the namespace's indexes say so too (run_index.py).
+    again = store.examine_each([first.run_id, second.run_id], "", ["d", "e"])
+    assert [look.woken for look in again] == [[], []], "fired once"
+
+
+
+def test_a_batch_of_fired_timers_takes_its_runs_out_of_the_waiting_index(make_backend: BackendFactory) -> None:
+    """``examine_each`` ends waits as ``examine`` does, so each run's index sync
+    follows it (run_index.py) in the same transaction: no run the listing
+    finds waiting is past its timer."""
+    backend = started(make_backend)
+    due = now_ms() + HOUR
+    sleep(backend.journal(1), "m", 0, due)
+    store = backend.store  # type: ignore[attr-defined]
+    index = store.keys.namespace(backend.record().namespace).index
+
+    def waiting() -> list[str]:
+        return [m for m in store.client.zrange(index, 0, -1) if m.startswith("a|") and backend.run_id in m]
+
+    assert waiting()
+    backend.pass_time(HOUR)
+    assert [look.woken for look in store.examine_each([backend.run_id], "", ["a"])] == [["m"]]
+    assert backend.record().waiting_for is None and waiting() == []
+    assert disagreements(store, backend.record().namespace) == []
 
 
 def test_a_timer_waits_before_its_due_time_and_ends_after_it(make_backend: BackendFactory) -> None:

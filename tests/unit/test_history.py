@@ -151,8 +151,11 @@ def test_pause_cancel_and_resume_are_in_the_history() -> None:
 
     env = WorkflowTestEnvironment([waits])
     run_id = env.start(waits)
+    # Apart in time: events of one millisecond are listed by kind, not by when they came.
     env.pause(run_id)
+    env.clock.advance(1)
     env.resume(run_id)
+    env.clock.advance(1)
     env.cancel(run_id)
     events = everything(env, run_id)
     kinds = [e.kind for e in events]
