@@ -86,6 +86,8 @@ def _system_events(record: SystemRecord) -> list[Event]:
         return [Event(at, "resumed", None, attempt, data), Event(at, "attempt_started", None, attempt)]
     if message == "Cancel requested":
         return [Event(at, "cancel_requested", None, attempt)]
+    if message == "Pause requested":
+        return [Event(at, "pause_requested", None, attempt)]
     if message == "Run paused":
         return [Event(at, "paused", None, attempt)]
     if message.startswith("Compensating after "):

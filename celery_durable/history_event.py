@@ -12,6 +12,7 @@ KIND_ORDER = (
     "resumed",
     "attempt_started",
     "cancel_requested",
+    "pause_requested",
     "signal_received",
     "timer_fired",
     "child_settled",
