@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,7 +26,9 @@ from celery_durable.broker.history_facts import (
     read_values,
 )
 from celery_durable.errors import RunNotFoundError
-from celery_durable.history_derive import KIND_ORDER, Event, derive
+from celery_durable.history_derive import derive
+from celery_durable.history_event import KIND_ORDER, Event
+from celery_durable.history_rows import Timeline
 from celery_durable.workflows.envelope import from_ms
 
 if TYPE_CHECKING:
@@ -98,9 +101,9 @@ class _Derived:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: OrderedDict[tuple[str, str], tuple[tuple[object, ...], list[Event]]] = OrderedDict()
+        self._runs: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Timeline]] = OrderedDict()
 
-    def events(self, store: StoreCore, run_id: str) -> list[Event]:
+    def events(self, store: StoreCore, run_id: str) -> Timeline:
         fingerprint = read_fingerprint(store, run_id)
         if fingerprint is None:
             raise RunNotFoundError(f"Run not found: {run_id}")
@@ -122,7 +125,7 @@ class _Derived:
 _DERIVED = _Derived()
 
 
-def _derive(store: StoreCore, run_id: str) -> list[Event]:
+def _derive(store: StoreCore, run_id: str) -> Timeline:
     facts = read_history_facts(store, run_id)
     if facts is None:
         raise RunNotFoundError(f"Run not found: {run_id}")
@@ -135,11 +138,11 @@ def _derive(store: StoreCore, run_id: str) -> list[Event]:
 def history_page(store: StoreCore, run_id: str, after: int, limit: int) -> HistoryPage:
     """The events with seq > ``after``, at most ``limit`` (more only to keep events of one seq together)."""
     events = _DERIVED.events(store, run_id)
-    start = _first_after(events, after)
+    start = bisect_right(events.seqs, after)
     end = min(start + limit, len(events))
-    while 0 < end < len(events) and events[end].seq == events[end - 1].seq:
+    while 0 < end < len(events) and events.seqs[end] == events.seqs[end - 1]:
         end += 1
-    chosen = [_copy(event) for event in events[start:end]]
+    chosen = events.events(start, end)
     _preview(store, run_id, chosen)
     nxt = chosen[-1].seq if chosen and end < len(events) else None
     return HistoryPage([_shown(event) for event in chosen], nxt)
@@ -160,10 +163,11 @@ def newest(store: StoreCore, run_id: str, count: int, *, previews: bool = True) 
     """The last ``count`` events (not a page of the API: a view's tail);
     without ``previews``, their values are not read."""
     events = _DERIVED.events(store, run_id)
-    chosen = [_copy(event) for event in events[-count:]] if count > 0 else []
+    chosen = events.events(len(events) - count, len(events)) if count > 0 else []
     if previews:
         _preview(store, run_id, chosen)
-    started = next((_shown(event) for event in events if event.kind == "attempt_started"), None)
+    index = next((i for i in range(len(events)) if events.kind(i) == "attempt_started"), None)
+    started = _shown(events.event(index)) if index is not None else None
     first = (started.at, started.attempt) if started is not None else None
     return HistoryTail([_shown(event) for event in chosen], len(events), first)
 
@@ -219,11 +223,6 @@ def _preview(store: StoreCore, run_id: str, events: list[Event]) -> None:
         event.data["value_ref"] = field
 
 
-def _copy(event: Event) -> Event:
-    """A page's own copy: previews are added to it, not to the kept events."""
-    return Event(event.at, event.kind, event.key, event.attempt, dict(event.data), event.ref, event.seq)
-
-
 def _shown(event: Event) -> HistoryEvent:
     data = dict(event.data)
     for name in _TIME_FIELDS:
@@ -232,17 +231,6 @@ def _shown(event: Event) -> HistoryEvent:
     at = from_ms(event.at)
     assert at is not None
     return HistoryEvent(event.seq, at, event.attempt, event.kind, event.key, data)
-
-
-def _first_after(events: list[Event], after: int) -> int:
-    lo, hi = 0, len(events)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if events[mid].seq <= after:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _child_id(raw: str) -> str | None:

@@ -18,81 +18,26 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from bisect import bisect_right
-from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.history_facts import HistoryFacts, SystemRecord
 from celery_durable.errors import StorageCorruptError
-from celery_durable.workflows.calls import call_task_id
+from celery_durable.history_event import KIND_ORDER, Event, cap
+from celery_durable.history_rows import Index, OpTimes, Timeline, decode_rows, row_sources
 
-KIND_ORDER = (
-    "taken_over",
-    "resumed",
-    "attempt_started",
-    "cancel_requested",
-    "signal_received",
-    "timer_fired",
-    "child_settled",
-    "call_completed",
-    "call_failed",
-    "agent_completed",
-    "agent_failed",
-    "step_completed",
-    "step_failed",
-    "step_interrupted",
-    "patched",
-    "branches_dispatched",
-    "timer_set",
-    "child_started",
-    "call_sent",
-    "compensation_started",
-    "note",
-    "nondeterminism",
-    "paused",
-    "run_settled",
-)
-"""Every kind the history holds, in the order events of one millisecond are listed."""
-_RANK = {kind: rank for rank, kind in enumerate(KIND_ORDER)}
-_SLOTS = 1000 // len(KIND_ORDER)
-
-ERROR_CHARS = 500
-"""An error message's preview in an event's data."""
+__all__ = ["KIND_ORDER", "ChildTimes", "Event", "Timeline", "attempt_at", "derive", "nondeterminism_data"]
 
 _ATTEMPT_SUFFIX = re.compile(r" \(attempt (\d+)\)\Z")
 _DIVERGED = re.compile(r"expected (.+?), got (.+?)(?:\. Check that|\Z)", re.S)
-
-
-@dataclass(slots=True)
-class Event:
-    """One event before it is shown: ``ref`` is where its value lives
-    (hash, field), previewed only for the page that shows it."""
-
-    at: int
-    kind: str
-    key: str | None
-    attempt: int
-    data: dict[str, Any] = field(default_factory=dict)
-    ref: tuple[str, str] | None = None
-    seq: int = 0
-
-    def stamp(self) -> None:
-        identity = f"{self.kind}|{self.key}|{self.attempt}|{self.data.get('op', '')}"
-        tie = zlib.crc32(identity.encode("utf-8", "surrogatepass")) % _SLOTS
-        self.seq = max(self.at, 0) * 1000 + _RANK[self.kind] * _SLOTS + tie
-
-
-def cap(text: str, limit: int = ERROR_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 ChildTimes = dict[str, tuple[int | None, int | None, str | None]]
 """Each child run's (created_at, finished_at, status), by its run id."""
 
 
-def derive(facts: HistoryFacts, run_id: str, children: ChildTimes) -> list[Event]:
+def derive(facts: HistoryFacts, run_id: str, children: ChildTimes) -> Timeline:
     """Every event of the run, in seq order. ``children``: each child run's
     (created_at, finished_at, status), by its run id."""
     events: list[Event] = []
@@ -100,15 +45,16 @@ def derive(facts: HistoryFacts, run_id: str, children: ChildTimes) -> list[Event
     events.extend(lifecycle)
     events.extend(_fallbacks(facts, lifecycle))
     starts = sorted((e.at, e.attempt) for e in events if e.kind == "attempt_started")
-    times = OpTimes(facts)
-    events.extend(_row_events(facts, run_id, times))
+    times = OpTimes(facts, run_id)
+    index = Index()
+    rows = {**facts.steps, **facts.running}
+    row_sources(decode_rows(rows), times, index)
     events.extend(_agent_events(facts))
     events.extend(_signal_events(facts, starts))
     events.extend(_op_events(facts, run_id, times, starts, children))
     for event in events:
-        event.stamp()
-    events.sort(key=lambda e: (e.seq, e.key or ""))
-    return events
+        index.add(event)
+    return Timeline(index, rows, run_id)
 
 
 def attempt_at(starts: list[tuple[int, int]], at: int) -> int:
@@ -140,6 +86,8 @@ def _system_events(record: SystemRecord) -> list[Event]:
         return [Event(at, "resumed", None, attempt, data), Event(at, "attempt_started", None, attempt)]
     if message == "Cancel requested":
         return [Event(at, "cancel_requested", None, attempt)]
+    if message == "Pause requested":
+        return [Event(at, "pause_requested", None, attempt)]
     if message == "Run paused":
         return [Event(at, "paused", None, attempt)]
     if message.startswith("Compensating after "):
@@ -189,8 +137,10 @@ def _fallbacks(facts: HistoryFacts, lifecycle: list[Event]) -> list[Event]:
     if "attempt_started" not in kinds and started is not None:
         out.append(Event(started, "attempt_started", None, 1))
     status, finished = run.get("status", ""), _ms(run.get("finished_at"))
-    if finished is not None and status not in ("pending", "running") and not any(
-        e.kind in ("run_settled", "paused") and e.at >= finished for e in lifecycle
+    if (
+        finished is not None
+        and status not in ("pending", "running")
+        and not any(e.kind in ("run_settled", "paused") and e.at >= finished for e in lifecycle)
     ):
         attempt = int(run.get("attempt") or 1)
         if run.get("reason") == "nondeterminism" and "nondeterminism" not in kinds:
@@ -205,109 +155,6 @@ def _ms(raw: str | None) -> int | None:
 
 
 # -- ops: what the journal and the rows say ---------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """A step row's fields the history reads (``schema.StepRow``'s format)."""
-
-    status: str
-    attempt: int
-    started_at: int | None
-    finished_at: int | None
-    error: str | None
-    op: str
-    task: str | None
-    queue: str | None
-
-
-def parse_rows(rows: dict[str, str]) -> dict[str, Row]:
-    """Every row at once: one JSON parse for all of them (a long run has tens of thousands)."""
-    if not rows:
-        return {}
-    try:
-        decoded = json.loads("[" + ",".join(rows.values()) + "]")
-        return {
-            key: Row(
-                str(row["status"]),
-                int(row.get("attempt", 1)),
-                row.get("started_at"),
-                row.get("finished_at"),
-                row.get("error"),
-                str(row.get("op") or ""),
-                row.get("task"),
-                row.get("queue"),
-            )
-            for key, row in zip(rows, decoded, strict=True)
-        }
-    except (ValueError, KeyError, TypeError, AttributeError):
-        for key, raw in rows.items():
-            schema.StepRow.parse(key, raw)  # names the corrupt row
-        raise StorageCorruptError("A step row is not one celery-durable wrote") from None
-
-
-class OpTimes:
-    """When each op of the journal happened, as far as a fact says, by ``"<seq>:<i>"``."""
-
-    def __init__(self, facts: HistoryFacts) -> None:
-        self.ops: dict[str, str] = {}
-        self.known: dict[str, int] = {}
-        for name, raw in facts.journal.items():
-            if name.startswith("o:"):
-                self.ops[name[2:]] = raw.partition(":")[2]
-            elif name.startswith(("wf:", "wt:")):
-                op = name[3:]
-                if raw and (name.startswith("wf:") or op not in self.known):
-                    self.known[op] = int(raw)
-        self.rows = parse_rows({**facts.steps, **facts.running})
-        for row in self.rows.values():
-            when = row.finished_at or row.started_at
-            if row.op and when is not None:
-                self.known.setdefault(row.op, when)
-        started = _ms(facts.run.get("started_at")) or _ms(facts.run.get("created_at")) or 0
-        self.origin = started
-
-    def at(self, op: str) -> int:
-        """The op's time, else the previous op's of its sequence, else its sequence's start."""
-        found = self.known.get(op)
-        if found is not None:
-            return found
-        seq, _, index = op.rpartition(":")
-        for i in range(int(index) - 1, -1, -1):
-            before = self.known.get(f"{seq}:{i}")
-            if before is not None:
-                self.known[op] = before
-                return before
-        parent = seq.rpartition(".")[0]
-        when = self.at(parent.rpartition(".")[0] + ":" + parent.rpartition(".")[2]) if "." in seq else self.origin
-        self.known[op] = when
-        return when
-
-
-def _row_events(facts: HistoryFacts, run_id: str, times: OpTimes) -> list[Event]:
-    events: list[Event] = []
-    for key, row in times.rows.items():
-        is_call = times.ops.get(row.op, "").startswith("c|") or row.task is not None
-        base: dict[str, Any] = {"op": row.op}
-        if row.started_at is not None:
-            base["started_at"] = row.started_at
-        if row.finished_at is not None and row.started_at is not None:
-            base["duration_ms"] = row.finished_at - row.started_at
-        if is_call:
-            sent = {"op": row.op, "task_id": call_task_id(run_id, key), "task": row.task, "queue": row.queue}
-            events.append(Event(row.started_at or times.at(row.op), "call_sent", key, row.attempt, sent))
-        if row.status == "running":
-            continue
-        at = row.finished_at or row.started_at or times.at(row.op)
-        if row.status == "completed":
-            kind = "call_completed" if is_call else "step_completed"
-            events.append(Event(at, kind, key, row.attempt, base, ref=("journal", f"v:{key}")))
-        elif row.status == "failed":
-            kind = "call_failed" if is_call else "step_failed"
-            events.append(Event(at, kind, key, row.attempt, base | {"error": cap(row.error or "")}))
-        else:
-            events.append(Event(at, "step_interrupted", key, row.attempt, base))
-    return events
 
 
 def _agent_events(facts: HistoryFacts) -> list[Event]:

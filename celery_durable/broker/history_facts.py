@@ -30,12 +30,13 @@ class SystemRecord:
 
 @dataclass(frozen=True, slots=True)
 class HistoryFacts:
-    """Every hash field the history reads, as stored (formats: ``broker/schema``)."""
+    """Every hash field the history reads, as ``read_history.lua`` sends it
+    (formats: ``broker/schema``)."""
 
     run: dict[str, str]
     journal: dict[str, str]
-    """Only ``o:`` fields but steps' (their rows say it all), ``x:`` (capped
-    at 200 characters), ``wd:``, ``wt:`` and ``wf:`` fields."""
+    """Only ``o:`` fields but steps' (their rows say it all), ``x:`` names
+    (their values are not sent), ``wd:``, ``wt:`` and ``wf:`` fields."""
     steps: dict[str, str]
     running: dict[str, str]
     agents: dict[str, str]
@@ -46,7 +47,7 @@ class HistoryFacts:
 
 
 VALUE_HASHES = ("journal", "signals")
-"""Where a previewed value lives: a journal field (``v:``, ``a:``, ``x:``) or a signal's payload (``p:``)."""
+"""Where a previewed value lives: a journal field (``v:``, ``a:``, ``i:``) or a signal's payload (``p:``)."""
 
 
 def read_history_facts(store: StoreCore, run_id: str) -> HistoryFacts | None:

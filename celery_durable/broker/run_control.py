@@ -157,7 +157,7 @@ class RunControl(RunRecords, FleetLiveness):
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:
         """Request a pause; on ``REQUESTED`` the caller sends coordinator message ``message``."""
         k = self.run_keys(run_id)
-        reply = self._run("pause", [k.run, k.live], [self.channel(namespace), self.clock(), message])
+        reply = self._run("pause", [k.run, k.live, k.progress], [self.channel(namespace), self.clock(), message])
         return parse.pause(reply, run_id)
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:

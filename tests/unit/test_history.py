@@ -159,7 +159,9 @@ def test_pause_cancel_and_resume_are_in_the_history() -> None:
     env.cancel(run_id)
     events = everything(env, run_id)
     kinds = [e.kind for e in events]
-    assert kinds.index("paused") < kinds.index("resumed") < kinds.index("cancel_requested")
+    assert kinds.index("pause_requested") < kinds.index("paused") < kinds.index("resumed")
+    assert kinds.index("resumed") < kinds.index("cancel_requested")
+    assert one(events, "pause_requested").attempt == 1
     resumed = one(events, "resumed")
     assert (resumed.attempt, resumed.data) == (2, {"from": "paused", "by": "client"})
     assert [e.attempt for e in events if e.kind == "attempt_started"] == [1, 2]

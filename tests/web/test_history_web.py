@@ -59,6 +59,24 @@ def test_the_run_page_shows_history_timeline_start_times_and_code(site: SiteFact
     assert web.http.get(f"/ns/default/runs/{run.run_id}/history", params={"after": "x"}).status_code == 400
 
 
+def test_started_names_the_first_attempt_that_started(site: SiteFactory) -> None:
+    """A run whose first attempt never ran (its message waits for a worker
+    that never came) and that was taken over shows when attempt 2 started,
+    and says so, not the run's first start (there was none) nor a resume time."""
+    idle = site(worker=False)
+    run_id = idle.client.start_workflow("web.quick", args={"lines": 1})
+    with pytest.raises(TimeoutError):
+        idle.client.resume_workflow(run_id, force=True, timeout=0.05)
+    web = site()  # a worker: attempt 1's message is refused as stale, attempt 2 runs
+    web.client.wait_for_workflow_run(run_id, timeout=20)
+    story = web.client.get_workflow_run_history(run_id).events
+    started = [event for event in story if event.kind == "attempt_started"]
+    assert [event.attempt for event in started] == [2]
+    text = web.http.get(web.run_url(run_id)).text
+    shown = text.split('id="run-started">', 1)[1].split("</dd>", 1)[0]
+    assert shown.endswith("(attempt 2; no earlier attempt started)"), shown
+
+
 @pytest.fixture
 def live(site: SiteFactory) -> Any:
     web = site()

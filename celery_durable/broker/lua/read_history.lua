@@ -4,27 +4,45 @@
 -- KEYS[5] agent rows, KEYS[6] signals, KEYS[7] children, KEYS[8] progress
 -- Returns {} for a run that does not exist, else {run fields, journal
 -- fields, settled step rows, running step rows, agent rows, signal fields,
--- children, system records}, each a flat list of field, value (the journal's
--- op identities but steps' and wait times only, not its values: a long run's results
--- are read for the page that shows them; the signals' times and takers, not
--- their payloads; a system record is seq, attempt, at, message).
+-- children, system records}, each a flat list:
+-- * journal: field, value of its op identities (but steps': their rows say
+--   all the history needs of them) and wait times; an x: field's name only
+--   (value ''). No values: a long run's results are read for the page that
+--   shows them (history_facts.read_values).
+-- * step rows whole, as stored: decoding them here (cjson) costs Redis more
+--   than sending them costs both sides (a run of 10,000 steps: ~30 ms of
+--   the server's time against ~10 ms sending ~1 MB; see benchmarks/NOTES.md).
+-- * signals: their times and takers (t:, k:), not their payloads.
+-- * a system record: seq, attempt, at, message.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
-local journal = {}
-local raw = redis.call('HGETALL', KEYS[2])
-for i = 1, #raw, 2 do
-  local name = raw[i]
-  local p2, p3 = string.sub(name, 1, 2), string.sub(name, 1, 3)
-  -- A step's op is left out: its row says all the history needs of it.
-  local step_op = p2 == 'o:' and string.find(raw[i + 1], ':s|', 1, true) ~= nil
-  if (p2 == 'o:' and not step_op) or p2 == 'x:' or p3 == 'wd:' or p3 == 'wt:' or p3 == 'wf:' then
-    table.insert(journal, name)
-    local value = raw[i + 1]
-    if p2 == 'x:' and #value > 200 then value = string.sub(value, 1, 200) end
-    table.insert(journal, value)
+-- The journal's names only (its values hold every result), then the values
+-- of the op and wait-time fields; byte compares: a run has tens of thousands.
+local wanted, journal = {}, {}
+for _, name in ipairs(redis.call('HKEYS', KEYS[2])) do
+  local b1, b2, b3 = string.byte(name, 1, 3)
+  if b2 == 58 and b1 == 111 then -- o:
+    wanted[#wanted + 1] = name
+  elseif b2 == 58 and b1 == 120 then -- x:
+    journal[#journal + 1] = name
+    journal[#journal + 1] = ''
+  elseif b1 == 119 and b3 == 58 and (b2 == 100 or b2 == 116 or b2 == 102) then -- wd: wt: wf:
+    wanted[#wanted + 1] = name
+  end
+end
+for first = 1, #wanted, 1000 do
+  local last = math.min(first + 999, #wanted)
+  local values = redis.call('HMGET', KEYS[2], unpack(wanted, first, last))
+  for i = first, last do
+    local name, value = wanted[i], values[i - first + 1]
+    -- A step's op is left out: its row says all the history needs of it.
+    if value and not (string.byte(name, 1) == 111 and string.find(value, ':s|', 1, true)) then
+      journal[#journal + 1] = name
+      journal[#journal + 1] = value
+    end
   end
 end
 local signals = {}
-raw = redis.call('HGETALL', KEYS[6])
+local raw = redis.call('HGETALL', KEYS[6])
 for i = 1, #raw, 2 do
   local p2 = string.sub(raw[i], 1, 2)
   if p2 == 't:' or p2 == 'k:' then

@@ -10,13 +10,11 @@ Flat = dict[str, str]
 
 
 def _pairs(flat: Any) -> Flat:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 @script("read_history")
-def read_history(
-    reply: Any, run_id: str
-) -> tuple[Flat, Flat, Flat, Flat, Flat, Flat, Flat, list[str]] | None:
+def read_history(reply: Any, run_id: str) -> tuple[Flat, Flat, Flat, Flat, Flat, Flat, Flat, list[str]] | None:
     """What read_history.lua returns: seven hashes as field maps, and the system records flat (seq, attempt,
     at, message, ...); None for a run that does not exist."""
     if not reply:
