@@ -47,8 +47,9 @@ _TIME_FIELDS = ("started_at", "until")
 @dataclass(frozen=True, slots=True)
 class HistoryEvent:
     """One event of a run's history. ``data`` is a JSON object: its times are
-    ISO 8601 text; a value is ``result``/``payload`` whole when short, else
-    ``…_preview`` text, ``…_chars`` and ``value_ref`` to read it whole."""
+    ISO 8601 text; a value is ``result``/``payload``/``inputs`` (a call's
+    ``{"args", "kwargs"}``) whole when short, else ``…_preview`` text,
+    ``…_chars`` and ``value_ref`` to read it whole."""
 
     seq: int
     at: datetime
@@ -174,27 +175,45 @@ def newest(store: StoreCore, run_id: str, count: int, *, previews: bool = True) 
 
 def read_value(store: StoreCore, run_id: str, ref: str) -> Any:
     """The whole value an event previews, by its ``value_ref``: a result, an
-    answer, a payload; for a failure, ``{"error_type", "message"}``.
+    answer, a payload, a call's inputs (``{"args", "kwargs"}``); for a
+    failure, ``{"error_type", "message"}``.
     ``LookupError`` when there is none (or no longer), ``ValueError`` for a ref
     that names no value."""
     hash_name, field = _parse_ref(ref)
     (raw,) = read_values(store, run_id, [(hash_name, field)])
     if raw is None:
         raise LookupError(f"Run {run_id} has no value {ref}")
-    return _decode(hash_name, raw)
+    return _decode(hash_name, field, raw)
+
+
+CALL_INPUTS_SHOWN = 500
+"""The calls whose inputs a view previews at most (the first ones): the rest get a link."""
+
+
+def call_inputs(store: StoreCore, run_id: str, keys: list[str]) -> dict[str, str]:
+    """A preview of the inputs of each call of ``keys`` that kept them
+    (``{"args", "kwargs"}`` JSON, cut at ``PREVIEW_CHARS``), by key: one
+    pipelined read. The whole value: ``read_value(..., "i:<key>")``."""
+    keys = keys[:CALL_INPUTS_SHOWN]
+    raws = read_values(store, run_id, [("journal", f"i:{key}") for key in keys])
+    return {
+        key: raw if len(raw) <= PREVIEW_CHARS else raw[: PREVIEW_CHARS - 1] + "…"
+        for key, raw in zip(keys, raws, strict=True)
+        if raw is not None
+    }
 
 
 def _parse_ref(ref: Any) -> tuple[str, str]:
     if isinstance(ref, str):
-        if ref.startswith(("v:", "a:")) and len(ref) > 2:
+        if ref.startswith(("v:", "a:", "i:")) and len(ref) > 2:
             return "journal", ref
         if ref.startswith("p:") and ref.count(":") >= 2:
             return "signals", ref
     raise ValueError(f"Not a value reference of the history: {ref!r:.120}")
 
 
-def _decode(hash_name: str, raw: str) -> Any:
-    if hash_name == "signals":
+def _decode(hash_name: str, field: str, raw: str) -> Any:
+    if hash_name == "signals" or field.startswith("i:"):
         return json.loads(raw)
     outcome = schema.decode_outcome(raw)
     if outcome.kind == "o":
@@ -209,9 +228,10 @@ def _preview(store: StoreCore, run_id: str, events: list[Event]) -> None:
         if raw is None or event.ref is None:
             continue
         hash_name, field = event.ref
-        name = "payload" if hash_name == "signals" else "result"
-        text = raw if hash_name == "signals" else raw[1:]
-        if hash_name == "journal" and not raw.startswith("o"):
+        plain = hash_name == "signals" or field.startswith("i:")  # JSON as sent, not an outcome
+        name = "payload" if hash_name == "signals" else "inputs" if plain else "result"
+        text = raw if plain else raw[1:]
+        if not plain and not raw.startswith("o"):
             failure = schema.decode_outcome(raw)
             event.data["error"] = f"{failure.error_type}: {failure.message}"[:PREVIEW_CHARS]
             continue

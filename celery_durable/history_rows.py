@@ -236,7 +236,7 @@ def _row_event(kind: str, at: int, fact: RowFact, seq: int, run_id: str) -> Even
             "task": None if task is None else str(task),
             "queue": None if queue is None else str(queue),
         }
-        return Event(at, kind, key, attempt, sent, None, seq)
+        return Event(at, kind, key, attempt, sent, ("journal", f"i:{key}"), seq)
     data: dict[str, Any] = {"op": op}
     if started is not None:
         data["started_at"] = _whole(started)

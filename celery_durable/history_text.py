@@ -35,7 +35,9 @@ def event_summary(event: HistoryEvent) -> str:
         return str(data.get("status"))
     if kind == "call_sent":
         queue = data.get("queue") or "its own route"
-        return f"task {data.get('task')} id {data.get('task_id')} on {queue}"
+        inputs = _value(data, "inputs")
+        sent = f"task {data.get('task')} id {data.get('task_id')} on {queue}"
+        return f"{sent} {inputs}" if inputs else sent
     if kind == "branches_dispatched":
         return f"{data.get('kind')} of {data.get('width')}"
     if kind in ("timer_set", "timer_fired"):

@@ -56,6 +56,7 @@ def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
         error=row.error,
         started_at=from_ms(row.started_at),
         finished_at=from_ms(row.finished_at),
+        task=row.task,
     )
 
 

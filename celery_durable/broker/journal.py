@@ -361,9 +361,10 @@ class Journal(Protocol):
         ...
 
     def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-             running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
+             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
         """Call a task of the fleet under ``key`` (``call.lua``): answered from
-        the journal, published once per attempt (showing ``running_row``), or
+        the journal, published once per attempt (showing ``running_row``, and
+        keeping ``inputs``, the call's arguments as JSON, for the history), or
         waited for until ``due_ms`` (fixed when first reached), past which
         ``timeout_outcome`` is journaled."""
         ...

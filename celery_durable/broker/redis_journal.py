@@ -205,13 +205,13 @@ class RedisJournal(ChildJournal):
         return result
 
     def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-             running_row: str, timeout_outcome: str) -> TaskCall | Conflict:
+             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
         k = self._keys
         identity = schema.Identity.call(key)
         due = "" if due_ms is None else due_ms
         args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]
         error = schema.decode_outcome(timeout_outcome).message
-        args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel]
+        args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel, inputs]
         result = parse.call(self._run("call", [k.run, k.journal, k.waits, k.running, k.steps], args), self._run_id)
         if isinstance(result, TaskCall) and result.verdict is not CallVerdict.HIT and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then

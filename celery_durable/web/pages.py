@@ -77,10 +77,18 @@ class RunView:
     progress: ProgressPage | None
     story: HistoryTail
     timeline: Markup
+    inputs: dict[str, str]
+    """A preview of each call's inputs, by key (``history.call_inputs``)."""
 
     def live(self) -> dict[str, Any]:
         """What ``run_live.html`` shows, on the page and in each live fragment."""
-        return {"detail": self.detail, "run": self.detail.run, "story": self.story, "timeline": self.timeline}
+        return {
+            "detail": self.detail,
+            "run": self.detail.run,
+            "story": self.story,
+            "timeline": self.timeline,
+            "inputs": self.inputs,
+        }
 
 
 HISTORY_ON_PAGE = 50
@@ -97,7 +105,8 @@ def _read_run(client: Client, run_id: str, *, before_seq: int | None, with_progr
     store = client.engine.store
     story = history.newest(store, detail.run.run_id, HISTORY_ON_PAGE)
     every = history.newest(store, detail.run.run_id, TIMELINE_EVENTS, previews=False).events
-    return RunView(detail, progress, story, timeline_svg(detail, every))
+    inputs = history.call_inputs(store, detail.run.run_id, [step.key for step in detail.steps if step.task is not None])
+    return RunView(detail, progress, story, timeline_svg(detail, every), inputs)
 
 
 TIMELINE_EVENTS = 2000

@@ -55,6 +55,8 @@ class CallRequest:
     queue: str | None
     options: dict[str, Any]
     task_id: str
+    inputs: str = ""
+    """``{"args", "kwargs"}`` as JSON text: kept for the run's history (``i:<key>``)."""
 
 
 CallSender = Callable[[CallRequest], None]
@@ -127,7 +129,8 @@ class CallOps:
                 queue=request.queue,
             )
             result = replay.journal.call(
-                cursor.seq, cursor.index, key, cursor.owner, due_from(now), cut, running.encode(), failure
+                cursor.seq, cursor.index, key, cursor.owner, due_from(now), cut, running.encode(), failure,
+                request.inputs,
             )
             if isinstance(result, Conflict):
                 replay.conflict(cursor, result, identity)
@@ -198,6 +201,7 @@ class CallOps:
             queue=queue or options.pop("queue", None),
             options=options,
             task_id=call_task_id(self._replay.run.run_id, key),
+            inputs=encoded,
         )
 
 

@@ -197,6 +197,8 @@ class StepRow(_Row):
     error: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    task: str | None = None
+    """A task call's (``ctx.call``): the task's name; None for a step."""
 
     @property
     def duration_ms(self) -> int | None:

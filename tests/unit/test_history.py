@@ -109,6 +109,8 @@ def test_a_run_tells_each_kind_of_event_in_order(env: WorkflowTestEnvironment) -
 
     sent = one(events, "call_sent", "resize")
     assert sent.data["task"] == "fleet.resize" and len(sent.data["task_id"]) == 36
+    assert sent.data["inputs"] == {"args": ["a.png"], "kwargs": {}} and sent.data["value_ref"] == "i:resize"
+    assert read_value(env.engine.store, run_id, "i:resize") == {"args": ["a.png"], "kwargs": {}}
     assert one(events, "call_completed", "resize").data["result"] == {"url": "a.png"}
     failed = one(events, "call_failed", "broken")
     assert "KeyError" in failed.data["error"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
+from celery_durable import WorkflowContext, workflow
+from celery_durable.testing import WorkflowTestEnvironment
 from celery_durable.web import create_app
 from tests.web.conftest import Site, SiteFactory
 from tests.web.support import gate, new_gate, serving, wait_until
@@ -57,6 +60,28 @@ def test_the_run_page_shows_history_timeline_start_times_and_code(site: SiteFact
     pages = web.http.get(f"/ns/default/runs/{run.run_id}/history")
     assert pages.status_code == 200 and 'data-kind="run_settled"' in pages.text and 'id="next-page"' not in pages.text
     assert web.http.get(f"/ns/default/runs/{run.run_id}/history", params={"after": "x"}).status_code == 400
+
+
+@workflow(name="web-inputs", description="a step and two calls", phases=[])
+def _calls(ctx: WorkflowContext) -> Any:
+    ctx.step("plain", lambda: 1)
+    ctx.call("resize", "fleet.resize", args=("a.png",), kwargs={"width": 3})
+    return ctx.call("bulk", "fleet.resize", args=("x" * 2000,))
+
+
+def test_the_steps_table_shows_each_calls_inputs_and_the_value_endpoint_gives_them_whole() -> None:
+    env = WorkflowTestEnvironment([_calls], tasks={"fleet.resize": lambda url, width=1: len(url) * width})
+    run_id = env.run(_calls).run_id
+    with TestClient(create_app(env.engine), base_url="http://127.0.0.1") as http:
+        text = http.get(f"/ns/default/runs/{run_id}").text
+        rows = {row.split("</td>", 1)[0]: row for row in text.split('<tr><td class="mono">')[1:]}
+        assert "{&#34;args&#34;:[&#34;a.png&#34;],&#34;kwargs&#34;:{&#34;width&#34;:3}}" in rows["resize"]
+        assert f'href="/api/runs/{run_id}/value?ref=i%3Aresize"' in rows["resize"]
+        assert "…" in rows["bulk"] and "x" * 2000 not in rows["bulk"]
+        assert "value?ref=" not in rows["plain"] and "takes no arguments" in rows["plain"]
+        whole = http.get(f"/api/runs/{run_id}/value", params={"ref": "i:bulk"})
+        assert whole.json() == {"ref": "i:bulk", "value": {"args": ["x" * 2000], "kwargs": {}}}
+        assert http.get(f"/api/runs/{run_id}/value", params={"ref": "i:plain"}).status_code == 404
 
 
 def test_started_names_the_first_attempt_that_started(site: SiteFactory) -> None:

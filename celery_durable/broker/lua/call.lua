@@ -10,7 +10,8 @@
 -- (ms) or '', ARGV[9] '' or "<op index>:<position>" when this op re-runs an
 -- older attempt's failure (see cut_sequence), ARGV[10] running step row,
 -- ARGV[11] the outcome to journal on a time-out, ARGV[12] the step row's
--- error then, ARGV[13] events channel
+-- error then, ARGV[13] events channel, ARGV[14] the call's inputs (JSON
+-- {"args", "kwargs"}, kept whole as i:<key> for the run's history; '' keeps none)
 -- Returns {'hit', cancel, pause, limit, outcome}, {'publish', ...flags}
 -- (send the task now), {'pending', ...flags} (it is in flight already),
 -- {'conflict', identity} or {refusal}.
@@ -61,6 +62,7 @@ local verdict = 'pending'
 if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then
   -- Not published by this attempt yet: publish now, and show it running.
   redis.call('HSET', KEYS[2], 'ce:' .. key, ARGV[1])
+  if ARGV[14] and ARGV[14] ~= '' then redis.call('HSET', KEYS[2], 'i:' .. key, ARGV[14]) end
   if redis.call('HSET', KEYS[4], key, ARGV[10]) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', 1) end
   verdict = 'publish'
 end

@@ -13,6 +13,7 @@ themselves are built in ``keys.py``.
 ``n:<seq>``          ops recorded in sequence ``<seq>``
 ``o:<seq>:<i>``      op ``i`` of ``<seq>``: ``"<epoch>:<identity>"``
 ``v:<key>``          outcome of the step (or call) ``<key>`` (``Outcome``)
+``i:<key>``          inputs of the task call ``<key>``: ``{"args", "kwargs"}`` JSON
 ``x:<seq>:<i>``      value of op ``i``: now()/uuid4() text, a wait's outcome
 ``wd:<seq>:<i>``     due time (ms) of wait op ``i``, fixed when first reached
 ``r:<call>:<j>``     outcome of branch ``j`` of fan-out ``<call>``

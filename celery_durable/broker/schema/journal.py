@@ -29,6 +29,7 @@ JOURNAL_FIELDS: dict[str, str] = {
     "wt:": "wt:<seq>:<i>: when (ms) a wait op was first reached (the run's history)",
     "wf:": "wf:<seq>:<i>: when (ms) a wait op's outcome was journaled (the run's history)",
     "ce:": "ce:<key>: the epoch that published the task call <key>",
+    "i:": "i:<key>: the inputs of the task call <key>, JSON {'args': [...], 'kwargs': {...}} (the run's history)",
     "cuts": "how many cuts the run's sequences got (a cut voids the signals' floors, SIGNAL_FIELDS f:)",
     "wk:": "wk:<prefix>: the owners a call's answer or an agent turn's end woke by the messages '<prefix>-<n>' "
     "(a script run again for the same call, its reply lost, answers the same)",
