@@ -5,21 +5,19 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
 from kombu.exceptions import KombuError
 
-from celery_durable import history, telemetry, versioning
+from celery_durable import history, resuming, telemetry, versioning
 from celery_durable import progress as paging
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
 from celery_durable.errors import (
     RunNotFoundError,
-    StorageCorruptError,
     StorageUnavailableError,
     WorkflowDefinitionError,
     WorkflowResumeError,
@@ -31,8 +29,6 @@ from celery_durable.run_views import (
     agent_row,
     child_rows,
     phase_rows,
-    refuse_same_divergence,
-    resume_verdict,
     step_rows_in_order,
 )
 from celery_durable.tasks import children
@@ -48,7 +44,7 @@ from celery_durable.workflows.envelope import (
     RunPage,
 )
 from celery_durable.workflows.jsonvalue import short_repr
-from celery_durable.workflows.limits import ceiling_fields, ceilings_argument, merge_limits, validate_limits
+from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
 from celery_durable.workflows.versions import last_code_hash
 from celery_durable.workflows.waits import check_signal_name
 
@@ -429,46 +425,20 @@ class Client:
                 validate_limits(limits, allow_none=True)
             except WorkflowDefinitionError as exc:
                 raise WorkflowResumeError(str(exc), code="workflow_limits_invalid") from None
-        with _resume_errors():
+        with resuming.resume_errors():
             record = self._record(run_id)
             message = new_task_id()
-            epoch = self._take_authority(record, limits, message, force=force, allow_code_change=allow_code_change)
-            self._dispatch(record.run_id, epoch, record.workflow, message)
-
-    def _take_authority(
-        self, record: RunRecord, limits: dict[str, Any] | None, message: str, *, force: bool, allow_code_change: bool
-    ) -> int:
-        store = self.engine.store
-        for _ in range(5):
-            definition = self.engine.workflows.get(record.workflow)
-            if definition is None:
-                raise WorkflowResumeError(
-                    f"Workflow {record.workflow!r} is not registered with this engine", code="non_resumable"
-                )
-            refuse_same_divergence(record, definition.code_hash)
-            code_changed = definition.code_hash != record.code_hash
-            if code_changed and not allow_code_change:
-                raise WorkflowResumeError(
-                    f"Workflow {record.workflow!r} code changed since run {record.run_id} started "
-                    "(pass allow_code_change=True to resume it with the new code)",
-                    code="workflow_code_changed",
-                )
-            alive = record.status in ("pending", "running") and self._attempt_alive(record)
-            note = resume_verdict(record, alive=alive, force=force)
-            merged = merge_limits(record.limits, limits)
-            epoch = store.resume(
+            epoch = resuming.take_authority(
+                self.engine,
                 record,
-                limits_json=jsonvalue.dumps(merged),
-                message=note,
-                code_hash="",  # the run keeps the hash it started with; its passes note theirs
-                message_id=message,
-                ceilings=ceilings_argument(merged),
-                trace_attempt=telemetry.resume_traceparent(),  # the resuming caller's span, if any
+                limits,
+                message,
+                force=force,
+                allow_code_change=allow_code_change,
+                reload=self._record,
+                alive=self._attempt_alive,
             )
-            if epoch is not None:
-                return epoch
-            record = self._record(record.run_id)
-        raise WorkflowResumeError(f"Run {record.run_id} kept changing while resuming it", code="already_active")
+            self._dispatch(record.run_id, epoch, record.workflow, message)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -520,16 +490,3 @@ def _plausible_run_id(run_id: str) -> bool:
     from celery_durable.broker.keys import RUN_ID_PATTERN
 
     return bool(RUN_ID_PATTERN.match(run_id))
-
-
-@contextmanager
-def _resume_errors() -> Iterator[None]:
-    """Resume reports every failure as a ``WorkflowResumeError`` with its code."""
-    try:
-        yield
-    except RunNotFoundError as exc:
-        raise WorkflowResumeError(str(exc), code="not_found") from None
-    except StorageUnavailableError as exc:
-        raise WorkflowResumeError(str(exc), code="workflow_storage_unavailable") from None
-    except StorageCorruptError as exc:
-        raise WorkflowResumeError(str(exc), code="workflow_storage_corrupt") from None
