@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +25,7 @@ from celery_durable import Engine, RunNotFoundError, Settings, define_workflow
 from celery_durable.redis_server import RedisServer, free_port
 from tests.conftest import Durable
 from tests.index_check import disagreements
+from tests.test_fencing import poll  # the same poll, 30 s as here
 
 TIMEOUT = 30.0
 
@@ -40,16 +40,6 @@ APPROVAL = workflow("approval", lambda ctx: ctx.wait_for_signal("approval").payl
 NAP = workflow("nap", lambda ctx: ctx.sleep(3600))
 PARENT = workflow("parent", lambda ctx: ctx.child("kid", "approval"))
 ALL = [QUICK, BOOM, APPROVAL, NAP, PARENT]
-
-
-def poll(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def waiting_for(d: Durable, run_id: str) -> str | None:

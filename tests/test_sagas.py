@@ -20,6 +20,7 @@ from celery_durable import (
     define_workflow,
 )
 from tests.conftest import kill_attempt
+from tests.test_children import poll  # one poll for the child and saga tests (30 s, as here)
 
 TIMEOUT = 30
 DONE: dict[str, list[str]] = {}
@@ -42,16 +43,6 @@ def gate(name: str) -> threading.Event:
 
 def wf(name: str, run: Any, **meta: Any) -> Any:
     return define_workflow({"name": name, "description": name, "phases": [], **meta}, run)
-
-
-def poll(predicate: Any, timeout: float = TIMEOUT, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def boom(message: str) -> Any:
