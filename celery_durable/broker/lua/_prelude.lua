@@ -221,6 +221,26 @@ local function cut_sequence(journal_key, seq, index, epoch, position)
   if hwm > limit then redis.call('HSET', journal_key, 'h:' .. seq, limit) end
 end
 
+-- Enters op <index> of sequence <seq> for attempt <epoch>, as a call and a
+-- child start do: fenced; the older attempt's failure it re-runs cut first
+-- (<cut>: '' or "<op index>:<position>", see cut_sequence); its identity
+-- recorded, a replaced entry's wait due time cleared. Returns the script's
+-- reply when it must stop there ({refusal} or {'conflict', identity}), else
+-- nil and the op's place "<seq>:<index>".
+local function enter_op(run_key, journal_key, epoch, seq, index, ident, cut)
+  local refusal = fence(run_key, epoch)
+  if refusal then return {refusal} end
+  if cut ~= '' then
+    local colon = string.find(cut, ':', 1, true)
+    cut_sequence(journal_key, seq, string.sub(cut, 1, colon - 1), epoch, string.sub(cut, colon + 1))
+  end
+  local conflict, replaced = record_op(journal_key, seq, index, ident, epoch)
+  if conflict then return {'conflict', conflict} end
+  local at = seq .. ':' .. index
+  if replaced then redis.call('HDEL', journal_key, 'wd:' .. at) end
+  return nil, at
+end
+
 -- Redis's run_id changes when the server restarts. An epoch bump that was
 -- acknowledged but not yet fsynced can be lost in a restart, and handing the
 -- same number out again would let two attempts pass the fence. So the first

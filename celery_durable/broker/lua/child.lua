@@ -20,17 +20,9 @@
 -- time or ''), 'due' (its time-out passed with no end journaled: the caller
 -- cancels the child and journals the time-out); or {'conflict', identity}
 -- or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local seq, index, key, now = ARGV[3], ARGV[4], ARGV[6], tonumber(ARGV[2])
-if ARGV[9] ~= '' then
-  local colon = string.find(ARGV[9], ':', 1, true)
-  cut_sequence(KEYS[2], seq, string.sub(ARGV[9], 1, colon - 1), ARGV[1], string.sub(ARGV[9], colon + 1))
-end
-local conflict, replaced = record_op(KEYS[2], seq, index, ARGV[5], ARGV[1])
-if conflict then return {'conflict', conflict} end
-local at = seq .. ':' .. index
-if replaced then redis.call('HDEL', KEYS[2], 'wd:' .. at) end
+local stop, at = enter_op(KEYS[1], KEYS[2], ARGV[1], seq, index, ARGV[5], ARGV[9])
+if stop then return stop end
 local entry = nil
 local raw = redis.call('HGET', KEYS[4], key)
 if raw then
