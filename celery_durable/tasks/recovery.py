@@ -188,18 +188,20 @@ class RecoverySweep:
         """A message was received: say so now, in the consumer's thread, before
         the worker can die holding it. A message the fleet never heard of
         would be left to the empty-queue rule, which a backlog delays without
-        bound; then beat soon, so the full report follows."""
+        bound. Written, it needs no beat: the next regular one (within
+        ``interval``) takes out what finished. Not written, the beat comes
+        soon and reports it with the rest (a beat per message cost a burst of
+        wakes 5 % of the worker's time)."""
         run_id = _durable_run(request)
-        if run_id is None:
+        if run_id is None or not self.worker_id:
             return  # another task (a call's own, say): no run counts it in flight
-        if self.worker_id:
-            task_id = str(request.id)
-            self._fresh[task_id] = (run_id, time.monotonic())
-            try:
-                self.engine.store.hold_message(self.worker_id, task_id, run_id, now_ms())
-            except StorageError as exc:
-                logger.warning("could not report message %s as held: %s", task_id, exc)
-        self._beat_now.set()
+        task_id = str(request.id)
+        self._fresh[task_id] = (run_id, time.monotonic())
+        try:
+            self.engine.store.hold_message(self.worker_id, task_id, run_id, now_ms())
+        except StorageError as exc:
+            logger.warning("could not report message %s as held: %s", task_id, exc)
+            self._beat_now.set()
 
     def _beat_loop(self) -> None:
         while not self._stop.is_set():
