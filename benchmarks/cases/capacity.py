@@ -1,4 +1,4 @@
-"""Case 17 (issue 28): a day's capacity of one Redis, measured.
+"""Case 19 (issue 28): a day's capacity of one Redis and of a 3-master cluster, measured.
 
 A run of a typical shape (``bench.typical``: 10 steps, a parallel of 8
 steps, 20 progress records) costs Redis memory while it is retained, and
@@ -23,20 +23,23 @@ memory per run; ``MEMORY USAGE`` of one run's keys says where it goes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis
+import redis.cluster
 
 from benchmarks.bulk import start_runs, wait_settled
+from benchmarks.cases import capacity_cluster
 from benchmarks.cases.bursts import _Kept
 from benchmarks.cases.common import fmt_int
 from benchmarks.harness import Bench
 from benchmarks.model import CaseResult, Row
 from benchmarks.plan import Plan
 from benchmarks.redisstats import CommandWindow, used_memory
-from celery_durable import Engine
+from celery_durable import Engine, Settings
 from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
 from celery_durable.tasks.entry import run_durable_task
 
@@ -49,45 +52,63 @@ SHARED_TAGS = ("{sweep}", "{fleet}", "{ns:")
 """Hash tags every run shares: on a Cluster, one node serves these commands for all runs."""
 
 
-def _recorded_run(bench: Bench) -> tuple[str, list[tuple[Any, ...]]]:
-    """One typical run, run in this process; every command the engine sent Redis for it."""
+def record_run(settings: Settings, servers: Sequence[redis.Redis]) -> tuple[str, list[tuple[Any, ...]]]:
+    """One typical run, run in this process by an engine of ``settings``
+    (its journal one Redis or a cluster, whose servers are ``servers``):
+    every command the engine sent Redis for it."""
     from benchmarks.app import WORKFLOWS
 
-    settings = bench.settings.model_copy(update={"key_prefix": PREFIX, "coordinator_queue": f"{PREFIX}.unserved"})
     engine = Engine(WORKFLOWS, settings)
     kept = _Kept()
     engine.sender = kept
     client = engine.client()
     sent: list[tuple[Any, ...]] = []
-    original = (redis.Redis.execute_command, redis.client.Pipeline.pipeline_execute_command)
+    # Where the engine's commands leave redis-py: a client's and a pipeline's,
+    # of one Redis and of a cluster (whose pipeline has its own entry).
+    targets = (
+        (redis.Redis, "execute_command", False),
+        (redis.client.Pipeline, "pipeline_execute_command", True),
+        (redis.cluster.RedisCluster, "execute_command", False),
+        (redis.cluster.ClusterPipeline, "execute_command", True),
+    )
+    originals = [getattr(cls, name) for cls, name, _ in targets]
 
-    def single(self: Any, *args: Any, **options: Any) -> Any:
-        reply = original[0](self, *args, **options)
-        sent.append(args)
-        return reply
+    def recording(original: Any, staged: bool) -> Any:
+        def call(self: Any, *args: Any, **options: Any) -> Any:
+            if staged:
+                sent.append(args)
+                return original(self, *args, **options)
+            reply = original(self, *args, **options)
+            sent.append(args)
+            return reply
 
-    def piped(self: Any, *args: Any, **options: Any) -> Any:
-        sent.append(args)
-        return original[1](self, *args, **options)
+        return call
 
     for name in SCRIPT_NAMES:  # loaded before: no NOSCRIPT error and its second try among the commands
-        bench.raw.script_load(script_source(name))
-    redis.Redis.execute_command = single  # type: ignore[method-assign]
-    redis.client.Pipeline.pipeline_execute_command = piped  # type: ignore[method-assign]
+        for server in servers:
+            server.script_load(script_source(name))
+    for (cls, name, staged), original in zip(targets, originals, strict=True):
+        setattr(cls, name, recording(original, staged))
     try:
         run_id = client.start_workflow(WORKFLOW)
         while kept.sent:
             message = kept.sent.pop(0)
             run_durable_task(engine, message.task, message.task_id, message.kwargs)
     finally:
-        redis.Redis.execute_command, redis.client.Pipeline.pipeline_execute_command = original  # type: ignore[method-assign]
+        for (cls, name, _), original in zip(targets, originals, strict=True):
+            setattr(cls, name, original)
     status = client.get_workflow_run(run_id).status
     if status != "completed":
         raise RuntimeError(f"the recorded run ended {status}")
     return run_id, sent
 
 
-def _again(commands: Sequence[tuple[Any, ...]], old: str, new: str) -> list[tuple[Any, ...]]:
+def _recorded_run(bench: Bench) -> tuple[str, list[tuple[Any, ...]]]:
+    settings = bench.settings.model_copy(update={"key_prefix": PREFIX, "coordinator_queue": f"{PREFIX}.unserved"})
+    return record_run(settings, [bench.raw])
+
+
+def again(commands: Sequence[tuple[Any, ...]], old: str, new: str) -> list[tuple[Any, ...]]:
     return [tuple(a.replace(old, new) if isinstance(a, str) else a for a in args) for args in commands]
 
 
@@ -99,7 +120,7 @@ def _store(raw: redis.Redis, commands: Sequence[tuple[Any, ...]], old: str, coun
         for _ in range(min(PIPELINE_RUNS, count - start)):
             new = f"{time.time_ns():016x}{len(ids):016x}"[-32:]
             ids.append(new)
-            for args in _again(commands, old, new):
+            for args in again(commands, old, new):
                 pipe.execute_command(*args)
         for reply in pipe.execute(raise_on_error=False):
             if isinstance(reply, redis.ResponseError):
@@ -171,8 +192,10 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
         shared = sum(1 for args in commands if any(tag in " ".join(map(str, args[:4])) for tag in SHARED_TAGS))
         before = used_memory(bench.raw)
         built = time.perf_counter()
-        ids = _store(bench.raw, commands, original, stored)
+        with CommandWindow(bench.raw) as window:
+            ids = _store(bench.raw, commands, original, stored)
         build_s = time.perf_counter() - built
+        stored_usec = window.commands.total_usec / stored
         per_run = (used_memory(bench.raw) - before) / stored
         sizes = _key_sizes(bench.raw, ids[-1])
         engine = Engine([], bench.settings.model_copy(update={"key_prefix": PREFIX}))
@@ -181,6 +204,8 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
             raise RuntimeError("a stored run is not a completed run")
     finally:
         _forget(bench.raw)
+    on_cluster = capacity_cluster.measure(bench.settings, PREFIX, stored)
+    busiest = max(on_cluster.command_usec_per_run)
     result.rows = [
         Row(CASE, f"Redis memory per settled run, {fmt_int(stored)} stored", "bytes", [per_run],
             note=f"built in {build_s:.0f} s; keys of one run by MEMORY USAGE: "
@@ -195,7 +220,20 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
             f"fleet rate {fleet['runs_per_s']:.0f} runs/s"),
         Row(CASE, "engine's commands per run on the slots every run shares ({sweep}, {fleet}, {ns:N})", "commands",
             [float(shared)], note=f"of {len(commands)} top-level commands the engine sent for one run"),
+        Row(CASE, f"Redis command time per stored run, one Redis ({fmt_int(stored)} stored)", "us", [stored_usec],
+            note="commandstats over the store's build: the engine's scripts and commands, round trips pipelined"),
+        Row(CASE, f"Redis memory per settled run, {fmt_int(stored)} stored, {on_cluster.masters}-master cluster",
+            "bytes", [sum(on_cluster.memory_per_run)],
+            note="per master " + ", ".join(f"{m:,.0f}" for m in on_cluster.memory_per_run)
+            + f"; the run recorded on the cluster ({on_cluster.engine_commands_per_run} commands), stored in "
+            f"{on_cluster.build_seconds:.0f} s, each command on its slot's master"),
+        Row(CASE, f"Redis command time per stored run, busiest of {on_cluster.masters} masters", "us", [busiest],
+            note="per master " + ", ".join(f"{u:.0f} us ({c:.0f} commands)" for u, c in
+                                           zip(on_cluster.command_usec_per_run, on_cluster.commands_per_run,
+                                               strict=True))
+            + f"; one Redis / busiest master: {stored_usec / busiest:.2f}x"),
     ]
     result.details = {"fleet": fleet, "stored": stored, "memory_bytes_per_run": per_run, "build_seconds": build_s,
-                      "key_sizes": sizes, "engine_commands_per_run": len(commands), "shared_slot_commands": shared}
+                      "key_sizes": sizes, "engine_commands_per_run": len(commands), "shared_slot_commands": shared,
+                      "stored_command_usec_per_run": stored_usec, "cluster": dataclasses.asdict(on_cluster)}
     return result
