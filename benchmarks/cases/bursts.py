@@ -30,13 +30,12 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bulk import wait_settled, wait_until
-from benchmarks.cases.common import fmt_int, profiled
+from benchmarks.cases.common import KeptSender, fmt_int, profiled
 from benchmarks.cases.timers import FireWatch
 from benchmarks.harness import Bench, WorkerSetup
 from benchmarks.model import CaseResult, Row, Target, median, percentile
@@ -44,7 +43,6 @@ from benchmarks.plan import Plan
 from benchmarks.redisstats import command_stats
 from celery_durable import Engine
 from celery_durable.tasks.entry import run_durable_task
-from celery_durable.tasks.sending import Outgoing
 
 PROFILE_DURABLE_ONLY = True
 OWN_FLEET = True
@@ -65,20 +63,8 @@ FLAT_LIMIT = 1.5
 """The claim rate at the largest size over the smallest's, either way: flat, not O(due timers)."""
 
 
-class _Kept:
-    """A sender that keeps the engine's messages: the build's passes run here, not on the fleet."""
 
-    def __init__(self) -> None:
-        self.sent: list[Outgoing] = []
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        self.sent.extend(messages)
-
-    def send_call(self, engine: Any, record: Any, request: Any) -> None:
-        raise RuntimeError("the timer workflow calls no task")
-
-
-def _builder(bench: Bench) -> tuple[Engine, _Kept]:
+def _builder(bench: Bench) -> tuple[Engine, KeptSender]:
     from benchmarks.app import WORKFLOWS
 
     # The build's own lease is longer than any build: a run's first look is
@@ -86,12 +72,12 @@ def _builder(bench: Bench) -> tuple[Engine, _Kept]:
     # (with the fleet's lease, a run started a lease before T was looked at
     # just before T, racing the check that every run waits for T).
     engine = Engine(WORKFLOWS, bench.settings.model_copy(update={"lease_seconds": BUILD_LEASE_S}))
-    kept = _Kept()
+    kept = KeptSender()
     engine.sender = kept
     return engine, kept
 
 
-def build(engine: Engine, kept: _Kept, count: int, at_ms: int) -> list[str]:
+def build(engine: Engine, kept: KeptSender, count: int, at_ms: int) -> list[str]:
     """``count`` runs of bench.timer waiting for ``at_ms``, each through its start and first pass."""
     client = engine.client()
     run_ids: list[str] = []
@@ -108,7 +94,7 @@ def _all_at(bench: Bench, at_ms: int, wanted: int) -> bool:
     return int(bench.raw.zcount(bench.engine.store.keys.sweep_due, at_ms - 1, at_ms + 1)) >= wanted
 
 
-def _burst(bench: Bench, plan: Plan, builder: tuple[Engine, _Kept], n: int, rate: float) -> dict[str, Any]:
+def _burst(bench: Bench, plan: Plan, builder: tuple[Engine, KeptSender], n: int, rate: float) -> dict[str, Any]:
     # A run's wait puts it at T at once (T comes before the sweep's first look
     # at it, a build lease after its start): every run is at T before T, which is checked.
     slack = SLACK_S if n >= 1_000 else 2.0

@@ -33,8 +33,7 @@ import redis.cluster
 
 from benchmarks.bulk import start_runs, wait_settled
 from benchmarks.cases import capacity_cluster
-from benchmarks.cases.bursts import _Kept
-from benchmarks.cases.common import fmt_int
+from benchmarks.cases.common import KeptSender, fmt_int
 from benchmarks.harness import Bench
 from benchmarks.model import CaseResult, Row
 from benchmarks.plan import Plan
@@ -59,7 +58,7 @@ def record_run(settings: Settings, servers: Sequence[redis.Redis]) -> tuple[str,
     from benchmarks.app import WORKFLOWS
 
     engine = Engine(WORKFLOWS, settings)
-    kept = _Kept()
+    kept = KeptSender()
     engine.sender = kept
     client = engine.client()
     sent: list[tuple[Any, ...]] = []
@@ -180,7 +179,7 @@ def run(bench: Bench, plan: Plan) -> CaseResult:
     stored = plan.capacity_stored
     result = CaseResult(
         key="capacity",
-        title="Capacity: what one settled run of a typical shape costs one Redis",
+        title="Capacity: what one settled run of a typical shape costs one Redis and a 3-master cluster",
         setup=f"bench.typical: 10 steps, a parallel of 8 steps, 20 progress records. Commands: {plan.capacity_runs} "
         "runs on the fleet (-P threads -c 4, broker on the same Redis), INFO commandstats and INFO cpu around them. "
         f"Memory: {fmt_int(stored)} settled runs stored through the real scripts (one run recorded in-process, "

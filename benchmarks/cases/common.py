@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -14,9 +14,25 @@ from benchmarks.harness import Bench
 from benchmarks.model import median
 from benchmarks.probes import Probe, Usage
 from benchmarks.profiling import recording
+from celery_durable.tasks.sending import Outgoing
 
 DURABLE = "durable"
 CELERY = "celery"
+
+
+class KeptSender:
+    """A sender that keeps the engine's messages instead of publishing them:
+    a case that builds runs through the real scripts runs their passes in
+    its own process (``run_durable_task``), and nothing reaches a broker."""
+
+    def __init__(self) -> None:
+        self.sent: list[Outgoing] = []
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        self.sent.extend(messages)
+
+    def send_call(self, engine: Any, record: Any, request: Any) -> None:
+        raise RuntimeError("a benchmark workflow built in-process calls no task")
 
 
 def sides(repeat_index: int, with_baseline: bool = True) -> list[str]:

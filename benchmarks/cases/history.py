@@ -19,8 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchmarks.cases.common import fmt_int
-from benchmarks.cases.replay_check import _Kept
+from benchmarks.cases.common import KeptSender, fmt_int
 from benchmarks.harness import Bench
 from benchmarks.model import CaseResult, Row, Target
 from benchmarks.plan import Plan
@@ -42,7 +41,7 @@ def steps_then_wait(ctx: WorkflowContext) -> Any:
 def _build(bench: Bench, steps: int) -> tuple[Engine, str]:
     settings = bench.settings.model_copy(update={"key_prefix": PREFIX, "coordinator_queue": f"{PREFIX}.unserved"})
     engine = Engine([define_workflow(META, steps_then_wait)], settings)
-    kept = _Kept()
+    kept = KeptSender()
     engine.sender = kept
     run_id = engine.client().start_workflow("bench.history", args={"n": steps})
     first = kept.sent.pop()

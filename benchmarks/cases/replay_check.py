@@ -16,17 +16,15 @@ Baseline: none; the issue asks for 1,000 runs of 50 steps in under 10 s.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from benchmarks.cases.common import fmt_int
+from benchmarks.cases.common import KeptSender, fmt_int
 from benchmarks.harness import Bench
 from benchmarks.model import CaseResult, Row, Target, median
 from benchmarks.plan import Plan
 from celery_durable import Engine, WorkflowContext, define_workflow
 from celery_durable.tasks.entry import run_durable_task
-from celery_durable.tasks.sending import Outgoing
 
 CASE = "14. Replay check"
 LIMIT_S = 10.0
@@ -46,28 +44,16 @@ def inserted_step(ctx: WorkflowContext) -> Any:
     return waits_after_steps(ctx)
 
 
-class _Kept:
-    """A sender that keeps the engine's messages: nothing reaches a broker."""
 
-    def __init__(self) -> None:
-        self.sent: list[Outgoing] = []
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        self.sent.extend(messages)
-
-    def send_call(self, engine: Any, record: Any, request: Any) -> None:
-        raise RuntimeError("the benchmark's workflow calls no task")
-
-
-def _engine(bench: Bench, run: Any) -> tuple[Engine, _Kept]:
+def _engine(bench: Bench, run: Any) -> tuple[Engine, KeptSender]:
     settings = bench.settings.model_copy(update={"key_prefix": PREFIX, "coordinator_queue": f"{PREFIX}.unserved"})
     engine = Engine([define_workflow(META, run)], settings)
-    kept = _Kept()
+    kept = KeptSender()
     engine.sender = kept
     return engine, kept
 
 
-def _build(engine: Engine, kept: _Kept, runs: int, steps: int) -> list[str]:
+def _build(engine: Engine, kept: KeptSender, runs: int, steps: int) -> list[str]:
     """``runs`` runs, each with ``steps`` journaled steps, waiting for 'go'."""
     client = engine.client()
     with ThreadPoolExecutor(BUILD_THREADS) as pool:
