@@ -37,10 +37,10 @@ class CountingSweep(RecoverySweep):
         self.looked = 0
         self._count_lock = threading.Lock()
 
-    def _look(self, run_ids: Sequence[str], room: str, now: int) -> None:
+    def _look(self, run_ids: Sequence[str], claim: str, room: str, now: int) -> None:
         with self._count_lock:
             self.looked += len(run_ids)
-        super()._look(run_ids, room, now)
+        super()._look(run_ids, claim, room, now)
 
     def start_passes(self) -> None:
         """What-if: only the sweep's passes, in a thread of their own, without the worker beat and the

@@ -121,9 +121,7 @@ class Client:
             store.release_idempotency(self.namespace, idempotency_key, owner)
             owner = store.index_run(self.namespace, run_id, idempotency_key)
             first = store.load_run(owner) if owner != run_id else None
-        if owner == run_id:
-            store.schedule_check(run_id, created + lease_ms)
-        else:
+        if owner != run_id:
             store.discard_run(run_id, 1)
             if first is not None and first.status == "pending" and first.epoch == 1:
                 # The first start may have died before sending its coordinator
@@ -346,7 +344,7 @@ class Client:
     def cancel_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
         """Request cancellation and wait until the run has settled."""
         paging.check_wait(timeout)
-        self._request(run_id, self.engine.store.cancel)
+        self._ask_cancel(run_id)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
     def pause_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
@@ -357,16 +355,30 @@ class Client:
         continues the run.
         """
         paging.check_wait(timeout)
-        self._request(run_id, self.engine.store.pause)
+        self._ask_pause(run_id)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
-    def _request(self, run_id: str, request: Callable[[str, str, str], Requested]) -> None:
+    def _ask_cancel(self, run_id: str) -> None:
+        store = self.engine.store
+        # A child settled here stays watched until its parent is told (tasks/children.py).
+        self._request(
+            run_id,
+            lambda record, message: store.cancel(
+                record.run_id, record.namespace, message, watch=record.parent_run_id is not None
+            ),
+        )
+
+    def _ask_pause(self, run_id: str) -> None:
+        store = self.engine.store
+        self._request(run_id, lambda record, message: store.pause(record.run_id, record.namespace, message))
+
+    def _request(self, run_id: str, request: Callable[[RunRecord, str], Requested]) -> None:
         """Ask for a cancellation or a pause (``RunStore.cancel``/``pause``) and
         wake the coordinator to act on it: a run waiting on branches, a timer
         or a signal has no pass running."""
         record = self._record(run_id)
         message = new_task_id()
-        answer = request(record.run_id, record.namespace, message)
+        answer = request(record, message)
         if answer.verdict is RequestVerdict.REQUESTED:
             self._dispatch(record.run_id, answer.epoch, record.workflow, message)
         elif answer.verdict is RequestVerdict.CANCELLED:
@@ -399,9 +411,6 @@ class Client:
             raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
         for n, owner in enumerate(answer.owners, start=1):
             self._wake(record.run_id, answer.epoch, record.workflow, owner, f"{prefix}-{n}")
-        if answer.owners:
-            # It was waiting, unwatched by the sweep: watch it again while it works.
-            self.engine.store.schedule_check(record.run_id, self.engine.store.now_ms() + self.engine.store.lease_ms)
 
     def resume_workflow(
         self,

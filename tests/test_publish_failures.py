@@ -47,11 +47,11 @@ def approval(ctx: WorkflowContext) -> Any:
     return ctx.wait_for_signal("approve").payload
 
 
-def waiting_for_the_signal(d: Any, run_id: str) -> None:
+def waiting_for_the_signal(d: Any, run_id: str, name: str = "approve") -> None:
     """Until the run waits for its signal and the sweep, having looked, no
     longer watches it: only a signal brings it back now."""
     store = d.engine.store
-    poll(lambda: (d.client.get_workflow_run(run_id).snapshot.get("waiting_for") or {}).get("name") == "approve",
+    poll(lambda: (d.client.get_workflow_run(run_id).snapshot.get("waiting_for") or {}).get("name") == name,
          "the run to wait for its signal")  # fmt: skip
     poll(lambda: store.client.zscore(store.keys.sweep_due, run_id) is None, "the sweep to stop watching the run")
 

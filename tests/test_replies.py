@@ -107,7 +107,9 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("cancel", (), ["settled", "completed"], Requested(RequestVerdict.SETTLED, status="completed")),
     ("pause", (), ["settled"], Requested(RequestVerdict.SETTLED)),
     ("signal", (), ["ok", 2, "m", "m.0.1"], Signalled(SignalVerdict.OK, epoch=2, owners=["m", "m.0.1"])),
-    ("claim_due", (), ["", "r1"], DueRuns(["r1"], None)),
+    ("claim_due", (), ["", "1700000015000.5", "r1"], DueRuns(["r1"], None, "1700000015000.5")),
+    ("look", (), 1, 1),
+    ("looked", (), 0, 0),
     ("examine", (), ["paused", "2", "w", "", ""], Examined("paused", 2, "w", Liveness.SETTLED, "")),
     ("child", (), ["pending", *FLAGS, "leaf", ""], ChildCall(ChildVerdict.PENDING, RAISED, "leaf")),
     ("child", (), ["hit", *FLAGS, "leaf", "o1"], ChildCall(ChildVerdict.HIT, RAISED, "leaf", "o1")),
@@ -150,7 +152,9 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("cancel", (), ["requested"]),
     ("pause", (), ["cancelled"]),  # a pause never cancels
     ("signal", (), ["ok"]),
-    ("claim_due", (), ["soon", "r1"]),
+    ("claim_due", (), ["soon", "1.5", "r1"]),
+    ("claim_due", (), ["", "r1"]),  # no claim score
+    ("look", (), ["1"]),
     ("claim_dead_workers", (), ["w1", "t1 t2|r1"]),
     ("examine", (), ["sleeping", "1", "w", "", ""]),
     ("examine", (), ["running", "1", "w", "undead", ""]),

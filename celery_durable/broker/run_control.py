@@ -116,7 +116,6 @@ class RunControl(RunRecords, FleetLiveness):
         )
         epoch = parse.resume(reply, record.run_id)
         if epoch is not None:
-            self.schedule_check(record.run_id, self.clock() + self.lease_ms)
             self._persist_idempotency(record)
         return epoch
 

@@ -168,11 +168,9 @@ class RunPasses(StoreCore):
             keys.append(k.progress)
             lock = self._lock_args(here.namespace, here.resend)
             args += [here.token, *lock, here.seq, here.start, "1" if here.soft else ""]
-        # The sweep looks at the run a lease from now, should the wake this
-        # answer sends be lost (a run waiting on a call without a time-out is
-        # not on its schedule otherwise). Sent with the script, before its
-        # reply says whether the answer was taken.
-        reply = self._run_and_look("call_done", keys, args, run_id, now)
+        # The answer may wake a run waiting on nothing else: the look comes
+        # first (store_core.LOOK_FIRST), should the wake it counts be lost.
+        reply = self._run("call_done", keys, args)
         done = parse.call_done(reply, run_id, None if here is None else (here.seq, here.start))
         if not isinstance(done, Refusal):
             return done

@@ -7,6 +7,7 @@ runs in the same script as the write it guards.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from functools import cache
@@ -66,7 +67,46 @@ SCRIPT_NAMES = (
     "child_done",
     "compensable",
     "wake_branches",
+    "look",
+    "looked",
 )
+
+
+WAKE_COUNTERS = ("token_queued",)
+"""The prelude's functions that count a message of a run in flight before it
+is published: a script calling one (or a prelude function that does) counts a
+wake, which its caller publishes after it."""
+
+
+@cache
+def counts_wakes(name: str) -> bool:
+    """Whether script ``name`` may count a wake, read from the Lua itself, so
+    that a new script is known for one without anybody listing it."""
+    folder = resources.files("celery_durable.broker") / "lua"
+    prelude = (folder / "_prelude.lua").read_text(encoding="utf-8")
+    bodies: dict[str, str] = {}
+    current = ""
+    for line in prelude.splitlines():
+        found = re.match(r"local function (\w+)", line)
+        if found:
+            current = found.group(1)
+            bodies[current] = ""
+        elif current:
+            bodies[current] += line + "\n"
+    counting = set(WAKE_COUNTERS)
+    grew = True
+    while grew:
+        grew = False
+        for function, body in bodies.items():
+            if function not in counting and any(re.search(rf"\b{c}\(", body) for c in counting):
+                counting.add(function)
+                grew = True
+    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    return any(re.search(rf"\b{c}\(", body) for c in counting)
+
+
+WAKING_SCRIPTS = frozenset(name for name in SCRIPT_NAMES if counts_wakes(name))
+"""The scripts that may count a wake (``counts_wakes``)."""
 
 
 @cache

@@ -19,13 +19,42 @@ from redis.exceptions import NoScriptError
 
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.replies import fleet as parse_fleet
 from celery_durable.broker.run_index import INDEXED_SCRIPTS, IndexWrites
-from celery_durable.broker.scripts import Clock, Scripts, now_ms
+from celery_durable.broker.scripts import WAKING_SCRIPTS, Clock, Scripts, now_ms
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
 
 ALONE = object()
 """In place of a pipelined reply: run that call again by itself."""
+
+WATCHED_CALLERS = {
+    "activate": "a pass, whose message is counted in flight",
+    "agent_call": "an agent turn's message, counted in flight",
+    "agent_finish": "an agent turn's message, counted in flight",
+    "agent_start": "an agent turn's message, counted in flight",
+    "complete_begin": "a branch task, counted in flight",
+    "complete_branch": "a branch task, counted in flight",
+    "heartbeat": "a task counted in flight",
+    "requeue": "a message counted in flight, which it replaces",
+    "sending": "a pass or a branch task, counted in flight",
+    "task_end": "a task counted in flight, which it ends",
+    "examine": "the sweep, which has claimed the run (claim_due.lua)",
+}
+"""The scripts that count wakes only for a caller the sweep already watches
+the run for, and why: a run with a message counted in flight is never left
+unscheduled (only a run that waits with nothing in flight is), and the sweep
+writes its own verdict (looked.lua)."""
+
+LOOK_FIRST = WAKING_SCRIPTS - WATCHED_CALLERS.keys()
+"""Every other script that may count a wake (create a run, resume it, cancel,
+pause, signal, a child's end, a call's answer: callers from outside the
+run's work, or a new script nobody classed) runs only once the run has a look
+scheduled no later than a lease from now (``_run``). The wake it counts is
+published after it returns; should its caller die before that, the sweep
+finds the counted message gone and the run goes on (liveness in
+_prelude.lua). A script is safe by default: leaving it out of
+``WATCHED_CALLERS`` costs a command, never a run."""
 
 
 class StoreCore:
@@ -63,16 +92,40 @@ class StoreCore:
         """Script ``name``'s raw reply, for the parse function of the same name
         in ``replies``; a script that may change a run's status or waiting
         summary brings its namespace's indexes in line too (run_index.py)."""
+        if name in LOOK_FIRST:
+            return self._look_then_run(name, keys, args)
+        return self._run_alone(name, keys, args)
+
+    def _run_alone(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if name in INDEXED_SCRIPTS:
             return self.indexes.run(name, keys, args)
         with storage_errors():
             return self._scripts[name](keys=list(keys), args=list(args))
 
-    def _run_and_look(self, name: str, keys: Sequence[str], args: Sequence[Any], run_id: str, now: int) -> Any:
-        """Run a script, and have the sweep look at the run a lease from
-        ``now`` at the latest (the schedule is a hint, in a slot of its own)."""
-        at_ms = now + self.lease_ms
-        return self._run_with(name, keys, args, lambda pipe: pipe.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=True))
+    def _look_then_run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Script ``name`` of ``LOOK_FIRST``, once its run (``keys[0]``) has a
+        look scheduled a lease from now at the latest: in the same round trip
+        on one Redis, the look first; before it on a Cluster, where the
+        sweep's schedule lives in a slot of its own."""
+        run_id = self.keys.run_id_of(keys[0])
+        at_ms = self.clock() + self.lease_ms
+        if name in INDEXED_SCRIPTS or isinstance(self.client, RedisCluster):
+            self.look([run_id], at_ms)
+            return self._run_alone(name, keys, args)
+        look, script = self._scripts["look"], self._scripts[name]
+        with storage_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(look.sha, 1, self.keys.sweep_due, at_ms, run_id)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            looked, reply = pipe.execute(raise_on_error=False)
+            if isinstance(looked, Exception):  # not loaded (a restarted Redis), or Redis refused it: alone
+                self.look([run_id], at_ms)
+                return self._run_alone(name, keys, args)
+            if isinstance(reply, NoScriptError):
+                reply = script(keys=list(keys), args=list(args))
+            elif isinstance(reply, Exception):
+                raise reply
+        return reply
 
     def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
         """Run a script, then ``writes`` (commands on keys outside its slot,
@@ -112,6 +165,7 @@ class StoreCore:
         breaks the whole pipelined read: then each call runs alone."""
         if not calls:
             return []
+        assert name not in LOOK_FIRST, name
         if name in INDEXED_SCRIPTS:
             # Each call with its index sync (run_index.py): one transaction on
             # one Redis; on a Cluster each call alone, through ``_run``.
@@ -198,22 +252,28 @@ class StoreCore:
 
     def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
         """Have the sweep look at the run at ``at_ms``; ``sooner_only`` never
-        puts off a look already scheduled earlier."""
-        with storage_errors():
-            self.client.zadd(self.keys.sweep_due, {run_id: at_ms}, lt=sooner_only)
-
-    def reschedule(self, looks: dict[str, int], done: Sequence[str]) -> None:
-        """Many runs' next looks at once (``schedule_check`` for each of
-        ``looks``, ``unschedule`` for each of ``done``): one round trip."""
-        if not looks and not done:
+        puts off a look already scheduled earlier (``look``)."""
+        if sooner_only:
+            self.look([run_id], at_ms)
             return
         with storage_errors():
-            pipe = self.client.pipeline(transaction=False)
-            if looks:
-                pipe.zadd(self.keys.sweep_due, looks)
-            if done:
-                pipe.zrem(self.keys.sweep_due, *done)
-            pipe.execute()
+            self.client.zadd(self.keys.sweep_due, {run_id: at_ms})
+
+    def look(self, run_ids: Sequence[str], at_ms: int) -> None:
+        """Have the sweep look at the runs by ``at_ms`` at the latest, a
+        sweeper's claim on them notwithstanding (``look.lua``)."""
+        if run_ids:
+            parse_fleet.look(self._run_alone("look", [self.keys.sweep_due], [at_ms, *run_ids]))
+
+    def looked(self, claim: str, looks: dict[str, int], done: Sequence[str]) -> None:
+        """What a sweep found of the runs it claimed (``claim``, the score
+        ``claim_due`` left): each one's next look, or none for ``done``; a run
+        whose look was asked for meanwhile keeps it (``looked.lua``)."""
+        if not looks and not done:
+            return
+        pairs: list[Any] = [item for run_id, at_ms in looks.items() for item in (run_id, at_ms)]
+        pairs += [item for run_id in done for item in (run_id, "")]
+        parse_fleet.looked(self._run_alone("looked", [self.keys.sweep_due], [claim, *pairs]))
 
     def unschedule(self, run_id: str) -> None:
         with storage_errors():

@@ -57,7 +57,6 @@ class EngineChildren:
             created_ms = store.now_ms()
             if store.create_run(request.run_id, self._fields(request, created_ms), message):
                 store.index_run(parent.namespace, request.run_id, None)
-                store.schedule_check(request.run_id, created_ms + store.lease_ms)
                 self._send(request, message)
                 return ChildState(True, "pending")
             record = store.load_run(request.run_id)
@@ -174,7 +173,6 @@ def tell_parent(
         done = store.tell_parent(parent_id, child.namespace, key, child.run_id, outcome, prefix)
         if done.verdict is DoneVerdict.OK and done.owner is not None:
             engine.wake(parent_id, done.epoch, done.workflow, done.owner, f"{prefix}-1")
-            store.schedule_check(parent_id, store.now_ms() + store.lease_ms, sooner_only=True)
         store.unschedule(child.run_id)
     except (DurableError, OSError) as exc:
         logger.warning("child run %s ended %s; its parent %s is told later: %s", child.run_id, status, parent_id, exc)

@@ -282,7 +282,7 @@ class RecoverySweep:
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if not due.runs:
             return due.next_due
-        self._look(due.runs, store.queue_room(), now)
+        self._look(due.runs, due.claim, store.queue_room(), now)
         telemetry.sweep_pass(len(due.runs), time.monotonic() - begun)
         return now if len(due.runs) == BATCH else due.next_due
 
@@ -294,7 +294,7 @@ class RecoverySweep:
         self._next_prune = time.monotonic() + PRUNE_SECONDS
         self.engine.store.prune_expired(now, BATCH)
 
-    def _look(self, run_ids: Sequence[str], room: str, now: int) -> None:
+    def _look(self, run_ids: Sequence[str], claim: str, room: str, now: int) -> None:
         """Look at the runs claimed, all at once: a timer burst costs a few
         round trips a batch, not a few a run. Their scripts run in one
         pipeline (``examine_each``: each fires its run's due timers, fenced
@@ -334,10 +334,10 @@ class RecoverySweep:
             if examined.verdict is Liveness.DEAD:
                 dead.append((run_id, examined))
             elif examined.next_check is None:
-                done.append(run_id)  # waits for a signal: whoever sends it schedules a look
+                done.append(run_id)  # waits for a signal: its sender asks a look first (store_core.LOOK_FIRST)
             else:
                 looks[run_id] = examined.next_check
-        store.reschedule(looks, done)
+        store.looked(claim, looks, done)
         self.engine.send_wakes(wakes)
         for run_id, examined in dead:
             self._dead(run_id, examined)

@@ -200,7 +200,7 @@ class WorkflowTestEnvironment:
     def cancel(self, run_id: str) -> RunEnvelope:
         """Request cancellation and drive the run until it settles; a waiting
         run settles at once, without waiting for its timer or signal."""
-        self.client._request(run_id, self.engine.store.cancel)
+        self.client._ask_cancel(run_id)
         self._fleet.drive()
         return self.get(run_id)
 
@@ -208,7 +208,7 @@ class WorkflowTestEnvironment:
         """Request a pause and drive the run until it settles as paused; a
         waiting run pauses at once, and ``resume`` continues its wait with the
         original due time."""
-        self.client._request(run_id, self.engine.store.pause)
+        self.client._ask_pause(run_id)
         self._fleet.drive()
         return self.get(run_id)
 

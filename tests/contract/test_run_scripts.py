@@ -363,3 +363,31 @@ def test_a_request_with_nothing_in_flight_to_act_on_it_is_not_a_wait() -> None:
     examined = run.examine()
     assert examined.verdict == "dead"
     assert examined.detail == "a cancel it was asked for has nothing in flight to act on it"
+
+
+def test_a_look_asked_for_while_the_sweep_looks_outlives_its_verdict() -> None:
+    """The sweep claims a run, finds it waiting with nothing due, and drops it
+    from its schedule (``looked.lua``): unless, meanwhile, a script that counts
+    a wake had its look scheduled first (``look.lua``) — a signal's, whose
+    caller may die before it publishes the wake."""
+    run = Run(Clock(), "first")
+    store, due = run.store, run.store.keys.sweep_due
+    sweep_due = lambda: store.client.zscore(due, run.run_id)  # noqa: E731
+    assert sweep_due() == 10_000 + store.lease_ms, "create_run had its look scheduled first"
+
+    claimed = store.claim_due(10_000 + store.lease_ms, 10, 15_000)
+    assert claimed.runs == [run.run_id]
+    store.looked(claimed.claim, {}, [run.run_id])
+    assert sweep_due() is None, "a run left as claimed takes the sweep's verdict"
+
+    store.schedule_check(run.run_id, 0)
+    claimed = store.claim_due(10_000, 10, 15_000)
+    run.clock.now = 20_000
+    store.look([run.run_id], run.clock.now + store.lease_ms)  # a signal's look, after the examine
+    assert sweep_due() == 20_000 + store.lease_ms, "a look replaces a claim, though later than it"
+    store.looked(claimed.claim, {}, [run.run_id])
+    assert sweep_due() == 20_000 + store.lease_ms, "the stale verdict kept the look asked for"
+    store.looked(claimed.claim, {run.run_id: 21_000}, [])
+    assert sweep_due() == 21_000, "a verdict of a sooner look still takes the sooner one"
+    store.look([run.run_id], 90_000)
+    assert sweep_due() == 21_000, "a look never puts off a sooner one"

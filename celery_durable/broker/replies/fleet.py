@@ -14,19 +14,35 @@ from celery_durable.broker.replies.shape import count, script
 @dataclass(frozen=True, slots=True)
 class DueRuns:
     """``claim_due.lua``'s answer: the runs due now, handed to this sweeper
-    alone for a while, and when the next run falls due (None: none is scheduled)."""
+    alone for a while, and when the next run falls due (None: none is scheduled).
+    ``claim`` is the score the claim left on them, as ``looked.lua`` is told it."""
 
     runs: list[str]
     next_due: int | None
+    claim: str = ""
 
 
 @script("claim_due")
 def claim_due(reply: Any) -> DueRuns:
-    """claim_due.lua: {next due score or '', run id, run id, ...}."""
+    """claim_due.lua: {next due score or '', the claim's score, run id, run id, ...}."""
+    float(reply[1])  # a claim's score is a number, or the reply is not claim_due's
     return DueRuns(
-        runs=[str(run_id) for run_id in reply[1:]],
+        runs=[str(run_id) for run_id in reply[2:]],
         next_due=int(float(reply[0])) if reply[0] not in ("", None) else None,
+        claim=str(reply[1]),
     )
+
+
+@script("look")
+def look(reply: Any) -> int:
+    """look.lua: how many runs' looks moved."""
+    return count(reply)
+
+
+@script("looked")
+def looked(reply: Any) -> int:
+    """looked.lua: how many runs had a look asked for while the sweep looked at them."""
+    return count(reply)
 
 
 @script("claim_dead_workers")

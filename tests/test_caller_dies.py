@@ -1,0 +1,97 @@
+"""A caller that dies between a script that counted a wake and the wake's
+publish (issue 35): the run still receives what was asked (SPEC §3: a
+signal, cancel or pause is durable before anything is published for it).
+
+The caller is a real process whose every publish ends it (``os._exit``), as a
+client killed at that instant would. The run waited with nothing due, so
+the sweep no longer watched it; what brings it back is the look the store
+scheduled before the script counted the wake (``store_core.LOOK_FIRST``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from celery_durable import Settings
+from celery_durable.broker.scripts import SCRIPT_NAMES, WAKING_SCRIPTS
+from celery_durable.broker.store_core import LOOK_FIRST, WATCHED_CALLERS
+from tests.apps.waits import await_signal
+from tests.conftest import DurableFactory
+from tests.test_publish_failures import waiting_for_the_signal
+
+DIES_AT_PUBLISH = 3
+
+CALLER = textwrap.dedent(
+    """
+    import os, sys
+    from celery_durable import Engine, Settings
+    from tests.apps.waits import await_signal
+
+    settings = Settings.model_validate_json(sys.argv[1])
+    engine = Engine([await_signal], settings)
+
+    def die(*_args, **_kwargs):
+        os._exit({code})
+
+    engine.sender.send = die
+    engine.sender.send_call = die
+    client = engine.client()
+    if sys.argv[3] == "signal":
+        client.signal_workflow_run(sys.argv[2], "go", {{"by": "ops"}})
+    else:
+        client.cancel_workflow_run(sys.argv[2], timeout=1)
+    os._exit(0)
+    """
+).format(code=DIES_AT_PUBLISH)
+
+
+def _caller_dies(settings: Settings, run_id: str, request: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CALLER, settings.model_dump_json(), run_id, request],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == DIES_AT_PUBLISH, f"the caller did not die at its publish: {done.stderr[-2000:]}"
+
+
+def _deadline(settings: Settings) -> float:
+    """A look a lease later, the counted message found gone (a queue seen
+    empty two seconds after it was due, then five to start), a take-over, a
+    pass: about three leases; six allow a loaded machine."""
+    return 6 * settings.lease_seconds + 10
+
+
+@pytest.mark.parametrize("request_kind", ["signal", "cancel"])
+def test_a_run_whose_caller_dies_at_the_publish_goes_on_by_itself(
+    durable: DurableFactory, request_kind: str
+) -> None:
+    d = durable([await_signal])
+    run_id = d.client.start_workflow("await-signal")
+    waiting_for_the_signal_go(d, run_id)
+    _caller_dies(d.settings, run_id, request_kind)
+    done = d.client.wait_for_workflow_run(run_id, timeout=_deadline(d.settings))
+    if request_kind == "signal":
+        assert (done.status, done.result) == ("completed", {"before": "journaled", "payload": {"by": "ops"}})
+    else:
+        assert done.status == "cancelled"
+    assert done.attempt == 2, "taken over by the sweep, which found the counted message gone"
+
+
+def waiting_for_the_signal_go(d: object, run_id: str) -> None:
+    """Until the sweep no longer watches the run: only the signal brings it back."""
+    waiting_for_the_signal(d, run_id, name="go")
+
+
+def test_every_script_that_counts_a_wake_has_its_look_first_or_a_watched_caller() -> None:
+    """``LOOK_FIRST`` is derived: a script that counts a wake (read from the
+    Lua) has the look first unless its callers are named as watched."""
+    assert set(SCRIPT_NAMES) >= WAKING_SCRIPTS
+    assert set(WATCHED_CALLERS) <= WAKING_SCRIPTS, "a watched caller named for a script that counts no wake"
+    assert WAKING_SCRIPTS - set(WATCHED_CALLERS) == LOOK_FIRST
+    for outside in ("signal", "cancel", "pause", "child_done", "call_done", "create_run", "resume"):
+        assert outside in LOOK_FIRST, outside
