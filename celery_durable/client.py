@@ -16,6 +16,7 @@ from celery_durable import progress as paging
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
+from celery_durable.broker.schema import MAIN
 from celery_durable.errors import (
     RunNotFoundError,
     StorageUnavailableError,
@@ -33,6 +34,7 @@ from celery_durable.run_views import (
 )
 from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
@@ -398,9 +400,7 @@ class Client:
         non-resumable run refuses it with a ``ValueError`` naming its status.
         """
         check_signal_name(name)
-        payload_json = jsonvalue.encode_payload(
-            payload, self.engine.settings.max_payload_bytes, noun="Signal payload"
-        )
+        payload_json = jsonvalue.encode_payload(payload, self.engine.settings.max_payload_bytes, noun="Signal payload")
         record = self._record(run_id)
         prefix = new_task_id()
         answer = self.engine.store.signal(record.run_id, record.namespace, name, payload_json, prefix)
@@ -409,8 +409,7 @@ class Client:
         if answer.verdict is SignalVerdict.REFUSED:
             detail = " and cannot be resumed" if answer.status == "error" else ""
             raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
-        for n, owner in enumerate(answer.owners, start=1):
-            self._wake(record.run_id, answer.epoch, record.workflow, owner, f"{prefix}-{n}")
+        self._deliver(woken(record.run_id, answer.epoch, record.workflow, answer.owners, prefix))
 
     def resume_workflow(
         self,
@@ -425,9 +424,7 @@ class Client:
         self._resume(run_id, limits, force=force, allow_code_change=allow_code_change)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
-    def _resume(
-        self, run_id: str, limits: dict[str, Any] | None, *, force: bool, allow_code_change: bool
-    ) -> None:
+    def _resume(self, run_id: str, limits: dict[str, Any] | None, *, force: bool, allow_code_change: bool) -> None:
         """Give the run a new attempt and send its first coordinator message."""
         if limits is not None:
             try:
@@ -468,10 +465,11 @@ class Client:
         examined = self.engine.store.examine(record.run_id, self.engine.store.queue_room())
         return examined is not None and examined.alive
 
-    def _wake(self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str) -> None:
+    def _deliver(self, wakes: list[Wake]) -> None:
         try:
-            self.engine.wake(run_id, epoch, workflow, owner, task_id)
+            self.engine.deliver(wakes)
         except (KombuError, OSError, redis.exceptions.RedisError) as exc:
+            run_id = wakes[0].run_id
             raise StorageUnavailableError(
                 f"The broker refused a message of run {run_id} ({type(exc).__name__}: {exc}); "
                 "the signal is kept and the run is woken again within lease_seconds once the broker is back"
@@ -486,13 +484,12 @@ class Client:
         idempotency key).
         """
         try:
-            self.engine.send_coordinator(run_id, epoch, workflow, task_id=task_id)
+            self.engine.deliver([Wake(run_id, epoch, workflow, MAIN, task_id or new_task_id())])
         except (KombuError, OSError, redis.exceptions.RedisError) as exc:
             raise StorageUnavailableError(
                 f"The broker refused the coordinator message of run {run_id} ({type(exc).__name__}: {exc}); "
                 "the run is kept and is sent again within lease_seconds once the broker is back"
             ) from None
-
 
 
 def _plausible_run_id(run_id: str) -> bool:

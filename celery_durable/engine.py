@@ -31,6 +31,7 @@ from celery_durable.tasks.sending import (
     coordinator_message,
     first_chunks,
 )
+from celery_durable.tasks.wakes import Wake
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
@@ -186,30 +187,25 @@ class Engine:
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
         self.sender.send_call(self, record, request)
 
-    def wake(
-        self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, home: Queue | None = None
-    ) -> None:
-        """Send the message that continues ``owner`` of a run: a coordinator
-        pass ("m"), to ``home`` when given (and watched there,
-        ``HomeWakes``), or the branch task of a top-level branch ("<call>/<j>")."""
-        self._publish([self.wake_message(run_id, epoch, workflow, owner, task_id, home)])
-        if owner == MAIN and home is not None:
-            self.home_wakes.watch(run_id, epoch, workflow, task_id)
+    def deliver(self, wakes: Sequence[Wake]) -> None:
+        """Send the messages of ``wakes``, the one way a counted wake is sent:
+        many runs' together (one connection, one round trip where the broker
+        batches publishes: kombu's Redis transport); a main body's sent to its
+        home is watched there (``HomeWakes``)."""
+        if not wakes:
+            return
+        self._publish([self._wake_message(wake) for wake in wakes])
+        for wake in wakes:
+            if wake.owner == MAIN and wake.home is not None:
+                self.home_wakes.watch(wake.run_id, wake.epoch, wake.workflow, wake.task_id)
 
-    def wake_message(
-        self, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, home: Queue | None = None
-    ) -> Outgoing:
-        """The message ``wake`` sends; the sweep sends many of them at once (``send_wakes``)."""
-        if owner == MAIN:
-            return coordinator_message(self.settings, run_id, epoch, workflow, task_id=task_id, queue=home)
-        call, branch = branch_of(owner)
-        return branch_messages(self.settings, run_id, epoch, workflow, call, [branch], [task_id])[0]
-
-    def send_wakes(self, messages: Sequence[Outgoing]) -> None:
-        """Send wake messages of many runs together (one connection, and one
-        round trip where the broker batches publishes: kombu's Redis transport)."""
-        if messages:
-            self._publish(messages)
+    def _wake_message(self, wake: Wake) -> Outgoing:
+        if wake.owner == MAIN:
+            return coordinator_message(
+                self.settings, wake.run_id, wake.epoch, wake.workflow, task_id=wake.task_id, queue=wake.home
+            )
+        call, branch = branch_of(wake.owner)
+        return branch_messages(self.settings, wake.run_id, wake.epoch, wake.workflow, call, [branch], [wake.task_id])[0]
 
     def count_refused(self) -> None:
         """Count a task message refused by the fence (stale epoch or forged run)."""

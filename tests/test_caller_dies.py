@@ -10,9 +10,11 @@ scheduled before the script counted the wake (``store_core.LOOK_FIRST``).
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from tests.conftest import DurableFactory
 from tests.test_publish_failures import waiting_for_the_signal
 
 DIES_AT_PUBLISH = 3
+PACKAGE = Path(__file__).resolve().parent.parent / "celery_durable"
 
 CALLER = textwrap.dedent(
     """
@@ -67,9 +70,7 @@ def _deadline(settings: Settings) -> float:
 
 
 @pytest.mark.parametrize("request_kind", ["signal", "cancel"])
-def test_a_run_whose_caller_dies_at_the_publish_goes_on_by_itself(
-    durable: DurableFactory, request_kind: str
-) -> None:
+def test_a_run_whose_caller_dies_at_the_publish_goes_on_by_itself(durable: DurableFactory, request_kind: str) -> None:
     d = durable([await_signal])
     run_id = d.client.start_workflow("await-signal")
     waiting_for_the_signal_go(d, run_id)
@@ -95,3 +96,46 @@ def test_every_script_that_counts_a_wake_has_its_look_first_or_a_watched_caller(
     assert WAKING_SCRIPTS - set(WATCHED_CALLERS) == LOOK_FIRST
     for outside in ("signal", "cancel", "pause", "child_done", "call_done", "create_run", "resume"):
         assert outside in LOOK_FIRST, outside
+
+
+def _store_methods_running(scripts: frozenset[str]) -> set[str]:
+    """The store's methods that run one of ``scripts`` (``self._run("name", …)``)."""
+    methods: set[str] = set()
+    for path in (PACKAGE / "broker").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for call in ast.walk(node):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr in ("_run", "_run_each")
+                    and call.args
+                    and isinstance(call.args[0], ast.Constant)
+                    and call.args[0].value in scripts
+                ):
+                    methods.add(node.name)
+    return methods
+
+
+def test_every_wake_counted_from_outside_a_run_is_sent_by_deliver() -> None:
+    """A module that runs a script of ``LOOK_FIRST`` (a signal, a cancel, a
+    child's end, a start, a take-over…) sends what it woke through
+    ``Engine.deliver`` alone, never a sender of its own."""
+    methods = _store_methods_running(LOOK_FIRST)
+    assert {"signal", "cancel", "tell_parent", "create_run", "resume"} <= methods
+    callers = []
+    for path in PACKAGE.rglob("*.py"):
+        if "broker" in path.parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        called = {func.attr for func in calls if isinstance(func, ast.Attribute)}
+        on_store = {
+            func.attr for func in calls if isinstance(func, ast.Attribute) and ast.unparse(func.value).endswith("store")
+        }
+        if on_store & methods:
+            callers.append(path.relative_to(PACKAGE))
+            around = called & {"send_coordinator", "send_branches", "send_agent", "_publish", "send"}
+            assert not around, f"{path.relative_to(PACKAGE)} counts wakes and sends them around deliver: {around}"
+    assert len(callers) >= 4, callers

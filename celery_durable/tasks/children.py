@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.child_types import DoneVerdict
 from celery_durable.broker.replies.control import RequestVerdict
+from celery_durable.broker.schema import MAIN
 from celery_durable.errors import DurableError, StorageError
 from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.workflows.children import ChildRequest, ChildState
 from celery_durable.workflows.definition import Workflow, registered_workflow
 
@@ -96,7 +98,7 @@ class EngineChildren:
 
     def _send(self, request: ChildRequest, message: str) -> None:
         try:
-            self._engine.send_coordinator(request.run_id, 1, request.workflow.name, task_id=message)
+            self._engine.deliver([Wake(request.run_id, 1, request.workflow.name, MAIN, message)])
         except Exception as exc:  # kombu/amqp connection errors have no common base
             # Forgotten as it failed (Engine._publish), and the sweep looks at
             # the child now: with nothing in flight, it takes it over and sends it.
@@ -117,7 +119,7 @@ def cancel_child(
     message = new_task_id()
     answer = store.cancel(run_id, parent.namespace, message)
     if answer.verdict is RequestVerdict.REQUESTED:
-        engine.send_coordinator(run_id, answer.epoch, workflow, task_id=message)
+        engine.deliver([Wake(run_id, answer.epoch, workflow, MAIN, message)])
         return None
     if answer.verdict is RequestVerdict.SETTLED:
         record = store.load_run(run_id)
@@ -172,7 +174,7 @@ def tell_parent(
     try:
         done = store.tell_parent(parent_id, child.namespace, key, child.run_id, outcome, prefix)
         if done.verdict is DoneVerdict.OK and done.owner is not None:
-            engine.wake(parent_id, done.epoch, done.workflow, done.owner, f"{prefix}-1")
+            engine.deliver(woken(parent_id, done.epoch, done.workflow, [done.owner], prefix))
         store.unschedule(child.run_id)
     except (DurableError, OSError) as exc:
         logger.warning("child run %s ended %s; its parent %s is told later: %s", child.run_id, status, parent_id, exc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kombu import Queue  # type: ignore[attr-defined]
@@ -32,6 +33,7 @@ from celery_durable.tasks.branch import run_branch_task
 from celery_durable.tasks.coordinator import TakenPass, run_coordinator_task
 from celery_durable.tasks.retrying import shutting_down
 from celery_durable.tasks.wake_route import Home, Owner, WakeFacts, Where, route
+from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.workflows.parking import ParkedBody
 
 if TYPE_CHECKING:
@@ -121,15 +123,16 @@ def wake_owners(
     ``route`` says: at most one of them here, after the others are sent.
     ``home_queue`` is the queue of the home the answer named."""
     here: tuple[str, str] | None = None
-    for n, owner in enumerate(owners, start=1):
-        task_id = f"{prefix}-{n}"
-        verdict = route(gather(engine, run_id, epoch, workflow, owner, home, slot_taken=here is not None))
+    sent: list[Wake] = []
+    for wake in woken(run_id, epoch, workflow, owners, prefix):
+        verdict = route(gather(engine, run_id, epoch, workflow, wake.owner, home, slot_taken=here is not None))
         if verdict.wait_let_go:
             engine.parked.wait_let_go(run_id, LET_GO_SECONDS)
         if verdict.where is Where.HERE:
-            here = owner, task_id
+            here = wake.owner, wake.task_id
         else:
-            engine.wake(run_id, epoch, workflow, owner, task_id, home_queue if verdict.where is Where.HOME else None)
+            sent.append(replace(wake, home=home_queue) if verdict.where is Where.HOME else wake)
+    engine.deliver(sent)
     if here is not None:
         _continue_here(engine, run_id, epoch, workflow, *here)
 
@@ -164,7 +167,7 @@ def _continue_here(
         # The message this replaced was never sent: send it now, under the
         # same id, and a worker picks the work up where this one stopped.
         logger.exception("run %s: continuing %s in place failed; its message is sent instead", run_id, owner)
-        engine.wake(run_id, epoch, workflow, owner, task_id)
+        engine.deliver([Wake(run_id, epoch, workflow, owner, task_id)])
 
 
 def _run_here(

@@ -49,12 +49,13 @@ from celery_durable.broker import RunRecord, now_ms
 from celery_durable.broker.fleet_store import TakeOverNote
 from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.run_control import Stop
+from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.tasks.queue_depths import BrokerQueues
-from celery_durable.tasks.sending import Outgoing
+from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.workflows import jsonvalue
 
 if TYPE_CHECKING:
@@ -311,7 +312,7 @@ class RecoverySweep:
         prefixes = [new_task_id() for _ in run_ids]
         looks: dict[str, int] = {}
         done: list[str] = []
-        wakes: list[Outgoing] = []
+        wakes: list[Wake] = []
         dead: list[tuple[str, Examined]] = []
         examined_each = store.examine_each(run_ids, room, prefixes)
         for run_id, prefix, examined in zip(run_ids, prefixes, examined_each, strict=True):
@@ -327,10 +328,7 @@ class RecoverySweep:
                     settled_child(self.engine, run_id)  # a child whose parent may not know yet
                 done.append(run_id)  # gone, or settled: nothing to watch
                 continue
-            wakes += [  # timers that fell due
-                self.engine.wake_message(run_id, examined.epoch, examined.workflow, owner, f"{prefix}-{n}")
-                for n, owner in enumerate(examined.woken, start=1)
-            ]
+            wakes += woken(run_id, examined.epoch, examined.workflow, examined.woken, prefix)  # timers due
             if examined.verdict is Liveness.DEAD:
                 dead.append((run_id, examined))
             elif examined.next_check is None:
@@ -338,7 +336,7 @@ class RecoverySweep:
             else:
                 looks[run_id] = examined.next_check
         store.looked(claim, looks, done)
-        self.engine.send_wakes(wakes)
+        self.engine.deliver(wakes)
         for run_id, examined in dead:
             self._dead(run_id, examined)
 
@@ -399,7 +397,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         return
     _note(engine, record, "recovered", cause, epoch)
     logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, cause, epoch)
-    engine.send_coordinator(run_id, epoch, record.workflow, task_id=message)
+    engine.deliver([Wake(run_id, epoch, record.workflow, MAIN, message)])
 
 
 def _note(engine: Engine, record: RunRecord, outcome: str, cause: str, epoch: int | None) -> None:

@@ -29,6 +29,7 @@ from celery_durable.tasks.app import BRANCH_TASK, new_task_id
 from celery_durable.tasks.calls import answer_fields, call_failed, call_succeeded
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.sending import Outgoing
+from celery_durable.tasks.wakes import woken
 from celery_durable.testing.crash import CrashPlan, SimulatedCrash
 from celery_durable.workflows.branches import NESTED_FANOUT_THREADS
 from celery_durable.workflows.calls import CallRequest
@@ -171,8 +172,7 @@ class Fleet:
             examined = store.examine(run_id, "", fire_prefix=prefix)
             if examined is None:
                 continue
-            for n, owner in enumerate(examined.woken, start=1):
-                self.engine.wake(run_id, examined.epoch, examined.workflow, owner, f"{prefix}-{n}")
+            self.engine.deliver(woken(run_id, examined.epoch, examined.workflow, examined.woken, prefix))
 
     # -- a called task (tasks/calls.py): run here, from the environment's tasks ---------
 
