@@ -244,6 +244,13 @@ class WorkflowTestEnvironment:
         self._fleet.drive()
         return self.get(run_id)
 
+    def busy(self, process: int, busy: bool = True) -> None:
+        """Make worker process ``process`` (from 1) take no message, every slot
+        taken, or (``busy=False``) take them again: what only it consumes —
+        its home queue — waits for it, and a home wake falls back to the
+        coordinator queue once the clock passes its 2 s (``HomeWakes``)."""
+        self._fleet.set_busy(self._fleet.workers[process - 1], busy)
+
     def trace(self) -> dict[str, int]:
         """What the production mechanisms did so far, counted: messages
         delivered by kind (``coordinator``, ``branch``, ``agent``, ``call``,

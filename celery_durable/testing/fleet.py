@@ -171,6 +171,8 @@ class InProcessWorker:
             self.queues |= {engine.home.name}
         self.home_wakes = VirtualHomeWakes(engine, now)
         engine.home_wakes = self.home_wakes
+        self.busy = False
+        """Every slot taken: it takes no message, and what only it consumes (its home) waits."""
 
     @property
     def home(self) -> str | None:
@@ -204,6 +206,8 @@ class Fleet:
         self.in_place = in_place
         """Whether a delivering thread knows what its worker consumes (``in_place.consuming``)."""
         self.queue: deque[Message] = deque()
+        self.waiting: list[Message] = []
+        """Messages no worker may take now (their only consumer is busy)."""
         self.trace = Trace()
         self.runs: list[str] = []
         """The runs the environment started, in order: the ones whose timers it fires."""
@@ -225,7 +229,9 @@ class Fleet:
                 if self.fanout == "threads" and _is_branch(batch[0]):
                     while self.queue and _is_branch(self.queue[0]):
                         batch.append(self.queue.popleft())
-                self._deliver_all([(self._worker_for(message), message) for message in batch])
+                chosen = [(self._worker_for(message), message) for message in batch]
+                self.waiting.extend(message for worker, message in chosen if worker is None)
+                self._deliver_all([(worker, message) for worker, message in chosen if worker is not None])
         finally:
             self.plan.revive()
             self._driving.release()
@@ -237,21 +243,35 @@ class Fleet:
             return self.engine.settings.coordinator_queue
         return message.request.queue or self.engine.celery.conf.task_default_queue
 
-    def _worker_for(self, message: Message) -> InProcessWorker:
+    def _worker_for(self, message: Message) -> InProcessWorker | None:
         """The worker that takes ``message``: the one whose home it names,
         else the next of those consuming its queue (every worker consumes
-        the user's task queues)."""
+        the user's task queues); None while every one of them is busy."""
         queue = self._queue_of(message)
         for worker in self.workers:
             if worker.home == queue:
+                if worker.busy:
+                    return None
                 self.trace.home_deliveries += 1
                 return worker
-        consumers = [w for w in self.workers if queue in w.queues] or self.workers
+        consumers = [w for w in self.workers if (queue in w.queues or not _durable(w, queue)) and not w.busy]
+        if not consumers:
+            return None
         turn = self._turns[queue]
         self._turns[queue] += 1
         return consumers[turn % len(consumers)]
 
+    def set_busy(self, worker: InProcessWorker, busy: bool) -> None:
+        """Make ``worker`` take no message (``busy``), or take them again:
+        what waited for it goes back to the queues, first."""
+        worker.busy = busy
+        if not busy:
+            self.queue.extendleft(reversed(self.waiting))
+            self.waiting.clear()
+
     def _deliver_all(self, batch: Sequence[tuple[InProcessWorker, Message]]) -> None:
+        if not batch:
+            return
         if len(batch) == 1:
             self._deliver_guarded(*batch[0])
             return
@@ -310,6 +330,7 @@ class Fleet:
         remaining = [message for message in self.queue if _run_of(message) != run_id]
         self.queue.clear()
         self.queue.extend(remaining)
+        self.waiting[:] = [message for message in self.waiting if _run_of(message) != run_id]
 
     def alive(self, run_id: str, epoch: int) -> bool:
         """The attempt did not crash."""
@@ -384,6 +405,14 @@ class Fleet:
             call_failed(engine, (None, message.error, None), dict(message.answer), message.home)
         else:
             call_succeeded(engine, (message.value,), dict(message.answer), message.home)
+
+
+def _durable(worker: InProcessWorker, queue: str) -> bool:
+    """Whether ``queue`` is one of the engine's own (a user's task queue is not)."""
+    settings = worker.engine.settings
+    return queue in (settings.coordinator_queue, settings.steps_queue, settings.agents_queue) or queue.startswith(
+        f"{settings.coordinator_queue}."
+    )
 
 
 _KINDS = {COORDINATOR_TASK: "coordinator", BRANCH_TASK: "branch", AGENT_TASK: "agent"}
