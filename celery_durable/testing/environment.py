@@ -6,8 +6,10 @@ real semantics underneath, because it is the engine: a real ``Engine`` and
 its ``Client`` on the real Lua scripts, on a private ``redis-server`` the
 environment starts itself (``testing.server``: one per test process, each
 environment under a key prefix of its own), and the engine's own task
-bodies, fed from a queue in this process (``testing.fleet``) instead of
-Celery. Calls are synchronous: each one drives the run as far as it goes
+bodies, fed from named queues in this process (``testing.fleet``: one or
+more worker processes, each an engine of its own) instead of Celery, with
+the production mechanisms on unless a test switches them off
+(``testing.mechanisms``). Calls are synchronous: each one drives the run as far as it goes
 before it returns.
 
 Time is virtual and skips, as with Temporal's time-skipping test server: a

@@ -20,6 +20,7 @@ decisions add up to.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 
 from celery_durable import AgentRequest, FunctionRunner, WorkflowContext, workflow
+from celery_durable.tasks.in_place import consumes, consuming
 from celery_durable.testing import Mechanisms, WorkflowTestEnvironment
 
 STEPS = 5
@@ -232,3 +234,23 @@ def test_a_home_wake_not_started_in_time_goes_to_the_coordinator_queue() -> None
 def _name(m: Mechanisms) -> str:
     on = [s for s in ("in_place", "kept", "home", "inline") if getattr(m, s)]
     return f"{'+'.join(on) or 'none'}-p{m.processes}"
+
+
+def test_a_thread_consumes_what_its_worker_consumes_and_no_other_thread_does() -> None:
+    """The one seam ``in_place.consumes`` answers from: outside any task
+    nothing; inside the fleet's delivery its worker's queues, in that thread
+    only (a kept body's thread, or the sweep's, consumes nothing)."""
+    env = WorkflowTestEnvironment([steps])
+    engine, queue = env.engine, env.settings.coordinator_queue
+    assert not consumes(engine, queue)
+    seen: list[bool] = []
+    with consuming({queue}):
+        assert consumes(engine, queue) and not consumes(engine, env.settings.agents_queue + ".other")
+        other = threading.Thread(target=lambda: seen.append(consumes(engine, queue)))
+        other.start()
+        other.join()
+        with consuming(set()):
+            assert not consumes(engine, queue)
+        assert consumes(engine, queue)
+    assert seen == [False]
+    assert not consumes(engine, queue)
