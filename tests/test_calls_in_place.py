@@ -259,8 +259,8 @@ def test_a_kept_body_of_a_settled_run_is_let_go_and_its_wake_is_not_counted_as_r
 def test_a_branch_of_one_call_costs_five_scripts(settings: Settings) -> None:
     """Per branch of one call: the call (``call.lua``), its answer
     (``call_done``, after the run's look: ``look.lua``, in the same round
-    trip, since the answer may wake a run nothing else watches), and the woken branch task's start (``branch_start``: the
-    run record, its lease, its outcome and its sequence in one script) and
+    trip, since the answer may wake a run nothing else watches), and the
+    woken branch task's start (``branch_start``: the run record, its lease, its outcome and its sequence in one script) and
     end (``complete_branch`` ending its message). Separately, the woken task
     cost four scripts and three plain reads (load_run,
     task_start, read_sequences, two HMGETs, complete_branch, task_end)."""

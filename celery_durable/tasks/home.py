@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
@@ -98,6 +99,20 @@ def home_of(engine: Engine, name: str | None) -> tuple[Home, Queue | None]:
     return Home.ELSEWHERE, home_queue(engine.celery, engine.settings, name)
 
 
+def has_home(engine: Engine, *, prefork: bool, consumed: Collection[str]) -> bool:
+    """Whether a worker process of ``engine`` gets a home queue: home queues
+    on, bodies kept, one process per node (not a prefork pool's child), and
+    the coordinator queue consumed (else it keeps no bodies). A Celery
+    worker asks at its start (``install``), the in-process test fleet for
+    each of its processes."""
+    return (
+        engine.settings.home_queues
+        and engine.parked.enabled
+        and not prefork
+        and engine.settings.coordinator_queue in consumed
+    )
+
+
 def install(engine: Engine) -> None:
     """Give each worker of ``engine``'s app a home queue it consumes."""
 
@@ -113,12 +128,8 @@ def install(engine: Engine) -> None:
             super().__init__(worker, **kwargs)
             pool = getattr(worker, "pool_cls", None)
             queues = worker.app.amqp.queues
-            if (
-                not engine.settings.home_queues
-                or not engine.parked.enabled
-                or "prefork" in str(getattr(pool, "__module__", pool))
-                or engine.settings.coordinator_queue not in queues.consume_from  # it keeps no bodies
-            ):
+            prefork = "prefork" in str(getattr(pool, "__module__", pool))
+            if not has_home(engine, prefork=prefork, consumed=queues.consume_from):
                 return
             name = home_name(engine.settings, worker.hostname)
             engine.home = queues.select_add(home_queue(worker.app, engine.settings, name))

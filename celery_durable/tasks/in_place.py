@@ -19,10 +19,12 @@ module gathers what that decision needs (``gather``) and carries it out
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kombu import Queue  # type: ignore[attr-defined]
 
@@ -46,16 +48,45 @@ LET_GO_SECONDS = 5.0
 run's lock, its very next step; past that, the wake goes on as it would."""
 
 
-def consumes(engine: Engine, queue: str) -> bool:
-    """True while this thread runs a task of a worker that consumes ``queue``.
+_in_process = threading.local()
+"""What the in-process test fleet's worker delivering in this thread consumes (``consuming``)."""
 
-    ``consume_from`` is what ``-Q``/``-X`` selected when the worker started
-    (all the app's queues without them); a prefork child inherits it.
+
+@contextlib.contextmanager
+def consuming(queues: Collection[str]) -> Iterator[None]:
+    """This thread runs a task of an in-process worker that consumes
+    ``queues`` (the test fleet, ``testing/fleet.py``), for the block. A
+    thread-local, as Celery's ``current_worker_task`` is: a kept body's own
+    thread, or a context of its own (``answer_in_place``), sees the same."""
+    previous = getattr(_in_process, "queues", None)
+    _in_process.queues = frozenset(queues)
+    try:
+        yield
+    finally:
+        _in_process.queues = previous
+
+
+def consumed(engine: Engine) -> Collection[str]:
+    """The queues of the worker whose task this thread runs; none outside a task.
+
+    The one answer to "may this thread run what comes on that queue": a
+    Celery worker's is what ``-Q``/``-X`` selected when it started (all the
+    app's queues without them; a prefork child inherits it), the in-process
+    fleet's is the one its delivery set (``consuming``). Both take every
+    decision below through it, so a test runs the same decisions a worker does.
     """
+    queues: frozenset[str] | None = getattr(_in_process, "queues", None)
+    if queues is not None:
+        return queues
     app = engine.celery
     if app.current_worker_task is None:
-        return False
-    return queue in app.amqp.queues.consume_from
+        return ()
+    return cast(Collection[str], app.amqp.queues.consume_from)
+
+
+def consumes(engine: Engine, queue: str) -> bool:
+    """True while this thread runs a task of a worker that consumes ``queue``."""
+    return queue in consumed(engine)
 
 
 def _user_task_binds(engine: Engine) -> bool:
@@ -155,6 +186,7 @@ def run_taken_pass(
 ) -> None:
     """Run the pass whose lock the answer's script took (``take_request``), here."""
     body, here = kept
+    engine.parked.count_taken()
     _continue_here(engine, run_id, epoch, workflow, MAIN, here.token, TakenPass(body, here, activation))
 
 

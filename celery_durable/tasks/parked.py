@@ -34,6 +34,9 @@ class ParkedRuns(ProcessCache[str, tuple[int, ParkedBody]]):
         super().__init__(capacity, idle_seconds)
         self.resumed = 0
         """Passes that went on from a kept body instead of replaying."""
+        self.taken = 0
+        """Passes whose lock the script journaling a call's answer took
+        (``Where.TAKE``): what the sweep of the test fleet's mechanisms checks ran."""
         self._passes: dict[str, threading.Event] = {}
         """run id -> set when the pass running in this process for it lets go of its lock."""
 
@@ -74,6 +77,10 @@ class ParkedRuns(ProcessCache[str, tuple[int, ParkedBody]]):
                 if self._passes.get(run_id) is released:
                     del self._passes[run_id]
             released.set()
+
+    def count_taken(self) -> None:
+        with self._lock:
+            self.taken += 1
 
     def holds(self, run_id: str) -> bool:
         """Whether a pass of the run holds its lock in this process now."""

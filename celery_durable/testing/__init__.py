@@ -22,5 +22,6 @@ from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
 from celery_durable.testing.environment import WorkflowTestEnvironment
 from celery_durable.testing.history import replay_history
+from celery_durable.testing.mechanisms import Mechanisms
 
-__all__ = ["SimulatedCrash", "VirtualClock", "WorkflowTestEnvironment", "replay_history"]
+__all__ = ["Mechanisms", "SimulatedCrash", "VirtualClock", "WorkflowTestEnvironment", "replay_history"]

@@ -6,8 +6,10 @@ real semantics underneath, because it is the engine: a real ``Engine`` and
 its ``Client`` on the real Lua scripts, on a private ``redis-server`` the
 environment starts itself (``testing.server``: one per test process, each
 environment under a key prefix of its own), and the engine's own task
-bodies, fed from a queue in this process (``testing.fleet``) instead of
-Celery. Calls are synchronous: each one drives the run as far as it goes
+bodies, fed from named queues in this process (``testing.fleet``: one or
+more worker processes, each an engine of its own) instead of Celery, with
+the production mechanisms on unless a test switches them off
+(``testing.mechanisms``). Calls are synchronous: each one drives the run as far as it goes
 before it returns.
 
 Time is virtual and skips, as with Temporal's time-skipping test server: a
@@ -43,6 +45,7 @@ from celery_durable.engine import Engine
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import CrashingJournal, CrashPlan, CrashPoint
 from celery_durable.testing.fleet import FanoutMode, Fleet, InProcessSender, callables
+from celery_durable.testing.mechanisms import Mechanisms
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import ProgressPage, RunDetail, RunEnvelope
@@ -99,6 +102,13 @@ class WorkflowTestEnvironment:
     a function or a Celery task, run in this process (a fake of the GPU job,
     or the real task's body); a call to a name it lacks fails at once with
     ``TaskNotRegistered``.
+
+    ``mechanisms`` chooses which production mechanisms run (``Mechanisms``:
+    all of them by default, on one in-process worker process):
+    answers and wakes run where they land, bodies are kept at their calls,
+    home queues, narrow fan-outs run in the pass. ``Mechanisms.MESSAGES``
+    makes every branch, answer and wake a message of its own, delivered in
+    the order sent. ``trace()`` says which of them ran.
     """
 
     def __init__(
@@ -111,6 +121,7 @@ class WorkflowTestEnvironment:
         settings: Settings | None = None,
         namespace: str = "default",
         tasks: Mapping[str, Any] | None = None,
+        mechanisms: Mechanisms = Mechanisms.ALL,
     ) -> None:
         if fanout not in ("serial", "threads"):
             raise ValueError(f"fanout must be 'serial' or 'threads', got {fanout!r}")
@@ -118,26 +129,37 @@ class WorkflowTestEnvironment:
             raise ValueError(f"agent_runner must have a run(request) method, got {type(agent_runner).__name__}")
         base = settings or Settings()
         limit = base.max_fanout if max_fanout is None else max_fanout
-        # Every branch its own message, which the fleet delivers in order or
-        # at once: the coordinator never runs a fan-out inside its own pass.
+        self.mechanisms = mechanisms
         self.settings = base.model_copy(
             update={
                 "redis_url": environment_redis_url(),
                 "redis_cluster": False,
                 "key_prefix": f"cdtest{uuid.uuid4().hex[:12]}",
-                "max_fanout": limit,
-                "fanout_tasks": min(limit, 100_000),
-                "branch_batch_ms": 0,
+                **mechanisms.settings(base, limit),
             }
         )
         self.namespace = namespace
         self.clock = VirtualClock(on_advance=self._time_passed)
         self._plan = CrashPlan()
-        self.engine = _Engine(workflows, self.settings, agent_runner)
+        workflows = list(workflows)
+        # One engine per worker process: each keeps its own bodies, fan-outs and home.
+        engines = [_Engine(workflows, self.settings, agent_runner) for _ in range(mechanisms.processes)]
+        self.engine = engines[0]
         self.workflows = self.engine.workflows
-        self._fleet = Fleet(self.engine, fanout, self._plan, callables(tasks or {}))
-        self.engine.env_store = _Store(self.settings, self.clock, self._plan)
-        self.engine.sender = InProcessSender(self._fleet)
+        store = _Store(self.settings, self.clock, self._plan)
+        for engine in engines:
+            engine.env_store = store
+        self._fleet = Fleet(
+            engines,
+            fanout,
+            self._plan,
+            callables(tasks or {}),
+            in_place=mechanisms.in_place,
+            now=lambda: self.clock.now_ms() / 1000,
+        )
+        sender = InProcessSender(self._fleet)
+        for engine in engines:
+            engine.sender = sender
         self.client: Client = _Client(self.engine, namespace, self._fleet)
         """The engine's client, for what the environment does not wrap (listing runs, say)."""
 
@@ -223,6 +245,32 @@ class WorkflowTestEnvironment:
         self.client.signal_workflow_run(run_id, name, payload)
         self._fleet.drive()
         return self.get(run_id)
+
+    def busy(self, process: int, busy: bool = True) -> None:
+        """Make worker process ``process`` (from 1) take no message, every slot
+        taken, or (``busy=False``) take them again: what only it consumes —
+        its home queue — waits for it, and a home wake falls back to the
+        coordinator queue once the clock passes its 2 s (``HomeWakes``)."""
+        self._fleet.set_busy(self._fleet.workers[process - 1], busy)
+
+    def trace(self) -> dict[str, int]:
+        """What the production mechanisms did so far, counted: messages
+        delivered by kind (``coordinator``, ``branch``, ``agent``, ``call``,
+        ``answer``), answers journaled where their task ran
+        (``answers_in_place``), wakes delivered from a home queue
+        (``home_deliveries``) and sent on from it (``home_fallbacks``),
+        passes that went on from a kept body (``resumed``), of them passes
+        the answer's script took (``taken``), branch tasks run from kept
+        thunks (``kept_fanouts``)."""
+        trace = self._fleet.trace
+        counts = {kind: trace.delivered[kind] for kind in ("coordinator", "branch", "agent", "call", "answer")}
+        return {
+            **counts,
+            "answers_in_place": trace.answers_in_place,
+            "home_deliveries": trace.home_deliveries,
+            "home_fallbacks": trace.home_fallbacks,
+            **self._fleet.kept(),
+        }
 
     # -- crashes ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from celery_durable import (
     WorkflowResumeError,
     workflow,
 )
-from celery_durable.testing import WorkflowTestEnvironment
+from celery_durable.testing import Mechanisms, WorkflowTestEnvironment
 
 calls: Counter[str] = Counter()
 
@@ -79,7 +79,8 @@ def test_branches_run_at_once_in_threads(env: WorkflowTestEnvironment) -> None:
     def meet(ctx: WorkflowContext) -> Any:
         return ctx.parallel([lambda i=i: ctx.step(f"m{i}", lambda: meeting.wait() >= 0) for i in range(3)])
 
-    threaded = WorkflowTestEnvironment([meet], fanout="threads")
+    # Each branch its own message: in the pass (the default) they run one after another.
+    threaded = WorkflowTestEnvironment([meet], fanout="threads", mechanisms=Mechanisms(inline=False))
     assert threaded.run("meet").result == [True, True, True]
 
 
