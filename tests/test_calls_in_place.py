@@ -260,7 +260,8 @@ def test_a_branch_of_one_call_costs_five_scripts(settings: Settings) -> None:
     """Per branch of one call: the call (``call.lua``), its answer
     (``call_done``, after the run's look: ``look.lua``, in the same round
     trip, since the answer may wake a run nothing else watches), and the
-    woken branch task's start (``branch_start``: the run record, its lease, its outcome and its sequence in one script) and
+    woken branch task's start (``branch_start``: the run record, its lease,
+    its outcome and its sequence in one script) and
     end (``complete_branch`` ending its message). Separately, the woken task
     cost four scripts and three plain reads (load_run,
     task_start, read_sequences, two HMGETs, complete_branch, task_end)."""
