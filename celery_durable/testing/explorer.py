@@ -429,11 +429,14 @@ class Exploration:
     def failing(self) -> dict[str, list[str]]:
         return {p.boundary.name: (["hung"] if p.hung else []) + p.problems for p in self.points if p.hung or p.problems}
 
-    def row(self) -> tuple[str, int, int, int, int, float]:
+    def row(self) -> tuple[str, int, int, int, int, int, float]:
+        """(workflow, points, settled as clean, duplicated, hung, other, seconds):
+        ``other`` settled unlike the clean run without running anything twice."""
         clean = sum(1 for p in self.points if p.settled and not p.problems)
         duplicated = sum(1 for p in self.points if p.duplicated)
         hung = sum(1 for p in self.points if p.hung)
-        return self.scenario, len(self.points), clean, duplicated, hung, self.seconds
+        other = len(self.points) - clean - duplicated - sum(1 for p in self.points if p.hung and not p.duplicated)
+        return self.scenario, len(self.points), clean, duplicated, hung, other, self.seconds
 
 
 Compare = Callable[[Execution, Execution], list[str]]
@@ -500,9 +503,12 @@ def explore(scenario: Scenario, tracer_box: list[Tracer], compare: Compare) -> t
 
 def table(explorations: Sequence[Exploration]) -> str:
     """The explorer's table: per workflow, its crash points and how they ended."""
-    head = f"{'workflow':<14} {'points':>6} {'settled as clean':>16} {'duplicated':>10} {'hung':>5} {'seconds':>8}"
+    head = (
+        f"{'workflow':<14} {'points':>6} {'settled as clean':>16} {'duplicated':>10} {'hung':>5} {'other':>5} "
+        f"{'seconds':>8}"
+    )
     lines = [head, "-" * len(head)]
     for e in explorations:
-        name, points, clean, duplicated, hung, seconds = e.row()
-        lines.append(f"{name:<14} {points:>6} {clean:>16} {duplicated:>10} {hung:>5} {seconds:>8.1f}")
+        name, points, clean, duplicated, hung, other, seconds = e.row()
+        lines.append(f"{name:<14} {points:>6} {clean:>16} {duplicated:>10} {hung:>5} {other:>5} {seconds:>8.1f}")
     return "\n".join(lines)
