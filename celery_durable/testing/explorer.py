@@ -1,0 +1,514 @@
+"""A crash-point explorer: a run killed at every boundary it crosses, then recovered.
+
+``test_crash_explorer.py`` runs a scenario once cleanly and records every
+boundary its processes cross: before and after each storage operation (a
+script run, a pipelined write, the sweep schedule's writes) and before and
+after each message published. A *process* is the delivery of one message by
+the in-process fleet, or one client call (a signal, a cancel). Then, for each
+boundary in turn, the scenario runs again from scratch with that process
+dying exactly there: ``SimulatedCrash`` is raised, and every later storage
+call, publish or step producer of that process raises too (nothing after a
+``kill -9`` happens: no publish, no cleanup, no ``finally`` write). Other
+processes go on, and messages already published are delivered. Recovery is
+then the real sweep's (``RecoverySweep._look``: claim the due runs, examine
+them, take the dead ones over, fire due timers, send the wakes) on the
+environment's virtual clock, step after step, until the run settles or a
+bound of leases of virtual time passes.
+
+Why here and not in production code: the hooks are the test environment's
+store and sender (subclasses), so the engine's modules carry no trigger
+points, and the explorer sees exactly the calls a worker would make.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from celery_durable.broker.run_records import RunHashes
+from celery_durable.broker.scripts import now_ms as wall_ms
+from celery_durable.config import Settings
+from celery_durable.engine import Engine
+from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep
+from celery_durable.tasks.sending import Outgoing
+from celery_durable.testing.clock import VirtualClock
+from celery_durable.testing.crash import SimulatedCrash
+from celery_durable.testing.environment import WorkflowTestEnvironment, _Store
+from celery_durable.testing.fleet import InProcessSender, TaskCall
+from celery_durable.workflows.calls import CallRequest
+from celery_durable.workflows.definition import Workflow
+
+TERMINAL = frozenset({"completed", "cancelled", "error", "halted", "paused"})
+DEFAULT_LEASES = 10
+"""How many leases of virtual time recovery gets before a point counts as hung."""
+MAX_SWEEPS = 400
+"""A guard on the recovery loop itself (each sweep moves the clock on at least 1 ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """One place a process can die: ``moment`` (before/after) an operation.
+
+    ``label`` is stable across runs of one scenario (script name and its
+    ordinal in the run, or the task published), so known-failing points can
+    be listed by it."""
+
+    index: int
+    process: int
+    process_name: str
+    label: str
+    moment: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.moment} {self.label} (in {self.process_name})"
+
+
+@dataclass(slots=True)
+class Trace:
+    """What one run of a scenario crossed, and the step producers it ran, in order."""
+
+    boundaries: list[Boundary] = field(default_factory=list)
+    effects: list[tuple[int, int, str]] = field(default_factory=list)
+    """(boundaries crossed before it, process, effect name)."""
+
+
+class Tracer:
+    """Counts boundaries of the current process, and kills it at the target one.
+
+    Only the thread that drives a process is traced: a heartbeat thread or
+    the sweep (which never dies here) crosses no boundary."""
+
+    def __init__(self) -> None:
+        self.trace = Trace()
+        self.target: int | None = None
+        self.crashed_at: Boundary | None = None
+        self.effects: Counter[str] = Counter()
+        self._process = -1
+        self._process_name = ""
+        self._thread: int | None = None
+        self._dead = False
+        self._ordinals: Counter[str] = Counter()
+        self._depth = threading.local()
+
+    @contextmanager
+    def process(self, name: str) -> Iterator[None]:
+        """One process: a delivery or a client call; its death ends it here, quietly."""
+        self._process += 1
+        self._process_name = name
+        self._thread = threading.get_ident()
+        self._dead = False
+        try:
+            yield
+        except SimulatedCrash:
+            pass
+        finally:
+            self._thread = None
+            self._dead = False
+
+    def _traced(self) -> bool:
+        return self._thread == threading.get_ident() and not getattr(self._depth, "n", 0)
+
+    def _cross(self, label: str, moment: str) -> None:
+        if not self._traced():
+            return
+        if self._dead:
+            raise SimulatedCrash(f"the process died earlier; {moment} {label}")
+        boundary = Boundary(len(self.trace.boundaries), self._process, self._process_name, label, moment)
+        self.trace.boundaries.append(boundary)
+        if boundary.index == self.target:
+            self._dead = True
+            self.crashed_at = boundary
+            raise SimulatedCrash(f"simulated crash {boundary.name}")
+
+    def around(self, kind: str, call: Callable[[], Any]) -> Any:
+        """``call`` (one storage operation or one publish) between its two boundaries."""
+        if not self._traced():
+            return call()
+        self._ordinals[kind] += 1
+        label = f"{kind}#{self._ordinals[kind]}"
+        self._cross(label, "before")
+        self._depth.n = 1  # a call nested in this one (a script run again alone) is part of it
+        try:
+            result = call()
+        finally:
+            self._depth.n = 0
+        self._cross(label, "after")
+        return result
+
+    def effect(self, name: str) -> None:
+        """A step producer ran (called by the scenario's step functions). A
+        dead process runs none: its thread unwinds instead."""
+        if self._traced() and self._dead:
+            raise SimulatedCrash(f"the process died earlier; effect {name}")
+        self.effects[name] += 1
+        process = self._process if self._traced() else -1
+        self.trace.effects.append((len(self.trace.boundaries), process, name))
+
+
+class _TracedStore(_Store):
+    """The environment's store, each storage operation between two boundaries."""
+
+    tracer: Tracer
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self.tracer.around(name, lambda: super(_TracedStore, self)._run(name, keys, args))
+
+    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
+        return self.tracer.around(name, lambda: super(_TracedStore, self)._run_with(name, keys, args, writes))
+
+    def _run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        return self.tracer.around(  # type: ignore[no-any-return]
+            f"{name}*", lambda: super(_TracedStore, self)._run_each(name, calls)
+        )
+
+    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
+        self.tracer.around(
+            "schedule_check", lambda: super(_TracedStore, self).schedule_check(run_id, at_ms, sooner_only=sooner_only)
+        )
+
+    def reschedule(self, looks: dict[str, int], done: Sequence[str]) -> None:
+        self.tracer.around("reschedule", lambda: super(_TracedStore, self).reschedule(looks, done))
+
+    def unschedule(self, run_id: str) -> None:
+        self.tracer.around("unschedule", lambda: super(_TracedStore, self).unschedule(run_id))
+
+
+class _TracedSender(InProcessSender):
+    """The fleet's sender, each message published between two boundaries."""
+
+    tracer: Tracer
+    env: ExplorerEnvironment
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        for message in messages:
+            self.tracer.around(f"publish {short(message.task)}", partial(self._send, message))
+
+    def _send(self, message: Outgoing) -> None:
+        """Queued now, or, with a countdown, once the virtual clock reaches it
+        (a pass that found the lock busy sends itself again a little later)."""
+        if message.countdown:
+            due = self.env.clock.now_ms() + round(message.countdown * 1000)
+            self.env.delayed.append((due, message))
+        else:
+            super().send([message])
+
+    def send_call(self, engine: Engine, record: Any, request: CallRequest) -> None:
+        self.tracer.around(
+            f"publish {request.task_name}", lambda: super(_TracedSender, self).send_call(engine, record, request)
+        )
+
+
+def _queue_name(queue: Any) -> str:
+    return queue if isinstance(queue, str) else str(getattr(queue, "name", queue))
+
+
+def short(task: str) -> str:
+    return task.rsplit(".", 1)[-1]
+
+
+class _StillClock(VirtualClock):
+    """Virtual time that moves only when told to: the wall clock's drift
+    between two runs of a scenario would make their traces differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._base_ms = wall_ms()
+
+    def now_ms(self) -> int:
+        return self._base_ms + self.offset_ms
+
+    def advance_to(self, at_ms: int) -> None:
+        self._move(max(at_ms - self.now_ms(), 0))
+
+
+class ExplorerEnvironment(WorkflowTestEnvironment):
+    """A test environment whose store and sender cross traced boundaries, and
+    whose time moves only when the explorer moves it (no timer fires behind
+    the sweep's back).
+
+    Before each process a gap of ``gap_seconds`` (a lease by default) of
+    virtual time passes and the sweep looks at what fell due, as a fleet's
+    sweep does while a run's messages wait or its steps run: so a run that
+    only waits (for a child, a signal, a call) is found waiting and taken
+    out of the sweep's schedule before the process that wakes it runs, as
+    in production. Without it a crash that loses the wake would be rescued
+    by a look left over from the run's start, which a real sweep has long
+    consumed.
+    """
+
+    def __init__(
+        self,
+        workflows: Iterable[Workflow],
+        tracer: Tracer,
+        *,
+        tasks: Mapping[str, Any] | None = None,
+        gap_seconds: float | None = None,
+    ) -> None:
+        # One pass replays from the journal (no body parked in a thread of its
+        # own at a call): every storage call of a process is in its thread.
+        settings = Settings(parked_executions=0, home_queues=False)
+        super().__init__(workflows, settings=settings, tasks=tasks)
+        self.clock = _StillClock()
+        self.tracer = tracer
+        self.gap_ms = self.engine.store.lease_ms if gap_seconds is None else round(gap_seconds * 1000)
+        store = _TracedStore(self.settings, self.clock, self._plan)
+        store.tracer = tracer
+        self.engine.env_store = store
+        sender = _TracedSender(self._fleet)
+        sender.tracer = tracer
+        sender.env = self
+        self.delayed: list[tuple[int, Outgoing]] = []
+        """Messages sent with a countdown, by when they fall due on the virtual clock."""
+        self.engine.sender = sender
+        self.sweep = RecoverySweep(self.engine, empty_queues=lambda: [])
+
+    def _time_passed(self) -> None:
+        """Time moved: the explorer's sweep fires what fell due, nothing else."""
+
+    def deliver_all(self) -> None:
+        """Deliver every queued message, each a process of its own (its
+        death is its own: the other messages are still delivered)."""
+        fleet = self._fleet
+        self._release_due()
+        while fleet.queue:
+            self._time_goes_by()
+            if not fleet.queue:
+                continue
+            message = fleet.queue.popleft()
+            name = short(message.task) if isinstance(message, Outgoing) else "call"
+            with self.tracer.process(name):
+                try:
+                    fleet._deliver(message)
+                except SimulatedCrash:
+                    if isinstance(message, TaskCall):
+                        # A called task is the user's plain Celery task, acks_late:
+                        # the broker gives a dead worker's message to another (SPEC 5a).
+                        fleet.queue.append(message)
+                    raise
+            self._release_due()
+
+    def _release_due(self) -> None:
+        now = self.clock.now_ms()
+        due = [m for at, m in self.delayed if at <= now]
+        self.delayed = [(at, m) for at, m in self.delayed if at > now]
+        self._fleet.queue.extend(due)
+
+    def _time_goes_by(self) -> None:
+        """The gap before a process: time passes, the sweep looks, and what it
+        sent (a fired timer's wake, a take-over) joins the queue."""
+        if self.gap_ms:
+            self.clock.advance(self.gap_ms / 1000)
+            self.sweep_once()
+            self._release_due()
+
+    def client_call(self, name: str, call: Callable[[], Any]) -> None:
+        """A client call as a process, after the gap: a caller that dies is not retried."""
+        self._time_goes_by()
+        with self.tracer.process(f"client {name}"):
+            call()
+
+    def sweep_once(self) -> int | None:
+        """The real sweep's pass on the virtual clock: every queue was found
+        empty now (the fleet's queue was drained), the due runs are claimed,
+        examined, their timers fired and the dead taken over. Returns when
+        the next run falls due."""
+        store = self.engine.store
+        now = store.now_ms()
+        s = self.settings
+        held = {_queue_name(m.queue) for m in self._fleet.queue if isinstance(m, Outgoing)}
+        queues = [s.coordinator_queue, s.steps_queue, s.agents_queue]
+        store.report_empty([queue for queue in queues if queue not in held], now)
+        due = store.claim_due(now, BATCH, CLAIM_MS)
+        if due.runs:
+            self.sweep._look(due.runs, store.queue_room(), now)
+        return due.next_due
+
+    def recover(self, done: Callable[[], bool], leases: int = DEFAULT_LEASES) -> bool:
+        """Deliver and sweep, moving the clock to each next look, until
+        ``done()``; False when it did not happen within ``leases`` leases
+        of virtual time the fleet spent idle, waiting on the sweep (or
+        nothing was left that could ever move the run)."""
+        idle, bound = 0, leases * self.engine.store.lease_ms
+        for _ in range(MAX_SWEEPS):
+            self.deliver_all()
+            if done():
+                return True
+            now = self.clock.now_ms()
+            if idle >= bound:
+                return False
+            next_due = self.sweep_once()
+            if self._fleet.queue:
+                continue
+            soonest = [at for at in (next_due, *(at for at, _ in self.delayed)) if at is not None]
+            if not soonest:
+                return done()  # nothing queued, nothing scheduled: nothing will ever move it
+            self.clock.advance_to(max(min(soonest), now + 1))
+            idle += self.clock.now_ms() - now
+        return False
+
+    def status(self, run_id: str) -> str:
+        record = self.engine.store.load_run(run_id)
+        return "missing" if record is None else record.status
+
+    def settled(self, run_id: str) -> bool:
+        return self.status(run_id) in TERMINAL
+
+    def waits_for_signal(self, run_id: str) -> bool:
+        record = self.engine.store.load_run(run_id)
+        if record is None or record.status in TERMINAL:
+            return True  # nothing more to wait for: the caller looks at what it became
+        waiting = record.waiting_for
+        return waiting is not None and waiting.get("kind") == "signal"
+
+    def hashes(self, run_id: str) -> RunHashes:
+        return self.engine.store.hashes(run_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A workflow and what happens to it: ``drive(env)`` starts it, acts as
+    its clients do, recovers it, and returns the run id and whether it settled."""
+
+    name: str
+    workflows: tuple[Workflow, ...]
+    drive: Callable[[ExplorerEnvironment], tuple[str, bool]]
+    tasks: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Execution:
+    """One run of a scenario: the tracer (trace, effects, where it died) and the run."""
+
+    tracer: Tracer
+    env: ExplorerEnvironment
+    run_id: str
+    settled: bool
+
+
+def execute(scenario: Scenario, target: int | None, tracer_box: list[Tracer]) -> Execution:
+    """Run ``scenario`` from scratch in a fresh environment (a fresh key
+    prefix on the one redis-server), killing the process at boundary
+    ``target`` (None: the clean run). ``tracer_box`` holds the tracer the
+    scenario's step functions report their effects to."""
+    tracer = Tracer()
+    tracer.target = target
+    tracer_box[:] = [tracer]
+    env = ExplorerEnvironment(scenario.workflows, tracer, tasks=scenario.tasks)
+    run_id, settled = scenario.drive(env)
+    return Execution(tracer, env, run_id, settled)
+
+
+@dataclass(slots=True)
+class PointResult:
+    boundary: Boundary
+    settled: bool
+    problems: list[str]
+
+    @property
+    def hung(self) -> bool:
+        return not self.settled
+
+    @property
+    def duplicated(self) -> bool:
+        return any(p.startswith("duplicate") for p in self.problems)
+
+
+@dataclass(slots=True)
+class Exploration:
+    scenario: str
+    points: list[PointResult]
+    seconds: float
+
+    def failing(self) -> dict[str, list[str]]:
+        return {p.boundary.name: (["hung"] if p.hung else []) + p.problems for p in self.points if p.hung or p.problems}
+
+    def row(self) -> tuple[str, int, int, int, int, int, float]:
+        """(workflow, points, settled as clean, duplicated, hung, other, seconds):
+        ``other`` settled unlike the clean run without running anything twice."""
+        clean = sum(1 for p in self.points if p.settled and not p.problems)
+        duplicated = sum(1 for p in self.points if p.duplicated)
+        hung = sum(1 for p in self.points if p.hung)
+        other = len(self.points) - clean - duplicated - sum(1 for p in self.points if p.hung and not p.duplicated)
+        return self.scenario, len(self.points), clean, duplicated, hung, other, self.seconds
+
+
+Compare = Callable[[Execution, Execution], list[str]]
+
+
+def allowed_effects(clean: Trace, boundary: Boundary) -> Counter[str]:
+    """How many times each producer may run when the process dies at
+    ``boundary``: as often as in the clean run, plus once more for each of
+    its runs in the dying process before the boundary (run, not yet
+    journaled: at least once allows it again). A producer the crash came
+    before may run only as often as in the clean run."""
+    allowed: Counter[str] = Counter()
+    for position, process, name in clean.effects:
+        allowed[name] += 1
+        if process == boundary.process and position <= boundary.index:
+            allowed[name] += 1
+    return allowed
+
+
+def crash_points(trace: Trace) -> list[Boundary]:
+    """The boundaries to die at: all of them, but those of a client call
+    before its first storage operation returned. A caller that dies there
+    made no call (nothing of it is durable); SPEC 3 promises a signal, cancel
+    or pause only once it is stored."""
+    stored: set[int] = set()
+    points = []
+    for boundary in trace.boundaries:
+        if boundary.process_name.startswith("client") and boundary.process not in stored:
+            if boundary.moment == "after" and not boundary.label.startswith("publish"):
+                stored.add(boundary.process)
+            else:
+                continue
+        points.append(boundary)
+    return points
+
+
+def explore(scenario: Scenario, tracer_box: list[Tracer], compare: Compare) -> tuple[Execution, Exploration]:
+    """The clean run, then one run per boundary of it, each judged by ``compare``
+    (the scenario's own checks) and by the producers' counts."""
+    began = time.monotonic()
+    clean = execute(scenario, None, tracer_box)
+    if not clean.settled:
+        raise AssertionError(f"{scenario.name}: the clean run did not settle ({clean.env.status(clean.run_id)})")
+    points: list[PointResult] = []
+    for boundary in crash_points(clean.tracer.trace):
+        crashed = execute(scenario, boundary.index, tracer_box)
+        problems: list[str] = []
+        if crashed.tracer.crashed_at is None or crashed.tracer.crashed_at.label != boundary.label:
+            problems.append(
+                f"nondeterministic trace: meant to die {boundary.name}, died at {crashed.tracer.crashed_at}"
+            )
+        if crashed.settled:
+            problems += compare(clean, crashed)
+        allowed = allowed_effects(clean.tracer.trace, boundary)
+        for name in sorted(set(allowed) | set(crashed.tracer.effects)):
+            ran, limit = crashed.tracer.effects[name], allowed[name]
+            if ran > limit:
+                problems.append(f"duplicate effect {name}: ran {ran}x, at most {limit}x allowed")
+            elif crashed.settled and ran < clean.tracer.effects[name]:
+                problems.append(f"effect {name} ran {ran}x, {clean.tracer.effects[name]}x in the clean run")
+        points.append(PointResult(boundary, crashed.settled, problems))
+    return clean, Exploration(scenario.name, points, time.monotonic() - began)
+
+
+def table(explorations: Sequence[Exploration]) -> str:
+    """The explorer's table: per workflow, its crash points and how they ended."""
+    head = (
+        f"{'workflow':<14} {'points':>6} {'settled as clean':>16} {'duplicated':>10} {'hung':>5} {'other':>5} "
+        f"{'seconds':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for e in explorations:
+        name, points, clean, duplicated, hung, other, seconds = e.row()
+        lines.append(f"{name:<14} {points:>6} {clean:>16} {duplicated:>10} {hung:>5} {other:>5} {seconds:>8.1f}")
+    return "\n".join(lines)
