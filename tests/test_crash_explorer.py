@@ -41,6 +41,7 @@ from celery_durable.testing.explorer import (
     explore,
     table,
 )
+from celery_durable.testing.mechanisms import Mechanisms
 
 TRACER: list[Tracer] = []
 """The tracer of the execution under way: step producers report to it."""
@@ -161,7 +162,7 @@ def signal_while_waiting(env: ExplorerEnvironment) -> tuple[str, bool]:
 def cancel_while_waiting(env: ExplorerEnvironment) -> tuple[str, bool]:
     run_id = env.client.start_workflow(held_seat)
     env.recover(lambda: env.waits_for_signal(run_id))
-    env.client_call("cancel", lambda: env.client._request(run_id, env.engine.store.cancel))
+    env.client_call("cancel", lambda: env.client._ask_cancel(run_id))
     return run_id, env.recover(lambda: env.settled(run_id))
 
 
@@ -171,6 +172,7 @@ SCENARIOS = [
     Scenario("approval", (approval,), signal_while_waiting),
     Scenario("fulfilment", (fulfilment,), to_the_end(fulfilment), tasks={"payments.charge": charge}),
     Scenario("fanout-16", (fanout,), to_the_end(fanout)),
+    Scenario("fanout-16-tasks", (fanout,), to_the_end(fanout), mechanisms=Mechanisms(False, False, False, False)),
     Scenario("cancel-saga", (held_seat,), cancel_while_waiting),
 ]
 
@@ -179,27 +181,11 @@ CANCEL_PASS = ["activate#2", "begin_op#2", "commit_begin#2"]
 KNOWN_FAILING: dict[str, set[str]] = {
     "trip": set(),
     "nightly": set(),
-    # signal.lua counts the wake, then the client publishes it: a caller that
-    # dies between leaves a run the sweep stopped looking at (it only waited).
-    "approval": {"after signal#1 (in client signal)", "before publish coordinator#1 (in client signal)"},
-    # The task of a call published by an attempt that is then taken over runs;
-    # its answer is refused (stale epoch) and the new attempt sends it again:
-    # the task runs twice under one task id (dedup on request.id is the task's).
-    "fulfilment": {
-        "after publish payments.charge#1 (in coordinator)",
-        "before release#1 (in coordinator)",
-    },
+    "approval": set(),
+    "fulfilment": set(),
     "fanout-16": set(),
-    # cancel.lua counts the coordinator message, and nothing schedules a look
-    # at the run (signal does, after publishing; cancel never): a caller that
-    # dies before publishing, or the cancel's pass dying anywhere, leaves a
-    # run that waited for a signal unscheduled for ever.
-    "cancel-saga": {
-        "after cancel#1 (in client cancel)",
-        "before publish coordinator#1 (in client cancel)",
-        *(f"{moment} {op} (in coordinator)" for op in CANCEL_PASS for moment in ("before", "after")),
-        "before finish#1 (in coordinator)",
-    },
+    "fanout-16-tasks": set(),
+    "cancel-saga": set(),
 }
 """Points (``Boundary.name``) today's main fails at (hangs, or runs an effect
 twice). Strict: a listed point that settles cleanly fails the test, so the
@@ -282,7 +268,7 @@ def test_a_crashed_process_does_nothing_more_and_the_others_go_on() -> None:
     after publishing the first branch publishes no other and writes nothing
     more (not even ``mark_sent``), the branch already queued is still
     delivered and runs, and recovery finishes the run."""
-    scenario = SCENARIOS[4]
+    scenario = next(s for s in SCENARIOS if s.name == "fanout-16-tasks")
     clean = execute(scenario, None, TRACER)
     first = next(b for b in clean.tracer.trace.boundaries if b.label == "publish branch#1" and b.moment == "after")
     crashed = execute(scenario, first.index, TRACER)

@@ -33,7 +33,6 @@ from typing import Any
 
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.broker.scripts import now_ms as wall_ms
-from celery_durable.config import Settings
 from celery_durable.engine import Engine
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep
 from celery_durable.tasks.sending import Outgoing
@@ -41,10 +40,15 @@ from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
 from celery_durable.testing.environment import WorkflowTestEnvironment, _Store
 from celery_durable.testing.fleet import InProcessSender, TaskCall
+from celery_durable.testing.mechanisms import Mechanisms
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow
 
 TERMINAL = frozenset({"completed", "cancelled", "error", "halted", "paused"})
+PRODUCTION = Mechanisms(kept=False, home=False)
+"""The production paths (answers in place, inline fan-out), but no body
+parked in a thread of its own at a call: every storage call of a process is
+in its thread, where the tracer sees it."""
 DEFAULT_LEASES = 10
 """How many leases of virtual time recovery gets before a point counts as hung."""
 MAX_SWEEPS = 400
@@ -249,12 +253,10 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         tracer: Tracer,
         *,
         tasks: Mapping[str, Any] | None = None,
+        mechanisms: Mechanisms = PRODUCTION,
         gap_seconds: float | None = None,
     ) -> None:
-        # One pass replays from the journal (no body parked in a thread of its
-        # own at a call): every storage call of a process is in its thread.
-        settings = Settings(parked_executions=0, home_queues=False)
-        super().__init__(workflows, settings=settings, tasks=tasks)
+        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms)
         self.clock = _StillClock()
         self.tracer = tracer
         self.gap_ms = self.engine.store.lease_ms if gap_seconds is None else round(gap_seconds * 1000)
@@ -282,10 +284,12 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
             if not fleet.queue:
                 continue
             message = fleet.queue.popleft()
-            name = short(message.task) if isinstance(message, Outgoing) else "call"
-            with self.tracer.process(name):
+            worker = fleet._worker_for(message)
+            assert worker is not None, "no worker of the explorer's fleet is ever busy"
+            name = _process_name(message)
+            with self.tracer.process(name), fleet._running(worker):
                 try:
-                    fleet._deliver(message)
+                    fleet._deliver(worker, message)
                 except SimulatedCrash:
                     if isinstance(message, TaskCall):
                         # A called task is the user's plain Celery task, acks_late:
@@ -327,7 +331,7 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         store.report_empty([queue for queue in queues if queue not in held], now)
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if due.runs:
-            self.sweep._look(due.runs, store.queue_room(), now)
+            self.sweep._look(due.runs, due.claim, store.queue_room(), now)
         return due.next_due
 
     def recover(self, done: Callable[[], bool], leases: int = DEFAULT_LEASES) -> bool:
@@ -380,6 +384,7 @@ class Scenario:
     workflows: tuple[Workflow, ...]
     drive: Callable[[ExplorerEnvironment], tuple[str, bool]]
     tasks: Mapping[str, Any] = field(default_factory=dict)
+    mechanisms: Mechanisms = field(default_factory=lambda: PRODUCTION)
 
 
 @dataclass(slots=True)
@@ -400,7 +405,7 @@ def execute(scenario: Scenario, target: int | None, tracer_box: list[Tracer]) ->
     tracer = Tracer()
     tracer.target = target
     tracer_box[:] = [tracer]
-    env = ExplorerEnvironment(scenario.workflows, tracer, tasks=scenario.tasks)
+    env = ExplorerEnvironment(scenario.workflows, tracer, tasks=scenario.tasks, mechanisms=scenario.mechanisms)
     run_id, settled = scenario.drive(env)
     return Execution(tracer, env, run_id, settled)
 
@@ -445,15 +450,37 @@ Compare = Callable[[Execution, Execution], list[str]]
 def allowed_effects(clean: Trace, boundary: Boundary) -> Counter[str]:
     """How many times each producer may run when the process dies at
     ``boundary``: as often as in the clean run, plus once more for each of
-    its runs in the dying process before the boundary (run, not yet
-    journaled: at least once allows it again). A producer the crash came
-    before may run only as often as in the clean run."""
+    its runs the dying process had begun before the boundary (run, not yet
+    journaled: at least once allows it again), or had sent (a called task
+    published, whose answer the next attempt cannot wait for: it sends the
+    task again, as Temporal retries an activity whose worker died). A
+    producer the crash came before may run only as often as in the clean run."""
+    names = {b.process: b.process_name for b in clean.boundaries}
+    sent = [
+        b.label.removeprefix("publish ").rpartition("#")[0]
+        for b in clean.boundaries
+        if b.process == boundary.process
+        and b.index <= boundary.index
+        and b.moment == "after"
+        and b.label.startswith("publish ")
+    ]
     allowed: Counter[str] = Counter()
     for position, process, name in clean.effects:
         allowed[name] += 1
-        if process == boundary.process and position <= boundary.index:
+        begun = process == boundary.process and position <= boundary.index
+        if begun or names.get(process, "").removeprefix("call ") in sent:
             allowed[name] += 1
     return allowed
+
+
+def _process_name(message: Any) -> str:
+    """A delivery's name in the trace: a called task's is "call <task name>",
+    so that its effects can be traced to the process that published it."""
+    if isinstance(message, Outgoing):
+        return short(message.task)
+    if isinstance(message, TaskCall):
+        return f"call {message.request.task_name}"
+    return type(message).__name__
 
 
 def crash_points(trace: Trace) -> list[Boundary]:
