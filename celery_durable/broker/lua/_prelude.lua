@@ -886,7 +886,8 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
     return {'busy', wait}
   end
   -- A pass runs: a worker that knows the workflow has it (see requeue.lua).
-  redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0', 'unserved_since', '')
+  redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0', 'unserved_since', '',
+    'unserved_passes', '0')
   if redis.call('HGET', run_key, 'status') == 'pending' then
     set_status(run_key, 'running', 'started_at', now_arg, 'updated_at', now_arg, 'active_since', '')
     local attempt = redis.call('HGET', run_key, 'attempt') or '1'
