@@ -101,7 +101,7 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("finish", (), ["ok", "order-42"], "order-42"),
     ("halt", (), ["changed"], None),
     ("cancel", (), ["cancelled", ""], Requested(RequestVerdict.CANCELLED)),
-    ("requeue", (), [1, 0], Requeued(sent=True, first=False)),
+    ("requeue", (), [1, 0, 750], Requeued(sent=True, first=False, delay_ms=750)),
     ("unsent", (), ["ok", 2], 2),
     ("resume", (), ["changed", "2", "running"], None),
     ("cancel", (), ["settled", "completed"], Requested(RequestVerdict.SETTLED, status="completed")),

@@ -225,6 +225,10 @@ def test_a_cancel_or_pause_requested_before_a_crash_survives_the_recovery(durabl
     d = durable([chatty], worker=False)
     run_id = d.client.start_workflow("chatty")
     store = d.engine.store
+    # A pass started the run (a pending run no attempt started is settled by
+    # the cancel itself, with no worker): the request is of its attempt.
+    [first] = raw_redis.hkeys(store.run_keys(run_id).live)
+    store.activate(run_id, 1, first.decode() if isinstance(first, bytes) else first, "default", "resend")
     requested = (store.cancel if flag == "cancel" else store.pause)(run_id, "default", "wake")
     assert requested.verdict is RequestVerdict.REQUESTED
     # The attempt "died": its message's worker went silent. The sweep takes the run over.

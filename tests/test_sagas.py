@@ -325,3 +325,85 @@ def test_compensate_checks_its_arguments(durable) -> None:
         "Compensation key must be a non-empty string of at most 1024 characters: ''",
         "Compensation 'k' producer must be callable, got str",
     ]
+
+
+# -- a run cancelled while it stands settled but resumable, inside a saga -----------------
+
+
+def test_a_paused_run_cancelled_inside_a_saga_compensates_once_in_one_more_attempt(durable) -> None:
+    """cancel.lua does not settle a paused run whose saga registered undos: it
+    gives it one attempt, whose pass meets the cancellation at its next call,
+    runs the undos (each once) and settles cancelled (SPEC §5c)."""
+
+    def run(ctx: WorkflowContext) -> Any:
+        return book_two_then(ctx, lambda ctx: [ctx.step("long", lambda: gate(ctx.run_id).wait(TIMEOUT)),
+                                               ctx.step("next", lambda: did(ctx.run_id, "next"))])
+
+    d = durable([wf("pausy", run)])
+    run_id = d.client.start_workflow("pausy")
+    poll(lambda: step_status(d.client, run_id).get("long") == "running", what="the long step")
+    threading.Timer(0.3, gate(run_id).set).start()
+    paused = d.client.pause_workflow_run(run_id, timeout=TIMEOUT)
+    assert paused.status == "paused" and DONE[run_id] == ["book-a", "book-b"]
+    envelope = d.client.cancel_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.reason) == ("cancelled", "cancelled"), envelope.error
+    assert envelope.attempt == paused.attempt + 1, "one more attempt ran, to compensate"
+    assert DONE[run_id] == ["book-a", "book-b", "undo-b", "undo-a"], "'next' never ran; each undo ran once"
+    assert (COUNTS[f"{run_id}:undo-a"], COUNTS[f"{run_id}:undo-b"]) == (1, 1)
+    records = system_records(d.client, run_id)
+    assert "Compensating after WorkflowCancelled: running undo-b, undo-a" in records
+    assert records[-1] == "Run cancelled"
+    kinds = [event.kind for event in d.client.get_workflow_run_history(run_id).events]
+    assert max(kinds.index("cancel_requested"), kinds.index("resumed")) < kinds.index("compensation_started"), kinds
+
+
+def test_a_halted_run_cancelled_inside_a_saga_compensates_and_one_without_a_saga_settles_at_once(
+    durable, raw_redis
+) -> None:
+    """A halted run (its attempt died, auto_recover off) inside a saga gets the
+    attempt that undoes its work; one whose code registered no undo is settled
+    by the cancel itself, as before, with no worker needed."""
+    from celery_durable.tasks.recovery import RecoverySweep
+
+    def saga_run(ctx: WorkflowContext) -> Any:
+        return book_two_then(ctx, lambda ctx: ctx.wait_for_signal("never"))
+
+    def plain_run(ctx: WorkflowContext) -> Any:
+        ctx.step("one", lambda: did(ctx.run_id, "one"))
+        return ctx.wait_for_signal("never")
+
+    d = durable([wf("halts", saga_run), wf("plain", plain_run)], auto_recover=False)
+    runs = {name: d.client.start_workflow(name) for name in ("halts", "plain")}
+    for run_id in runs.values():
+        poll(lambda run_id=run_id: d.client.get_workflow_run(run_id).snapshot["waiting_for"], what="the wait")
+        kill_attempt(raw_redis, d.engine, run_id)
+    RecoverySweep(d.engine).sweep_once()
+    for run_id in runs.values():
+        poll(lambda run_id=run_id: d.client.get_workflow_run(run_id).status == "halted", what="halted")
+
+    plain = d.client.cancel_workflow_run(runs["plain"], timeout=TIMEOUT)
+    assert (plain.status, plain.error) == ("cancelled", "Cancelled while halted")
+    halted = d.client.get_workflow_run(runs["halts"])
+    envelope = d.client.cancel_workflow_run(runs["halts"], timeout=TIMEOUT)
+    assert envelope.status == "cancelled", envelope.error
+    assert envelope.attempt == halted.attempt + 1
+    assert DONE[runs["halts"]] == ["book-a", "book-b", "undo-b", "undo-a"]
+
+
+def test_a_run_stopped_by_a_ceiling_inside_a_saga_and_cancelled_compensates_past_its_ceiling(durable) -> None:
+    """A resumable error (a ceiling reached) is cancelled through one more
+    attempt too; the ceiling that stopped it must not stop its undo."""
+
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as saga:
+            saga.compensate("undo", lambda: did(rid, "undo"))
+            ctx.step("slow", lambda: time.sleep(1.2))
+            ctx.step("after", lambda: did(rid, "after"))
+
+    d = durable([wf("capped-cancel", run, limits={"timeout_seconds": 1})])
+    stopped = d.client.run_workflow("capped-cancel", timeout=TIMEOUT)
+    assert (stopped.status, stopped.reason, stopped.can_resume) == ("error", "workflow_limit_reached", True)
+    envelope = d.client.cancel_workflow_run(stopped.run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.reason) == ("cancelled", "cancelled"), envelope.error
+    assert DONE[stopped.run_id] == ["undo"]

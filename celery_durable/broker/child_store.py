@@ -74,6 +74,11 @@ class ChildJournal:
     def mark_compensable(self) -> Flags:
         return parse.compensable(self._run("compensable", [self._keys.run], [self._epoch]), self._run_id)
 
+    def step_over(self, seq: str, index: int) -> Flags:
+        k = self._keys
+        reply = self._run("step_over", [k.run, k.journal], [self._epoch, seq, index])
+        return parse.step_over(reply, self._run_id)
+
     def wake_branches(self, call: str) -> list[int]:
         k = self._keys
         reply = self._run("wake_branches", [k.run, k.waits], [self._epoch, call])

@@ -389,6 +389,12 @@ class Journal(Protocol):
         replays it to run its compensations (``compensable.lua``)."""
         ...
 
+    def step_over(self, seq: str, index: int) -> Flags:
+        """A cancelled pass stepped over op ``index`` of ``seq``, journaled
+        without an answer: every later replay steps over it alike, and an
+        answer that comes for it is late (``step_over.lua``)."""
+        ...
+
     def wake_branches(self, call: str) -> list[int]:
         """A cancelled run that compensates: the branches of fan-out ``call``
         that wait stop waiting (``wake_branches.lua``); the caller sends them

@@ -142,15 +142,24 @@ class RunControl(RunRecords, FleetLiveness):
         return True
 
     def cancel(self, run_id: str, namespace: str, message: str, *, watch: bool = False) -> Requested:
-        """Request cancellation; on ``REQUESTED`` the caller sends coordinator
-        message ``message``. ``watch``: as ``finish``'s, should it settle here."""
+        """Request cancellation (``cancel.lua``); on ``REQUESTED`` the caller
+        sends coordinator message ``message``: to the live attempt, or to the
+        one a resumable run whose saga registered undos was given to
+        compensate in. ``CANCELLED``: settled here (a pending run no attempt
+        started, or a resumable one with nothing to undo). ``watch``: as
+        ``finish``'s, should it settle here."""
         k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.live, k.waits]
+        first = [k.run, k.progress, k.live, k.waits, k.steps, k.running, k.agents]
         keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
-        args = [self.clock(), self.channel(namespace), message, self.retention_ms]
+        now = self.clock()
+        args = [now, self.channel(namespace), message, self.retention_ms, self.lease_ms]
         requested = parse.cancel(self._run("cancel", keys, args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
             self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
+        elif requested.verdict is RequestVerdict.REQUESTED:
+            # A paused, halted or failed run may have been given an attempt to
+            # compensate in: the sweep watches it, should its message be lost.
+            self.schedule_check(run_id, now + self.lease_ms)
         return requested
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:

@@ -60,14 +60,26 @@ class RunPasses(StoreCore):
         return live.started(cast(str | None, value))
 
     def requeue(
-        self, run_id: str, epoch: int, token: str, new: str, *, kind: str = "c", due_ms: int = 0, note: str = ""
+        self,
+        run_id: str,
+        epoch: int,
+        token: str,
+        new: str,
+        *,
+        kind: str = "c",
+        due_ms: int = 0,
+        note: str = "",
+        backoff: tuple[int, int, float] | None = None,
     ) -> Requeued:
         """Message ``token``, queued and not started, goes to its queue again as
-        ``new`` (kind c, s or a; due at ``due_ms``, else now); the first time,
-        ``note`` is a system progress record (``requeue.lua``)."""
+        ``new`` (kind c, s or a; due at ``due_ms``, else now; with ``backoff``,
+        (first delay ms, cap ms, jitter factor), after a delay that doubles with
+        each such pass of the run); the first time, ``note`` is a system
+        progress record (``requeue.lua``)."""
         k = self.run_keys(run_id)
         now = self.clock()
-        args = [epoch, token, new, now, kind, due_ms or now, note]
+        base, cap, jitter = backoff or (0, 0, 1.0)
+        args = [epoch, token, new, now, kind, due_ms or now, note, base, cap, repr(jitter)]
         return parse.requeue(self._run("requeue", [k.run, k.live, k.progress], args), run_id)
 
     def heartbeat(

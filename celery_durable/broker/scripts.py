@@ -66,6 +66,7 @@ SCRIPT_NAMES = (
     "child",
     "child_done",
     "compensable",
+    "step_over",
     "wake_branches",
     "look",
     "looked",

@@ -6,11 +6,15 @@ workers of yesterday's deploy beside today's. A worker that takes a message
 of a run whose workflow its engine does not register must neither run it
 (nothing is ever imported by name from a message) nor fail the run for it:
 the run is healthy, only this worker cannot serve it. As Temporal does with
-a workflow task that no worker of its type took, the message is sent again,
-a second or so later, under a new id that the run counts in flight in the
-same script (``requeue.lua``), until a worker that knows the workflow takes
-it. The run stays alive meanwhile; the first time a ``system`` progress
-record and one WARNING line say which workflow no worker here knows.
+a workflow task that no worker of its type took, the message is sent again
+under a new id that the run counts in flight in the same script
+(``requeue.lua``), until a worker that knows the workflow takes it: half a
+second later the first time, then twice as long each time, up to about 30 s
+(SPEC §3: never a busy loop). The run counts its passes (``unserved_passes``
+in its hash, zeroed when a pass of it runs), so the backoff holds whichever
+worker takes the message next. The run stays alive meanwhile; the first time
+a ``system`` progress record and one WARNING line say which workflow no
+worker here knows.
 """
 
 from __future__ import annotations
@@ -28,11 +32,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PASS_ON_SECONDS = (0.5, 1.5)
-"""How long a message passed on waits before a worker takes it again: long
-enough that workers that cannot serve a run do not spin on its message,
-short enough that one that can finds it soon. Jittered, so that messages
-passed on together do not come back together."""
+PASS_ON_FIRST_SECONDS = 0.5
+"""How long a message passed on the first time waits before a worker takes it
+again: short enough that a worker that can serve the run finds it soon."""
+PASS_ON_CAP_SECONDS = 30.0
+"""The longest wait the backoff grows to (doubling per pass), so that workers
+that cannot serve a run do not spin on its message however long it waits."""
+PASS_ON_JITTER = (0.8, 1.2)
+"""The factor each wait is multiplied by, at random, so that messages passed
+on together do not come back together."""
 
 _random = random.Random()
 
@@ -47,11 +55,10 @@ def pass_on(engine: Engine, message: RunMessage, token: str, kind: str, resend: 
     """Send ``message`` (task id ``token``, queue kind ``kind``: c, s or a) back
     for a worker that knows its workflow: ``resend(new task id, countdown)``."""
     store = engine.store
-    delay = _random.uniform(*PASS_ON_SECONDS)
+    backoff = (int(PASS_ON_FIRST_SECONDS * 1000), int(PASS_ON_CAP_SECONDS * 1000), _random.uniform(*PASS_ON_JITTER))
     new = new_task_id()
     note = f"No worker that took its messages has workflow {message.workflow!r} registered; they wait for one that has"
-    due = store.now_ms() + int(delay * 1000)
-    passed = store.requeue(message.run_id, message.epoch, token, new, kind=kind, due_ms=due, note=note)
+    passed = store.requeue(message.run_id, message.epoch, token, new, kind=kind, note=note, backoff=backoff)
     if not passed.sent:
         # Not a queued message of the run's attempt: an older attempt's, or forged.
         engine.count_refused()
@@ -70,5 +77,10 @@ def pass_on(engine: Engine, message: RunMessage, token: str, kind: str, resend: 
             message.workflow,
         )
     else:
-        logger.debug("run %s: passed a message for workflow %r on again", message.run_id, message.workflow)
-    resend(new, delay)
+        logger.debug(
+            "run %s: passed a message for workflow %r on again, due in %d ms",
+            message.run_id,
+            message.workflow,
+            passed.delay_ms,
+        )
+    resend(new, passed.delay_ms / 1000)

@@ -348,10 +348,20 @@ class Replay:
             raise cursor.suspended
         if self._broken is not None:
             raise self._broken
-        if self._cancel.is_set() and (cursor is None or cursor.stops_cancelled(self.epoch)):
+        if self._cancel.is_set() and (cursor is None or self._stops_cancelled(cursor)):
             raise self.meet_fatal(WorkflowCancelled(f"Run {self.run.run_id} was cancelled"))
         if self._limit:
             raise self.meet_fatal(WorkflowLimitReached(self._limit))
+
+    def _stops_cancelled(self, cursor: Cursor) -> bool:
+        """``Cursor.stops_cancelled``; an op it stepped over is journaled so
+        (``Journal.step_over``) before anything is journaled after it."""
+        at = cursor.index
+        if not cursor.stops_cancelled(self.epoch):
+            return False
+        if cursor.index != at and cursor.writes and self.mode is Mode.PASS:
+            self.apply_flags(self.journal.step_over(cursor.seq, at))
+        return True
 
     def check_pause(self, cursor: Cursor) -> None:
         """Before the main body starts new work: settle as paused if asked to.

@@ -138,3 +138,28 @@ def test_a_cancelled_run_that_compensates_wakes_the_branches_that_wait(make_back
     assert journal.wake_branches("m:0") == [], "woken once: their waits are gone"
     with pytest.raises(StaleAttemptError):
         backend.journal(backend.take_over() - 1).wake_branches("m:1")
+
+
+def test_an_op_a_cancelled_pass_stepped_over_stays_unanswered_and_its_answer_is_late(
+    make_backend: BackendFactory,
+) -> None:
+    """A cancelled pass steps over a child it waits for, and its saga journals
+    an undo after it; the pass dies before it settles. The child's end then
+    arrives: it must be late and hidden from every later replay, or the next
+    pass would find the op answered, go on past it and diverge from the undo
+    journaled after it (nondeterminism) instead of settling cancelled."""
+    backend = make_backend()
+    journal = backend.journal(1)
+    assert child(journal, "k").verdict == "pending"
+    assert journal.read_sequence("m").entries[0][2] is None
+    assert journal.step_over("m", 0) == NO_FLAGS
+    assert backend.tell("k", kid("k"), DONE).verdict == DoneVerdict.LATE, "the end of a stepped-over child is late"
+    assert backend.field("journal", "v:k") is None, "and changes nothing"
+    backend.write("journal", {"v:k": "o" + json.dumps({"rooms": 2})})  # an answer journaled before the mark
+    assert journal.read_sequence("m").entries[0][2] is None, "a replay never sees an answer of it"
+    # An op that replaces it there (a cut by a newer attempt) is not stepped over.
+    backend.write("journal", {"o:m:0": "2:k|k"})
+    assert journal.read_sequence("m").entries[0][2] is not None
+    backend.settle("cancelled")
+    with pytest.raises(StaleAttemptError):
+        journal.step_over("m", 0)

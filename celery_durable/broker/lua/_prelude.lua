@@ -127,22 +127,35 @@ end
 -- {cut or '', hwm or '', entry<start>, value<start>, ...}; an entry is
 -- "<epoch>:<identity>", a value is false when the op carries none. Parsed by
 -- schema.parse_sequence (read_sequence.lua, and the tail activate.lua reads).
+-- The journal field that holds the value of op <index> of <seq>, whose
+-- entry is <entry>; nil for an op that carries none (a fan-out, a patch).
+local function value_field(seq, index, entry)
+  local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
+  local kind = string.sub(ident, 1, 1)
+  if kind == 's' or kind == 'c' or kind == 'k' then return 'v:' .. string.sub(ident, 3) end
+  if kind == 'a' then return 'a:' .. string.sub(ident, 3) end
+  if kind == 't' or kind == 'u' or kind == 'z' or kind == 'g' or kind == 'd' then
+    -- now()/uuid4() values, how a wait ended (false while it has not), a
+    -- started child's run id (false until the child exists)
+    return 'x:' .. seq .. ':' .. index
+  end
+  return nil
+end
+
+-- An op a cancelled pass stepped over (step_over.lua) has no answer, ever.
+local function stepped_over(journal_key, field, entry)
+  return redis.call('HGET', journal_key, 'so:' .. field) == entry
+end
+
 local function sequence_reply(journal_key, seq, start)
   local count = tonumber(redis.call('HGET', journal_key, 'n:' .. seq) or '0')
   local out = {redis.call('HGET', journal_key, 'k:' .. seq) or '', redis.call('HGET', journal_key, 'h:' .. seq) or ''}
   for i = tonumber(start or '0'), count - 1 do
     local entry = redis.call('HGET', journal_key, 'o:' .. seq .. ':' .. i) or '0:'
-    local ident = string.sub(entry, string.find(entry, ':', 1, true) + 1)
-    local kind = string.sub(ident, 1, 1)
+    local field = value_field(seq, i, entry)
     local value = false
-    if kind == 's' or kind == 'c' or kind == 'k' then
-      value = redis.call('HGET', journal_key, 'v:' .. string.sub(ident, 3))
-    elseif kind == 'a' then
-      value = redis.call('HGET', journal_key, 'a:' .. string.sub(ident, 3))
-    elseif kind == 't' or kind == 'u' or kind == 'z' or kind == 'g' or kind == 'd' then
-      -- now()/uuid4() values, how a wait ended (false while it has not), a
-      -- started child's run id (false until the child exists)
-      value = redis.call('HGET', journal_key, 'x:' .. seq .. ':' .. i)
+    if field and not stepped_over(journal_key, field, entry) then
+      value = redis.call('HGET', journal_key, field)
     end
     table.insert(out, entry)
     table.insert(out, value)
@@ -886,7 +899,8 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
     return {'busy', wait}
   end
   -- A pass runs: a worker that knows the workflow has it (see requeue.lua).
-  redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0', 'unserved_since', '')
+  redis.call('HSET', run_key, 'lock', token, 'lock_until', now + tonumber(lock_ms), 'wake', '0', 'unserved_since', '',
+    'unserved_passes', '0')
   if redis.call('HGET', run_key, 'status') == 'pending' then
     set_status(run_key, 'running', 'started_at', now_arg, 'updated_at', now_arg, 'active_since', '')
     local attempt = redis.call('HGET', run_key, 'attempt') or '1'

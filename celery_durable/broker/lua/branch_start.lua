@@ -38,6 +38,9 @@ for i = 1, n do
 end
 local now = tonumber(ARGV[4])
 token_running(KEYS[1], KEYS[2], ARGV[3], now + tonumber(ARGV[5]), now)
+-- A worker that knows the workflow serves the run: messages passed on for
+-- want of one (requeue.lua) back off from their first delay again.
+redis.call('HSET', KEYS[1], 'unserved_passes', '0')
 check_limits(KEYS[1], now)
 local fl = flags(KEYS[1])
 local outcomes = {}

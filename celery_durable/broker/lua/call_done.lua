@@ -34,6 +34,8 @@ local key = ARGV[3]
 if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then return {'stale'} end
 local current = redis.call('HGET', KEYS[2], 'v:' .. key)
 if current and not is_stale_failure(current, ARGV[1]) then return {'late'} end
+-- A cancelled pass stepped over the call (step_over.lua): its answer is late.
+if redis.call('HEXISTS', KEYS[2], 'so:v:' .. key) == 1 then return {'late'} end
 redis.call('HSET', KEYS[2], 'v:' .. key, ARGV[4])
 made_progress(KEYS[1])
 if string.sub(ARGV[4], 1, 1) == 'o' then redis.call('HINCRBY', KEYS[1], 'steps_done', 1) end

@@ -40,6 +40,8 @@ if not ok or type(entry) ~= 'table' or entry['run_id'] ~= ARGV[3] then return {'
 if entry['mode'] ~= 'wait' then return {'detached'} end
 local current = redis.call('HGET', KEYS[2], 'v:' .. key)
 if current and not is_stale_failure(current, epoch) then return {'late', epoch, f[4], current} end
+-- A cancelled pass stepped over the wait for it (step_over.lua): its end is late.
+if redis.call('HEXISTS', KEYS[2], 'so:v:' .. key) == 1 then return {'late', epoch, f[4], ''} end
 local outcome
 if ARGV[4] == 'o' then outcome = 'o' .. ARGV[5] else outcome = ARGV[4] .. epoch .. '|' .. ARGV[5] end
 redis.call('HSET', KEYS[2], 'v:' .. key, outcome)

@@ -41,6 +41,13 @@ def compensable(reply: Any, run_id: str) -> Flags:
     return flags(reply)
 
 
+@script("step_over")
+def step_over(reply: Any, run_id: str) -> Flags:
+    """step_over.lua: {'ok', cancel, pause, limit} or {refusal}, raised."""
+    verdict(reply, run_id, "ok")
+    return flags(reply)
+
+
 @script("wake_branches")
 def wake_branches(reply: Any, run_id: str) -> tuple[Flags, list[int]]:
     """wake_branches.lua: {'ok', cancel, pause, limit, j, j, ...}."""

@@ -107,13 +107,15 @@ class Requeued:
 
     sent: bool
     first: bool
+    delay_ms: int = 0
+    """How long the new message waits before it is due: its countdown."""
 
 
 @script("requeue")
 def requeue(reply: Any, run_id: str) -> Requeued:
-    """requeue.lua: {sent 0/1, first 0/1}."""
-    sent, first = reply
-    return Requeued(sent=wake_flag(sent), first=wake_flag(first))
+    """requeue.lua: {sent 0/1, first 0/1, delay ms}."""
+    sent, first, delay = reply
+    return Requeued(sent=wake_flag(sent), first=wake_flag(first), delay_ms=count(delay))
 
 
 @dataclass(frozen=True, slots=True)
