@@ -151,15 +151,12 @@ class RunControl(RunRecords, FleetLiveness):
         k = self.run_keys(run_id)
         first = [k.run, k.progress, k.live, k.waits, k.steps, k.running, k.agents]
         keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
-        now = self.clock()
-        args = [now, self.channel(namespace), message, self.retention_ms, self.lease_ms]
+        args = [self.clock(), self.channel(namespace), message, self.retention_ms, self.lease_ms]
         requested = parse.cancel(self._run("cancel", keys, args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
             self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
-        elif requested.verdict is RequestVerdict.REQUESTED:
-            # A paused, halted or failed run may have been given an attempt to
-            # compensate in: the sweep watches it, should its message be lost.
-            self.schedule_check(run_id, now + self.lease_ms)
+        # A run given an attempt to compensate in is watched already: the look
+        # came first (store_core.LOOK_FIRST), should its message be lost.
         return requested
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:

@@ -177,8 +177,11 @@ class _TracedStore(_Store):
             "schedule_check", lambda: super(_TracedStore, self).schedule_check(run_id, at_ms, sooner_only=sooner_only)
         )
 
-    def reschedule(self, looks: dict[str, int], done: Sequence[str]) -> None:
-        self.tracer.around("reschedule", lambda: super(_TracedStore, self).reschedule(looks, done))
+    def look(self, run_ids: Sequence[str], at_ms: int) -> None:
+        self.tracer.around("look", lambda: super(_TracedStore, self).look(run_ids, at_ms))
+
+    def looked(self, claim: str, looks: dict[str, int], done: Sequence[str]) -> None:
+        self.tracer.around("looked", lambda: super(_TracedStore, self).looked(claim, looks, done))
 
     def unschedule(self, run_id: str) -> None:
         self.tracer.around("unschedule", lambda: super(_TracedStore, self).unschedule(run_id))
