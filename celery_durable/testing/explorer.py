@@ -534,11 +534,11 @@ def explore(scenario: Scenario, tracer_box: list[Tracer], compare: Compare) -> t
 def table(explorations: Sequence[Exploration]) -> str:
     """The explorer's table: per workflow, its crash points and how they ended."""
     head = (
-        f"{'workflow':<14} {'points':>6} {'settled as clean':>16} {'duplicated':>10} {'hung':>5} {'other':>5} "
+        f"{'workflow':<18} {'points':>6} {'settled as clean':>16} {'duplicated':>10} {'hung':>5} {'other':>5} "
         f"{'seconds':>8}"
     )
     lines = [head, "-" * len(head)]
     for e in explorations:
         name, points, clean, duplicated, hung, other, seconds = e.row()
-        lines.append(f"{name:<14} {points:>6} {clean:>16} {duplicated:>10} {hung:>5} {other:>5} {seconds:>8.1f}")
+        lines.append(f"{name:<18} {points:>6} {clean:>16} {duplicated:>10} {hung:>5} {other:>5} {seconds:>8.1f}")
     return "\n".join(lines)
