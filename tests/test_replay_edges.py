@@ -209,16 +209,16 @@ def test_the_first_run_sees_the_journaled_json_not_the_producers_object(durable)
 
 def test_an_idempotent_start_whose_first_send_failed_is_sent_again(durable) -> None:
     d = durable([wf("idem", lambda ctx: 1)])
-    real = d.engine.send_coordinator
+    real = d.engine.deliver
     failed: list[str] = []
 
-    def fail_once(run_id: str, *args: Any, **kwargs: Any) -> None:
+    def fail_once(wakes: Any) -> None:
         if not failed:
-            failed.append(run_id)
+            failed.append(wakes[0].run_id)
             raise ConnectionError("broker down")
-        real(run_id, *args, **kwargs)
+        real(wakes)
 
-    d.engine.send_coordinator = fail_once  # type: ignore[method-assign]
+    d.engine.deliver = fail_once  # type: ignore[method-assign]
     with pytest.raises(StorageUnavailableError, match="broker down"):
         d.client.start_workflow("idem", idempotency_key="k1")
     run_id = d.client.start_workflow("idem", idempotency_key="k1")

@@ -33,6 +33,7 @@ VALUES = {
     "dead",
     "null",  # a signal's payload when it has none
     "o",  # an outcome's tag
+    "late",  # an answer after its op was stepped over
 }
 """Literals a hash command may carry that are values, not field names."""
 

@@ -58,6 +58,17 @@ class Settings(BaseSettings):
             "instead of being taken over for ever."
         ),
     )
+    unserved_backoff_seconds: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=3600,
+        description=(
+            "The longest a message of a run whose workflow this worker does not register waits, passed back to "
+            "its queue, before a worker takes it again: the wait starts at half a second and doubles with each "
+            "pass up to this, so workers that cannot serve a run never spin on it, and one that can finds it "
+            "within about this long once it is up."
+        ),
+    )
     max_fanout: int = Field(default=4096, ge=1, le=1_000_000)
     fanout_tasks: int = Field(
         default=64,

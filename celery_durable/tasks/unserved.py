@@ -35,9 +35,6 @@ logger = logging.getLogger(__name__)
 PASS_ON_FIRST_SECONDS = 0.5
 """How long a message passed on the first time waits before a worker takes it
 again: short enough that a worker that can serve the run finds it soon."""
-PASS_ON_CAP_SECONDS = 30.0
-"""The longest wait the backoff grows to (doubling per pass), so that workers
-that cannot serve a run do not spin on its message however long it waits."""
 PASS_ON_JITTER = (0.8, 1.2)
 """The factor each wait is multiplied by, at random, so that messages passed
 on together do not come back together."""
@@ -55,7 +52,9 @@ def pass_on(engine: Engine, message: RunMessage, token: str, kind: str, resend: 
     """Send ``message`` (task id ``token``, queue kind ``kind``: c, s or a) back
     for a worker that knows its workflow: ``resend(new task id, countdown)``."""
     store = engine.store
-    backoff = (int(PASS_ON_FIRST_SECONDS * 1000), int(PASS_ON_CAP_SECONDS * 1000), _random.uniform(*PASS_ON_JITTER))
+    # The backoff doubles per pass up to settings.unserved_backoff_seconds: never a busy loop.
+    cap_ms = int(engine.settings.unserved_backoff_seconds * 1000)
+    backoff = (int(PASS_ON_FIRST_SECONDS * 1000), cap_ms, _random.uniform(*PASS_ON_JITTER))
     new = new_task_id()
     note = f"No worker that took its messages has workflow {message.workflow!r} registered; they wait for one that has"
     passed = store.requeue(message.run_id, message.epoch, token, new, kind=kind, note=note, backoff=backoff)

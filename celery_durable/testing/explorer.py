@@ -33,6 +33,7 @@ from typing import Any
 
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.broker.scripts import now_ms as wall_ms
+from celery_durable.config import Settings
 from celery_durable.engine import Engine
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep
 from celery_durable.tasks.sending import Outgoing
@@ -259,7 +260,11 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         mechanisms: Mechanisms = PRODUCTION,
         gap_seconds: float | None = None,
     ) -> None:
-        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms)
+        # Branches are handed on after branch_batch_ms of wall time: far off
+        # here, so that every execution of a scenario crosses the same
+        # boundaries however loaded the machine (the explorer replays a trace).
+        settings = Settings(branch_batch_ms=60_000)
+        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms, settings=settings)
         self.clock = _StillClock()
         self.tracer = tracer
         self.gap_ms = self.engine.store.lease_ms if gap_seconds is None else round(gap_seconds * 1000)

@@ -65,6 +65,8 @@ RUN_FIELDS: dict[str, str] = {
     "refused": "writes the fence refused (stale epochs), for operators",
     "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
     "since a pass last ran; '' while one that knows it runs it (requeue.lua)",
+    "unserved_passes": "how many times its messages were passed on by workers that do not know its workflow "
+    "since a pass or a branch of it last ran: the next pass-on's backoff doubles with it (requeue.lua)",
     "waiting": "JSON summary of what the run waits for (snapshot.waiting_for), or ''",
     "ixv": "how many times its status or waiting summary changed (set_status, set_waiting in _prelude.lua): "
     "the version its namespace's indexes were written from (run_index.py); absent: 0",
