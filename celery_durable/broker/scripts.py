@@ -18,103 +18,62 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
-SCRIPT_NAMES = (
-    "activate",
-    "agent_call",
-    "agent_finish",
-    "agent_start",
-    "begin_op",
-    "branch_start",
-    "claim_dead_workers",
-    "claim_due",
-    "examine",
-    "commit_begin",
-    "cancel",
-    "complete_begin",
-    "complete_branch",
-    "create_run",
-    "discard_run",
-    "dispatch",
-    "finish",
-    "halt",
-    "heartbeat",
-    "index_forget",
-    "index_intent",
-    "index_run",
-    "index_sync",
-    "mark_lost",
-    "mark_sent",
-    "note_code",
-    "pause",
-    "read_history",
-    "read_progress",
-    "read_sequence",
-    "read_sequences",
-    "received",
-    "record_op",
-    "requeue",
-    "release",
-    "release_idempotency",
-    "resume",
-    "sending",
-    "task_end",
-    "unsent",
-    "wait",
-    "signal",
-    "call",
-    "call_done",
-    "child",
-    "child_done",
-    "compensable",
-    "step_over",
-    "wake_branches",
-    "look",
-    "looked",
-)
+LUA = resources.files("celery_durable.broker") / "lua"
 
 
-WAKE_COUNTERS = ("token_queued",)
-"""The prelude's functions that count a message of a run in flight before it
-is published: a script calling one (or a prelude function that does) counts a
-wake, which its caller publishes after it."""
+def _script_names() -> tuple[str, ...]:
+    return tuple(
+        sorted(p.name.removesuffix(".lua") for p in LUA.iterdir() if p.name.endswith(".lua") and p.name[0] != "_")
+    )
+
+
+SCRIPT_NAMES = _script_names()
+"""Every script in ``lua/`` (``_prelude.lua`` is prepended to each): a new
+file is a new script, registered with no list to keep."""
 
 
 @cache
-def counts_wakes(name: str) -> bool:
-    """Whether script ``name`` may count a wake, read from the Lua itself, so
-    that a new script is known for one without anybody listing it."""
-    folder = resources.files("celery_durable.broker") / "lua"
-    prelude = (folder / "_prelude.lua").read_text(encoding="utf-8")
+def _prelude_calls() -> dict[str, frozenset[str]]:
+    """Each prelude function, and the prelude functions it calls."""
     bodies: dict[str, str] = {}
     current = ""
-    for line in prelude.splitlines():
+    for line in (LUA / "_prelude.lua").read_text(encoding="utf-8").splitlines():
         found = re.match(r"local function (\w+)", line)
         if found:
             current = found.group(1)
             bodies[current] = ""
         elif current:
             bodies[current] += line + "\n"
-    counting = set(WAKE_COUNTERS)
+    return {f: frozenset(g for g in bodies if re.search(rf"\b{g}\(", body)) for f, body in bodies.items()}
+
+
+@cache
+def reaches(name: str, targets: frozenset[str]) -> bool:
+    """Whether script ``name`` calls one of the prelude's ``targets``, itself
+    or through other prelude functions: what a script may do, read from its
+    Lua, so that every list of scripts that do a thing is derived, not kept."""
+    calls = _prelude_calls()
+    reaching = set(targets)
     grew = True
     while grew:
         grew = False
-        for function, body in bodies.items():
-            if function not in counting and any(re.search(rf"\b{c}\(", body) for c in counting):
-                counting.add(function)
+        for function, called in calls.items():
+            if function not in reaching and called & reaching:
+                reaching.add(function)
                 grew = True
-    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
-    return any(re.search(rf"\b{c}\(", body) for c in counting)
+    body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    return any(re.search(rf"\b{f}\(", body) for f in reaching)
 
 
-WAKING_SCRIPTS = frozenset(name for name in SCRIPT_NAMES if counts_wakes(name))
-"""The scripts that may count a wake (``counts_wakes``)."""
+WAKING_SCRIPTS = frozenset(name for name in SCRIPT_NAMES if reaches(name, frozenset({"token_queued"})))
+"""The scripts that may count a wake: a message of a run in flight before it
+is published (``token_queued``), which their caller publishes after them."""
 
 
 @cache
 def script_source(name: str) -> str:
-    folder = resources.files("celery_durable.broker") / "lua"
-    prelude = (folder / "_prelude.lua").read_text(encoding="utf-8")
-    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    prelude = (LUA / "_prelude.lua").read_text(encoding="utf-8")
+    body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
     return f"{prelude}\n{body}"
 
 
