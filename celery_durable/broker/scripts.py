@@ -70,6 +70,11 @@ SCRIPT_NAMES = (
     "wake_branches",
     "look",
     "looked",
+    "schedule_claim",
+    "schedule_delete",
+    "schedule_pause",
+    "schedule_put",
+    "schedule_record",
 )
 
 
