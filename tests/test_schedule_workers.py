@@ -8,6 +8,7 @@ record: the tick still starts exactly one run, and nothing after it is lost.
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -45,7 +46,7 @@ def assert_every_tick_once(runs: list[Any], every_ms: int, first_ms: int) -> Non
     ticks = [to_ms(run.scheduled_at) for run in runs]
     assert ticks[0] == first_ms, "the first tick was not fired"
     assert len(ticks) == len(set(ticks)), "a tick started two runs"
-    gaps = {b - a for a, b in zip(ticks, ticks[1:], strict=False)}
+    gaps = {b - a for a, b in itertools.pairwise(ticks)}
     assert gaps == {every_ms}, f"ticks missed or out of step: gaps {sorted(gaps)}"
 
 
