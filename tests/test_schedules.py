@@ -176,6 +176,8 @@ def test_ids_follow_the_workflow_name_rule_and_are_unique_unless_replaced(env: W
 def test_every_tick_starts_one_run_with_its_schedule_and_tick(env: WorkflowTestEnvironment) -> None:
     info = env.client.create_schedule("s", "stamp", every=10, args={"region": "emea"})
     assert len(info.next_times) == 5 and info.next_times[1] - info.next_times[0] == timedelta(seconds=10)
+    # the grid is anchored on the creation time itself: a tick one interval after it, none between
+    assert info.next_times[0] == info.created_at + timedelta(seconds=10)
     first = info.next_times[0]
     step(env, 35)
     started = runs(env, "s")

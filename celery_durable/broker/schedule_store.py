@@ -73,14 +73,17 @@ class ScheduleStore(StoreCore):
         next_ms: int | None,
         rev: int | None,
         paused: bool | None,
+        now_ms: int,
     ) -> Put:
         """Create the schedule (``rev`` None) or change it under the rev read;
-        ``paused`` None keeps its paused state."""
+        ``paused`` None keeps its paused state. ``now_ms`` is the time its
+        next tick was reckoned from: a new one's creation time, which anchors
+        an ``every`` schedule's ticks, so it must be the same reading."""
         k = self.schedule_keys(namespace, schedule_id)
         flat = [item for pair in fields.items() for item in pair]
         mode = "create" if rev is None else "update"
         state = "" if paused is None else ("1" if paused else "0")
-        args = [mode, k.member, schedule_id, self.clock(), _text(next_ms), _text(rev), state, *flat]
+        args = [mode, k.member, schedule_id, now_ms, _text(next_ms), _text(rev), state, *flat]
         return parse.schedule_put(self._run("schedule_put", [k.schedule, k.due, k.ids], args))
 
     def pause_schedule(

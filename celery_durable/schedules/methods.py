@@ -113,7 +113,9 @@ class ScheduleMethods:
             next_ms = next_for_change(stored, spec, now)
             rev = None if stored is None else stored.rev
             state = spec.paused if stored is None else None
-            put = store.put_schedule(self.namespace, schedule_id, spec.fields(), next_ms=next_ms, rev=rev, paused=state)
+            put = store.put_schedule(
+                self.namespace, schedule_id, spec.fields(), next_ms=next_ms, rev=rev, paused=state, now_ms=now
+            )
             if put.verdict is PutVerdict.OK:
                 return self.get_schedule(schedule_id)
             if put.verdict is PutVerdict.EXISTS and not replace:
@@ -157,7 +159,7 @@ class ScheduleMethods:
                 next_ms = spec.calendar(stored.created_ms).next_after(now)
             state = spec.paused if "paused" in fields else None
             put = store.put_schedule(
-                self.namespace, schedule_id, spec.fields(), next_ms=next_ms, rev=stored.rev, paused=state
+                self.namespace, schedule_id, spec.fields(), next_ms=next_ms, rev=stored.rev, paused=state, now_ms=now
             )
             if put.verdict is PutVerdict.OK:
                 return self.get_schedule(schedule_id)
