@@ -18,6 +18,8 @@ from celery_durable.errors import (
     DurableError,
     NonDeterminismError,
     RunNotFoundError,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
     StaleAttemptError,
     StepFailed,
     StorageCorruptError,
@@ -30,6 +32,7 @@ from celery_durable.errors import (
     WorkflowWaitCancelled,
 )
 from celery_durable.history import HistoryEvent, HistoryPage
+from celery_durable.schedules.spec import ScheduleInfo
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
@@ -84,6 +87,7 @@ __all__ = [
     "RunUpdate",
     "ReplayCheck",
     "RunWatch",
+    "ScheduleInfo",
     "StepRow",
     "is_terminal_status",
     # errors
@@ -92,6 +96,8 @@ __all__ = [
     "DurableError",
     "NonDeterminismError",
     "RunNotFoundError",
+    "ScheduleExistsError",
+    "ScheduleNotFoundError",
     "StaleAttemptError",
     "StepFailed",
     "StorageCorruptError",

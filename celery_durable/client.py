@@ -32,6 +32,7 @@ from celery_durable.run_views import (
     phase_rows,
     step_rows_in_order,
 )
+from celery_durable.schedules.methods import ScheduleMethods
 from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.wakes import Wake, woken
@@ -61,8 +62,8 @@ MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 
 
-class Client:
-    """One namespace's view of the runs; every call validates before it writes."""
+class Client(ScheduleMethods):
+    """One namespace's view of the runs and schedules; every call validates before it writes."""
 
     def __init__(self, engine: Engine, namespace: str) -> None:
         if not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace):
@@ -180,6 +181,7 @@ class Client:
         run_id_prefix: str | None = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        schedule_id: str | None = None,
     ) -> RunPage:
         """This namespace's runs, newest first, in pages; the filters combine.
 
@@ -189,7 +191,9 @@ class Client:
         hex), given in id order. ``created_after`` (inclusive) and
         ``created_before`` (exclusive): timezone-aware datetimes. Filtered
         pages read the namespace's indexes (``celery-durable runs reindex``
-        builds them for a store written before they existed)."""
+        builds them for a store written before they existed). ``schedule_id``:
+        the runs that schedule started, newest tick first (SPEC §5d)."""
+        more: dict[str, Any] = {} if schedule_id is None else {"schedule_id": schedule_id}
         return list_runs(
             self.engine.store,
             self.namespace,
@@ -201,6 +205,7 @@ class Client:
             run_id_prefix=run_id_prefix,
             created_after=created_after,
             created_before=created_before,
+            **more,
         )
 
     def reindex_runs(self) -> int:

@@ -69,6 +69,18 @@ class RunNotFoundError(DurableError, LookupError):
     code = "not_found"
 
 
+class ScheduleExistsError(DurableError, ValueError):
+    """``create_schedule`` named a schedule that exists, without ``replace=True`` (SPEC §5d)."""
+
+    code = "schedule_exists"
+
+
+class ScheduleNotFoundError(DurableError, LookupError):
+    """No schedule with this id exists in the client's namespace (SPEC §5d)."""
+
+    code = "not_found"
+
+
 class WorkflowWaitCancelled(DurableError):
     """The caller's ``cancel_event`` ended a wait; the run itself goes on."""
 

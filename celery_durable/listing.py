@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from celery_durable import progress as paging
@@ -74,6 +74,7 @@ class RunFilter:
     run_id_prefix: str | None = None
     created_after: int | None = None
     created_before: int | None = None
+    schedule_id: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -91,6 +92,7 @@ class RunFilter:
             and (self.run_id_prefix is None or record.run_id.startswith(self.run_id_prefix))
             and (self.created_after is None or record.created_at >= self.created_after)
             and (self.created_before is None or record.created_at < self.created_before)
+            and (self.schedule_id is None or record.schedule_id == self.schedule_id)
         )
 
 
@@ -147,8 +149,9 @@ def list_runs(
     **more: object,
 ) -> RunPage:
     """One page of ``namespace``'s runs that pass the filters (None: any);
-    ``more``: ``waiting``, ``run_id_prefix``, ``created_after``, ``created_before``."""
-    unknown = set(more) - {"waiting", "run_id_prefix", "created_after", "created_before"}
+    ``more``: ``waiting``, ``run_id_prefix``, ``created_after``, ``created_before``,
+    ``schedule_id`` (the runs a schedule started, newest tick first)."""
+    unknown = set(more) - {"waiting", "run_id_prefix", "created_after", "created_before", "schedule_id"}
     if unknown:
         raise TypeError(f"list_workflow_runs got unexpected keyword arguments: {', '.join(sorted(unknown))}")
     keep = check_filter(
@@ -162,6 +165,12 @@ def list_runs(
     paging.check_page_limit(limit)
     if cursor is not None and not isinstance(cursor, str):
         raise ValueError(f"cursor is not one list_workflow_runs returned: {short_repr(cursor)}")
+    schedule_id = more.get("schedule_id")
+    if schedule_id is not None:
+        if not (isinstance(schedule_id, str) and WORKFLOW_NAME_PATTERN.match(schedule_id)):
+            raise ValueError(f"schedule_id must be a schedule id, got {short_repr(schedule_id)}")
+        keep = replace(keep, schedule_id=schedule_id)
+        return _by_schedule(store, namespace, keep, limit, _cursor(cursor, "k", str.isdigit))
     if keep.empty:
         return _by_start(store, namespace, keep, limit, _cursor(cursor, "s", str.isdigit))
     if not store.index_built(namespace):
@@ -235,6 +244,20 @@ def _by_start(store: RunStore, namespace: str, keep: RunFilter, limit: int, curs
         page.take(store, namespace, [(f"{score:.0f}", run_id) for run_id, score in batch])
         before = batch[-1][1]
     return page.page("s")
+
+
+def _by_schedule(store: RunStore, namespace: str, keep: RunFilter, limit: int, cursor: str | None) -> RunPage:
+    """The runs a schedule started (its runs zset, by tick), every record checked for the other filters."""
+    assert keep.schedule_id is not None
+    page = _Page(limit, keep)
+    before = int(cursor) if cursor is not None else None
+    while not page.full:
+        batch = store.schedule_runs(namespace, keep.schedule_id, before, max(limit * 2, 64))
+        if not batch:
+            break
+        page.take(store, namespace, [(str(tick), run_id) for run_id, tick in batch])
+        before = batch[-1][1]
+    return page.page("k")
 
 
 def _by_index(store: RunStore, namespace: str, keep: RunFilter, limit: int, cursor: str | None) -> RunPage:

@@ -43,6 +43,7 @@ PUBLIC_NAMES = {
     "RunPage",
     "RunUpdate",
     "RunWatch",
+    "ScheduleInfo",
     "StepRow",
     "is_terminal_status",
     # errors
@@ -51,6 +52,8 @@ PUBLIC_NAMES = {
     "DurableError",
     "NonDeterminismError",
     "RunNotFoundError",
+    "ScheduleExistsError",
+    "ScheduleNotFoundError",
     "StaleAttemptError",
     "StepFailed",
     "StorageCorruptError",

@@ -73,6 +73,28 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                              scored by when: what the web view's fleet page
                              lists
 
+    P:{sched}:due    zset    every schedule that is not paused, member
+                             "<N>/<schedule id>", scored by its next tick (ms),
+                             or by a sweeper's claim on it (the claim's end
+                             plus half a millisecond, schedule_claim.lua)
+    P:{sched}:s:N:S  hash    schedule S of namespace N: its specification and
+                             its firing state (schema.SCHEDULE_FIELDS)
+    P:{sched}:recent:N:S
+                     list    its last actions, newest first, JSON each
+                             (schedules/spec.py), trimmed to 20
+    P:{sched}:runs:N:S
+                     zset    the runs it started, scored by their tick (ms),
+                             for `runs list --schedule S`; trimmed to the run
+                             retention
+    P:{sched}:ids:N  zset    namespace N's schedule ids, all scored 0 (by id)
+
+A schedule's tick starts a run whose id is derived from N, S and the tick
+(schema.schedule_run_id): the schedules' slot and the run's are two, so a
+tick is claimed in ``{sched}``, its run created in ``{R}`` (create_run.lua
+refuses a second), then the tick recorded in ``{sched}`` (schedule_record.lua):
+a sweeper that dies in between leaves the claim to run out, and the next
+claim finds the run made and only records it.
+
 A *sequence* is one ordered stream of calls: ``m`` is the workflow's main
 body, ``m.3.7`` is branch 7 of the fan-out that was op 3 of ``m``.
 
@@ -85,7 +107,7 @@ run hash field, ``append_progress`` in ``_prelude.lua``).
 
 Every key of one run carries the hash tag ``{R}`` so all of them live in one
 Redis Cluster slot and a Lua script may touch several. Namespace keys carry
-``{ns:N}``, the sweep's ``{sweep}``. No script mixes two tags: writes that
+``{ns:N}``, the sweep's ``{sweep}``, every schedule's ``{sched}``. No script mixes two tags: writes that
 span them (start a run, then index and schedule it) are ordered so that a
 crash between them is harmless.
 """
@@ -97,7 +119,7 @@ from dataclasses import dataclass
 
 from celery_durable.names import NAMESPACE_PATTERN
 
-__all__ = ["NAMESPACE_PATTERN", "RUN_ID_PATTERN", "KeySpace", "NamespaceKeys", "RunKeys"]
+__all__ = ["NAMESPACE_PATTERN", "RUN_ID_PATTERN", "KeySpace", "NamespaceKeys", "RunKeys", "ScheduleKeys"]
 
 RUN_ID_PATTERN = re.compile(r"\A[0-9a-f]{32}\Z")
 
@@ -130,6 +152,19 @@ class NamespaceKeys:
 
     def idempotency(self, key: str) -> str:
         return self.idempotency_prefix + key
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleKeys:
+    """One schedule's keys, and the due zset every schedule shares (one slot)."""
+
+    member: str
+    """Its member in ``due``: ``"<namespace>/<schedule id>"``."""
+    schedule: str
+    recent: str
+    runs: str
+    ids: str
+    due: str
 
 
 class KeySpace:
@@ -189,6 +224,29 @@ class KeySpace:
             index_intents=f"{base}:ixintent",
             index_meta=f"{base}:ixmeta",
         )
+
+    @property
+    def schedules_due(self) -> str:
+        return f"{self.prefix}:{{sched}}:due"
+
+    def schedule_ids(self, namespace: str) -> str:
+        return f"{self.prefix}:{{sched}}:ids:{namespace}"
+
+    def schedule(self, namespace: str, schedule_id: str) -> ScheduleKeys:
+        base = f"{self.prefix}:{{sched}}"
+        return ScheduleKeys(
+            member=f"{namespace}/{schedule_id}",
+            schedule=f"{base}:s:{namespace}:{schedule_id}",
+            recent=f"{base}:recent:{namespace}:{schedule_id}",
+            runs=f"{base}:runs:{namespace}:{schedule_id}",
+            ids=self.schedule_ids(namespace),
+            due=self.schedules_due,
+        )
+
+    def schedule_of(self, member: str) -> ScheduleKeys:
+        """The keys of the schedule a ``due`` member names."""
+        namespace, _, schedule_id = member.partition("/")
+        return self.schedule(namespace, schedule_id)
 
     def run_id_of(self, run_key: str) -> str:
         """The run id a key of ``run()`` names (the text of its hash tag)."""

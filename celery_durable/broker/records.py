@@ -54,6 +54,10 @@ class RunRecord:
     parent_key: str | None = None
     children: int = 0
     """Child keys the run started: none means no child to look at."""
+    schedule_id: str | None = None
+    """The schedule whose tick started the run (SPEC §5d), else None."""
+    scheduled_at: int | None = None
+    """That tick, in ms."""
     compensates: bool = False
     """A saga of the run registered a compensation (SPEC §5c)."""
     attempt_code_hash: str = ""

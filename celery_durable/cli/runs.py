@@ -93,10 +93,13 @@ def runs_list(
     prefix: Annotated[str | None, typer.Option("--prefix", help="Only runs whose id starts with this.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="Only runs created at or after (ISO 8601).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="Only runs created before (ISO 8601).")] = None,
+    schedule: Annotated[
+        str | None, typer.Option("--schedule", metavar="ID", help="Only runs this schedule started, newest tick first.")
+    ] = None,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List runs, newest first (by id with --prefix)."""
+    """List runs, newest first (by id with --prefix, by tick with --schedule)."""
     page = guarded(
         lambda: client_for(app_path, namespace).list_workflow_runs(
             status=status,
@@ -107,6 +110,7 @@ def runs_list(
             run_id_prefix=prefix,
             created_after=time_param("--since", since),
             created_before=time_param("--until", until),
+            schedule_id=schedule,
         )
     )
     if as_json:

@@ -51,6 +51,7 @@ from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.schedules.firing import fire_due
 from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
@@ -274,7 +275,24 @@ class RecoverySweep:
         self.engine.store.report_empty(queues, at)
 
     def sweep_once(self) -> int | None:
-        """One look at every run that is due; returns when the next one falls due."""
+        """One look at every run that is due, and at every schedule whose tick
+        is; returns when the next one falls due."""
+        next_tick = self.fire_schedules()
+        next_run = self._sweep_runs()
+        return min((at for at in (next_tick, next_run) if at is not None), default=None)
+
+    def fire_schedules(self) -> int | None:
+        """Fire the schedules' due ticks (``schedules/firing.py``): any worker
+        alive does, each tick once. A failure here never stops recovery."""
+        try:
+            return fire_due(self.engine)
+        except StorageError:
+            raise
+        except Exception:
+            logger.exception("firing schedules failed")
+            return None
+
+    def _sweep_runs(self) -> int | None:
         store = self.engine.store
         if self._may_take_over():
             self.bury_dead_workers()

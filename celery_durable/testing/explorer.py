@@ -327,20 +327,21 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
             call()
 
     def sweep_once(self) -> int | None:
-        """The real sweep's pass on the virtual clock: every queue was found
-        empty now (the fleet's queue was drained), the due runs are claimed,
-        examined, their timers fired and the dead taken over. Returns when
-        the next run falls due."""
+        """The real sweep's pass on the virtual clock: the schedules' due ticks
+        fired, every queue found empty now (the fleet's queue was drained),
+        the due runs claimed, examined, their timers fired and the dead taken
+        over. Returns when the next run or tick falls due."""
         store = self.engine.store
         now = store.now_ms()
         s = self.settings
         held = {_queue_name(m.queue) for m in self._fleet.queue if isinstance(m, Outgoing)}
         queues = [s.coordinator_queue, s.steps_queue, s.agents_queue]
         store.report_empty([queue for queue in queues if queue not in held], now)
+        next_tick = self.sweep.fire_schedules()
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if due.runs:
             self.sweep._look(due.runs, due.claim, store.queue_room(), now)
-        return due.next_due
+        return min((at for at in (next_tick, due.next_due) if at is not None), default=None)
 
     def recover(self, done: Callable[[], bool], leases: int = DEFAULT_LEASES) -> bool:
         """Deliver and sweep, moving the clock to each next look, until

@@ -13,6 +13,7 @@ from typing import Any
 from celery_durable import (
     DurableError,
     RunNotFoundError,
+    ScheduleNotFoundError,
     StorageCorruptError,
     StorageUnavailableError,
     WorkflowResumeError,
@@ -48,7 +49,7 @@ class Forbidden(Exception):
 def problem(exc: BaseException) -> Problem | None:
     """The HTTP form of an error the client raises on purpose; None for a bug."""
     code = getattr(exc, "code", None)
-    if isinstance(exc, RunNotFoundError):
+    if isinstance(exc, RunNotFoundError | ScheduleNotFoundError):
         return Problem(404, "not_found", str(exc))
     if isinstance(exc, WorkflowResumeError):
         status = RESUME_STATUS.get(exc.code or "", 409)

@@ -43,6 +43,7 @@ class RunsQuery:
     created_after: str | None = None
     created_before: str | None = None
     waiting: str | None = None
+    schedule: str | None = None
 
     @classmethod
     def of(cls, params: QueryParams) -> RunsQuery:
@@ -82,6 +83,8 @@ class RunsQuery:
             options["created_before"] = before
         if self.waiting is not None:
             options["waiting"] = True if self.waiting == ANY_WAIT else self.waiting
+        if self.schedule is not None:
+            options["schedule_id"] = self.schedule
         return options
 
 

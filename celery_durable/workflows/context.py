@@ -12,7 +12,7 @@ import copy
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery_durable.workflows import patches
@@ -60,6 +60,17 @@ class WorkflowContext:
     @property
     def run_id(self) -> str:
         return self._replay.run.run_id
+
+    @property
+    def schedule_id(self) -> str | None:
+        """The schedule whose tick started this run (SPEC §5d), else None."""
+        return self._replay.run.schedule_id
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        """That tick, an aware UTC datetime, else None: the same on every replay."""
+        at = self._replay.run.scheduled_at
+        return None if at is None else datetime.fromtimestamp(at / 1000, tz=UTC)
 
     @property
     def attempt(self) -> int:

@@ -70,6 +70,10 @@ class RunEnvelope:
     finished_at: datetime | None
     parent_run_id: str | None = None
     """The run that started this one with ``ctx.child``/``ctx.start_child`` (SPEC §5b)."""
+    schedule_id: str | None = None
+    """The schedule whose tick started this run (SPEC §5d)."""
+    scheduled_at: datetime | None = None
+    """That tick, an aware UTC datetime."""
 
     @classmethod
     def from_record(cls, record: RunRecord, snapshot_extra: dict[str, Any] | None = None) -> RunEnvelope:
@@ -102,6 +106,8 @@ class RunEnvelope:
             started_at=from_ms(record.started_at),
             finished_at=from_ms(record.finished_at),
             parent_run_id=record.parent_run_id,
+            schedule_id=record.schedule_id,
+            scheduled_at=from_ms(record.scheduled_at),
         )
 
     @property
@@ -127,6 +133,8 @@ class RunEnvelope:
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "parent_run_id": self.parent_run_id,
+            "schedule_id": self.schedule_id,
+            "scheduled_at": _iso(self.scheduled_at),
         }
         if self.has_result:
             data["result"] = self.result

@@ -20,5 +20,6 @@ One module per part of the store that runs the scripts:
 - ``control``: finish, resume, halt, cancel, pause, signal (``run_control.py``);
 - ``fleet``: the recovery sweep's (``fleet_store.py``);
 - ``history``: what a run's history is derived from (``history_facts.py``);
-- ``index``: the scripts that keep a namespace's indexes (``run_index.py``).
+- ``index``: the scripts that keep a namespace's indexes (``run_index.py``);
+- ``schedules``: the schedules' (``schedule_store.py``).
 """

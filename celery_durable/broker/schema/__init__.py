@@ -103,6 +103,7 @@ from celery_durable.broker.schema.rows import (
     queued_agent_row,
 )
 from celery_durable.broker.schema.run import INDEX_META_FIELDS, RUN_FIELDS, new_run_fields, parse_run, wait_outcome
+from celery_durable.broker.schema.schedules import SCHEDULE_FIELDS, schedule_fields, schedule_run_id
 
 __all__ = [
     "AGENT_STATUSES",
@@ -122,6 +123,9 @@ __all__ = [
     "POSITION_STRIDE",
     "INDEX_META_FIELDS",
     "RUN_FIELDS",
+    "SCHEDULE_FIELDS",
+    "schedule_fields",
+    "schedule_run_id",
     "SIGNAL_FIELDS",
     "STEP_STATUSES",
     "Identity",

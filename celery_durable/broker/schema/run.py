@@ -72,6 +72,8 @@ RUN_FIELDS: dict[str, str] = {
     "the version its namespace's indexes were written from (run_index.py); absent: 0",
     "parent_run_id": "the run that started this one with ctx.child/ctx.start_child (schema.children), or absent",
     "parent_key": "the key its parent started it under, or absent",
+    "schedule_id": "the schedule whose tick started the run (schema.schedules), or absent",
+    "scheduled_at": "that tick (ms), or absent",
     "children": "how many child keys the run started (its children hash's fields)",
     "compensates": "'1' once a saga of the run registered a compensation: a cancelled run replays to run them",
     "trace_parent": "W3C traceparent of the span the run was started under (the caller's, or the start's own), "
@@ -189,6 +191,8 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             parent_run_id=raw.get("parent_run_id") or None,
             parent_key=raw.get("parent_key") or None,
             children=int(raw.get("children") or 0),
+            schedule_id=raw.get("schedule_id") or None,
+            scheduled_at=_optional_int(raw.get("scheduled_at")),
             compensates=raw.get("compensates") == "1",
             trace_parent=raw.get("trace_parent", ""),
             trace_attempt=raw.get("trace_attempt", ""),

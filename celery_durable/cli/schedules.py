@@ -1,0 +1,223 @@
+"""``celery-durable schedules ...`` (SPEC §5d): each command is one call on the public client."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from celery_durable.cli.common import (
+    AppOption,
+    JsonOption,
+    NamespaceOption,
+    UserError,
+    app,
+    client_for,
+    guarded,
+    out,
+    parse_json_option,
+    print_json,
+)
+from celery_durable.schedules.spec import ScheduleInfo
+
+schedules_app = typer.Typer(no_args_is_help=True, help="Start workflows on a calendar: no beat process needed.")
+app.add_typer(schedules_app, name="schedules")
+
+ScheduleArgument = Annotated[str, typer.Argument(metavar="SCHEDULE", help="A schedule id.")]
+NoteOption = Annotated[str | None, typer.Option("--note", help="A note for the operators.")]
+CronOption = Annotated[str | None, typer.Option("--cron", help="5 cron fields, or 6 with seconds first.")]
+EveryOption = Annotated[float | None, typer.Option("--every", help="Seconds between ticks (>= 1).")]
+TimezoneOption = Annotated[str | None, typer.Option("--timezone", help="IANA time zone of the cron (UTC).")]
+ArgsOption = Annotated[str | None, typer.Option("--args", help="JSON args of the runs it starts.")]
+LimitsOption = Annotated[str | None, typer.Option("--limits", help="JSON limits of the runs it starts.")]
+OverlapOption = Annotated[
+    str | None, typer.Option("--overlap", help="skip, buffer_one, allow_all or cancel_other (skip).")
+]
+CatchupOption = Annotated[
+    float | None, typer.Option("--catchup-window", help="Seconds a tick missed in an outage may start late (60).")
+]
+
+
+def _fields(**given: Any) -> dict[str, Any]:
+    """The options given (None: not given), JSON ones parsed."""
+    fields = {name: value for name, value in given.items() if value is not None}
+    for name in ("args", "limits"):
+        if name in fields:
+            fields[name] = parse_json_option(f"--{name}", fields[name])
+    return fields
+
+
+def _time(name: str, text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise UserError(f"{name} takes an ISO 8601 time such as 2024-05-01T09:00:00Z, got {text!r:.80}") from None
+
+
+def _show(info: ScheduleInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(info.to_dict())
+        return
+    when = info.cron or f"every {info.every:g} s"
+    state = "paused" if info.paused else "active"
+    out.print(f"{info.schedule_id}: {info.workflow}, {when} ({info.timezone}), overlap {info.overlap}, {state}")
+    if info.note:
+        out.print(f"note: {info.note}", markup=False)
+    for at in info.next_times:
+        out.print(f"  next {at.isoformat()}", markup=False)
+    table = Table("tick", "action", "run", "at")
+    for item in info.recent:
+        table.add_row(item["tick"].isoformat(), item["action"], item["run_id"] or "", item["at"].isoformat())
+    if info.recent:
+        out.print(table)
+
+
+@schedules_app.command("list")
+def schedules_list(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
+    """The namespace's schedules, by id."""
+    infos = guarded(lambda: client_for(app_path, namespace).list_schedules())
+    if as_json:
+        print_json({"schedules": [info.to_dict() for info in infos]})
+        return
+    table = Table("schedule", "workflow", "when", "overlap", "state", "next")
+    for info in infos:
+        when = info.cron or f"every {info.every:g} s"
+        nxt = info.next_times[0].isoformat() if info.next_times else ""
+        table.add_row(info.schedule_id, info.workflow, when, info.overlap, "paused" if info.paused else "active", nxt)
+    out.print(table)
+
+
+@schedules_app.command("show")
+def schedules_show(
+    schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
+) -> None:
+    """A schedule: its specification, next ticks and recent actions."""
+    _show(guarded(lambda: client_for(app_path, namespace).get_schedule(schedule_id)), as_json)
+
+
+@schedules_app.command("create")
+def schedules_create(
+    schedule_id: ScheduleArgument,
+    workflow_name: Annotated[str, typer.Argument(metavar="WORKFLOW", help="A registered workflow's name.")],
+    app_path: AppOption,
+    cron: CronOption = None,
+    every: EveryOption = None,
+    timezone: TimezoneOption = None,
+    args: ArgsOption = None,
+    limits: LimitsOption = None,
+    overlap: OverlapOption = None,
+    catchup_window: CatchupOption = None,
+    paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
+    note: NoteOption = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Replace a schedule of this id.")] = False,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a schedule (--cron or --every)."""
+    fields = guarded(
+        lambda: _fields(
+            cron=cron, every=every, timezone=timezone, args=args, limits=limits, overlap=overlap,
+            catchup_window=catchup_window, note=note,
+        )
+    )
+    info = guarded(
+        lambda: client_for(app_path, namespace).create_schedule(
+            schedule_id, workflow_name, paused=paused, replace=replace, **fields
+        )
+    )
+    _show(info, as_json)
+
+
+@schedules_app.command("update")
+def schedules_update(
+    schedule_id: ScheduleArgument,
+    app_path: AppOption,
+    workflow_name: Annotated[str | None, typer.Option("--workflow", help="The workflow its ticks start.")] = None,
+    cron: CronOption = None,
+    every: EveryOption = None,
+    timezone: TimezoneOption = None,
+    args: ArgsOption = None,
+    limits: LimitsOption = None,
+    overlap: OverlapOption = None,
+    catchup_window: CatchupOption = None,
+    note: NoteOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Change the options given; the rest stay."""
+    fields = guarded(
+        lambda: _fields(
+            workflow=workflow_name, cron=cron, every=every, timezone=timezone, args=args, limits=limits,
+            overlap=overlap, catchup_window=catchup_window, note=note,
+        )
+    )
+    _show(guarded(lambda: client_for(app_path, namespace).update_schedule(schedule_id, **fields)), as_json)
+
+
+@schedules_app.command("pause")
+def schedules_pause(
+    schedule_id: ScheduleArgument,
+    app_path: AppOption,
+    note: NoteOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fire nothing until unpaused (the ticks passed meanwhile are not caught up)."""
+    _show(guarded(lambda: client_for(app_path, namespace).pause_schedule(schedule_id, note=note)), as_json)
+
+
+@schedules_app.command("unpause")
+def schedules_unpause(
+    schedule_id: ScheduleArgument,
+    app_path: AppOption,
+    note: NoteOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fire again, from the next tick."""
+    _show(guarded(lambda: client_for(app_path, namespace).unpause_schedule(schedule_id, note=note)), as_json)
+
+
+@schedules_app.command("trigger")
+def schedules_trigger(
+    schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
+) -> None:
+    """Start a run now, as a tick at the current time (overlap applies): prints its id, or that it was skipped."""
+    run_id = guarded(lambda: client_for(app_path, namespace).trigger_schedule(schedule_id))
+    if as_json:
+        print_json({"run_id": run_id})
+    else:
+        out.print(run_id or "skipped (overlap)", markup=False)
+
+
+@schedules_app.command("backfill")
+def schedules_backfill(
+    schedule_id: ScheduleArgument,
+    start: Annotated[str, typer.Argument(metavar="START", help="ISO 8601 (a naive time is UTC), inclusive.")],
+    end: Annotated[str, typer.Argument(metavar="END", help="ISO 8601, exclusive.")],
+    app_path: AppOption,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a run for every tick in [START, END); again, the same runs, nothing new."""
+    start_at, end_at = guarded(lambda: (_time("START", start), _time("END", end)))
+    run_ids = guarded(lambda: client_for(app_path, namespace).backfill_schedule(schedule_id, start_at, end_at))
+    if as_json:
+        print_json({"run_ids": run_ids})
+        return
+    for run_id in run_ids:
+        out.print(run_id, markup=False)
+
+
+@schedules_app.command("delete")
+def schedules_delete(
+    schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
+) -> None:
+    """Stop its ticks; the runs it started are untouched."""
+    guarded(lambda: client_for(app_path, namespace).delete_schedule(schedule_id))
+    if as_json:
+        print_json({"deleted": schedule_id})
+    else:
+        out.print(f"deleted {schedule_id}", markup=False)

@@ -1,0 +1,299 @@
+"""Firing a schedule's ticks: the sweep's part, a trigger's and a backfill's (SPEC §5d).
+
+No beat process and no singleton: every worker's recovery sweep claims the
+schedules whose tick is due (``schedule_claim.lua``, as it claims due runs),
+so a fleet fires each tick once, and whichever worker is alive fires it.
+
+A tick's run has an id derived from the namespace, the schedule and the
+tick (``schema.schedule_run_id``), and is created by ``create_run.lua``,
+which makes a run once. The order of a fire is: claim the tick (the
+schedules' slot), create its run and send its first message (the run's
+slot), then record the tick (``schedule_record.lua``, the schedules' slot:
+the next tick, the action, the last run). A sweeper that dies anywhere in
+between leaves its claim to run out (a lease); the next claim fires the same
+tick again, finds its run made, and records it: nothing is doubled, nothing
+is lost. A run created whose first message was never sent is the sweep's
+like any other (its look was scheduled before it was created: LOOK_FIRST).
+A tick re-fired after a claim ran out is judged late from when the first
+claim saw it due, not from now: a death is not an outage.
+
+The decisions (which ticks are due, missed or caught up; what overlap makes
+of each) are plain Python on what the store holds; only ``start_tick`` and
+the status reads touch Redis, through the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from celery_durable import telemetry
+from celery_durable.broker import schema
+from celery_durable.broker.schedule_store import ANY, TickRecord
+from celery_durable.broker.schema import MAIN
+from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.schedules.calendar import Calendar
+from celery_durable.schedules.spec import ON_TIME_MS, RECENT_MAX, StoredSchedule, action, parse_stored
+from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.wakes import Wake
+from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.definition import Workflow
+from celery_durable.workflows.limits import ceiling_fields, merge_limits
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+BATCH = 200
+"""Schedules one sweep claims at most."""
+MAX_TICKS = 100
+"""Ticks one fire starts or judges at most; the rest are the next sweep's (at once)."""
+MAX_MISSED_SCAN = 1_000
+"""Missed ticks walked one by one at most; past that the walk jumps to the first on time."""
+BUFFER_POLL_MS = 500
+"""While a tick is buffered, the sweep looks at its schedule this often for its last run's end."""
+LIVE = frozenset({"pending", "running"})
+
+
+@dataclass(frozen=True, slots=True)
+class DueTicks:
+    """What ``due_ticks`` found: ticks missed (only the latest ``RECENT_MAX``
+    kept, for the recent actions), ticks to fire in order, and the next tick after them."""
+
+    missed: list[int]
+    fire: list[int]
+    next_ms: int | None
+
+
+def due_ticks(calendar: Calendar, first_ms: int, seen_ms: int, now_ms: int, catchup_ms: int) -> DueTicks:
+    """The ticks from ``first_ms`` on that are due by ``now_ms``. One later than
+    ``max(catchup, 2 s)`` when a sweeper first saw it due (``seen_ms``) is missed."""
+    cutoff = seen_ms - max(catchup_ms, ON_TIME_MS)
+    missed: deque[int] = deque(maxlen=RECENT_MAX)
+    tick: int | None = first_ms
+    walked = 0
+    while tick is not None and tick < cutoff and walked < MAX_MISSED_SCAN:
+        missed.append(tick)
+        tick = calendar.next_after(tick)
+        walked += 1
+    if tick is not None and tick < cutoff:
+        tick = calendar.next_after(cutoff - 1)
+    fire: list[int] = []
+    while tick is not None and tick <= now_ms and len(fire) < MAX_TICKS:
+        fire.append(tick)
+        tick = calendar.next_after(tick)
+    return DueTicks(list(missed), fire, tick)
+
+
+def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tick_ms: int) -> str:
+    """Start the run of one tick, or find it started; its run id.
+
+    As a child's start (``tasks/children.py``): a run found made but still
+    pending, its first start perhaps dead before it listed or sent it, is
+    listed and given a look, so the sweep sends it."""
+    store = engine.store
+    run_id = schema.schedule_run_id(stored.namespace, stored.schedule_id, tick_ms)
+    effective = merge_limits(dict(definition.limits), stored.limits or None)
+    for _ in range(2):
+        created_ms = store.now_ms()
+        fields = {
+            **schema.new_run_fields(
+                run_id=run_id,
+                workflow=definition.name,
+                namespace=stored.namespace,
+                args_json=stored.args_json,
+                limits_json=jsonvalue.dumps(effective),
+                code_hash=definition.code_hash,
+                created_ms=created_ms,
+                lease_ms=store.lease_ms,
+                idempotency_key=None,
+                progress_max=engine.settings.progress_max_records,
+                ceilings=ceiling_fields(effective),
+                trace_parent=telemetry.start_traceparent(definition.name, run_id),
+            ),
+            **schema.schedule_fields(stored.schedule_id, tick_ms),
+        }
+        message = new_task_id()
+        if store.create_run(run_id, fields, message):
+            store.index_run(stored.namespace, run_id, None)
+            try:
+                engine.deliver([Wake(run_id, 1, definition.name, MAIN, message)])
+            except Exception as exc:  # kombu/amqp connection errors have no common base
+                # Forgotten as it failed (Engine._publish); the sweep looks at the run and sends it.
+                logger.warning("scheduled run %s: its first message was refused (%s); the sweep sends it", run_id, exc)
+            return run_id
+        record = store.load_run(run_id)
+        if record is None:
+            continue  # its retention ran out as it was looked at
+        if not store.listed(stored.namespace, run_id):
+            store.index_run(stored.namespace, run_id, None)
+        if record.status == "pending" and record.epoch == 1:
+            store.schedule_check(run_id, created_ms + store.lease_ms, sooner_only=True)
+        return run_id
+    raise StorageError(f"Scheduled run {run_id} kept disappearing while it was started")
+
+
+@dataclass(slots=True)
+class Firing:
+    """One schedule's ticks fired in order, overlap applied against the last
+    run it started; what it did is collected for one ``schedule_record.lua``."""
+
+    engine: Engine
+    stored: StoredSchedule
+    definition: Workflow
+    now_ms: int
+    last_run: str | None = None
+    last_tick: int | None = None
+    buffered: int | None = None
+    actions: list[str] = field(default_factory=list)
+    runs: list[tuple[str, int]] = field(default_factory=list)
+    _live: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.last_run, self.last_tick, self.buffered = self.stored.last_run, self.stored.last_tick, self.stored.buffered
+
+    def live(self) -> bool:
+        """Whether the last run started is not yet terminal (read once, then known)."""
+        if self._live is None:
+            status = self.engine.store.statuses([self.last_run])[0] if self.last_run else None
+            self._live = status in LIVE
+        return self._live
+
+    def note(self, tick_ms: int, kind: str, run_id: str | None = None) -> None:
+        self.actions.append(action(tick_ms, kind, run_id, self.now_ms))
+
+    def start(self, tick_ms: int) -> str:
+        run_id = start_tick(self.engine, self.stored, self.definition, tick_ms)
+        self.note(tick_ms, "started", run_id)
+        self.runs.append((run_id, tick_ms))
+        if self.last_tick is None or tick_ms >= self.last_tick:
+            self.last_run, self.last_tick, self._live = run_id, tick_ms, True
+        return run_id
+
+    def started_already(self, tick_ms: int) -> bool:
+        """A tick fired before by a sweeper that died before recording it."""
+        run_id = schema.schedule_run_id(self.stored.namespace, self.stored.schedule_id, tick_ms)
+        return self.engine.store.statuses([run_id])[0] is not None
+
+    def tick(self, tick_ms: int, overlap: str) -> str | None:
+        """Fire one tick under ``overlap``; the run it started, or None."""
+        if overlap == "allow_all" or not self.live():
+            return self.start(tick_ms)
+        if overlap == "cancel_other":
+            assert self.last_run is not None
+            self.engine.client(self.stored.namespace)._ask_cancel(self.last_run)
+            return self.start(tick_ms)
+        if self.started_already(tick_ms):
+            return self.start(tick_ms)
+        if overlap == "buffer_one" and self.buffered is None:
+            self.buffered = tick_ms
+            self.note(tick_ms, "buffered")
+        else:
+            self.note(tick_ms, "skipped")
+        return None
+
+    def release_buffered(self) -> None:
+        """The buffered tick starts once the run it waited for is terminal."""
+        if self.buffered is not None and not self.live():
+            tick_ms, self.buffered = self.buffered, None
+            self.start(tick_ms)
+
+    def fire_due(self, seen_ms: int) -> TickRecord:
+        """The sweep's fire: the buffered tick, missed ticks, then the due ones in order."""
+        stored = self.stored
+        self.release_buffered()
+        next_ms = stored.next_ms
+        if next_ms is not None and next_ms <= self.now_ms:
+            due = due_ticks(stored.calendar, next_ms, min(seen_ms, self.now_ms), self.now_ms, stored.catchup_ms)
+            for tick_ms in due.missed:
+                self.note(tick_ms, "missed")
+            for tick_ms in due.fire:
+                self.tick(tick_ms, stored.overlap)
+            next_ms = due.next_ms
+        due_at = next_ms
+        if self.buffered is not None:
+            poll = self.now_ms + BUFFER_POLL_MS
+            due_at = poll if due_at is None else min(due_at, poll)
+        return self.record(rev=stored.rev, next_read=stored.next_ms, next_ms=next_ms, due_at=due_at)
+
+    def record(
+        self, *, rev: int | None, next_read: int | str | None, next_ms: int | None, due_at: int | None
+    ) -> TickRecord:
+        return TickRecord(
+            rev=rev,
+            next_read=next_read,
+            next_ms=next_ms,
+            due_at=due_at,
+            buffered_read=self.stored.buffered,
+            buffered=self.buffered,
+            last_run=self.last_run,
+            last_tick=self.last_tick,
+            actions=self.actions[-RECENT_MAX:],
+            runs=self.runs,
+        )
+
+    def record_as_is(self) -> TickRecord:
+        """A trigger's or a backfill's record: no compare on the next tick
+        (the sweep's own), the buffered tick set only where none was."""
+        buffered_read: int | str | None = ANY if self.buffered == self.stored.buffered else self.stored.buffered
+        return TickRecord(
+            rev=None,
+            next_read=ANY,
+            next_ms=None,
+            due_at=None,
+            buffered_read=buffered_read,
+            buffered=self.buffered,
+            last_run=self.last_run,
+            last_tick=self.last_tick,
+            actions=self.actions[-RECENT_MAX:],
+            runs=self.runs,
+        )
+
+
+def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
+    """One sweep of the schedules: claim those due, fire each, record them
+    together. Returns when the next one falls due (None: none is scheduled)."""
+    store = engine.store
+    now = store.now_ms()
+    claim_ms = store.lease_ms if claim_ms is None else claim_ms
+    due = store.claim_schedules(now, BATCH, claim_ms)
+    if not due.members:
+        return due.next_due
+    which = [(member.partition("/")[0], member.partition("/")[2]) for member, _ in due.members]
+    raws = store.read_schedules(which)
+    records: list[tuple[str, str, TickRecord]] = []
+    for (namespace, schedule_id), raw, (_, score) in zip(which, raws, due.members, strict=True):
+        if raw is None:
+            continue  # deleted as it was claimed
+        try:
+            stored = parse_stored(namespace, schedule_id, raw.fields)
+        except StorageCorruptError as exc:
+            logger.error("schedule %s/%s skipped: %s", namespace, schedule_id, exc)
+            continue
+        definition = engine.workflows.get(stored.workflow)
+        if definition is None:
+            # Another engine's workflow: its claim runs out and a worker that knows it fires it.
+            logger.warning("schedule %s/%s: workflow %r not registered here", namespace, schedule_id, stored.workflow)
+            continue
+        # A score of half a millisecond is a claim that ran out: its sweeper saw the tick due then.
+        seen = round(score - claim_ms - 0.5) if score % 1 else now
+        try:
+            records.append((namespace, schedule_id, Firing(engine, stored, definition, now).fire_due(seen)))
+        except StorageError as exc:
+            logger.warning("schedule %s/%s not fired (again once its claim runs out): %s", namespace, schedule_id, exc)
+    if records:
+        store.record_ticks_each(records)
+    return now if len(due.members) == BATCH else due.next_due
+
+
+def next_tick(stored_calendar: Calendar, now_ms: int) -> int | None:
+    """The first tick after now: where a new, changed or unpaused schedule starts."""
+    return stored_calendar.next_after(now_ms)
+
+
+def backfill_ticks(calendar: Calendar, start_ms: int, end_ms: int, most: int) -> Sequence[int]:
+    return calendar.between(start_ms, end_ms, most)
