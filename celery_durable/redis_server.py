@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -41,6 +42,21 @@ def find_redis_server() -> str:
     )
 
 
+def _no_client_setinfo() -> dict[str, Any]:
+    """The client options that send no CLIENT SETINFO (a server that is not
+    Redis, or an old one, would refuse it): ``driver_info`` where redis-py has
+    it, the deprecated ``lib_name``/``lib_version`` before, so that a user's
+    suite run with ``-W error`` sees no warning from us."""
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis-py before 7.1
+        return {"lib_name": None, "lib_version": None}
+    return {"driver_info": DriverInfo(name=None, lib_version=None)}
+
+
+_NO_CLIENT_SETINFO = _no_client_setinfo()
+
+
 def answers_ping(address: tuple[str, int], timeout: float = 0.3) -> bool:
     """True when a Redis answers PING at ``address``; a refused or silent port,
     or a server that is not Redis, is False. ``timeout`` bounds the connect
@@ -52,8 +68,7 @@ def answers_ping(address: tuple[str, int], timeout: float = 0.3) -> bool:
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
-        lib_name=None,
-        lib_version=None,
+        **_NO_CLIENT_SETINFO,
     )
     try:
         return bool(client.ping())
