@@ -29,6 +29,12 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{R}:children   hash    the run's child runs by key (ctx.child,
                              ctx.start_child): run id, workflow, how they
                              are waited for (schema.CHILD_FIELDS)
+    P:{R}:history    stream  the run's event history, entry id "<n>-0": n
+                             is the event's seq, given by the run hash's
+                             'events' counter in the script that made the
+                             event (record_event in _prelude.lua; entry
+                             fields: schema.history), so a page is one
+                             XRANGE by number
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
@@ -115,6 +121,7 @@ class RunKeys:
     waits: str
     signals: str
     children: str
+    history: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +159,7 @@ class KeySpace:
             waits=f"{base}:waits",
             signals=f"{base}:signals",
             children=f"{base}:children",
+            history=f"{base}:history",
         )
 
     @property

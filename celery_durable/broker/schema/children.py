@@ -110,6 +110,16 @@ def outcome_payload(outcome: Outcome) -> tuple[str, str]:
     return outcome.kind, encoded.split("|", 1)[1]
 
 
+def child_status(outcome: Outcome) -> str:
+    """The status a child ended with, as its journaled outcome says (for the history)."""
+    if outcome.kind == "o":
+        return "completed"
+    try:
+        return str(json.loads(outcome.detail)["status"])
+    except (ValueError, KeyError, TypeError):
+        return "error"
+
+
 def child_error(key: str, outcome: Outcome) -> StepFailed:
     """The failure a child call raises for a journaled failure outcome."""
     if outcome.error_type != CHILD_FAILED:
