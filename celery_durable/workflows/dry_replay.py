@@ -160,7 +160,7 @@ class _DryFanout(FanoutOps):
         super().__init__(replay)
         self._dry = replay
 
-    def _fanout(self, kind: str, branches: list[Thunk]) -> list[Any]:
+    def _outcomes(self, kind: str, branches: list[Thunk]) -> list[schema.Outcome]:
         replay = self._dry
         cursor = replay.current()
         replay.check_cancelled()

@@ -63,6 +63,7 @@ from celery_durable.broker.schema.children import (
     outcome_payload,
     parent_fields,
     parse_children,
+    slot_error,
 )
 from celery_durable.broker.schema.journal import (
     JOURNAL_FIELDS,
@@ -119,6 +120,7 @@ __all__ = [
     "outcome_payload",
     "parent_fields",
     "parse_children",
+    "slot_error",
     "JOURNAL_FIELDS",
     "MAIN",
     "POSITION_STRIDE",
