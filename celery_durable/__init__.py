@@ -29,6 +29,7 @@ from celery_durable.errors import (
     WorkflowResumeError,
     WorkflowWaitCancelled,
 )
+from celery_durable.fleet_registry import WorkerInfo
 from celery_durable.history import HistoryEvent, HistoryPage
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows.context import WorkflowContext
@@ -85,6 +86,7 @@ __all__ = [
     "ReplayCheck",
     "RunWatch",
     "StepRow",
+    "WorkerInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",

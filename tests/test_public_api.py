@@ -44,6 +44,7 @@ PUBLIC_NAMES = {
     "RunUpdate",
     "RunWatch",
     "StepRow",
+    "WorkerInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",

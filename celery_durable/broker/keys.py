@@ -72,6 +72,12 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{fleet}:workers zset   live workers, scored by the ms of their last beat
     P:{fleet}:held:W hash    messages worker W held at its last beat, task
                              id -> run id
+    P:{fleet}:registry zset  every worker that beat in the last day, scored
+                             by its last beat (not buried with its messages:
+                             what list_workers shows, dead ones too)
+    P:{fleet}:profiles hash  worker -> what it serves, written with its
+                             beat: its queues and each workflow's code hash
+                             and meta (JSON, schema.profiles)
     P:{fleet}:takeovers:N
                      zset    runs of namespace N taken over (or halted) by
                              the sweep or a redelivery in the last hour, a
@@ -177,6 +183,14 @@ class KeySpace:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:{{fleet}}:workers"
+
+    @property
+    def registry(self) -> str:
+        return f"{self.prefix}:{{fleet}}:registry"
+
+    @property
+    def profiles(self) -> str:
+        return f"{self.prefix}:{{fleet}}:profiles"
 
     @property
     def held_prefix(self) -> str:

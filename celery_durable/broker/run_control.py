@@ -166,6 +166,12 @@ class RunControl(RunRecords, FleetLiveness):
         reply = self._run("pause", keys, [self.channel(namespace), self.clock(), message])
         return parse.pause(reply, run_id)
 
+    def note(self, run_id: str, what: str, message: str) -> bool:
+        """Leave ``message`` as a system record of the run, once per ``what`` (``note.lua``)."""
+        k = self.run_keys(run_id)
+        reply = self._run("note", [k.run, k.progress, k.history], [self.clock(), message, f"noted:{what}"])
+        return parse.note(reply, run_id)
+
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
         """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
         k = self.run_keys(run_id)

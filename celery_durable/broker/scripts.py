@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "index_sync",
     "mark_lost",
     "mark_sent",
+    "note",
     "note_code",
     "pause",
     "read_history",

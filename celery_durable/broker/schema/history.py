@@ -23,8 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_durable.errors import StorageCorruptError
-
 HISTORY_FIELDS = {
     "k": "the event's kind as recorded",
     "y": "the key it concerns, '' for none",
@@ -68,7 +66,8 @@ class StoredEvent:
 
 
 def parse_event(entry_id: str, fields: Sequence[str]) -> StoredEvent:
-    """An entry as XRANGE gives it: its id and its flat field list."""
+    """An entry as XRANGE gives it: its id and its flat field list; ValueError
+    for one no script writes (the reply's parser says it is corruption)."""
     try:
         raw = dict(zip(fields[::2], fields[1::2], strict=True))
         seq = int(entry_id.partition("-")[0])
@@ -79,5 +78,5 @@ def parse_event(entry_id: str, fields: Sequence[str]) -> StoredEvent:
         if not isinstance(data, dict):
             raise ValueError("data")
         return StoredEvent(seq, kind, raw.get("y") or None, int(raw.get("a") or 1), int(raw["t"]), data)
-    except (ValueError, KeyError, TypeError):
-        raise StorageCorruptError(f"History entry {entry_id!r:.40} is not one celery-durable wrote") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"history entry {entry_id!r:.40}: {exc!r:.80}") from None
