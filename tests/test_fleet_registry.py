@@ -12,8 +12,11 @@ import subprocess
 import sys
 from typing import Any
 
+from starlette.testclient import TestClient
+
 from celery_durable import Engine, Settings, WorkerInfo, define_workflow
 from celery_durable.fleet_registry import mixed_deploys
+from celery_durable.web import create_app
 from tests.apps.phased import phased
 from tests.apps.versioned import ORDER, order_v1
 from tests.fleet import ROOT, Fleet, settings_env
@@ -55,6 +58,12 @@ def test_workers_report_what_they_serve_and_a_mixed_deploy_is_named(settings: Se
     assert mixed.workflow == "order"
     assert sorted(mixed.hashes) == sorted([ORDER["v1"].code_hash, ORDER["v2"].code_hash])
     assert [name.partition("-")[0] for name in mixed.hashes[ORDER["v1"].code_hash]] == ["regv1"]
+
+    with TestClient(create_app(client_engine), base_url="http://127.0.0.1") as http:
+        page = http.get("/ns/default/fleet").text
+    assert 'mixed-deploy" data-workflow="order"' in page and "Mixed deploy of order" in page
+    for version in ("v1", "v2"):
+        assert f'data-workflow="order" data-code-hash="{ORDER[version].code_hash}"' in page
 
     shown = cli(settings, "fleet", "--app", f"{APP}:v2", "--json")
     assert shown.returncode == 0, shown.stderr
