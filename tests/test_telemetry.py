@@ -254,3 +254,20 @@ def test_the_grafana_dashboard_charts_only_metrics_that_exist() -> None:
         for name in re.findall(r"celery_durable_\w+", target["expr"])
     }
     assert len(used) >= 10 and used <= exported, sorted(used - exported)
+
+
+def test_a_workers_metrics_port_listens_on_loopback_by_default_and_logs_its_url(
+    settings: Settings, fleet: Fleet
+) -> None:
+    psutil = pytest.importorskip("psutil")
+    port = free_port()
+    worker = fleet.start(TRACED, name="metricsdefault", args=["--metrics-port", str(port)])
+    log = fleet.log_dir / "metricsdefault.log"
+    poll(lambda: f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in log.read_text(errors="replace"), 30)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        assert answer.status == 200
+    listening = [
+        c.laddr for c in psutil.Process(worker.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
+    assert [address.ip for address in listening] == ["127.0.0.1"], listening

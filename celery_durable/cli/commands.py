@@ -115,8 +115,13 @@ def worker(
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port (docs/telemetry.md).")
     ] = None,
     metrics_address: Annotated[
-        str, typer.Option("--metrics-address", help="Interface the metrics port listens on.")
-    ] = "0.0.0.0",
+        str,
+        typer.Option(
+            "--metrics-address",
+            help="Interface the metrics port listens on (default loopback: the port has no auth; "
+            "0.0.0.0 for a scraper on another host).",
+        ),
+    ] = "127.0.0.1",
 ) -> None:
     """Start a Celery worker for the engine's workflows.
 
@@ -153,6 +158,8 @@ def _serve_metrics(port: int, address: str) -> None:
         serve_worker_metrics(port, address)
     except MetricsPortError as exc:
         raise fail(str(exc), exit_code=EXIT_USAGE) from None
+    host = f"[{address}]" if ":" in address else address
+    err.print(f"Prometheus metrics on http://{host}:{port}/metrics", markup=False)
 
 
 @app.command()
