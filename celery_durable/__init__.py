@@ -31,6 +31,7 @@ from celery_durable.errors import (
     WorkflowResumeError,
     WorkflowWaitCancelled,
 )
+from celery_durable.fleet_registry import WorkerInfo
 from celery_durable.history import HistoryEvent, HistoryPage
 from celery_durable.schedules.spec import ScheduleInfo
 from celery_durable.versioning import ReplayCheck
@@ -89,6 +90,7 @@ __all__ = [
     "RunWatch",
     "ScheduleInfo",
     "StepRow",
+    "WorkerInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",

@@ -11,18 +11,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.exceptions
 from kombu.exceptions import KombuError
 
-from celery_durable import history, resuming, telemetry, versioning
+from celery_durable import fleet_registry, history, resuming, telemetry, versioning
 from celery_durable import progress as paging
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
 from celery_durable.broker.schema import MAIN
+from celery_durable.broker.schema.profiles import ServedWorkflow
 from celery_durable.errors import (
     RunNotFoundError,
+    StorageError,
     StorageUnavailableError,
     WorkflowDefinitionError,
     WorkflowResumeError,
 )
+from celery_durable.fleet_registry import WorkerInfo
 from celery_durable.history import HistoryPage
 from celery_durable.listing import list_runs
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
@@ -35,6 +38,7 @@ from celery_durable.run_views import (
 from celery_durable.schedules.methods import ScheduleMethods
 from celery_durable.tasks import children
 from celery_durable.tasks.app import new_task_id
+from celery_durable.tasks.sending import CelerySender
 from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows import jsonvalue
@@ -132,7 +136,38 @@ class Client(ScheduleMethods):
                 self._dispatch(owner, 1, first.workflow)
             return owner
         self._dispatch(run_id, 1, definition.name, message)
+        self._say_if_unserved(run_id, definition.name)
         return run_id
+
+    def _say_if_unserved(self, run_id: str, workflow: str) -> None:
+        """A run of a workflow no live worker serves, while live workers report
+        what they serve, gets one system record saying so. Not under the
+        in-process test fleet, which beats nowhere; a registry that cannot be
+        read says nothing (the start stands)."""
+        if not isinstance(self.engine.sender, CelerySender):
+            return
+        store = self.engine.store
+        try:
+            if self.engine.served.unserved(store, workflow):
+                store.note(run_id, "unserved", fleet_registry.UNSERVED_NOTE.format(workflow=workflow))
+        except StorageError:
+            return
+
+    def list_workers(self) -> list[WorkerInfo]:
+        """The fleet as workers report it with their beats (SPEC §3): each
+        worker's queues and the workflows it serves with their code hashes,
+        alive ones first; ``fleet_registry.mixed_deploys`` names a mixed deploy."""
+        return fleet_registry.read_workers(self.engine.store)
+
+    def workflow_meta(self, name: str, code_hash: str | None = None) -> Workflow | ServedWorkflow | None:
+        """The workflow's meta: this engine's, else what workers that serve it report."""
+        definition = self.engine.workflows.get(name)
+        if definition is not None:
+            return definition
+        try:
+            return fleet_registry.served_meta(self.list_workers(), name, code_hash)
+        except StorageError:
+            return None
 
     def run_workflow(
         self,
@@ -215,7 +250,7 @@ class Client(ScheduleMethods):
 
     def get_workflow_run_detail(self, run_id: str) -> RunDetail:
         record = self._record(run_id)
-        definition = self.engine.workflows.get(record.workflow)
+        definition = self.workflow_meta(record.workflow, record.code_hash)
         phases = phase_rows(definition, record) if definition is not None else []
         steps = step_rows_in_order(self.engine.store.step_rows(record.run_id))
         progress = self.get_workflow_run_progress(run_id, limit=20).records
@@ -260,7 +295,7 @@ class Client(ScheduleMethods):
         """
         query = paging.check_query(after_seq, before_seq, limit, phase_id)
         record = self._record(run_id)
-        definition = self.engine.workflows.get(record.workflow)
+        definition = self.workflow_meta(record.workflow, record.code_hash)
         declared = [phase.phase_id for phase in definition.phases] if definition is not None else None
         scope = paging.check_phase_id(phase_id, declared, record.workflow)
         data = self.engine.store.progress_page(record.run_id, scope, query.mode, query.cursor, query.limit)

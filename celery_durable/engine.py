@@ -16,6 +16,7 @@ from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.errors import DurableError
+from celery_durable.fleet_registry import ServedWatch
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
@@ -81,6 +82,8 @@ class Engine:
         self.home: Queue | None = None
         """This worker process's home queue (``tasks/home.py``), set when its worker starts."""
         self.home_wakes = HomeWakes(self)
+        self.served = ServedWatch()
+        """Whether a live worker serves a workflow, as start_workflow asks (fleet_registry)."""
         install_recovery(self)
         install_home(self)
 

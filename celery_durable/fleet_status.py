@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from celery_durable.broker import now_ms
 from celery_durable.broker.fleet_store import TAKE_OVER_WINDOW_MS, TakeOverNote
+from celery_durable.fleet_registry import MixedDeploy, mixed_deploys, read_workers
 
 if TYPE_CHECKING:
     from celery_durable.client import Client
@@ -45,6 +46,10 @@ class WorkerRow:
     """The runs of this namespace those messages belong to."""
     elsewhere: int
     """Messages of runs of other namespaces (or of runs gone since)."""
+    queues: list[str] = field(default_factory=list)
+    """The queues it consumes, as it reported them with its beat (``fleet_registry``)."""
+    workflows: dict[str, str] = field(default_factory=dict)
+    """The workflows it serves, each to its code hash."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,8 @@ class FleetStatus:
     """Runs of the namespace taken over in the last ``window_minutes``."""
     take_overs: list[TakeOverRow] = field(default_factory=list)
     """The newest of them, at most ``TAKE_OVERS_SHOWN``."""
+    mixed: list[MixedDeploy] = field(default_factory=list)
+    """Workflows live workers serve with different code hashes (a mixed deploy)."""
     window_minutes: int = TAKE_OVER_WINDOW_MS // 60_000
 
     @property
@@ -100,6 +107,7 @@ def read_fleet(client: Client) -> FleetStatus:
     now = now_ms()  # the wall clock, as workers beat by it
     beats = store.fleet_workers()
     held = store.held_messages(sorted(beats))
+    registry = {worker.name: worker for worker in read_workers(store)}
     owned = _runs_of(client, {run_id for messages in held.values() for run_id in messages.values()})
     lease_ms = int(settings.lease_seconds * 1000)
     workers = []
@@ -114,6 +122,8 @@ def read_fleet(client: Client) -> FleetStatus:
                 held=len(messages),
                 runs=mine,
                 elsewhere=sum(run_id not in owned for run_id in messages.values()),
+                queues=registry[name].queues if name in registry else [],
+                workflows=registry[name].workflows if name in registry else {},
             )
         )
     broker_error = None
@@ -137,6 +147,7 @@ def read_fleet(client: Client) -> FleetStatus:
         broker_error=broker_error,
         take_overs_total=total,
         take_overs=[TakeOverRow.of(note) for note in notes],
+        mixed=mixed_deploys(list(registry.values())),
     )
 
 

@@ -1,34 +1,30 @@
-"""A run's event history (SPEC §4 ``get_workflow_run_history``): its types,
+"""A run's event history (SPEC §3 ``get_workflow_run_history``): its types,
 its pages, and the values it previews.
 
-The events are derived, page by page, from what the run keeps anyway
-(``history_derive``): no second log, and kept exactly as long as the run.
-A page shows each value (a step's or call's result, an agent's answer, a
-signal's payload) as a preview capped at ``PREVIEW_CHARS``; the whole value
-is one :func:`read_value` away, by the ``value_ref`` the event carries.
+The history is a record, not a reconstruction: each event was written by
+the script that made it happen, numbered by the run's event counter in that
+same script (``broker/schema/history.py``), so events are in the order they
+happened and a page reads ``limit`` of them by number, whatever the run's
+size. A page shows each value (a step's or call's result, an agent's answer,
+a signal's payload) as a preview capped at ``PREVIEW_CHARS``; the whole
+value is one :func:`read_value` away, by the ``value_ref`` the event carries.
+
+What is made of the stored entries is pure (``page_of``, ``preview_refs``,
+``with_values``): an asyncio client reuses it around its own reads.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from bisect import bisect_right
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.history_facts import (
-    read_child_times,
-    read_fingerprint,
-    read_history_facts,
-    read_values,
-)
+from celery_durable.broker.history_log import read_events, read_tail, read_values
+from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.errors import RunNotFoundError
-from celery_durable.history_derive import derive
-from celery_durable.history_event import KIND_ORDER, Event
-from celery_durable.history_rows import Timeline
+from celery_durable.history_event import KINDS, Event, event_of
 from celery_durable.workflows.envelope import from_ms
 
 if TYPE_CHECKING:
@@ -36,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HISTORY_KINDS", "PREVIEW_CHARS", "HistoryEvent", "HistoryPage", "history_page", "read_value"]
 
-HISTORY_KINDS = KIND_ORDER
+HISTORY_KINDS = KINDS
 DEFAULT_LIMIT = 200
 LIMIT_MAX = 500
 PREVIEW_CHARS = 500
@@ -91,62 +87,25 @@ def check_page(after: Any, limit: Any) -> tuple[int, int]:
     return after, limit
 
 
-class _Derived:
-    """The derived events of the runs paged last, by run, with the
-    fingerprint of the facts they came from (``read_fingerprint``): the next
-    page of a long run is cut from them while its facts stand still, not
-    derived again. A cache of a derived value, never the truth: a changed
-    fingerprint derives the run again."""
-
-    RUNS = 8
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runs: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Timeline]] = OrderedDict()
-
-    def events(self, store: StoreCore, run_id: str) -> Timeline:
-        fingerprint = read_fingerprint(store, run_id)
-        if fingerprint is None:
-            raise RunNotFoundError(f"Run not found: {run_id}")
-        place = (store.keys.prefix, run_id)
-        with self._lock:
-            kept = self._runs.get(place)
-            if kept is not None and kept[0] == fingerprint:
-                self._runs.move_to_end(place)
-                return kept[1]
-        events = _derive(store, run_id)
-        with self._lock:
-            self._runs[place] = (fingerprint, events)
-            self._runs.move_to_end(place)
-            while len(self._runs) > self.RUNS:
-                self._runs.popitem(last=False)
-        return events
-
-
-_DERIVED = _Derived()
-
-
-def _derive(store: StoreCore, run_id: str) -> Timeline:
-    facts = read_history_facts(store, run_id)
-    if facts is None:
-        raise RunNotFoundError(f"Run not found: {run_id}")
-    child_ids = [child for child in map(_child_id, facts.children.values()) if child is not None]
-    times = read_child_times(store, child_ids)
-    children = {child: (_int(c), _int(f), s) for child, (c, f, s) in zip(child_ids, times, strict=True)}
-    return derive(facts, run_id, children)
-
-
 def history_page(store: StoreCore, run_id: str, after: int, limit: int) -> HistoryPage:
-    """The events with seq > ``after``, at most ``limit`` (more only to keep events of one seq together)."""
-    events = _DERIVED.events(store, run_id)
-    start = bisect_right(events.seqs, after)
-    end = min(start + limit, len(events))
-    while 0 < end < len(events) and events.seqs[end] == events.seqs[end - 1]:
-        end += 1
-    chosen = events.events(start, end)
-    _preview(store, run_id, chosen)
-    nxt = chosen[-1].seq if chosen and end < len(events) else None
-    return HistoryPage([_shown(event) for event in chosen], nxt)
+    """The events with seq > ``after``, at most ``limit``: one read of ``limit + 1``
+    events by number, one of the values they preview."""
+    read = read_events(store, run_id, after, limit + 1)
+    if read is None:
+        raise RunNotFoundError(f"Run not found: {run_id}")
+    _, stored = read
+    events = events_of(stored[:limit], run_id)
+    refs = preview_refs(events)
+    return page_of(with_values(events, refs, read_values(store, run_id, refs)), more=len(stored) > limit)
+
+
+def events_of(stored: list[StoredEvent], run_id: str) -> list[Event]:
+    return [event_of(entry, run_id) for entry in stored]
+
+
+def page_of(events: list[HistoryEvent], *, more: bool) -> HistoryPage:
+    """A page of ``events``; ``more``: the history holds events after them."""
+    return HistoryPage(events, events[-1].seq if events and more else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,17 +119,25 @@ class HistoryTail:
     """When the first attempt that started did, and its number."""
 
 
+FIRST_START_WITHIN = 16
+"""The events a run's first start is looked for in (it is among its first: nothing runs before it)."""
+
+
 def newest(store: StoreCore, run_id: str, count: int, *, previews: bool = True) -> HistoryTail:
     """The last ``count`` events (not a page of the API: a view's tail);
     without ``previews``, their values are not read."""
-    events = _DERIVED.events(store, run_id)
-    chosen = events.events(len(events) - count, len(events)) if count > 0 else []
-    if previews:
-        _preview(store, run_id, chosen)
-    index = next((i for i in range(len(events)) if events.kind(i) == "attempt_started"), None)
-    started = _shown(events.event(index)) if index is not None else None
+    read = read_tail(store, run_id, max(count, 1))
+    if read is None:
+        raise RunNotFoundError(f"Run not found: {run_id}")
+    total, stored = read[0], read[1] if count > 0 else []
+    events = events_of(stored, run_id)
+    refs = preview_refs(events) if previews else []
+    shown = with_values(events, refs, read_values(store, run_id, refs))
+    head = read_events(store, run_id, 0, FIRST_START_WITHIN)
+    firsts = events_of(head[1], run_id) if head is not None else []
+    started = next((_shown(event) for event in firsts if event.kind == "attempt_started"), None)
     first = (started.at, started.attempt) if started is not None else None
-    return HistoryTail([_shown(event) for event in chosen], len(events), first)
+    return HistoryTail(shown, total, first)
 
 
 def read_value(store: StoreCore, run_id: str, ref: str) -> Any:
@@ -221,10 +188,21 @@ def _decode(hash_name: str, field: str, raw: str) -> Any:
     return {"error_type": outcome.error_type, "message": outcome.message}
 
 
-def _preview(store: StoreCore, run_id: str, events: list[Event]) -> None:
-    wanted = [event for event in events if event.ref is not None]
-    raws = read_values(store, run_id, [event.ref for event in wanted if event.ref is not None])
-    for event, raw in zip(wanted, raws, strict=True):
+def preview_refs(events: list[Event]) -> list[tuple[str, str]]:
+    """The fields a page of ``events`` reads: each one's value, and each signal's taker."""
+    refs: list[tuple[str, str]] = []
+    for event in events:
+        refs.extend(ref for ref in (event.ref, event.taker) if ref is not None)
+    return refs
+
+
+def with_values(events: list[Event], refs: list[tuple[str, str]], raws: list[str | None]) -> list[HistoryEvent]:
+    """The events as shown, with the values read at ``refs`` (``preview_refs``) previewed."""
+    found = dict(zip(refs, raws, strict=True))
+    for event in events:
+        if event.taker is not None and found.get(event.taker):
+            event.data["taken_by"] = found[event.taker]
+        raw = found.get(event.ref) if event.ref is not None else None
         if raw is None or event.ref is None:
             continue
         hash_name, field = event.ref
@@ -241,6 +219,7 @@ def _preview(store: StoreCore, run_id: str, events: list[Event]) -> None:
             event.data[f"{name}_preview"] = text[: PREVIEW_CHARS - 1] + "…"
             event.data[f"{name}_chars"] = len(text)
         event.data["value_ref"] = field
+    return [_shown(event) for event in events]
 
 
 def _shown(event: Event) -> HistoryEvent:
@@ -251,15 +230,3 @@ def _shown(event: Event) -> HistoryEvent:
     at = from_ms(event.at)
     assert at is not None
     return HistoryEvent(event.seq, at, event.attempt, event.kind, event.key, data)
-
-
-def _child_id(raw: str) -> str | None:
-    try:
-        entry = json.loads(raw)
-    except ValueError:
-        return None
-    return str(entry["run_id"]) if isinstance(entry, dict) and entry.get("run_id") else None
-
-
-def _int(raw: str | None) -> int | None:
-    return int(raw) if raw else None

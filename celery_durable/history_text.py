@@ -40,6 +40,10 @@ def event_summary(event: HistoryEvent) -> str:
         return f"{sent} {inputs}" if inputs else sent
     if kind == "branches_dispatched":
         return f"{data.get('kind')} of {data.get('width')}"
+    if kind == "wait_started":
+        until = f" until {data['until']}" if data.get("until") else ""
+        what = f"run {data.get('name')}" if data.get("kind") == "child" else str(data.get("name") or data.get("op"))
+        return f"{data.get('kind')} {what}{until}"
     if kind in ("timer_set", "timer_fired"):
         return f"until {data.get('until')}"
     if kind in ("child_started", "child_settled"):

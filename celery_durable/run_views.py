@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery_durable.broker import RunRecord, RunStore, schema
+from celery_durable.broker.schema.profiles import ServedWorkflow
 from celery_durable.errors import WorkflowResumeError
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import ChildRow, PhaseRow, StepRow, from_ms
 from celery_durable.workflows.versions import last_code_hash
 
 
-def phase_rows(definition: Workflow, record: RunRecord) -> list[PhaseRow]:
+def phase_rows(definition: Workflow | ServedWorkflow, record: RunRecord) -> list[PhaseRow]:
     """Declared phases with their state: the current one active (done once the
     run completed), earlier ones done, the rest pending."""
     rows: list[PhaseRow] = []

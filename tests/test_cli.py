@@ -173,6 +173,8 @@ def test_json_output_of_run_list_show_and_progress(durable) -> None:
 
 def test_tables_for_people(durable) -> None:
     d = durable([phased])
+    empty = cli(d.settings, "runs", "list", "--app", APP)
+    assert empty.exit_code == 0 and empty.stdout.strip() == "No runs"
     run_id = d.client.run_workflow("phased", args={"pause": 0}, timeout=30).run_id
     listing = cli(d.settings, "runs", "list", "--app", APP)
     assert listing.exit_code == 0

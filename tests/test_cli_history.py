@@ -73,3 +73,26 @@ def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
     assert events[-1]["kind"] == "run_settled"
     signal = [event for event in events if event["kind"] == "signal_received"]
     assert signal and signal[0]["data"]["payload"] == {"ok": 1}
+
+
+def test_follow_as_a_table_prints_its_header_once_and_each_event_once(durable) -> None:
+    d = durable([await_signal])
+    run_id = d.client.start_workflow("await-signal")
+    wait_until(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], "the run to wait")
+    result: dict[str, Any] = {}
+    follower = threading.Thread(
+        target=lambda: result.update(done=cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--follow"))
+    )
+    follower.start()
+    wait_until(lambda: d.client.get_workflow_run_history(run_id).events, "the first events")
+    d.client.signal_workflow_run(run_id, "go", {"ok": 1})
+    follower.join(60)
+    assert not follower.is_alive()
+    lines = result["done"].stdout.splitlines()
+    assert sum(line.startswith("seq ") for line in lines) == 1 and lines[0].startswith("seq    at")
+    seqs = [int(line.split()[0]) for line in lines[1:]]
+    assert seqs == list(range(1, len(seqs) + 1)), "each event once, in order"
+    whole = d.client.get_workflow_run_history(run_id).events
+    assert len(seqs) == len(whole) and "wait_started" in lines[1 + [e.kind for e in whole].index("wait_started")]
+    kind_column = lines[0].index("kind")
+    assert all(line[kind_column:].split()[0] == event.kind for line, event in zip(lines[1:], whole, strict=True))

@@ -136,6 +136,11 @@ def test_runs_spread_over_the_masters_and_every_script_touches_one_slot(
     assert listed == set(run_ids)  # one page read from the runs of every master
     story = d.client.get_workflow_run_history(run_ids[0]).events  # read_history.lua, in the run's slot
     assert [e.key for e in story if e.kind == "step_completed"] == ["one", "two"]
+    assert [e.seq for e in story] == list(range(1, len(story) + 1))
+    # note.lua (start_workflow's "no live worker serves it"), once, in the run's slot.
+    assert d.engine.store.note(run_ids[0], "unserved", "a note") is True
+    assert d.engine.store.note(run_ids[0], "unserved", "a note") is False
+    assert d.client.get_workflow_run_history(run_ids[0]).events[-1].data == {"message": "a note"}
 
 
 def test_the_sweep_reads_the_fleet_and_halts_runs_across_slots(

@@ -45,6 +45,7 @@ PUBLIC_NAMES = {
     "RunWatch",
     "ScheduleInfo",
     "StepRow",
+    "WorkerInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",

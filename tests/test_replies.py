@@ -36,6 +36,7 @@ from celery_durable.broker.replies.control import Requested, RequestVerdict, Sig
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
 from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
+from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.broker.scripts import SCRIPT_NAMES
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
@@ -117,6 +118,14 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("child_done", (), ["late", 3, "parent", "o1"], ChildDone(DoneVerdict.LATE, 3, "parent", "o1")),
     ("child_done", (), ["settled"], ChildDone(DoneVerdict.SETTLED)),
     ("compensable", (), ["ok", *FLAGS], RAISED),
+    ("note", (), ["said"], False),
+    ("read_history", (), [], None),
+    (
+        "read_history",
+        (),
+        ["2", [["2-0", ["k", "patched", "y", "p1", "a", "1", "t", "5", "d", '{"op":"m:1"}']]]],
+        (2, [StoredEvent(2, "patched", "p1", 1, 5, {"op": "m:1"})]),
+    ),
 ]
 
 
@@ -162,6 +171,10 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("child", (), ["hit", *FLAGS]),  # a hit without its workflow and outcome
     ("child_done", (), ["ok", "three", "parent", "o1"]),
     ("child_done", (), ["woken"]),
+    ("note", (), ["written"]),
+    # a kind no script records; data that is no JSON object
+    ("read_history", (), ["1", [["1-0", ["k", "invented", "y", "", "a", "1", "t", "5", "d", ""]]]]),
+    ("read_history", (), ["1", [["1-0", ["k", "patched", "y", "", "a", "1", "t", "5", "d", "[1]"]]]]),
 ]
 
 

@@ -28,7 +28,7 @@ from celery_durable import Engine, Settings, telemetry
 from celery_durable.redis_server import free_port
 from celery_durable.telemetry.context import own_trace, parse_traceparent, run_parent
 from celery_durable.web import create_app
-from tests.apps.traced import counted, traced_call, traced_crash
+from tests.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent
 from tests.fleet import ROOT, Fleet, settings_env
 from tests.test_recovery import poll
 
@@ -254,3 +254,39 @@ def test_the_grafana_dashboard_charts_only_metrics_that_exist() -> None:
         for name in re.findall(r"celery_durable_\w+", target["expr"])
     }
     assert len(used) >= 10 and used <= exported, sorted(used - exported)
+
+
+def test_a_workers_metrics_port_listens_on_loopback_by_default_and_logs_its_url(
+    settings: Settings, fleet: Fleet
+) -> None:
+    psutil = pytest.importorskip("psutil")
+    port = free_port()
+    worker = fleet.start(TRACED, name="metricsdefault", args=["--metrics-port", str(port)])
+    log = fleet.log_dir / "metricsdefault.log"
+    poll(lambda: f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in log.read_text(errors="replace"), 30)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        assert answer.status == 200
+    listening = [
+        c.laddr for c in psutil.Process(worker.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
+    assert [address.ip for address in listening] == ["127.0.0.1"], listening
+
+
+def test_a_child_runs_spans_continue_its_parents_trace(settings: Settings, fleet: Fleet, tmp_path: Path) -> None:
+    from celery_durable.broker.schema import child_run_id
+
+    client = Engine([traced_parent, traced_kid], settings).client()
+    _, spans = traced_worker(fleet, tmp_path, "wkid")
+    run_id = client.start_workflow("traced_parent")  # this process traces nothing: the run's trace is its id
+    assert client.wait_for_workflow_run(run_id, timeout=30).status == "completed"
+    kid = child_run_id(run_id, "kid")
+
+    def of(run: str) -> list[dict[str, Any]]:
+        return [s for s in spans_of(spans) if s["attributes"].get("celery_durable.run_id") == run]
+
+    poll(lambda: any(s["name"] == "celery_durable.step" for s in of(kid)), what="the child's step span")
+    assert {s["trace_id"] for s in of(run_id)} == {run_id}
+    assert {s["trace_id"] for s in of(kid)} == {run_id}, "the child continues its parent's trace"
+    (start,) = [s for s in of(kid) if s["name"] == "celery_durable.start"]
+    assert start["parent_id"] == f"{own_trace(run_id).span_id:016x}", "under the parent run's own anchor"

@@ -53,7 +53,7 @@ class ChildJournal:
             *(self._epoch, self._clock(), seq, index, identity, key, owner, "" if due_ms is None else due_ms),
             *(cut or "", child_run_id, workflow, "wait" if wait else "start", self._channel),
         ]
-        reply = self._run("child", [k.run, k.journal, k.waits, k.children, k.progress], args)
+        reply = self._run("child", [k.run, k.journal, k.waits, k.children, k.progress, k.history], args)
         result = parse.child(reply, self._run_id)
         if isinstance(result, ChildCall) and result.verdict is ChildVerdict.PENDING and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
@@ -62,8 +62,9 @@ class ChildJournal:
     def child_done(self, key: str, child_run_id: str, outcome: Outcome) -> ChildDone:
         k = self._keys
         tag, payload = schema.outcome_payload(outcome)
-        args = [self._clock(), key, child_run_id, tag, payload, "", self._epoch, self._channel]
-        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children], args)
+        status = schema.child_status(outcome)
+        args = [self._clock(), key, child_run_id, tag, payload, "", self._epoch, self._channel, status]
+        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children, k.history], args)
         done = parse.child_done(reply, self._run_id)
         if done.verdict is DoneVerdict.MISSING:
             raise StorageCorruptError(f"Run record {self._run_id} is missing")
@@ -96,8 +97,9 @@ class ChildRuns(RunRecords):
         owner it woke, if any, gets message ``<prefix>-1`` (already counted)."""
         k = self.run_keys(parent_run_id)
         tag, payload = schema.outcome_payload(outcome)
-        args = [self.clock(), key, child_run_id, tag, payload, prefix, "", self.channel(namespace)]
-        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children], args)
+        status = schema.child_status(outcome)
+        args = [self.clock(), key, child_run_id, tag, payload, prefix, "", self.channel(namespace), status]
+        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children, k.history], args)
         return parse.child_done(reply, parent_run_id)
 
     def children(self, run_id: str) -> list[ChildEntry]:

@@ -27,6 +27,8 @@ CHECKED = "checked"
 
 TAKE_OVER_WINDOW_MS = 3_600_000
 """How long a take-over is kept in its namespace's list: the fleet page shows the last hour."""
+REGISTRY_KEPT_MS = 86_400_000
+"""How long a worker that stopped beating stays in the registry (``list_workers`` shows it dead)."""
 TAKE_OVERS_KEPT = 1000
 """At most this many are kept per namespace, the newest: a storm of take-overs costs no more."""
 
@@ -97,14 +99,20 @@ class FleetLiveness(StoreCore):
                 looks.append(exc)
         return looks
 
-    def report_worker(self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int) -> None:
+    def report_worker(
+        self, worker: str, held: dict[str, str], gone: Sequence[str], at_ms: int, profile: str | None = None
+    ) -> None:
         """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id
         -> run id) and no longer holds ``gone``. Written as a change, never as
-        a whole new set: a message reported by ``hold_message`` meanwhile stays."""
+        a whole new set: a message reported by ``hold_message`` meanwhile stays.
+        ``profile``: what it serves (``schema.profiles``), for ``list_workers``."""
         held_key = self.keys.held_prefix + worker
         with storage_errors():
             pipe = self.client.pipeline(transaction=True)
             pipe.zadd(self.keys.workers, {worker: at_ms})
+            if profile is not None:
+                pipe.zadd(self.keys.registry, {worker: at_ms})
+                pipe.hset(self.keys.profiles, worker, profile)
             if gone:
                 pipe.hdel(held_key, *gone)
             if held:
@@ -130,6 +138,8 @@ class FleetLiveness(StoreCore):
             pipe = self.client.pipeline(transaction=True)
             pipe.zrem(self.keys.workers, worker)
             pipe.delete(self.keys.held_prefix + worker)
+            pipe.zrem(self.keys.registry, worker)
+            pipe.hdel(self.keys.profiles, worker)
             pipe.execute()
 
     def claim_dead_workers(self, silent_since_ms: int) -> dict[str, dict[str, list[str]]]:
@@ -228,6 +238,23 @@ class FleetLiveness(StoreCore):
         with storage_errors():
             pairs = cast(list[tuple[str, float]], self.client.zrange(self.keys.workers, 0, -1, withscores=True))
         return {worker: int(score) for worker, score in pairs}
+
+    def worker_profiles(self, now_ms: int) -> list[tuple[str, int, str | None]]:
+        """Every worker that reported what it serves within ``REGISTRY_KEPT_MS``:
+        (name, ms of its last beat, its profile as stored), newest beat first.
+        Older ones are forgotten here."""
+        since = now_ms - REGISTRY_KEPT_MS
+        with storage_errors():
+            stale = cast(list[str], self.client.zrangebyscore(self.keys.registry, "-inf", f"({since}"))
+            if stale:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.zrem(self.keys.registry, *stale)
+                pipe.hdel(self.keys.profiles, *stale)
+                pipe.execute()
+            pairs = cast(list[tuple[str, float]], self.client.zrevrange(self.keys.registry, 0, -1, withscores=True))
+            names = [name for name, _ in pairs]
+            raws = cast(list[str | None], self.client.hmget(self.keys.profiles, names)) if names else []
+        return [(name, int(score), raw) for (name, score), raw in zip(pairs, raws, strict=True)]
 
     def held_messages(self, workers: Sequence[str]) -> dict[str, dict[str, str]]:
         """Per worker, the messages it held at its last beat: task id -> run id."""

@@ -29,6 +29,12 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{R}:children   hash    the run's child runs by key (ctx.child,
                              ctx.start_child): run id, workflow, how they
                              are waited for (schema.CHILD_FIELDS)
+    P:{R}:history    stream  the run's event history, entry id "<n>-0": n
+                             is the event's seq, given by the run hash's
+                             'events' counter in the script that made the
+                             event (record_event in _prelude.lua; entry
+                             fields: schema.history), so a page is one
+                             XRANGE by number
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
@@ -66,6 +72,12 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{fleet}:workers zset   live workers, scored by the ms of their last beat
     P:{fleet}:held:W hash    messages worker W held at its last beat, task
                              id -> run id
+    P:{fleet}:registry zset  every worker that beat in the last day, scored
+                             by its last beat (not buried with its messages:
+                             what list_workers shows, dead ones too)
+    P:{fleet}:profiles hash  worker -> what it serves, written with its
+                             beat: its queues and each workflow's code hash
+                             and meta (JSON, schema.profiles)
     P:{fleet}:takeovers:N
                      zset    runs of namespace N taken over (or halted) by
                              the sweep or a redelivery in the last hour, a
@@ -137,6 +149,7 @@ class RunKeys:
     waits: str
     signals: str
     children: str
+    history: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +200,7 @@ class KeySpace:
             waits=f"{base}:waits",
             signals=f"{base}:signals",
             children=f"{base}:children",
+            history=f"{base}:history",
         )
 
     @property
@@ -204,6 +218,14 @@ class KeySpace:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:{{fleet}}:workers"
+
+    @property
+    def registry(self) -> str:
+        return f"{self.prefix}:{{fleet}}:registry"
+
+    @property
+    def profiles(self) -> str:
+        return f"{self.prefix}:{{fleet}}:profiles"
 
     @property
     def held_prefix(self) -> str:

@@ -94,28 +94,28 @@ class RedisJournal(ChildJournal):
     def begin(self, seq: str, call: BeginCall) -> Began:
         k = self._keys
         args = [self._epoch, self._clock(), self._channel, seq, *_begin_args(call)]
-        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases], args)
+        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.history], args)
         return parse.begin_op(reply, self._run_id)
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
         k = self._keys
         args = [self._epoch, self._clock(), self._channel, seq, *astuple(commit), *_begin_args(call)]
-        reply = self._run("commit_begin", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps], args)
+        keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.history]
+        reply = self._run("commit_begin", keys, args)
         return parse.commit_begin(reply, self._run_id)
 
     def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
         k = self._keys
-        reply = self._run(
-            "record_op", [k.run, k.journal, k.steps, k.running], [self._epoch, self._clock(), seq, *astuple(commit)]
-        )
+        keys = [k.run, k.journal, k.steps, k.running, k.history]
+        reply = self._run("record_op", keys, [self._epoch, self._clock(), seq, *astuple(commit)])
         return parse.record_op(reply, self._run_id)
 
     def dispatch(
         self, seq: str, index: int, identity: str, width: int, token: str, position: int
     ) -> Dispatch | Conflict:
         k = self._keys
-        args = [self._epoch, seq, index, identity, width, token, position]
-        return parse.dispatch(self._run("dispatch", [k.run, k.journal, k.live], args), self._run_id)
+        args = [self._epoch, seq, index, identity, width, token, position, self._clock()]
+        return parse.dispatch(self._run("dispatch", [k.run, k.journal, k.live, k.history], args), self._run_id)
 
     def sending(self, call: str, messages: Sequence[str]) -> None:
         k = self._keys
@@ -157,7 +157,7 @@ class RedisJournal(ChildJournal):
 
     def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
         k = self._keys
-        keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.live]
+        keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.live, k.history]
         finished = [held.call, held.branch, held.outcome, held.wake, held.seq, *astuple(held.step)]
         reply = self._run(
             "complete_begin", keys, [self._epoch, self._clock(), self._channel, seq, *finished, *_begin_args(call)]
@@ -166,7 +166,7 @@ class RedisJournal(ChildJournal):
 
     def _complete(self, call: str, branch: int, outcome: str, wake: str, ending: str, held: list[Any]) -> Any:
         k = self._keys
-        keys = [k.run, k.journal, k.live, k.steps, k.running]
+        keys = [k.run, k.journal, k.live, k.steps, k.running, k.history]
         args = [self._epoch, call, branch, outcome, wake, self._clock(), ending, *held]
         return self._run("complete_branch", keys, args)
 
@@ -198,7 +198,7 @@ class RedisJournal(ChildJournal):
     ) -> WaitResult | Conflict:
         k = self._keys
         args = [self._epoch, self._clock(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
-        reply = self._run("wait", [k.run, k.journal, k.waits, k.signals], [*args, self._channel])
+        reply = self._run("wait", [k.run, k.journal, k.waits, k.signals, k.history], [*args, self._channel])
         result = parse.wait(reply, self._run_id)
         if isinstance(result, WaitResult) and not result.done and result.due is not None:
             self._look_at(result.due)  # the sweep fires the timer then
@@ -212,7 +212,8 @@ class RedisJournal(ChildJournal):
         args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]
         error = schema.decode_outcome(timeout_outcome).message
         args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel, inputs]
-        result = parse.call(self._run("call", [k.run, k.journal, k.waits, k.running, k.steps], args), self._run_id)
+        keys = [k.run, k.journal, k.waits, k.running, k.steps, k.history]
+        result = parse.call(self._run("call", keys, args), self._run_id)
         if isinstance(result, TaskCall) and result.verdict is not CallVerdict.HIT and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
         return result

@@ -149,7 +149,7 @@ class RunControl(RunRecords, FleetLiveness):
         started, or a resumable one with nothing to undo). ``watch``: as
         ``finish``'s, should it settle here."""
         k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.live, k.waits, k.steps, k.running, k.agents]
+        first = [k.run, k.progress, k.live, k.waits, k.steps, k.running, k.agents, k.history]
         keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
         args = [self.clock(), self.channel(namespace), message, self.retention_ms, self.lease_ms]
         requested = parse.cancel(self._run("cancel", keys, args), run_id)
@@ -162,15 +162,22 @@ class RunControl(RunRecords, FleetLiveness):
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:
         """Request a pause; on ``REQUESTED`` the caller sends coordinator message ``message``."""
         k = self.run_keys(run_id)
-        reply = self._run("pause", [k.run, k.live, k.progress], [self.channel(namespace), self.clock(), message])
+        keys = [k.run, k.live, k.progress, k.history]
+        reply = self._run("pause", keys, [self.channel(namespace), self.clock(), message])
         return parse.pause(reply, run_id)
+
+    def note(self, run_id: str, what: str, message: str) -> bool:
+        """Leave ``message`` as a system record of the run, once per ``what`` (``note.lua``)."""
+        k = self.run_keys(run_id)
+        reply = self._run("note", [k.run, k.progress, k.history], [self.clock(), message, f"noted:{what}"])
+        return parse.note(reply, run_id)
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
         """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
         k = self.run_keys(run_id)
         reply = self._run(
             "signal",
-            [k.run, k.signals, k.waits, k.live, k.progress],
+            [k.run, k.signals, k.waits, k.live, k.progress, k.history],
             [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)],
         )
         return parse.signal(reply, run_id)

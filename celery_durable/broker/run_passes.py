@@ -40,7 +40,7 @@ class RunPasses(StoreCore):
 
     def _activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]) -> Any:
         k = self.run_keys(run_id)
-        keys = [k.run, k.progress, k.live, *([k.journal] if tail else [])]
+        keys = [k.run, k.progress, k.live, k.history, *([k.journal] if tail else [])]
         args = [epoch, token, self.clock(), *self._lock_args(namespace, resend), *tail]
         return self._run("activate", keys, args)
 
@@ -80,7 +80,7 @@ class RunPasses(StoreCore):
         now = self.clock()
         base, cap, jitter = backoff or (0, 0, 1.0)
         args = [epoch, token, new, now, kind, due_ms or now, note, base, cap, repr(jitter)]
-        return parse.requeue(self._run("requeue", [k.run, k.live, k.progress], args), run_id)
+        return parse.requeue(self._run("requeue", [k.run, k.live, k.progress, k.history], args), run_id)
 
     def heartbeat(
         self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
@@ -152,7 +152,7 @@ class RunPasses(StoreCore):
         k = self.run_keys(run_id)
         reply = self._run(
             "agent_finish",
-            [k.run, k.journal, k.agents, k.live],
+            [k.run, k.journal, k.agents, k.live, k.history],
             [epoch, self.clock(), agent_id, outcome, row_json, *usage, token, wake_prefix],
         )
         return parse.agent_finish(reply, run_id)
@@ -174,7 +174,7 @@ class RunPasses(StoreCore):
         round trip where a wake run in place took two)."""
         k = self.run_keys(run_id)
         now = self.clock()
-        keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps]
+        keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps, k.history]
         args: list[Any] = [epoch, now, key, outcome, error, wake_prefix]
         if here is not None:
             keys.append(k.progress)

@@ -76,10 +76,10 @@ class RunRecords(IndexReads):
 
     def settle_keys(self, run_id: str) -> list[str]:
         """The KEYS of a script that settles the run: the run hash, its progress,
-        steps, running steps, agent rows, live and waits hashes, then every other
+        steps, running steps, agent rows, live and waits hashes, its history, then every other
         key of the run, which start their retention clock in the same script."""
         k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits]
+        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits, k.history]
         return [*first, *(key for key in astuple(k) if key not in first)]
 
     @property

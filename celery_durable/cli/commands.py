@@ -6,6 +6,7 @@ import os
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from celery_durable import telemetry
 from celery_durable.cli.common import (
@@ -29,8 +30,9 @@ from celery_durable.cli.common import (
 )
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.local import require_reachable_redis, standalone
-from celery_durable.cli.render import print_envelope, waiting_text
+from celery_durable.cli.render import print_envelope, waiting_text, when
 from celery_durable.exposure import ExposureError, refuse_exposure
+from celery_durable.fleet_registry import mixed_deploys
 from celery_durable.workflows.envelope import RunEnvelope
 
 
@@ -113,8 +115,13 @@ def worker(
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port (docs/telemetry.md).")
     ] = None,
     metrics_address: Annotated[
-        str, typer.Option("--metrics-address", help="Interface the metrics port listens on.")
-    ] = "0.0.0.0",
+        str,
+        typer.Option(
+            "--metrics-address",
+            help="Interface the metrics port listens on (default loopback: the port has no auth; "
+            "0.0.0.0 for a scraper on another host).",
+        ),
+    ] = "127.0.0.1",
 ) -> None:
     """Start a Celery worker for the engine's workflows.
 
@@ -151,6 +158,8 @@ def _serve_metrics(port: int, address: str) -> None:
         serve_worker_metrics(port, address)
     except MetricsPortError as exc:
         raise fail(str(exc), exit_code=EXIT_USAGE) from None
+    host = f"[{address}]" if ":" in address else address
+    err.print(f"Prometheus metrics on http://{host}:{port}/metrics", markup=False)
 
 
 @app.command()
@@ -197,3 +206,42 @@ def flower(
     code = engine.celery.start(argv)
     if code:
         raise typer.Exit(code if isinstance(code, int) else EXIT_USAGE)
+
+
+@app.command()
+def fleet(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
+    """List the workers as they report themselves with their beats: alive or
+    not, their queues, the workflows each serves with its code hash; a
+    workflow live workers serve with two code hashes is named a mixed deploy."""
+    client = guarded(lambda: client_for(app_path, namespace))
+    workers = guarded(client.list_workers)
+    mixed = mixed_deploys(workers)
+    if as_json:
+        print_json(
+            {
+                "workers": [worker.to_dict() for worker in workers],
+                "mixed_deploys": [{"workflow": m.workflow, "code_hashes": m.hashes} for m in mixed],
+            }
+        )
+        return
+    if not workers:
+        out.print("No worker has reported: start one with celery-durable worker", markup=False)
+        return
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for name in ("worker", "state", "last beat", "queues", "workflow", "code hash"):
+        table.add_column(name, overflow="fold")
+    for worker in workers:
+        served = sorted(worker.workflows.items()) or [("", "")]
+        for i, (workflow, code_hash) in enumerate(served):
+            first = i == 0
+            table.add_row(
+                worker.name if first else "",
+                ("alive" if worker.alive else "silent") if first else "",
+                when(worker.last_beat) if first else "",
+                ", ".join(worker.queues) if first else "",
+                workflow,
+                code_hash[:12],
+            )
+    out.print(table)
+    for deploy in mixed:
+        out.print(deploy.describe(), style="bold red", markup=False)

@@ -57,9 +57,35 @@ def runs_history(
     guarded(lambda: _follow(client, run_id, after, limit, timeout, as_json))
 
 
+FOLLOW_WIDTHS = (6, 12, 7, 20, 24)
+"""Columns of a followed history: seq, at, attempt, kind, key (then the detail): fixed, so the
+header is printed once and every later line lines up under it."""
+
+
+def follow_header() -> str:
+    names = ("seq", "at", "attempt", "kind", "key")
+    return " ".join(name.ljust(width) for name, width in zip(names, FOLLOW_WIDTHS, strict=True)) + " detail"
+
+
+def follow_line(event: HistoryEvent) -> str:
+    cells = (
+        str(event.seq),
+        event.at.astimezone().strftime("%H:%M:%S.%f")[:-3],
+        str(event.attempt),
+        event.kind,
+        event.key or "",
+    )
+    return " ".join(cell.ljust(width) for cell, width in zip(cells, FOLLOW_WIDTHS, strict=True)) + " " + (
+        event_summary(event)
+    )
+
+
 def _follow(client: Client, run_id: str, after: int | None, limit: int, timeout: float | None, as_json: bool) -> None:
-    """Every event from ``after`` on, then each new one as it comes, until the run settles."""
+    """Every event from ``after`` on, then each new one as it comes, until the run settles:
+    each event once, the header once."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    if not as_json:
+        out.print(follow_header(), markup=False, highlight=False)
     with client.watch_runs([run_id]) as watch:
         while True:
             settled = is_terminal_status(client.get_workflow_run(run_id).status)
@@ -77,11 +103,11 @@ def _follow(client: Client, run_id: str, after: int | None, limit: int, timeout:
 
 
 def _print(events: list[HistoryEvent], as_json: bool) -> None:
-    if as_json:
-        for event in events:
+    for event in events:
+        if as_json:
             print_json_line(event.to_dict())
-    elif events:
-        out.print(history_table(events))
+        else:
+            out.print(follow_line(event), markup=False, highlight=False, soft_wrap=True)
 
 
 def history_table(events: list[HistoryEvent]) -> Table:

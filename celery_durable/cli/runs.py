@@ -116,6 +116,9 @@ def runs_list(
     if as_json:
         print_json({"runs": [envelope.to_dict() for envelope in page.runs], "next_cursor": page.next_cursor})
         return
+    if not page.runs:
+        out.print("No runs", markup=False)
+        return
     out.print(runs_table(page))
     if page.next_cursor:
         out.print(f"next page: --cursor {page.next_cursor}", markup=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from celery_durable import telemetry
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.child_types import DoneVerdict
 from celery_durable.broker.replies.control import RequestVerdict
@@ -30,6 +31,7 @@ from celery_durable.broker.schema import MAIN
 from celery_durable.errors import DurableError, StorageError
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.wakes import Wake, woken
+from celery_durable.telemetry.context import run_parent
 from celery_durable.workflows.children import ChildRequest, ChildState
 from celery_durable.workflows.definition import Workflow, registered_workflow
 
@@ -93,6 +95,12 @@ class EngineChildren:
             idempotency_key=None,
             progress_max=engine.settings.progress_max_records,
             ceilings=request.ceilings,
+            # Created in the parent's pass: the child's spans continue the parent's trace.
+            trace_parent=telemetry.start_traceparent(
+                request.workflow.name,
+                request.run_id,
+                run_parent(parent.run_id, parent.trace_parent, parent.trace_attempt).traceparent(),
+            ),
         )
         return {**fields, **schema.parent_fields(parent.run_id, request.key)}
 

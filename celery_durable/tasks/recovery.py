@@ -37,7 +37,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
@@ -51,6 +51,7 @@ from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.fleet_registry import profile_of
 from celery_durable.schedules.firing import fire_due
 from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
@@ -91,9 +92,12 @@ class RecoverySweep:
         worker_running: Callable[[], bool] = lambda: True,
         empty_queues: EmptyQueues | None = None,
         worker_id: str = "",
+        queues: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         self.engine = engine
         self.worker_id = worker_id
+        self._queues = queues
+        """The queues this worker consumes (read at each beat: Celery knows them once it runs)."""
         """Who beats for this worker (``<hostname>/<pid>``); '' for a sweep without a worker."""
         self._worker_running = worker_running
         self._broker_queues: BrokerQueues | None = None
@@ -238,7 +242,9 @@ class RecoverySweep:
         # Only what this beat saw go is removed: a message received while it
         # looked was written by received() and is in no snapshot yet.
         gone = [task_id for task_id in self._reported if task_id not in held]
-        self.engine.store.report_worker(self.worker_id, held, gone, now_ms())
+        # What it serves goes with every beat (list_workers, a mixed deploy named).
+        profile = profile_of(self.engine.workflows, self._queues())
+        self.engine.store.report_worker(self.worker_id, held, gone, now_ms(), profile)
         self._reported = set(held)
 
     def bury_dead_workers(self) -> None:
@@ -454,6 +460,7 @@ def install(engine: Engine) -> None:
                 engine,
                 lambda: worker.blueprint.state == bootsteps.RUN,
                 worker_id=f"{worker.hostname}/{os.getpid()}",
+                queues=lambda: list(worker.app.amqp.queues.consume_from or ()),
             )
             flower_names.follow_worker(worker)
 

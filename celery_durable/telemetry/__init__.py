@@ -89,17 +89,19 @@ def carry_traceparent(text: str | None, source: str) -> None:
 # -- hooks: each is one line in the module it observes ------------------------------------
 
 
-def start_traceparent(workflow: str, run_id: str) -> str:
+def start_traceparent(workflow: str, run_id: str, within: str = "") -> str:
     """What a run being started records as ``trace_parent``: a ``celery_durable.start``
     span (when this process traces) under the caller's span, the caller's
-    span itself, or a context carried from outside; '' for none."""
+    span itself, or, outside any span, ``within`` (a child run: its parent
+    run's trace) or a context carried from outside; '' for none."""
     found = refresh()
     if found is not None and found.metrics is not None:
         found.metrics.runs_created.labels(workflow).inc()
     tracer = found.tracer if found is not None else None
+    outside = within or _carried
     if tracer is None:
-        return traces.current_traceparent() or _carried
-    parent = traces.context_of_traceparent(_carried) if _carried and not traces.current_traceparent() else None
+        return traces.current_traceparent() or outside
+    parent = traces.context_of_traceparent(outside) if outside and not traces.current_traceparent() else None
     span = traces.start(
         tracer, "celery_durable.start", parent, {"celery_durable.run_id": run_id, "celery_durable.workflow": workflow},
         kind="producer",

@@ -37,7 +37,7 @@ class MetricsPortError(RuntimeError):
     """The worker's metrics port cannot be listened on."""
 
 
-def serve_worker_metrics(port: int, address: str = "0.0.0.0") -> str:
+def serve_worker_metrics(port: int, address: str = "127.0.0.1") -> str:
     """Count in this process and the ones it forks, served on ``address:port``;
     returns the multiprocess directory. Call before the worker's pool starts."""
     path = os.environ.get(MULTIPROC_ENV)

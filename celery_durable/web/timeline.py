@@ -2,8 +2,9 @@
 over time, one bar each, drawn on the server as SVG (no script, no CDN).
 
 Bars come from the run's detail (step and agent rows: start and end) and
-its history (timers set and fired, signals waited for, fan-outs dispatched):
-what ran when, and where the run only waited.
+its history (every wait from its ``wait_started`` to the timer, signal or
+child's end that closed it; fan-outs dispatched): what ran when, and where
+the run only waited.
 """
 
 from __future__ import annotations
@@ -43,16 +44,37 @@ def bars(detail: RunDetail, events: list[HistoryEvent]) -> list[Bar]:
         if start is not None:
             label = f"agent {agent.get('label') or agent.get('agent_id')}"
             out.append(Bar(label, "agent", start, _dt(agent.get("completed_at")), str(agent.get("status"))))
-    fired = {event.key: event.at for event in events if event.kind == "timer_fired"}
-    for event in events:
-        if event.kind == "timer_set" and event.key is not None:
-            end = fired.get(event.key)
-            out.append(Bar(f"sleep {event.key}", "wait", event.at, end, "completed" if end else "running"))
+    for i, event in enumerate(events):
+        if event.kind == "wait_started":
+            end = wait_end(event, events[i + 1 :]) or detail.run.finished_at
+            out.append(Bar(wait_label(event), "wait", event.at, end, "completed" if end else "running"))
         elif event.kind == "branches_dispatched":
             label = f"{event.data.get('kind')} of {event.data.get('width')} at {event.key}"
             out.append(Bar(label, "fanout", event.at, event.at, "completed"))
     out.sort(key=lambda bar: bar.start)
     return out[:MAX_BARS]
+
+
+WAIT_NAMES = {"timer": "sleep", "signal": "signal", "child": "child", "throttle": "throttle"}
+
+
+def wait_label(event: HistoryEvent) -> str:
+    kind = str(event.data.get("kind"))
+    return f"{WAIT_NAMES.get(kind, kind)} {event.key}"
+
+
+def wait_end(started: HistoryEvent, later: list[HistoryEvent]) -> datetime | None:
+    """When the wait that ``started`` began ended, from the events after it:
+    its timer fired, its signal came, its child settled (None: it waits)."""
+    kind = started.data.get("kind")
+    for event in later:
+        if kind == "timer" and event.kind == "timer_fired" and event.key == started.key:
+            return event.at
+        if kind == "signal" and event.kind == "signal_received" and event.key == started.key:
+            return event.at
+        if kind == "child" and event.kind == "child_settled" and event.key == started.key:
+            return event.at
+    return None
 
 
 def timeline_svg(detail: RunDetail, events: list[HistoryEvent], now: datetime | None = None) -> Markup:

@@ -106,13 +106,18 @@ class WorkflowContext:
         """Run ``producer`` once per run under ``key`` and journal its JSON result."""
         return self._replay.steps.step(key, producer, volatile=volatile, retry=retry)
 
-    def parallel(self, thunks: Iterable[Callable[[], Any]]) -> list[Any]:
-        """Run zero-argument callables concurrently across the fleet; results in order."""
-        return self._replay.fanout.parallel(thunks)
+    def parallel(self, thunks: Iterable[Callable[[], Any]], *, errors: str = "none") -> list[Any]:
+        """Run zero-argument callables concurrently across the fleet; results in order.
+        A failed slot is None (``errors="none"``), raised from the call once every
+        branch finished, first in slot order (``"raise"``), or its exception (``"return"``)."""
+        return self._replay.fanout.parallel(thunks, errors)
 
-    def pipeline(self, items: Iterable[Any], *stages: Callable[[Any, Any, int], Any]) -> list[Any]:
-        """Each item through ``stage(previous, item, index)``; no barrier between items."""
-        return self._replay.fanout.pipeline(items, stages)
+    def pipeline(
+        self, items: Iterable[Any], *stages: Callable[[Any, Any, int], Any], errors: str = "none"
+    ) -> list[Any]:
+        """Each item through ``stage(previous, item, index)``; no barrier between items.
+        ``errors`` as ``parallel``'s."""
+        return self._replay.fanout.pipeline(items, stages, errors)
 
     def sleep(self, seconds: float | timedelta) -> None:
         """Wait ``seconds`` (or a ``timedelta``) without holding a worker; the run

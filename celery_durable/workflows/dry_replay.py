@@ -28,7 +28,6 @@ settled (``verdict``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -160,7 +159,7 @@ class _DryFanout(FanoutOps):
         super().__init__(replay)
         self._dry = replay
 
-    def _fanout(self, kind: str, branches: list[Thunk]) -> list[Any]:
+    def _outcomes(self, kind: str, branches: list[Thunk]) -> list[schema.Outcome]:
         replay = self._dry
         cursor = replay.current()
         replay.check_cancelled()
@@ -242,12 +241,11 @@ def verdict(replay: DryReplay, record: RunRecord, settlement: Settlement | None)
 
 
 def _same_end(record: RunRecord, settlement: Settlement) -> bool:
+    """A body that returns where the run returned ends as it did, whatever it
+    returns now (SPEC §8a: a new version may shape its result differently);
+    one that raised, with the same failure."""
     if record.status == "completed":
-        result = json.loads(settlement.result_json) if settlement.result_json is not None else None
-        return settlement.status == "completed" and (settlement.result_json is not None, result) == (
-            record.has_result,
-            record.result,
-        )
+        return settlement.status == "completed"
     return (settlement.status, settlement.reason, settlement.error) == (record.status, record.reason, record.error)
 
 
@@ -260,6 +258,4 @@ def _ended(record: RunRecord) -> str:
 def _ended_as(settlement: Settlement, record: RunRecord) -> str:
     if settlement.status != "completed":
         return f"ended {settlement.status}: {settlement.error}"
-    if record.status == "completed":
-        return "completed with another result" if settlement.result_json is not None else "completed without one"
     return "completed"

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 Thunk = Callable[[], Any]
 
+ERRORS = ("none", "raise", "return")
+"""What a failed slot gives (SPEC §4): None (the seed's rule), the first
+failure raised from the call once every branch finished, or the exception
+object in its slot."""
+
 
 class FanoutOps:
     """``ctx.parallel`` and ``ctx.pipeline`` of one execution."""
@@ -40,14 +45,18 @@ class FanoutOps:
     def __init__(self, replay: Replay) -> None:
         self._replay = replay
 
-    def parallel(self, thunks: Iterable[Thunk]) -> list[Any]:
+    def parallel(self, thunks: Iterable[Thunk], errors: str = "none") -> list[Any]:
+        _check_errors("parallel", errors)
         items = self._items(thunks, "parallel", "thunks")
         for index, thunk in enumerate(items):
             if not callable(thunk):
                 raise ValueError(f"parallel thunk {index} is not callable: {type(thunk).__name__}")
-        return self._fanout("p", list(items))
+        return self._fanout("p", list(items), errors)
 
-    def pipeline(self, items: Iterable[Any], stages: Sequence[Callable[[Any, Any, int], Any]]) -> list[Any]:
+    def pipeline(
+        self, items: Iterable[Any], stages: Sequence[Callable[[Any, Any, int], Any]], errors: str = "none"
+    ) -> list[Any]:
+        _check_errors("pipeline", errors)
         values = self._items(items, "pipeline", "items")
         for index, stage in enumerate(stages):
             if not callable(stage):
@@ -59,7 +68,8 @@ class FanoutOps:
                 previous = stage(previous, item, index)
             return previous
 
-        return self._fanout("l", [functools.partial(through_stages, item, i) for i, item in enumerate(values)])
+        branches: list[Thunk] = [functools.partial(through_stages, item, i) for i, item in enumerate(values)]
+        return self._fanout("l", branches, errors)
 
     def _items(self, items: Iterable[Any], name: str, noun: str) -> list[Any]:
         if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
@@ -70,7 +80,12 @@ class FanoutOps:
             raise ValueError(f"{name} accepts at most {limit} {noun} (settings.max_fanout), got {len(values)}")
         return values
 
-    def _fanout(self, kind: str, branches: list[Thunk]) -> list[Any]:
+    def _fanout(self, kind: str, branches: list[Thunk], errors: str) -> list[Any]:
+        cursor = self._replay.current()
+        call = schema.call_id(cursor.seq, cursor.index)
+        return slots(self._outcomes(kind, branches), errors, call)
+
+    def _outcomes(self, kind: str, branches: list[Thunk]) -> list[schema.Outcome]:
         replay = self._replay
         cursor = replay.current()
         replay.check_cancelled()
@@ -104,7 +119,7 @@ class FanoutOps:
 
     def _journaled(
         self, cursor: Cursor, call: str, identity: str, branches: list[Thunk], journaled: bool
-    ) -> list[Any]:
+    ) -> list[schema.Outcome]:
         """A fan-out of a writing sequence: its results, collected, or its
         branches dispatched (and run here, or sent) until they are."""
         replay = self._replay
@@ -141,7 +156,7 @@ class FanoutOps:
 
     def _dispatched(
         self, cursor: Cursor, call: str, identity: str, branches: list[Thunk], result: Dispatch
-    ) -> list[Any] | None:
+    ) -> list[schema.Outcome] | None:
         """In a coordinator pass: run or send the branches the dispatch left;
         the results when this pass has them all, else it suspends until the
         outcomes still to come wake the next (None: nothing was left)."""
@@ -165,7 +180,7 @@ class FanoutOps:
 
     def _run_inline(
         self, cursor: Cursor, call: str, identity: str, branches: list[Thunk], indices: Sequence[int]
-    ) -> list[Any] | None:
+    ) -> list[schema.Outcome] | None:
         """Run in this pass the branches a dispatch left to send; their
         results, or None when some wait or were handed on: those are in
         flight as sent branches would be, and their outcomes wake the next pass."""
@@ -218,8 +233,8 @@ class FanoutOps:
             error = StorageUnavailableError(f"Broker unavailable while sending branches of {call}: {exc}")
             raise replay.break_with(error) from None
 
-    def _collect(self, call: str, count: int) -> list[Any] | None:
-        """All branch results when every outcome is journaled and live, else None.
+    def _collect(self, call: str, count: int) -> list[schema.Outcome] | None:
+        """All branch outcomes when every one is journaled and live, else None.
 
         A live fatal outcome is raised at once: fatal errors abort the whole call.
         """
@@ -237,4 +252,24 @@ class FanoutOps:
                 raise error
         if missing:
             return None
-        return [outcome.result for outcome in decoded if outcome is not None]
+        return [outcome for outcome in decoded if outcome is not None]
+
+
+def _check_errors(name: str, errors: object) -> None:
+    if not isinstance(errors, str) or errors not in ERRORS:
+        raise ValueError(f"{name} errors must be one of 'none', 'raise', 'return', got {errors!r:.80}")
+
+
+def slots(outcomes: list[schema.Outcome], errors: str, call: str) -> list[Any]:
+    """What the call returns for its branches' outcomes, as ``errors`` says (``ERRORS``)."""
+    if errors == "none":
+        return [outcome.result for outcome in outcomes]
+    values = [
+        outcome.result if outcome.kind == "o" else schema.slot_error(outcome, f"{call}/{j}")
+        for j, outcome in enumerate(outcomes)
+    ]
+    if errors == "raise":
+        for value, outcome in zip(values, outcomes, strict=True):
+            if outcome.kind != "o":
+                raise value
+    return values

@@ -108,7 +108,18 @@ def counted(ctx: WorkflowContext) -> Any:
     return total
 
 
-engine = Engine(workflows=[traced_crash, traced_call, counted])
+@workflow(name="traced_kid", description="A child run: one step", phases=[])
+def traced_kid(ctx: WorkflowContext) -> Any:
+    return ctx.step("kid-step", lambda: "kid")
+
+
+@workflow(name="traced_parent", description="A step, then a child run", phases=[])
+def traced_parent(ctx: WorkflowContext) -> Any:
+    ctx.step("first", lambda: 1)
+    return ctx.child("kid", traced_kid)
+
+
+engine = Engine(workflows=[traced_crash, traced_call, counted, traced_kid, traced_parent])
 celery_app = engine.celery
 
 

@@ -138,13 +138,25 @@ def test_a_body_that_returns_where_the_journal_goes_on_diverges() -> None:
     assert "at call 2: expected charge, got the workflow's return" in message
 
 
-def test_a_completed_run_whose_code_returns_another_result_diverges() -> None:
-    def other(ctx: WorkflowContext) -> Any:
-        return {"charged": waiting(ctx)}
+def test_a_completed_run_whose_new_code_returns_where_it_returned_checks_ok_whatever_it_returns() -> None:
+    """SPEC §8a: a new version may shape its result differently; returning where the run returned is ok."""
 
-    verdict, message = check(completed_run(), version(other))
-    assert verdict == "diverges"
-    assert message == "The run completed with a result; the replay completed with another result"
+    def other(ctx: WorkflowContext) -> Any:
+        return {"charged": waiting(ctx), "version": 2}
+
+    def nothing(ctx: WorkflowContext) -> Any:
+        waiting(ctx)
+        return None
+
+    assert check(completed_run(), version(other)) == ("ok", "")
+    assert check(completed_run(), version(nothing)) == ("ok", "")
+
+    def raises(ctx: WorkflowContext) -> Any:
+        waiting(ctx)
+        raise RuntimeError("new code fails at the end")
+
+    verdict, message = check(completed_run(), version(raises))
+    assert verdict == "diverges" and message.startswith("The run completed with a result; the replay ended error")
 
 
 def test_a_run_that_failed_in_a_step_checks_ok_when_the_code_fails_the_same_way() -> None:

@@ -134,7 +134,7 @@ def test_a_run_tells_each_kind_of_event_in_order(env: WorkflowTestEnvironment) -
 def test_pages_keep_their_seqs_while_the_run_goes_on(env: WorkflowTestEnvironment) -> None:
     run_id = env.start(story)  # it sleeps, an hour
     before = everything(env, run_id, limit=2)
-    assert before[-1].kind == "timer_set"
+    assert [e.kind for e in before[-2:]] == ["timer_set", "wait_started"]
     last = before[-1].seq
     env.clock.advance(3600)  # it goes on, and waits for the signal
     later = env.client.get_workflow_run_history(run_id, after=last, limit=500)
@@ -183,8 +183,12 @@ def test_a_take_over_names_its_cause_and_steps_say_their_attempt() -> None:
     taken = one(events, "taken_over")
     assert taken.attempt == 2 and taken.data["cause"]
     assert one(events, "step_completed", "one").attempt == 1
+    # "two" had begun when its attempt died: the take-over interrupted it, then attempt 2 ran it.
     two = [e for e in events if e.key == "two"]
-    assert [(e.kind, e.attempt) for e in two] == [("step_completed", 2)]
+    assert [(e.kind, e.attempt) for e in two] == [("step_interrupted", 1), ("step_completed", 2)]
+    kinds = [(e.kind, e.key) for e in events]
+    assert kinds.index(("taken_over", None)) < kinds.index(("step_interrupted", "two"))
+    assert kinds.index(("step_interrupted", "two")) < kinds.index(("attempt_started", None), 1)
 
 
 def test_nondeterminism_names_both_keys() -> None:
@@ -224,3 +228,70 @@ def test_bad_options_and_unknown_runs_are_refused(env: WorkflowTestEnvironment) 
         read_value(env.engine.store, run_id, "o:m:0")
     with pytest.raises(LookupError):
         read_value(env.engine.store, run_id, "v:never")
+
+
+@workflow(name="hist-order", description="the issue's order: a saga, a patch after a fan-out", phases=[])
+def ordered(ctx: WorkflowContext) -> Any:
+    ctx.step("reserve-tee", lambda: "tee")
+    ctx.parallel([lambda: ctx.step("pick", lambda: 1)])
+    if ctx.patched("gift-wrap"):
+        ctx.step("wrap", lambda: "wrapped")
+    ctx.wait_for_signal("approval")
+    ctx.step("after-approval", lambda: "go")
+    with ctx.saga() as saga:
+        saga.compensate("release-tee", lambda: "released")
+        ctx.step("ship", lambda: 1 / 0)
+    return None
+
+
+def test_events_are_in_the_order_they_happened_within_one_millisecond() -> None:
+    """Every event of the run is stamped in the same millisecond (the clock stands still):
+    only the order the scripts wrote them in can order them, and it is the causal one."""
+    env = WorkflowTestEnvironment([ordered])
+    run_id = env.start(ordered)
+    env.signal(run_id, "approval", {"ok": True})
+    assert env.get(run_id).status == "error"
+    events = everything(env, run_id, limit=3)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), "dense, from 1, never renumbered"
+    at = [(e.kind, e.key) for e in events]
+
+    def index(kind: str, key: str | None = None) -> int:
+        return next(i for i, item in enumerate(at) if item[0] == kind and (key is None or item[1] == key))
+
+    assert index("step_completed", "reserve-tee") < index("branches_dispatched") < index("step_completed", "pick")
+    assert index("branches_dispatched") < index("patched", "gift-wrap") < index("step_completed", "wrap")
+    assert index("wait_started", "approval") < index("signal_received", "approval")
+    assert index("signal_received", "approval") < index("step_completed", "after-approval")
+    assert index("step_failed", "ship") < index("compensation_started") < index("step_completed", "release-tee")
+    assert index("step_completed", "release-tee") < index("run_settled") == len(events) - 1
+    again = everything(env, run_id, limit=500)
+    assert [e.to_dict() for e in again] == [e.to_dict() for e in events], "a seq never changes"
+
+
+@workflow(name="hist-waits", description="waits of every kind", phases=[])
+def waiter(ctx: WorkflowContext) -> Any:
+    ctx.sleep(60)
+    got = ctx.wait_for_signal("approval", timeout=timedelta(hours=2))
+    child = ctx.child("kid1", kid)
+    return {"signal": got.payload, "child": child}
+
+
+def test_each_wait_says_when_it_begins() -> None:
+    env = WorkflowTestEnvironment([waiter, kid])
+    run_id = env.start(waiter)
+    started = [e for e in everything(env, run_id) if e.kind == "wait_started"]
+    assert [(e.data["kind"], e.key) for e in started] == [("timer", "m:0")]
+    assert started[0].data["until"] is not None and started[0].data["op"] == "m:0"
+    env.clock.advance(60)
+    signal_wait = one(everything(env, run_id), "wait_started", "approval")
+    assert signal_wait.data["kind"] == "signal" and signal_wait.data["name"] == "approval"
+    assert signal_wait.data["until"].endswith("+00:00"), "a wait with a timeout says until when"
+    settled = env.signal(run_id, "approval", "yes")
+    assert settled.status == "completed"
+    events = everything(env, run_id)
+    kinds = [(e.kind, e.key) for e in events]
+    child_wait = one(events, "wait_started", "kid1")
+    assert child_wait.data["kind"] == "child" and child_wait.data["name"] == one(events, "child_started").data["run_id"]
+    assert kinds.index(("child_started", "kid1")) < kinds.index(("wait_started", "kid1"))
+    assert kinds.index(("wait_started", "kid1")) < kinds.index(("child_settled", "kid1"))
+    assert len([e for e in events if e.kind == "wait_started"]) == 3, "a wait replayed while it waits is said once"

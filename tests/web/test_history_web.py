@@ -133,3 +133,39 @@ def test_history_and_timeline_grow_live_in_the_browser(live: tuple[Site, str], p
     link = page.locator("#history-events a.value-link").first
     href = link.get_attribute("href")
     assert href is not None and web.http.get(href).status_code == 200
+
+
+@workflow(name="web-packing", description="a child that waits", phases=[])
+def packing(ctx: WorkflowContext) -> Any:
+    ctx.wait_for_signal("packed")
+    return "P-1"
+
+
+@workflow(name="web-fulfil", description="a child wait, then a signal wait", phases=[])
+def fulfil(ctx: WorkflowContext) -> Any:
+    parcel = ctx.child("pack", packing)
+    return [parcel, ctx.wait_for_signal("approval").payload]
+
+
+def test_the_timeline_draws_a_child_wait_and_a_signal_wait_from_their_start_to_their_end() -> None:
+    from celery_durable import history
+    from celery_durable.web.timeline import bars
+
+    env = WorkflowTestEnvironment([fulfil, packing])
+    run_id = env.start(fulfil)
+    child = env.client.get_workflow_run_detail(run_id).children[0].run_id
+    env.clock.advance(20)
+    env.signal(child, "packed")
+    env.clock.advance(30)
+
+    def waits() -> dict[str, Any]:
+        detail = env.client.get_workflow_run_detail(run_id)
+        events = history.newest(env.engine.store, run_id, 200, previews=False).events
+        return {bar.label: bar for bar in bars(detail, events) if bar.kind == "wait"}
+
+    drawn = waits()
+    assert set(drawn) == {"child pack", "signal approval"}
+    assert 20 <= (drawn["child pack"].end - drawn["child pack"].start).total_seconds() < 21
+    assert drawn["signal approval"].end is None and drawn["signal approval"].status == "running"
+    env.signal(run_id, "approval", "ok")
+    assert 30 <= (waits()["signal approval"].end - drawn["signal approval"].start).total_seconds() < 31

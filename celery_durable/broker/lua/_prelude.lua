@@ -78,6 +78,22 @@ local function trim_progress(run_key, stream_key, newest, phase_index_key)
   if last then redis.call('XTRIM', stream_key, 'MINID', (last + 1) .. '-0') end
 end
 
+-- == The run's history (history.py; the format: schema/history.py) ========
+-- Every event of a run's history is recorded by the script that makes it
+-- happen, in that same script, numbered by the run's 'events' counter: the
+-- history is in the order its writes reached Redis (a cause is written before
+-- what it causes), an event's number never changes, and a page reads events
+-- by number, whatever the run's size. <data> is a JSON object's text or ''.
+-- pcall: a stream that refused the number (never, short of a hand-edited
+-- store) loses that event rather than leave this script's writes half done.
+local function record_event(run_key, history_key, kind, key, at, data)
+  if not history_key then error('record_event: no history key for ' .. kind) end
+  local n = redis.call('HINCRBY', run_key, 'events', 1)
+  local attempt = redis.call('HGET', run_key, 'attempt') or '1'
+  redis.pcall('XADD', history_key, n .. '-0', 'k', kind, 'y', key or '', 'a', attempt, 't', at, 'd', data or '')
+  return n
+end
+
 -- Appends one progress record with the next per-run seq; returns the seq.
 -- Records carry the attempt count users see, not the fencing epoch.
 -- A record of a phase is also entered in the run's phase index (a zset of
@@ -85,9 +101,15 @@ end
 -- no record can miss it: a phase's records then page in O(log n + page).
 -- Only phase-less (system) records may come without the index key; that is
 -- checked before any write, as Redis does not undo a script that fails.
-local function append_progress(run_key, stream_key, kind, phase_id, message, _epoch, at, phase_index_key)
+-- A system record is an event of the run's history too (record_event), so a
+-- script writing one names the history key, or false when it records the
+-- event itself in another form (signal.lua).
+local function append_progress(run_key, stream_key, kind, phase_id, message, _epoch, at, phase_index_key, history_key)
   if phase_id ~= '' and not phase_index_key then
     error('append_progress: a record of a phase needs the phase index key')
+  end
+  if kind == 'system' and history_key == nil then
+    error('append_progress: a system record needs the history key')
   end
   local seq = redis.call('HINCRBY', run_key, 'next_seq', 1)
   local attempt = redis.call('HGET', run_key, 'attempt') or '1'
@@ -97,6 +119,9 @@ local function append_progress(run_key, stream_key, kind, phase_id, message, _ep
     redis.call('ZADD', phase_index_key, 0, phase_id .. '|' .. string.format('%015d', seq))
   end
   trim_progress(run_key, stream_key, seq, phase_index_key)
+  if kind == 'system' and history_key then
+    record_event(run_key, history_key, 'system', '', at, cjson.encode({message = message}))
+  end
   return seq
 end
 
@@ -192,8 +217,9 @@ local function forget_fanout(journal_key, seq, index, width, epoch)
 end
 
 -- Records op <index> of sequence <seq> with identity <ident>. Returns
--- (conflict, replaced): the live identity already there when it differs
--- (non-determinism), and the dead identity this write replaced, if any.
+-- (conflict, replaced, fresh): the live identity already there when it differs
+-- (non-determinism), the dead identity this write replaced, if any, and
+-- whether the op is written here (not found journaled and alive).
 local function record_op(journal_key, seq, index, ident, epoch)
   local field = 'o:' .. seq .. ':' .. index
   local existing = redis.call('HGET', journal_key, field)
@@ -208,7 +234,7 @@ local function record_op(journal_key, seq, index, ident, epoch)
     if kind == 'p' or kind == 'l' then
       forget_fanout(journal_key, seq, index, tonumber(string.sub(old, 3)), epoch)
     end
-    return nil, old
+    return nil, old, true
   end
   redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
   local count_field = 'n:' .. seq
@@ -216,7 +242,7 @@ local function record_op(journal_key, seq, index, ident, epoch)
   if tonumber(index) + 1 > count then
     redis.call('HSET', journal_key, count_field, tonumber(index) + 1)
   end
-  return nil, nil
+  return nil, nil, true
 end
 
 -- Cuts sequence <seq> at op <index> for attempt <epoch>: entries after it
@@ -286,13 +312,15 @@ end
 -- under its epoch: they become interrupted, not phantom running rows. Rows
 -- are JSON objects (schema.StepRow); only their status changes here, and a
 -- row that does not decode (corrupted) moves over as it is.
-local function interrupt_steps(run_key, running_key, steps_key)
+local function interrupt_steps(run_key, running_key, steps_key, history_key, now)
   local rows = redis.call('HGETALL', running_key)
   for i = 1, #rows, 2 do
     local ok, row = pcall(cjson.decode, rows[i + 1])
     if ok and type(row) == 'table' then
       row['status'] = 'interrupted'
-      redis.call('HSET', steps_key, rows[i], cjson.encode(row))
+      local text = cjson.encode(row)
+      redis.call('HSET', steps_key, rows[i], text)
+      record_event(run_key, history_key, 'step_interrupted', rows[i], now, text)
     else
       redis.call('HSET', steps_key, rows[i], rows[i + 1])
     end
@@ -640,9 +668,13 @@ end
 -- when the value field already held a live outcome (first write wins, and
 -- the caller must use that one), else ('ok', '').
 local function commit_call(run_key, journal_key, steps_key, running_key, epoch, seq, index, ident,
-                           value_field, value, step_key, step_row)
-  local conflict, replaced = record_op(journal_key, seq, index, ident, epoch)
+                           value_field, value, step_key, step_row, history_key, now)
+  local conflict, replaced, fresh = record_op(journal_key, seq, index, ident, epoch)
   if conflict then return 'conflict', conflict end
+  if fresh and string.sub(ident, 1, 2) == 'v|' then
+    record_event(run_key, history_key, 'patched', string.sub(ident, 3), now,
+      cjson.encode({op = seq .. ':' .. index}))
+  end
   local winner = ''
   if value_field ~= '' then
     local current = redis.call('HGET', journal_key, value_field)
@@ -656,6 +688,10 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
       made_progress(run_key)
       if step_key ~= '' and string.sub(value, 1, 1) == 'o' then
         redis.call('HINCRBY', run_key, 'steps_done', 1)
+      end
+      if is_step and step_key ~= '' and step_row ~= '' then
+        local kind = string.sub(value, 1, 1) == 'o' and 'step_completed' or 'step_failed'
+        record_event(run_key, history_key, kind, step_key, now, step_row)
       end
     end
   end
@@ -683,7 +719,7 @@ end
 -- attempt that died before recording this op) already journaled the key,
 -- else '' (also when a pause holds the main body's step back).
 local function begin_call(run_key, progress_key, journal_key, running_key, phases_key, epoch, now, channel,
-                          seq, cut, step_key, step_row, records, first, count)
+                          seq, cut, step_key, step_row, records, first, count, history_key)
   if cut ~= '' then
     local colon = string.find(cut, ':', 1, true)
     cut_sequence(journal_key, seq, string.sub(cut, 1, colon - 1), epoch, string.sub(cut, colon + 1))
@@ -697,7 +733,7 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
     local pos = tonumber(records[base])
     if pos > hwm then
       local kind, phase_id, message = records[base + 1], records[base + 2], records[base + 3]
-      append_progress(run_key, progress_key, kind, phase_id, message, epoch, now, phases_key)
+      append_progress(run_key, progress_key, kind, phase_id, message, epoch, now, phases_key, history_key)
       if kind == 'phase' then
         local previous = redis.call('HGET', run_key, 'phase_id')
         if previous and previous ~= '' and previous ~= phase_id then
@@ -886,7 +922,7 @@ end
 -- Returns {'ok', cancel, pause, limit, tail...}, {'busy', ms until the
 -- resend is due}, {'held'} (soft, and busy) or {'settled'} (paused).
 local function activate_run(run_key, progress_key, live_key, journal_key, epoch, token, now_arg, lock_ms, lease_ms,
-                            channel, resend, seq, start, soft)
+                            channel, resend, seq, start, soft, history_key)
   local now = tonumber(now_arg)
   if redis.call('HGET', run_key, 'status') == 'paused' then return {'settled'} end
   local lock = redis.call('HMGET', run_key, 'lock', 'lock_until')
@@ -904,7 +940,8 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
   if redis.call('HGET', run_key, 'status') == 'pending' then
     set_status(run_key, 'running', 'started_at', now_arg, 'updated_at', now_arg, 'active_since', '')
     local attempt = redis.call('HGET', run_key, 'attempt') or '1'
-    append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt .. ' started', epoch, now_arg)
+    append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt .. ' started', epoch, now_arg, nil,
+      history_key)
     local run_id = redis.call('HGET', run_key, 'id')
     redis.call('PUBLISH', channel, run_id .. ' status')
     clock_start(run_key, now)

@@ -1,6 +1,6 @@
 -- Journals an agent turn's outcome, releases its slot, adds its usage to the
 -- run, and returns who must be woken.
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows, KEYS[4] live
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] agent rows, KEYS[4] live, KEYS[5] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] agent id, ARGV[4] outcome
 -- ("o<json>" or "e<epoch>|<json>"), ARGV[5] final row json, ARGV[6] credits
 -- in nano-credits, ARGV[7] prompt tokens, ARGV[8] completion tokens,
@@ -18,6 +18,8 @@ local current = redis.call('HGET', KEYS[2], 'a:' .. id)
 if not current or is_stale_failure(current, ARGV[1]) then
   redis.call('HSET', KEYS[2], 'a:' .. id, ARGV[4])
   made_progress(KEYS[1])
+  local kind = string.sub(ARGV[4], 1, 1) == 'o' and 'agent_completed' or 'agent_failed'
+  record_event(KEYS[1], KEYS[5], kind, id, ARGV[2], ARGV[5])
 end
 local running = tonumber(redis.call('HGET', KEYS[1], 'agents_running') or '0')
 if running > 0 then redis.call('HINCRBY', KEYS[1], 'agents_running', -1) end

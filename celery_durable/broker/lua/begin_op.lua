@@ -2,7 +2,7 @@
 -- records (dropping those an earlier replay already wrote) and, for a step,
 -- shows the step as running (begin_call in _prelude.lua).
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] running steps,
--- KEYS[5] progress phase index
+-- KEYS[5] progress phase index, KEYS[6] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] sequence,
 -- ARGV[5] '' or "<op index>:<position>": this op re-runs a failure of an
 -- older attempt, so what that attempt journaled after it is abandoned and
@@ -15,6 +15,6 @@
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local outcome = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
-                           ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV, 9, tonumber(ARGV[8]))
+                           ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV, 9, tonumber(ARGV[8]), KEYS[6])
 local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3], outcome}

@@ -4,7 +4,7 @@
 -- call's timeout) is fixed the first time it is reached; past it, with no
 -- result, the call fails as a time-out (journaled like a step's failure).
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] running steps,
--- KEYS[5] steps
+-- KEYS[5] steps, KEYS[6] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity "c|<key>", ARGV[6] key, ARGV[7] owner, ARGV[8] due
 -- (ms) or '', ARGV[9] '' or "<op index>:<position>" when this op re-runs an
@@ -38,7 +38,9 @@ if due ~= '' and now >= tonumber(due) then
   if not ok or type(row) ~= 'table' then row = {} end
   row['status'], row['finished_at'], row['error'] = 'failed', now, ARGV[12]
   if redis.call('HDEL', KEYS[4], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
-  redis.call('HSET', KEYS[5], key, cjson.encode(row))
+  local text = cjson.encode(row)
+  redis.call('HSET', KEYS[5], key, text)
+  record_event(KEYS[1], KEYS[6], 'call_failed', key, ARGV[2], text)
   redis.call('HDEL', KEYS[3], at)
   made_progress(KEYS[1])
   f = flags(KEYS[1])
@@ -56,6 +58,7 @@ if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then
   redis.call('HSET', KEYS[2], 'ce:' .. key, ARGV[1])
   if ARGV[14] and ARGV[14] ~= '' then redis.call('HSET', KEYS[2], 'i:' .. key, ARGV[14]) end
   if redis.call('HSET', KEYS[4], key, ARGV[10]) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', 1) end
+  record_event(KEYS[1], KEYS[6], 'call_sent', key, ARGV[2], ARGV[10])
   verdict = 'publish'
 end
 redis.call('PUBLISH', ARGV[13], redis.call('HGET', KEYS[1], 'id') .. ' waiting')

@@ -3,8 +3,8 @@
 -- attempt that published it only (a stale attempt's result is refused), and
 -- what waits for the call is woken.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] live,
--- KEYS[5] running steps, KEYS[6] steps, KEYS[7] progress stream (only with
--- ARGV[7])
+-- KEYS[5] running steps, KEYS[6] steps, KEYS[7] history, KEYS[8] progress
+-- stream (only with ARGV[7])
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] key, ARGV[4] outcome
 -- ("o<json>" or "e<epoch>|<json>"), ARGV[5] the step row's error ('' for a
 -- result), ARGV[6] prefix of the task ids that wake the waiters ("<prefix>-<n>")
@@ -47,7 +47,9 @@ row['status'] = ARGV[5] == '' and 'completed' or 'failed'
 row['finished_at'] = tonumber(ARGV[2])
 if ARGV[5] ~= '' then row['error'] = ARGV[5] end
 if redis.call('HDEL', KEYS[5], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
-redis.call('HSET', KEYS[6], key, cjson.encode(row))
+local text = cjson.encode(row)
+redis.call('HSET', KEYS[6], key, text)
+record_event(KEYS[1], KEYS[7], ARGV[5] == '' and 'call_completed' or 'call_failed', key, ARGV[2], text)
 local function ours(wait)
   return wait['kind'] == 'call' and wait['name'] == key
 end
@@ -59,8 +61,8 @@ if not owners then
 end
 remember_woken(KEYS[2], ARGV[6], table.concat(owners, ' '))
 if ARGV[7] and ARGV[7] ~= '' and #owners == 1 and owners[1] == 'm' then
-  local activation = activate_run(KEYS[1], KEYS[7], KEYS[4], KEYS[2], ARGV[1], ARGV[7], ARGV[2], ARGV[8], ARGV[9],
-    ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14])
+  local activation = activate_run(KEYS[1], KEYS[8], KEYS[4], KEYS[2], ARGV[1], ARGV[7], ARGV[2], ARGV[8], ARGV[9],
+    ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], KEYS[7])
   if activation[1] ~= 'settled' and activation[1] ~= 'held' then
     local out = {'here'}
     for _, item in ipairs(activation) do table.insert(out, item) end

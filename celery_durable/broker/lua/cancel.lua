@@ -15,8 +15,9 @@
 -- (SPEC 5c). Its ceilings are cleared: a limit reached must not stop the
 -- undo of a run being cancelled.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] waits,
--- KEYS[5] steps, KEYS[6] running steps, KEYS[7] agent rows, KEYS[8..] every
--- other key of the run (for retain_run, and persisted for a new attempt)
+-- KEYS[5] steps, KEYS[6] running steps, KEYS[7] agent rows, KEYS[8] history,
+-- KEYS[9..] every other key of the run (for retain_run, and persisted for a
+-- new attempt)
 -- ARGV[1] now (ms), ARGV[2] events channel, ARGV[3] task id of the
 -- coordinator message the caller sends on 'requested', ARGV[4] retention
 -- (ms; 0 keeps the run for ever), ARGV[5] lease ttl (ms)
@@ -29,7 +30,7 @@ if not status then return {'settled'} end
 local first_request = redis.call('HGET', KEYS[1], 'cancel') ~= '1'
 if status == 'running' then
   if first_request then
-    append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1])
+    append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1], nil, KEYS[8])
   end
   redis.call('HSET', KEYS[1], 'cancel', '1', 'updated_at', ARGV[1])
   token_queued(KEYS[1], KEYS[3], ARGV[3], 'c', ARGV[1], ARGV[1])
@@ -39,7 +40,7 @@ end
 if status ~= 'pending' and f[4] == '1' then
   local now = tonumber(ARGV[1])
   if first_request then
-    append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1])
+    append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1], nil, KEYS[8])
   end
   tokens_clear(KEYS[1], KEYS[3], KEYS[4], now)
   for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
@@ -49,12 +50,13 @@ if status ~= 'pending' and f[4] == '1' then
     'lease_until', now + tonumber(ARGV[5]), 'finished_at', '', 'updated_at', ARGV[1],
     'limit', '', 'active_since', '', 'agents_running', '0', 'lim_timeout_ms', '', 'lim_credits_nano', '')
   interrupt_agents(KEYS[7])
-  interrupt_steps(KEYS[1], KEYS[6], KEYS[5])
   token_queued(KEYS[1], KEYS[3], ARGV[3], 'c', now, now)
   local attempt = redis.call('HGET', KEYS[1], 'attempt')
   append_progress(KEYS[1], KEYS[2], 'system', '',
     'Run resumed from ' .. status .. ' to cancel it: its saga compensates first (attempt ' .. attempt .. ')',
-    epoch, ARGV[1])
+    epoch, ARGV[1], nil, KEYS[8])
+  interrupt_steps(KEYS[1], KEYS[6], KEYS[5], KEYS[8], ARGV[1])
+  record_event(KEYS[1], KEYS[8], 'attempt_started', '', ARGV[1], '')
   redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
   return {'requested', epoch}
 end
@@ -64,6 +66,6 @@ set_status(KEYS[1], 'cancelled', 'reason', 'cancelled',
   'error', 'Cancelled while ' .. status, 'can_resume', '0', 'finished_at', ARGV[1],
   'updated_at', ARGV[1], 'cancel', '1')
 tokens_clear(KEYS[1], KEYS[3], KEYS[4], ARGV[1])
-append_progress(KEYS[1], KEYS[2], 'system', '', 'Run cancelled', epoch, ARGV[1])
+append_progress(KEYS[1], KEYS[2], 'system', '', 'Run cancelled', epoch, ARGV[1], nil, KEYS[8])
 redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
 return {'cancelled', retain_run(KEYS[1], ARGV[4])}

@@ -7,7 +7,7 @@
 -- kind 'child', due at the call's time-out, fixed the first time it is
 -- reached. Nothing of the child's own run is touched here (another slot).
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] children,
--- KEYS[5] progress stream
+-- KEYS[5] progress stream, KEYS[6] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity ("k|<key>" or "d|<key>"), ARGV[6] key, ARGV[7] owner,
 -- ARGV[8] due (ms) or '', ARGV[9] '' or "<op index>:<position>" when this op
@@ -32,12 +32,14 @@ end
 if not entry then
   entry = {run_id = ARGV[10], workflow = ARGV[11], mode = ARGV[12]}
   redis.call('HINCRBY', KEYS[1], 'children', 1)
+  record_event(KEYS[1], KEYS[6], 'child_started', key, ARGV[2],
+    cjson.encode({op = at, run_id = ARGV[10], workflow = ARGV[11], waited = ARGV[12] == 'wait'}))
 elseif entry['workflow'] ~= ARGV[11] and entry['warned'] ~= ARGV[11] then
   entry['warned'] = ARGV[11]
   append_progress(KEYS[1], KEYS[5], 'system', '',
     'Child key ' .. key .. ' already names run ' .. tostring(entry['run_id']) .. ' of workflow ' ..
     tostring(entry['workflow']) .. ': that child is used, and workflow ' .. ARGV[11] .. ' is not started',
-    ARGV[1], ARGV[2])
+    ARGV[1], ARGV[2], nil, KEYS[6])
 end
 if ARGV[12] == 'wait' then
   entry['mode'] = 'wait'
@@ -53,7 +55,8 @@ if outcome and not is_stale_failure(outcome, ARGV[1]) then
   return {'hit', f[1], f[2], f[3], workflow, outcome}
 end
 local due = redis.call('HGET', KEYS[2], 'wd:' .. at)
-if not due then
+local first = not due
+if first then
   due = ARGV[8]
   redis.call('HSET', KEYS[2], 'wd:' .. at, due)
 end
@@ -61,5 +64,10 @@ if due ~= '' and now >= tonumber(due) then return {'due', f[1], f[2], f[3], work
 local wait = {owner = ARGV[7], kind = 'child', name = entry['run_id']}
 if due ~= '' then wait['until'] = tonumber(due) end
 if redis.call('HSET', KEYS[3], at, cjson.encode(wait)) == 1 then summarize_child_wait(KEYS[1], wait) end
+if first then
+  local started = {kind = 'child', name = entry['run_id'], op = at, workflow = workflow}
+  if due ~= '' then started['until'] = tonumber(due) end
+  record_event(KEYS[1], KEYS[6], 'wait_started', key, ARGV[2], cjson.encode(started))
+end
 redis.call('PUBLISH', ARGV[13], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
 return {'pending', f[1], f[2], f[3], workflow, due}

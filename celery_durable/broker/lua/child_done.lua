@@ -5,13 +5,14 @@
 -- ended; each journals the same end, and the first write wins. A failure is
 -- tagged with the parent's epoch (a later attempt looks at the child again).
 -- KEYS[1] run hash (the parent's), KEYS[2] journal, KEYS[3] waits, KEYS[4]
--- live, KEYS[5] children
+-- live, KEYS[5] children, KEYS[6] history
 -- ARGV[1] now (ms), ARGV[2] key, ARGV[3] the child's run id, ARGV[4] outcome
 -- tag ('o' a value, 'e' a failure), ARGV[5] its payload
 -- (schema.outcome_payload), ARGV[6] prefix of the task id that wakes the
 -- waiter ("<prefix>-1"), or '' when the caller is the waiter itself and goes
 -- on, ARGV[7] the epoch the caller runs as ('' for a child's settling, which
--- tells whichever attempt of the parent runs), ARGV[8] events channel
+-- tells whichever attempt of the parent runs), ARGV[8] events channel,
+-- ARGV[9] the child's status (for the history's child_settled)
 -- Returns {'ok', epoch, workflow, outcome, owner?} (the parent's workflow;
 -- the owner to wake, when a wait was ended and a prefix given), {'late',
 -- epoch, workflow, outcome} (the key has a live
@@ -46,6 +47,9 @@ local outcome
 if ARGV[4] == 'o' then outcome = 'o' .. ARGV[5] else outcome = ARGV[4] .. epoch .. '|' .. ARGV[5] end
 redis.call('HSET', KEYS[2], 'v:' .. key, outcome)
 made_progress(KEYS[1])
+record_event(KEYS[1], KEYS[6], 'child_settled', key, ARGV[1], cjson.encode({
+  op = type(entry['at']) == 'string' and entry['at'] or '', run_id = ARGV[3], workflow = entry['workflow'],
+  waited = true, status = ARGV[9] or ''}))
 local out = {'ok', epoch, f[4], outcome}
 local at = type(entry['at']) == 'string' and entry['at'] or ''
 local wait_raw = at ~= '' and redis.call('HGET', KEYS[3], at) or nil

@@ -3,7 +3,7 @@
 -- line of steps costs one fenced script per step instead of two. The step
 -- is journaled before the next call's work starts, as with record_op.lua.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] running steps,
--- KEYS[5] progress phase index, KEYS[6] steps
+-- KEYS[5] progress phase index, KEYS[6] steps, KEYS[7] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] sequence,
 -- the step to journal: ARGV[5] op index, ARGV[6] op identity, ARGV[7] value
 -- field, ARGV[8] value, ARGV[9] step key, ARGV[10] row to leave;
@@ -16,9 +16,9 @@
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local verdict, detail = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[4], ARGV[5], ARGV[6],
-                                    ARGV[7], ARGV[8], ARGV[9], ARGV[10])
+                                    ARGV[7], ARGV[8], ARGV[9], ARGV[10], KEYS[7], ARGV[2])
 if verdict ~= 'ok' then return {verdict, detail} end
 local outcome = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
-                           ARGV[4], ARGV[11], ARGV[12], ARGV[13], ARGV, 15, tonumber(ARGV[14]))
+                           ARGV[4], ARGV[11], ARGV[12], ARGV[13], ARGV, 15, tonumber(ARGV[14]), KEYS[7])
 local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3], outcome}

@@ -4,7 +4,7 @@
 -- one's first call (begin_call, as begin_op.lua). Quick branches then cost
 -- one fenced script each instead of two.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] journal, KEYS[4] running steps,
--- KEYS[5] progress phase index, KEYS[6] steps, KEYS[7] live
+-- KEYS[5] progress phase index, KEYS[6] steps, KEYS[7] live, KEYS[8] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] sequence
 -- of the call to begin;
 -- the finished branch: ARGV[5] call ("<seq>:<i>"), ARGV[6] branch index,
@@ -24,7 +24,7 @@ local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 if not dispatched_in(KEYS[3], ARGV[5], ARGV[1]) then return {'stale'} end
 local verdict, detail = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[9], ARGV[10], ARGV[11],
-                                    ARGV[12], ARGV[13], ARGV[14], ARGV[15])
+                                    ARGV[12], ARGV[13], ARGV[14], ARGV[15], KEYS[8], ARGV[2])
 if verdict ~= 'ok' then return {verdict, detail} end
 local wake = 0
 if branch_outcome(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7], ARGV[1]) then
@@ -32,6 +32,6 @@ if branch_outcome(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7], ARGV[1]) then
   wake = 1
 end
 local outcome = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
-                           ARGV[4], ARGV[16], ARGV[17], ARGV[18], ARGV, 20, tonumber(ARGV[19]))
+                           ARGV[4], ARGV[16], ARGV[17], ARGV[18], ARGV, 20, tonumber(ARGV[19]), KEYS[8])
 local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3], outcome, wake}

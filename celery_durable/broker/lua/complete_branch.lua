@@ -11,7 +11,7 @@
 -- of the branch is written and the caller runs the branch again with the
 -- journaled value.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live, KEYS[4] steps,
--- KEYS[5] running steps
+-- KEYS[5] running steps, KEYS[6] history
 -- ARGV[1] epoch, ARGV[2] call ("<seq>:<i>"), ARGV[3] branch index,
 -- ARGV[4] outcome ("o<json>", "e<epoch>|<json>" or "f<epoch>|<json>"),
 -- ARGV[5] task id of the coordinator message sent on wake ('' for none),
@@ -25,7 +25,7 @@ if refusal then return {refusal} end
 if not dispatched_in(KEYS[2], ARGV[2], ARGV[1]) then return {'stale'} end
 if (ARGV[8] or '') ~= '' then
   local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[4], KEYS[5], ARGV[1], ARGV[8], ARGV[9], ARGV[10],
-                                      ARGV[11], ARGV[12], ARGV[13], ARGV[14])
+                                      ARGV[11], ARGV[12], ARGV[13], ARGV[14], KEYS[6], ARGV[6])
   if verdict ~= 'ok' then return {verdict, detail} end
 end
 local wake = branch_outcome(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])

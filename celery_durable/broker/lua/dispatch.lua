@@ -3,20 +3,25 @@
 -- this very execution, or by one that finished sending them (mark_sent.lua).
 -- A redelivered coordinator whose first execution died halfway through
 -- sending sends the missing ones again.
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] live, KEYS[4] history
 -- ARGV[1] epoch, ARGV[2] sequence, ARGV[3] op index, ARGV[4] op identity,
 -- ARGV[5] branch count, ARGV[6] dispatcher token, ARGV[7] position the op
--- began at (for a cut)
+-- began at (for a cut), ARGV[8] now (ms)
 -- Returns {'dispatch', cut, j1, j2, ...} (possibly no j: all are done; cut
 -- is 1 when branches that failed in an older attempt run again, which cuts
 -- the sequence here), {'pending', messages of the run in flight (the
 -- caller's own included)}, {'conflict', identity}, or {refusal}.
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
-local conflict, replaced = record_op(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
+local conflict, replaced, fresh = record_op(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
 if conflict then return {'conflict', conflict} end
 local call = ARGV[2] .. ':' .. ARGV[3]
 local width = tonumber(ARGV[5])
+if fresh then
+  local tag = string.sub(ARGV[4], 1, 1)
+  record_event(KEYS[1], KEYS[4], 'branches_dispatched', call, ARGV[8],
+    cjson.encode({op = call, kind = tag == 'l' and 'pipeline' or 'parallel', width = width}))
+end
 if replaced then
   -- Whatever stood here before, outcomes under this call id are not ours.
   for j = 0, width - 1 do

@@ -1,8 +1,9 @@
 -- Settles a run: completed, error, cancelled or halted, by the attempt that
 -- owns it.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8..] every
--- other key of the run (they all start the retention clock, retain_run)
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8] history,
+-- KEYS[9..] every other key of the run (they all start the retention clock,
+-- retain_run)
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message,
@@ -23,12 +24,15 @@ end
 -- never finish: show it interrupted, not running forever. A paused run still
 -- lets in-flight steps finish and be journaled.
 if ARGV[4] ~= 'paused' then
-  interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
+  interrupt_steps(KEYS[1], KEYS[4], KEYS[3], KEYS[8], ARGV[2])
   interrupt_agents(KEYS[5])
   redis.call('HSET', KEYS[1], 'agents_running', '0')
 end
+if ARGV[5] == 'nondeterminism' then
+  record_event(KEYS[1], KEYS[8], 'nondeterminism', '', ARGV[2], cjson.encode({message = ARGV[6]}))
+end
 if ARGV[10] ~= '' then
-  append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2])
+  append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2], nil, KEYS[8])
 end
 redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id') .. ' status')
 if ARGV[4] == 'paused' then return {'ok', ''} end

@@ -6,8 +6,8 @@
 -- fenced out. Compare-and-set like resume.lua, the death and the count of
 -- take-overs checked again here.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8..] every
--- other key of the run
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8] history,
+-- KEYS[9..] every other key of the run
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] lease ttl (ms), ARGV[6] when each queue was
 -- last found empty ("c=<ms>,s=<ms>,a=<ms>", see liveness), ARGV[7] status,
@@ -29,8 +29,8 @@ local epoch = next_epoch(KEYS[1])
 redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- no new attempt runs: the count stays
 set_status(KEYS[1], ARGV[7], 'reason', ARGV[8], 'error', ARGV[9],
   'can_resume', '1', 'finished_at', ARGV[3], 'updated_at', ARGV[3], 'lock', '', 'lock_until', '0')
-interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
+interrupt_steps(KEYS[1], KEYS[4], KEYS[3], KEYS[8], ARGV[3])
 interrupt_agents(KEYS[5])
-append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], epoch, ARGV[3])
+append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], epoch, ARGV[3], nil, KEYS[8])
 redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
 return {'ok', retain_run(KEYS[1], ARGV[13])}

@@ -1,6 +1,7 @@
 -- Journals one call of a sequence and, for a step, its outcome (commit_call
 -- in _prelude.lua).
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] steps, KEYS[4] running steps
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] steps, KEYS[4] running steps,
+-- KEYS[5] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity, ARGV[6] value field ('' for none; "v:<key>" for a
 -- step outcome, "x:<seq>:<i>" for a now()/uuid4() value), ARGV[7] value,
@@ -13,7 +14,7 @@
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[3], ARGV[4], ARGV[5],
-                                    ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+                                    ARGV[6], ARGV[7], ARGV[8], ARGV[9], KEYS[5], ARGV[2])
 if verdict == 'conflict' then return {'conflict', detail} end
 local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3], detail}

@@ -16,7 +16,7 @@
 -- ('unserved_since') and a system progress record says so.
 -- Nothing happens for another attempt, for a run that no longer runs (a
 -- pause waits for no wake), or for a message that has started.
--- KEYS[1] run hash, KEYS[2] live, KEYS[3] progress stream
+-- KEYS[1] run hash, KEYS[2] live, KEYS[3] progress stream, KEYS[4] history
 -- ARGV[1] epoch, ARGV[2] the message's id, ARGV[3] the new message's id,
 -- ARGV[4] now (ms), ARGV[5] the new message's queue kind (c, s or a),
 -- ARGV[6] when it is due (ms), ARGV[7] the system record's note ('' for none),
@@ -40,5 +40,5 @@ redis.call('HDEL', KEYS[2], ARGV[2])
 token_queued(KEYS[1], KEYS[2], ARGV[3], ARGV[5], due, now)
 if ARGV[7] == '' or (run[3] and run[3] ~= '') then return {1, 0, due - now} end
 redis.call('HSET', KEYS[1], 'unserved_since', ARGV[4])
-append_progress(KEYS[1], KEYS[3], 'system', '', ARGV[7], ARGV[1], ARGV[4])
+append_progress(KEYS[1], KEYS[3], 'system', '', ARGV[7], ARGV[1], ARGV[4], nil, KEYS[4])
 return {1, 1, due - now}

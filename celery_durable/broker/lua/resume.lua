@@ -4,9 +4,9 @@
 -- epoch and status, so two concurrent resumes (or sweeping workers) cannot
 -- both win; a recovery also requires the old attempt to be dead (liveness).
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
--- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8..] every
--- other key of the run (a settled run's keys may carry its retention TTL:
--- persisted here)
+-- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8] history,
+-- KEYS[9..] every other key of the run (a settled run's keys may carry its
+-- retention TTL: persisted here)
 -- ARGV[1] expected epoch, ARGV[2] expected status, ARGV[3] now (ms),
 -- ARGV[4] events channel, ARGV[5] limits json or '' to keep,
 -- ARGV[6] system message, ARGV[7] lease ttl (ms), ARGV[8] code hash or '',
@@ -53,9 +53,13 @@ if redis.call('HGET', KEYS[1], 'started_at') == '' then
 end
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'limits', ARGV[5]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'code_hash', ARGV[8]) end
-interrupt_steps(KEYS[1], KEYS[4], KEYS[3])
 token_queued(KEYS[1], KEYS[6], ARGV[11], 'c', now, now)
 local attempt = redis.call('HGET', KEYS[1], 'attempt')
-append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[6] .. ' (attempt ' .. attempt .. ')', epoch, ARGV[3])
+append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[6] .. ' (attempt ' .. attempt .. ')', epoch, ARGV[3], nil,
+  KEYS[8])
+-- The history says it in causal order: the take-over (or resume), the old
+-- attempt's steps it interrupted, then the new attempt.
+interrupt_steps(KEYS[1], KEYS[4], KEYS[3], KEYS[8], ARGV[3])
+record_event(KEYS[1], KEYS[8], 'attempt_started', '', ARGV[3], '')
 redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
 return {'ok', epoch, tonumber(attempt)}

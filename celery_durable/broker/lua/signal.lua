@@ -2,7 +2,7 @@
 -- order, whatever the run is doing now), and the sequences that wait for
 -- it are woken. A run that can no longer continue refuses it.
 -- KEYS[1] run hash, KEYS[2] signals, KEYS[3] waits, KEYS[4] live,
--- KEYS[5] progress stream
+-- KEYS[5] progress stream, KEYS[6] history
 -- ARGV[1] now (ms), ARGV[2] name, ARGV[3] payload json, ARGV[4] prefix of
 -- the task ids that wake the waiters ("<prefix>-<n>"), ARGV[5] events channel
 -- Returns {'ok', epoch, owner, owner, ...} (the owners to wake, in the order
@@ -19,8 +19,13 @@ redis.call('HSET', KEYS[2], 'p:' .. name .. ':' .. n, ARGV[3], 't:' .. name .. '
 -- A settled run (halted, paused, a resumable error) already counts down its
 -- retention: the signals it keeps go with it.
 local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-append_progress(KEYS[1], KEYS[5], 'system', '', 'Signal ' .. name .. ' received', f[3], ARGV[1])
+-- The signal is its history's event (its payload read for the page that shows it).
+record_event(KEYS[1], KEYS[6], 'signal_received', name, ARGV[1], cjson.encode({index = n}))
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[6], ttl)
+end
+append_progress(KEYS[1], KEYS[5], 'system', '', 'Signal ' .. name .. ' received', f[3], ARGV[1], nil, false)
 local owners = {}
 if status == 'running' or status == 'pending' then
   owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[4], now, function(wait)

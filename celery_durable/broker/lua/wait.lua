@@ -2,13 +2,16 @@
 -- is journaled, its due time fixed the first time it is reached, and the
 -- wait ends now (a signal that already arrived, a due time that passed) or
 -- is registered for its owner to be woken (see _prelude.lua).
--- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] signals
+-- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] signals, KEYS[5] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
 -- ARGV[5] op identity ("z|" or "g|<name>"), ARGV[6] kind ('timer' or
 -- 'signal'), ARGV[7] name, ARGV[8] due (ms) or '' for none, ARGV[9] owner,
 -- ARGV[10] events channel
 -- Returns {'done', cancel, pause, limit, outcome json}, {'wait', cancel,
 -- pause, limit, due or ''}, {'conflict', identity} or {refusal}.
+-- History: timer_set when a timer's due time is fixed, timer_fired when it
+-- fires, wait_started the first time the wait is registered (not for a
+-- wait that ends as it is reached: a signal already there).
 local refusal = fence(KEYS[1], ARGV[1])
 if refusal then return {refusal} end
 local conflict, replaced = record_op(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[1])
@@ -24,10 +27,15 @@ if done then
   return {'done', f[1], f[2], f[3], done}
 end
 local due = redis.call('HGET', KEYS[2], due_field)
-if not due then
+local first = not due
+local timer = ARGV[6] == 'timer'
+if first then
   due = ARGV[8]
-  -- When the wait was set, for the run's history (schema.history).
+  -- When the wait was set (timeline and waiting_for's since).
   redis.call('HSET', KEYS[2], due_field, due, 'wt:' .. at, ARGV[2])
+  if timer then
+    record_event(KEYS[1], KEYS[5], 'timer_set', at, ARGV[2], cjson.encode({op = at, ['until'] = tonumber(due)}))
+  end
 end
 local now = tonumber(ARGV[2])
 local outcome = nil
@@ -37,6 +45,9 @@ if not outcome and due ~= '' and now >= tonumber(due) then
 end
 if outcome then
   redis.call('HSET', KEYS[2], outcome_field, outcome, 'wf:' .. at, ARGV[2])
+  if timer then
+    record_event(KEYS[1], KEYS[5], 'timer_fired', at, ARGV[2], cjson.encode({op = at, ['until'] = tonumber(due)}))
+  end
   if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
   made_progress(KEYS[1])
   f = flags(KEYS[1])
@@ -45,6 +56,11 @@ end
 local entry = {owner = ARGV[9], kind = ARGV[6], name = ARGV[7]}
 if due ~= '' then entry['until'] = tonumber(due) end
 redis.call('HSET', KEYS[3], at, cjson.encode(entry))
+if first then
+  local started = {kind = ARGV[6], name = ARGV[7], op = at}
+  if due ~= '' then started['until'] = tonumber(due) end
+  record_event(KEYS[1], KEYS[5], 'wait_started', timer and at or ARGV[7], ARGV[2], cjson.encode(started))
+end
 refresh_waiting(KEYS[1], KEYS[3])
 redis.call('PUBLISH', ARGV[10], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
 f = flags(KEYS[1])

@@ -19,7 +19,7 @@ One module per part of the store that runs the scripts:
   a called task's answer (``run_records.py``, ``run_passes.py``);
 - ``control``: finish, resume, halt, cancel, pause, signal (``run_control.py``);
 - ``fleet``: the recovery sweep's (``fleet_store.py``);
-- ``history``: what a run's history is derived from (``history_facts.py``);
+- ``history``: a page of a run's history (``history_log.py``);
 - ``index``: the scripts that keep a namespace's indexes (``run_index.py``);
 - ``schedules``: the schedules' (``schedule_store.py``).
 """

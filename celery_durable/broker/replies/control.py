@@ -113,3 +113,9 @@ def signal(reply: Any, run_id: str) -> Signalled:
     if said == SignalVerdict.REFUSED:
         return Signalled(SignalVerdict.REFUSED, status=str(reply[1]))
     return Signalled(SignalVerdict.MISSING)
+
+
+@script("note")
+def note(reply: Any, run_id: str) -> bool:
+    """note.lua: {'ok'} (written), {'said'} (it was already) or {'missing'}: whether it was written now."""
+    return verdict(reply, None, "ok", "said", "missing") == "ok"

@@ -59,9 +59,11 @@ from celery_durable.broker.schema.children import (
     child_error,
     child_outcome,
     child_run_id,
+    child_status,
     outcome_payload,
     parent_fields,
     parse_children,
+    slot_error,
 )
 from celery_durable.broker.schema.journal import (
     JOURNAL_FIELDS,
@@ -115,9 +117,11 @@ __all__ = [
     "child_error",
     "child_outcome",
     "child_run_id",
+    "child_status",
     "outcome_payload",
     "parent_fields",
     "parse_children",
+    "slot_error",
     "JOURNAL_FIELDS",
     "MAIN",
     "POSITION_STRIDE",

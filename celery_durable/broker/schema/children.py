@@ -28,6 +28,7 @@ later attempt looks at the child again).
 
 from __future__ import annotations
 
+import builtins
 import json
 import uuid
 from dataclasses import dataclass
@@ -108,6 +109,36 @@ def outcome_payload(outcome: Outcome) -> tuple[str, str]:
     if outcome.kind == "o":
         return "o", encoded[1:]
     return outcome.kind, encoded.split("|", 1)[1]
+
+
+def child_status(outcome: Outcome) -> str:
+    """The status a child ended with, as its journaled outcome says (for the history)."""
+    if outcome.kind == "o":
+        return "completed"
+    try:
+        return str(json.loads(outcome.detail)["status"])
+    except (ValueError, KeyError, TypeError):
+        return "error"
+
+
+def slot_error(outcome: Outcome, slot: str) -> Exception:
+    """The exception a failed ``parallel``/``pipeline`` slot stands for
+    (``errors="return"``/``"raise"``, SPEC §4), the same on every replay: a
+    step's failure as ``StepFailed`` (a child's as ``ChildWorkflowFailed``);
+    the thunk's own exception as its builtin type with its message, or, for
+    a type of the user's (never imported by name), ``StepFailed`` keyed
+    ``slot`` that names it."""
+    if outcome.key:
+        if outcome.error_type == CHILD_FAILED and outcome.detail:
+            return child_error(outcome.key, outcome)
+        return StepFailed(outcome.key, outcome.error_type, outcome.message, found_by_engine=outcome.found_by_engine)
+    builtin = getattr(builtins, outcome.error_type, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin.__module__ == "builtins":
+        try:
+            return builtin(outcome.message)
+        except Exception:  # a builtin whose constructor wants more than a message
+            pass
+    return StepFailed(slot, outcome.error_type, outcome.message, found_by_engine=outcome.found_by_engine)
 
 
 def child_error(key: str, outcome: Outcome) -> StepFailed:

@@ -13,7 +13,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from celery_durable.errors import StepFailed, StorageCorruptError, WorkflowLimitReached, fatal_from_code
+from celery_durable.errors import (
+    ChildWorkflowFailed,
+    StepFailed,
+    StorageCorruptError,
+    WorkflowLimitReached,
+    fatal_from_code,
+)
 
 _dumps = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 """Compact, exact JSON, as ``workflows.jsonvalue.dumps`` writes it; values
@@ -37,6 +43,9 @@ class Outcome:
     message: str = ""
     found_by_engine: bool = False
     detail: str = ""
+    key: str = ""
+    """For a failure that was a ``StepFailed`` (a branch's too): the step's key,
+    so a fan-out slot can give the failure back as it was raised."""
 
     def is_live(self, epoch: int) -> bool:
         """A value always is; a failure only within the attempt that saw it."""
@@ -50,6 +59,8 @@ class Outcome:
             body["engine"] = True
         if self.detail:
             body["detail"] = self.detail
+        if self.key:
+            body["key"] = self.key
         return f"{self.kind}{self.epoch}|{_dumps(body)}"
 
     def step_result(self, key: str) -> Any:
@@ -80,9 +91,16 @@ def failure_outcome(epoch: int, error: BaseException, *, fatal: bool = False) ->
         code = getattr(error, "code", None) or type(error).__name__
         detail = error.limit if isinstance(error, WorkflowLimitReached) else ""
         return Outcome("f", epoch, error_type=str(code), message=str(error), detail=detail)
+    if isinstance(error, ChildWorkflowFailed):
+        detail = _dumps({"run_id": error.child_run_id, "status": error.child_status, "reason": error.child_reason})
+        return Outcome(
+            "e", epoch, error_type=error.error_type, message=error.error_message, found_by_engine=True,
+            detail=detail, key=error.key,
+        )
     if isinstance(error, StepFailed):
         return Outcome(
-            "e", epoch, error_type=error.error_type, message=error.error_message, found_by_engine=error.found_by_engine
+            "e", epoch, error_type=error.error_type, message=error.error_message, found_by_engine=error.found_by_engine,
+            key=error.key,
         )
     return Outcome("e", epoch, error_type=type(error).__name__, message=str(error))
 
@@ -102,6 +120,7 @@ def decode_outcome(raw: str) -> Outcome:
                 message=str(data["message"]),
                 found_by_engine=bool(data.get("engine", False)),
                 detail=str(data.get("detail", "")),
+                key=str(data.get("key", "")),
             )
     except (IndexError, ValueError, KeyError, TypeError):
         pass

@@ -39,6 +39,8 @@ RUN_FIELDS: dict[str, str] = {
     "ps:": "ps:<phase id>: ms the phase began",
     "pe:": "pe:<phase id>: ms the phase ended",
     "next_seq": "last progress seq handed out: the run's progress revision",
+    "noted:": "noted:<what>: ms a note of the runtime's was said (note.lua: once each)",
+    "events": "last history event number handed out (record_event in _prelude.lua): the history's length",
     "progress_max": "progress records kept (0: all)",
     "steps_done": "steps journaled as completed",
     "steps_running": "rows in the running hash",
