@@ -1,7 +1,7 @@
-# The celery-durable image: the package from its wheel with the `web` extra
-# (what `pip install 'celery-durable[web]'` gives: the web view's Starlette,
-# uvicorn and Jinja2 on top of the workers' own dependencies), its CLI, and
-# the examples. One image for workers, Flower and the web view.
+# The celery-durable image: the package from its wheel with the `web`,
+# `flower` and `openai` extras (the web view's Starlette, uvicorn and Jinja2,
+# Flower, and the OpenAI runner's SDK on top of the workers' own
+# dependencies), its CLI, and the examples. One image for workers, Flower and the web view.
 # Your own image: start FROM this one and COPY your workflows' package in,
 # then set CELERY_DURABLE_APP to its engine.
 FROM python:3.11-slim AS wheel
@@ -19,7 +19,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY --from=wheel /dist /dist
-RUN pip install "$(echo /dist/*.whl)[web]" && rm -rf /dist
+RUN pip install "$(echo /dist/*.whl)[web,flower,openai]" && rm -rf /dist
 COPY examples ./examples
 
 # Celery refuses to be comfortable as root, and a worker needs no privileges.

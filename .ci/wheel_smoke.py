@@ -72,7 +72,15 @@ def run_once(workdir: Path, env: dict[str, str], label: str) -> None:
 
 
 def main() -> None:
+    import importlib.util
+
     from celery_durable.redis_server import RedisServer
+
+    # The extras stay extras: a plain install brings neither Flower nor the
+    # OpenAI SDK, and its worker completes a run all the same.
+    brought = [name for name in ("openai", "flower") if importlib.util.find_spec(name) is not None]
+    if brought:
+        sys.exit(f"wheel smoke: a plain install brought {brought}, which are extras")
 
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as redis_server:
         workdir = Path(tmp)

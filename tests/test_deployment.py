@@ -180,9 +180,10 @@ def test_the_dockerfile_builds_from_files_that_exist_and_runs_the_cli() -> None:
         if line.startswith("COPY ") and "--from=" not in line:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
-    # The image installs the wheel with the web extra: workers, Flower and the web view run on it.
+    # The image installs the wheel with the web, flower and openai extras:
+    # workers (the OpenAI runner included), Flower and the web view run on it.
     assert "pip wheel --no-deps" in dockerfile
-    assert re.search(r'^RUN pip install "\$\(echo /dist/\*\.whl\)\[web\]"', dockerfile, re.MULTILINE)
+    assert re.search(r'^RUN pip install "\$\(echo /dist/\*\.whl\)\[web,flower,openai\]"', dockerfile, re.MULTILINE)
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.MULTILINE), "workers do not run as root"
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     assert {".git", ".venv", ".celery-durable"} <= set(ignored)

@@ -133,9 +133,14 @@ class OpenAIChatRunner:
     # -- transport -----------------------------------------------------------
 
     def _build_client(self, client: openai.OpenAI | None, base_url: str | None, api_key: str | None) -> openai.OpenAI:
-        import openai
+        try:
+            import openai
 
-        from celery_durable.agents._http import TimeoutsNotRetried
+            from celery_durable.agents._http import TimeoutsNotRetried
+        except ImportError as exc:  # the `openai` extra: one runner's dependency, not every worker's
+            raise AgentRunnerError(
+                f"OpenAIChatRunner needs the openai package ({exc}): pip install 'celery-durable[openai]'"
+            ) from None
 
         if client is not None:
             if base_url is not None or api_key is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Annotated
 
@@ -191,6 +192,8 @@ def flower(
         refuse_exposure(address, has_credential=bool(basic_auth), option="--basic-auth", env="FLOWER_BASIC_AUTH")
     except ExposureError as exc:
         raise fail(str(exc), exit_code=EXIT_USAGE) from None
+    if importlib.util.find_spec("flower") is None:  # the `flower` extra: one command's dependency
+        raise fail("Flower is not installed: pip install 'celery-durable[flower]'", exit_code=EXIT_USAGE)
     engine = guarded(lambda: load_engine(app_path))
     if basic_auth is not None:
         pairs = [pair.partition(":") for pair in basic_auth.split(",")]
