@@ -23,6 +23,7 @@ from celery_durable.errors import (
     StorageCorruptError,
     StorageError,
     StorageUnavailableError,
+    ThrottleNotFoundError,
     WorkflowCancelled,
     WorkflowDefinitionError,
     WorkflowLimitReached,
@@ -30,6 +31,7 @@ from celery_durable.errors import (
     WorkflowWaitCancelled,
 )
 from celery_durable.history import HistoryEvent, HistoryPage
+from celery_durable.throttles import ThrottleInfo
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
@@ -85,6 +87,7 @@ __all__ = [
     "ReplayCheck",
     "RunWatch",
     "StepRow",
+    "ThrottleInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",
@@ -97,6 +100,7 @@ __all__ = [
     "StorageCorruptError",
     "StorageError",
     "StorageUnavailableError",
+    "ThrottleNotFoundError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",
     "WorkflowLimitReached",

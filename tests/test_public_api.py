@@ -44,6 +44,7 @@ PUBLIC_NAMES = {
     "RunUpdate",
     "RunWatch",
     "StepRow",
+    "ThrottleInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",
@@ -56,6 +57,7 @@ PUBLIC_NAMES = {
     "StorageCorruptError",
     "StorageError",
     "StorageUnavailableError",
+    "ThrottleNotFoundError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",
     "WorkflowLimitReached",

@@ -63,6 +63,8 @@ INDEXED_SCRIPTS = frozenset(
         "halt",
         "resume",
         "signal",
+        "throttle_granted",
+        "throttle_wait",
         "wait",
         "wake_branches",
     }

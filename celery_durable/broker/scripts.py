@@ -70,6 +70,14 @@ SCRIPT_NAMES = (
     "wake_branches",
     "look",
     "looked",
+    "throttle_acquire",
+    "throttle_delete",
+    "throttle_enter",
+    "throttle_forget",
+    "throttle_granted",
+    "throttle_release",
+    "throttle_set",
+    "throttle_wait",
 )
 
 

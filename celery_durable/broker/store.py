@@ -7,6 +7,7 @@ progress, assembled from one base class per concept.
 - ``run_control.py``: finish, resume, halt, cancel, pause, signal;
 - ``fleet_store.py``: what the recovery sweep reads and writes;
 - ``child_store.py``: child runs: a child's end told to its parent, a run's children;
+- ``throttle_store.py``: throttles: their settings, slots and queues, a run's slot intents;
 - and here, the journal of one attempt (``RedisJournal``).
 
 Every script's reply is parsed in ``replies``.
@@ -19,9 +20,10 @@ from celery_durable.broker.journal import Journal
 from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.broker.run_control import RunControl
 from celery_durable.broker.run_passes import RunPasses
+from celery_durable.broker.throttle_store import ThrottleStore
 
 
-class RunStore(RunControl, RunPasses, ChildRuns):
+class RunStore(RunControl, RunPasses, ChildRuns, ThrottleStore):
     """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
 
     def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:

@@ -102,7 +102,14 @@ from celery_durable.broker.schema.rows import (
     parse_agent_row,
     queued_agent_row,
 )
-from celery_durable.broker.schema.run import INDEX_META_FIELDS, RUN_FIELDS, new_run_fields, parse_run, wait_outcome
+from celery_durable.broker.schema.run import (
+    INDEX_META_FIELDS,
+    RUN_FIELDS,
+    THROTTLE_FIELDS,
+    new_run_fields,
+    parse_run,
+    wait_outcome,
+)
 
 __all__ = [
     "AGENT_STATUSES",
@@ -123,6 +130,7 @@ __all__ = [
     "INDEX_META_FIELDS",
     "RUN_FIELDS",
     "SIGNAL_FIELDS",
+    "THROTTLE_FIELDS",
     "STEP_STATUSES",
     "Identity",
     "Outcome",
