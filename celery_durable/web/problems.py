@@ -15,6 +15,7 @@ from celery_durable import (
     RunNotFoundError,
     StorageCorruptError,
     StorageUnavailableError,
+    ThrottleNotFoundError,
     WorkflowResumeError,
 )
 
@@ -48,7 +49,7 @@ class Forbidden(Exception):
 def problem(exc: BaseException) -> Problem | None:
     """The HTTP form of an error the client raises on purpose; None for a bug."""
     code = getattr(exc, "code", None)
-    if isinstance(exc, RunNotFoundError):
+    if isinstance(exc, RunNotFoundError | ThrottleNotFoundError):
         return Problem(404, "not_found", str(exc))
     if isinstance(exc, WorkflowResumeError):
         status = RESUME_STATUS.get(exc.code or "", 409)
