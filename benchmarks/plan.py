@@ -63,6 +63,7 @@ class Plan:
     calls_width: int = 4_096
     """Branches of the parallel whose every branch is one ctx.call (vs a group as wide)."""
     children_sizes: tuple[int, ...] = (250, 1_000)
+    throttle_runs: int = 1_000
     """Child runs started from one parallel (vs as many branches of the same step); the last is the issue's."""
     check_runs: int = 1_000
     """Runs in flight the replay check replays (``cases/replay_check.py``)."""
@@ -147,6 +148,7 @@ def quick_plan(repeat: int) -> Plan:
         calls_sequential=20,
         calls_width=64,
         children_sizes=(8, 24),
+        throttle_runs=60,
         check_runs=20,
         check_steps=10,
         history_steps=200,

@@ -25,6 +25,7 @@ from celery_durable.errors import (
     StorageCorruptError,
     StorageError,
     StorageUnavailableError,
+    ThrottleNotFoundError,
     WorkflowCancelled,
     WorkflowDefinitionError,
     WorkflowLimitReached,
@@ -34,6 +35,7 @@ from celery_durable.errors import (
 from celery_durable.fleet_registry import WorkerInfo
 from celery_durable.history import HistoryEvent, HistoryPage
 from celery_durable.schedules.spec import ScheduleInfo
+from celery_durable.throttles import ThrottleInfo
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Phase, Workflow, define_workflow, workflow
@@ -91,6 +93,7 @@ __all__ = [
     "ScheduleInfo",
     "StepRow",
     "WorkerInfo",
+    "ThrottleInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",
@@ -105,6 +108,7 @@ __all__ = [
     "StorageCorruptError",
     "StorageError",
     "StorageUnavailableError",
+    "ThrottleNotFoundError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",
     "WorkflowLimitReached",

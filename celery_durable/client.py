@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.exceptions
 from kombu.exceptions import KombuError
 
-from celery_durable import fleet_registry, history, resuming, telemetry, versioning
+from celery_durable import fleet_registry, history, resuming, telemetry, throttles, versioning
 from celery_durable import progress as paging
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
+from celery_durable.broker.replies.throttles import Admission, Admitted
 from celery_durable.broker.schema import MAIN
 from celery_durable.broker.schema.profiles import ServedWorkflow
 from celery_durable.errors import (
     RunNotFoundError,
     StorageError,
     StorageUnavailableError,
+    ThrottleNotFoundError,
     WorkflowDefinitionError,
     WorkflowResumeError,
 )
@@ -36,10 +38,11 @@ from celery_durable.run_views import (
     step_rows_in_order,
 )
 from celery_durable.schedules.methods import ScheduleMethods
-from celery_durable.tasks import children
+from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.sending import CelerySender
 from celery_durable.tasks.wakes import Wake, woken
+from celery_durable.throttles import ThrottleInfo
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
@@ -83,9 +86,17 @@ class Client(ScheduleMethods):
         args: Any = None,
         limits: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        *,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
+        priority: int = 0,
     ) -> str:
-        """Start a run and return its id at once; an idempotency key returns the first run's id."""
+        """Start a run and return its id at once; an idempotency key returns the
+        first run's id. With ``throttle``, the run waits ``pending`` until it
+        gets a slot of that throttle and holds it while it runs (SPEC §5e);
+        ``priority`` orders its waiters, higher first."""
         definition = self._workflow(name_or_handle)
+        slot = throttles.check_start(throttle, throttle_key, priority)
         args = {} if args is None else args
         args_json = jsonvalue.encode_payload(
             args,
@@ -119,6 +130,8 @@ class Client(ScheduleMethods):
             ceilings=ceiling_fields(effective),
             trace_parent=telemetry.start_traceparent(definition.name, run_id),
         )
+        if slot is not None:
+            fields.update(throttling.start_slot(self.engine, self.namespace, run_id, slot))
         message = new_task_id()
         store.create_run(run_id, fields, message)
         owner = store.index_run(self.namespace, run_id, idempotency_key)
@@ -130,6 +143,8 @@ class Client(ScheduleMethods):
             first = store.load_run(owner) if owner != run_id else None
         if owner != run_id:
             store.discard_run(run_id, 1)
+            if slot is not None:
+                throttling.drop_start(self.engine, self.namespace, run_id, slot)
             if first is not None and first.status == "pending" and first.epoch == 1:
                 # The first start may have died before sending its coordinator
                 # message; a duplicate is harmless (activation lock and fence).
@@ -514,6 +529,61 @@ class Client(ScheduleMethods):
                 f"The broker refused a message of run {run_id} ({type(exc).__name__}: {exc}); "
                 "the signal is kept and the run is woken again within lease_seconds once the broker is back"
             ) from None
+
+    # -- throttles (SPEC §5e) -------------------------------------------------
+
+    def set_throttle(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
+        per_key_concurrency: int | None = None,
+        per_key_rate: tuple[int, float] | None = None,
+    ) -> ThrottleInfo:
+        """Create or replace a throttle; it applies at once to what waits (a
+        raised limit hands its new slots to waiters immediately)."""
+        throttles.check_throttle_name(name)
+        settings = throttles.validate_settings(
+            concurrency=concurrency, rate=rate, per_key_concurrency=per_key_concurrency, per_key_rate=per_key_rate
+        )
+        admitted = self.engine.store.throttle_set(self.namespace, name, settings.encode())
+        throttling.after_admission(self.engine, self.namespace, name, admitted)
+        return self.get_throttle(name)
+
+    def get_throttle(self, name: str) -> ThrottleInfo:
+        """A throttle's settings and state: slots held, waiters, top keys."""
+        throttles.check_throttle_name(name)
+        state = self.engine.store.throttle_read(self.namespace, name, detail=True)
+        if state is None:
+            raise ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")
+        return throttles.decode_info(
+            name,
+            self.namespace,
+            state.conf,
+            state.holding,
+            state.waiting,
+            holders=state.holders,
+            waiters=state.waiters,
+            keys=state.keys,
+        )
+
+    def list_throttles(self) -> list[ThrottleInfo]:
+        """This namespace's throttles, by name (settings and counts)."""
+        found = []
+        for name in self.engine.store.throttle_names(self.namespace):
+            state = self.engine.store.throttle_read(self.namespace, name)
+            if state is not None:
+                found.append(throttles.decode_info(name, self.namespace, state.conf, state.holding, state.waiting))
+        return found
+
+    def delete_throttle(self, name: str) -> None:
+        """Delete a throttle: whatever waits on it goes on unthrottled."""
+        throttles.check_throttle_name(name)
+        waiters = self.engine.store.throttle_delete(self.namespace, name)
+        if waiters is None:
+            raise ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")
+        throttling.after_admission(self.engine, self.namespace, name, Admitted(Admission.DELETED, waiters))
 
     def _dispatch(self, run_id: str, epoch: int, workflow: str, task_id: str | None = None) -> None:
         """Send a coordinator message for a run whose state is already written.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ from celery_durable.client import Client
 from celery_durable.config import Settings
 from celery_durable.errors import DurableError
 from celery_durable.fleet_registry import ServedWatch
+from celery_durable.tasks import throttling
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
@@ -96,9 +98,16 @@ class Engine:
         if self._store is None or self._store_pid != pid:
             with self._lock:
                 if self._store is None or self._store_pid != pid:
-                    self._store = RunStore(self.settings)
+                    self._store = self.gives_back(RunStore(self.settings))
                     self._store_pid = pid
         return self._store
+
+    def gives_back(self, store: RunStore) -> RunStore:
+        """``store``, its settles, pauses and take-overs giving back the
+        throttle slots of the run's old attempts through this engine
+        (``tasks/throttling.give_back``)."""
+        store.after_settle = functools.partial(throttling.give_back_quietly, self)
+        return store
 
     @property
     def agent_runner(self) -> AgentRunner | None:

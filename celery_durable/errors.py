@@ -81,6 +81,12 @@ class ScheduleNotFoundError(DurableError, LookupError):
     code = "not_found"
 
 
+class ThrottleNotFoundError(DurableError, LookupError):
+    """No throttle with this name exists in the client's namespace (SPEC §5e)."""
+
+    code = "not_found"
+
+
 class WorkflowWaitCancelled(DurableError):
     """The caller's ``cancel_event`` ended a wait; the run itself goes on."""
 

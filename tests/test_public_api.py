@@ -46,6 +46,7 @@ PUBLIC_NAMES = {
     "ScheduleInfo",
     "StepRow",
     "WorkerInfo",
+    "ThrottleInfo",
     "is_terminal_status",
     # errors
     "ChildWorkflowFailed",
@@ -60,6 +61,7 @@ PUBLIC_NAMES = {
     "StorageCorruptError",
     "StorageError",
     "StorageUnavailableError",
+    "ThrottleNotFoundError",
     "WorkflowCancelled",
     "WorkflowDefinitionError",
     "WorkflowLimitReached",

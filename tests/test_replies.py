@@ -31,7 +31,7 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules
+from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
 from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
 from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
@@ -40,7 +40,7 @@ from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.broker.scripts import SCRIPT_NAMES
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
-MODULES = (journal, run, control, fleet, children, history, index, schedules)
+MODULES = (journal, run, control, fleet, children, history, index, schedules, throttles)
 LUA = resources.files("celery_durable.broker") / "lua"
 FLAGS = ["1", "0", "timeout_seconds"]
 RAISED = Flags(cancel=True, limit="timeout_seconds")

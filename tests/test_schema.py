@@ -56,6 +56,7 @@ def test_every_field_a_script_names_is_documented_by_the_schema() -> None:
         | set(schema.SIGNAL_FIELDS)
         | set(schema.INDEX_META_FIELDS)
         | set(schema.SCHEDULE_FIELDS)
+        | set(schema.THROTTLE_FIELDS)
         | VALUES
     )
     unknown = {literal: sorted(scripts) for literal, scripts in hash_literals().items() if literal not in documented}

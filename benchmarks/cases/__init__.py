@@ -28,6 +28,7 @@ from benchmarks.cases import (
     sequential,
     soak,
     sweep,
+    throttles,
     timers,
     web,
 )
@@ -57,4 +58,5 @@ CASES: dict[str, CaseRunner] = {
     "listing": listing.run,
     "bursts": bursts.run,
     "capacity": capacity.run,
+    "throttles": throttles.run,
 }

@@ -58,10 +58,46 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
     P:{ns:N}:events  channel pub/sub: a run of N changed ("<run_id> <what>",
                              what: created, status, progress or cancel)
 
+    P:{throttle:N:T}:conf     hash  throttle T of namespace N: its settings
+                             (concurrency, rate_n, rate_ms, pk_concurrency,
+                             pk_rate_n, pk_rate_ms), created_at, updated_at,
+                             seq (the waiters' arrival counter)
+    P:{throttle:N:T}:holders  hash  holder "<run id>|<op>" -> "<epoch>|<since
+                             ms>|<key>": the slots held now ("run" is a run's
+                             own slot, else the op's identity)
+    P:{throttle:N:T}:waiters  hash  holder -> "<epoch>|<since>|<rank>|<key>":
+                             who waits; <rank> is "<10^9 - priority, 10
+                             digits><seq, 15 digits>", so text order is
+                             priority first, then first come first served
+    P:{throttle:N:T}:queue    zset  every waiter, scored 0, "<key>\0<rank>|
+                             <holder>": one key's waiters are one range of text
+    P:{throttle:N:T}:ready    zset  scored 0, "<rank>|<holder>": waiters that may
+                             go as far as their key is concerned (each key's
+                             head at least; a key full or rate-bound drops out
+                             and its head comes back when it may go again)
+    P:{throttle:N:T}:keys     hash  throttle key -> slots its holders hold
+    P:{throttle:N:T}:taken    zset  admissions in the last rate period,
+                             "<ms>|<holder>" scored by ms (the sliding window)
+    P:{throttle:N:T}:ktaken   zset  scored 0, "<key>\0<ms, 13 digits>|<holder>":
+                             each key's admissions in its own rate period
+    P:{throttle:N:T}:later    zset  keys held back by their per-key rate, scored
+                             by when they may go again
+    P:{ns:N}:throttles        zset  the namespace's throttle names (scored 0)
+    P:{R}:throttles  hash    the run's slot intents by op: "<epoch>|<state
+                             w(aiting) or g(ranted)>|<throttle>|<key>",
+                             written before a slot is asked for, so a settle
+                             or a take-over knows what to give back
+
     P:{sweep}:due    zset    runs the sweep must look at, scored by when:
                              a lease's end, a queued message's check, a
                              timer's due time (claim_due.lua hands each to
                              one sweeper)
+    P:{sweep}:throttles
+                     zset    throttles "<namespace> <name>" the sweep must
+                             look at, scored by when: a rate's next admission,
+                             a lease after a slot was asked for (repairs what
+                             a process that died between a throttle's script
+                             and a run's left behind)
     P:{sweep}:expiring
                      zset    settled runs, "<namespace> <run id>", scored by
                              when their retention runs out: the sweep takes
@@ -127,11 +163,19 @@ crash between them is harmless.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from celery_durable.names import NAMESPACE_PATTERN
 
-__all__ = ["NAMESPACE_PATTERN", "RUN_ID_PATTERN", "KeySpace", "NamespaceKeys", "RunKeys", "ScheduleKeys"]
+__all__ = [
+    "NAMESPACE_PATTERN",
+    "RUN_ID_PATTERN",
+    "KeySpace",
+    "NamespaceKeys",
+    "RunKeys",
+    "ScheduleKeys",
+    "ThrottleKeys",
+]
 
 RUN_ID_PATTERN = re.compile(r"\A[0-9a-f]{32}\Z")
 
@@ -150,6 +194,25 @@ class RunKeys:
     signals: str
     children: str
     history: str
+    throttles: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleKeys:
+    """One throttle's keys, all in its own slot, in the order its scripts take them."""
+
+    conf: str
+    holders: str
+    waiters: str
+    queue: str
+    ready: str
+    keys: str
+    taken: str
+    ktaken: str
+    later: str
+
+    def all(self) -> list[str]:
+        return list(astuple(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +225,7 @@ class NamespaceKeys:
     index_state: str
     index_intents: str
     index_meta: str
+    throttles: str
 
     def idempotency(self, key: str) -> str:
         return self.idempotency_prefix + key
@@ -201,6 +265,7 @@ class KeySpace:
             signals=f"{base}:signals",
             children=f"{base}:children",
             history=f"{base}:history",
+            throttles=f"{base}:throttles",
         )
 
     @property
@@ -245,6 +310,7 @@ class KeySpace:
             index_state=f"{base}:ixstate",
             index_intents=f"{base}:ixintent",
             index_meta=f"{base}:ixmeta",
+            throttles=f"{base}:throttles",
         )
 
     @property
@@ -269,6 +335,13 @@ class KeySpace:
         """The keys of the schedule a ``due`` member names."""
         namespace, _, schedule_id = member.partition("/")
         return self.schedule(namespace, schedule_id)
+    def throttle(self, namespace: str, name: str) -> ThrottleKeys:
+        base = f"{self.prefix}:{{throttle:{namespace}:{name}}}"
+        return ThrottleKeys(*(f"{base}:{part}" for part in ThrottleKeys.__dataclass_fields__))
+
+    @property
+    def sweep_throttles(self) -> str:
+        return f"{self.prefix}:{{sweep}}:throttles"
 
     def run_id_of(self, run_key: str) -> str:
         """The run id a key of ``run()`` names (the text of its hash tag)."""

@@ -44,7 +44,7 @@ class RunRecord:
     limit_reached: str | None = None
     phase_times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     waiting_for: dict[str, Any] | None = None
-    """What the run waits for: {"kind": "timer"|"signal"|"child", "name", "until" (ms or None)}."""
+    """What the run waits for: {"kind": "timer"|"signal"|"child"|"throttle", "name", "until" (ms or None)}."""
     recoveries: int = 0
     """Take-overs in a row with nothing journaled between them."""
     unserved_since: int | None = None
@@ -68,3 +68,10 @@ class RunRecord:
     trace_attempt: str = ""
     """W3C traceparent of the span that started the current attempt, when it
     was not the start ('' : the run's ``trace_parent``)."""
+    throttle: str | None = None
+    """The throttle whose slot the run holds while it runs (SPEC §5e), else None."""
+    throttle_key: str | None = None
+    priority: int = 0
+    """Its place among a throttle's waiters: higher first."""
+    slot: int | None = None
+    """The epoch whose attempt was given the run's throttle slot, else None."""

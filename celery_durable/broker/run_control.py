@@ -75,6 +75,7 @@ class RunControl(RunRecords, FleetLiveness):
         )
         idempotency_key = parse.finish(reply, run_id)
         self._settled(run_id, namespace, idempotency_key, watch=watch)
+        self._gave_up(run_id)
 
     def resume(
         self,
@@ -117,6 +118,7 @@ class RunControl(RunRecords, FleetLiveness):
         epoch = parse.resume(reply, record.run_id)
         if epoch is not None:
             self._persist_idempotency(record)
+            self._gave_up(record.run_id)
         return epoch
 
     def halt(self, record: RunRecord, stop: Stop = HALTED, *, forced: bool = False) -> bool:
@@ -139,6 +141,7 @@ class RunControl(RunRecords, FleetLiveness):
             return False
         watch = record.parent_run_id is not None and stop.status == "error"
         self._settled(record.run_id, record.namespace, idempotency_key, watch=watch)
+        self._gave_up(record.run_id)
         return True
 
     def cancel(self, run_id: str, namespace: str, message: str, *, watch: bool = False) -> Requested:
@@ -155,9 +158,15 @@ class RunControl(RunRecords, FleetLiveness):
         requested = parse.cancel(self._run("cancel", keys, args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
             self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
+            self._gave_up(run_id)
         # A run given an attempt to compensate in is watched already: the look
         # came first (store_core.LOOK_FIRST), should its message be lost.
         return requested
+
+    def _gave_up(self, run_id: str) -> None:
+        """The run's old attempts are over: what they held goes back (``after_settle``)."""
+        if self.after_settle is not None:
+            self.after_settle(run_id)
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:
         """Request a pause; on ``REQUESTED`` the caller sends coordinator message ``message``."""

@@ -8,6 +8,7 @@ progress, assembled from one base class per concept.
 - ``fleet_store.py``: what the recovery sweep reads and writes;
 - ``child_store.py``: child runs: a child's end told to its parent, a run's children;
 - ``schedule_store.py``: schedules, the sweep's claims on their ticks, what each tick became;
+- ``throttle_store.py``: throttles: their settings, slots and queues, a run's slot intents;
 - and here, the journal of one attempt (``RedisJournal``).
 
 Every script's reply is parsed in ``replies``.
@@ -21,9 +22,10 @@ from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.broker.run_control import RunControl
 from celery_durable.broker.run_passes import RunPasses
 from celery_durable.broker.schedule_store import ScheduleStore
+from celery_durable.broker.throttle_store import ThrottleStore
 
 
-class RunStore(RunControl, RunPasses, ChildRuns, ScheduleStore):
+class RunStore(RunControl, RunPasses, ChildRuns, ScheduleStore, ThrottleStore):
     """Runs, journals, progress and fencing on one Redis, or on a Redis Cluster."""
 
     def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:

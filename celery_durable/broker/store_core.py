@@ -70,6 +70,10 @@ class StoreCore:
         self._scripts = Scripts(self.client)
         self.indexes = IndexWrites(self.client, self._scripts, self.keys, lambda: self.clock())
         """The namespace indexes' writes, around the scripts that change what they hold (run_index.py)."""
+        self.after_settle: Callable[[str], None] | None = None
+        """Called with a run's id after a script settled, paused, halted or
+        cancelled it, or gave it a new attempt: the engine gives back the
+        throttle slots its old attempts held (``tasks/throttling.give_back``)."""
 
     @property
     def lease_ms(self) -> int:

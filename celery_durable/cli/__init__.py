@@ -14,13 +14,13 @@ from typing import Any
 
 import typer
 
-from celery_durable.cli import commands, demo, history, runs, schedules, versioning, web
+from celery_durable.cli import commands, demo, history, runs, schedules, throttles, versioning, web
 from celery_durable.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, app, err, load_engine
 
 __all__ = ["app", "load_engine", "main"]
 
 # Imported for the commands they register on ``app``.
-_COMMAND_MODULES = (commands, demo, history, runs, schedules, versioning, web)
+_COMMAND_MODULES = (commands, demo, history, runs, schedules, throttles, versioning, web)
 
 # Recent Typer vendors its own copy of Click, older Typer uses Click itself:
 # take Click's exception classes from wherever Typer's come from.

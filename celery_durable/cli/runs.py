@@ -41,6 +41,11 @@ def runs_start(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Start once per key: again, it prints the first run's id.")
     ] = None,
+    throttle: Annotated[
+        str | None, typer.Option("--throttle", help="Hold a slot of this throttle while it runs (SPEC §5e).")
+    ] = None,
+    throttle_key: Annotated[str | None, typer.Option("--throttle-key", help="Its throttle key.")] = None,
+    priority: Annotated[int, typer.Option("--priority", help="Among the throttle's waiters: higher first.")] = 0,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -52,7 +57,12 @@ def runs_start(
     parsed = guarded(lambda: parse_json_option("--args", args))
     run_id = guarded(
         lambda: client_for(app_path, namespace).start_workflow(
-            workflow_name, args=parsed, idempotency_key=idempotency_key
+            workflow_name,
+            args=parsed,
+            idempotency_key=idempotency_key,
+            throttle=throttle,
+            throttle_key=throttle_key,
+            priority=priority,
         )
     )
     if as_json:

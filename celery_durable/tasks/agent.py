@@ -29,6 +29,7 @@ from celery_durable.broker import Flags, RunRecord, schema
 from celery_durable.broker.replies.run import TurnVerdict
 from celery_durable.broker.schema import Outcome
 from celery_durable.errors import StaleAttemptError
+from celery_durable.tasks import throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.in_place import wake_owners
@@ -164,6 +165,7 @@ def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Tur
     )
     prefix = new_task_id()
     waiters = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
+    throttling.answered(engine, record.run_id, record.epoch, f"a/{agent}")
     wake_owners(engine, record.run_id, record.epoch, record.workflow, waiters, prefix)
 
 

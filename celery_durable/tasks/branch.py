@@ -27,6 +27,7 @@ from celery_durable.tasks.children import EngineChildren
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
 from celery_durable.tasks.retrying import retry_storage
+from celery_durable.tasks.throttling import EngineThrottles
 from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows.branch_work import BranchTarget, BranchWork
 from celery_durable.workflows.branches import READ_AHEAD
@@ -122,6 +123,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
         send_call=functools.partial(engine.send_call, record),
         keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
         children=EngineChildren(engine, record),
+        throttles=EngineThrottles(engine, record),
     )
     try:
         # Its message runs from now (branch_start): a branch that waited in a

@@ -41,6 +41,7 @@ from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.journal import CallDone
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
+from celery_durable.tasks import throttling
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
 from celery_durable.tasks.home import home_of, is_home_name
 from celery_durable.tasks.in_place import consumes, gather, run_taken_pass, take_request, wake_owners
@@ -304,6 +305,7 @@ def _journal(
         return
     if done is not None:
         telemetry.call_answered(workflow, outcome.kind == "o", called)
+        throttling.answered(engine, run_id, epoch, f"c/{key}")
     if done is None or not done.owners:
         return
     if kept is not None and done.activation is not None:

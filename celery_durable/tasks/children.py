@@ -29,6 +29,7 @@ from celery_durable.broker.child_types import DoneVerdict
 from celery_durable.broker.replies.control import RequestVerdict
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import DurableError, StorageError
+from celery_durable.tasks import throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.telemetry.context import run_parent
@@ -181,6 +182,8 @@ def tell_parent(
     prefix = new_task_id()
     try:
         done = store.tell_parent(parent_id, child.namespace, key, child.run_id, outcome, prefix)
+        if done.verdict is DoneVerdict.OK:
+            throttling.answered(engine, parent_id, done.epoch, f"k/{key}")
         if done.verdict is DoneVerdict.OK and done.owner is not None:
             engine.deliver(woken(parent_id, done.epoch, done.workflow, [done.owner], prefix))
         store.unschedule(child.run_id)

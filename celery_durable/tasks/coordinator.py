@@ -18,7 +18,7 @@ from celery_durable.broker import Flags, RunRecord
 from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import MAIN, SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
-from celery_durable.tasks import children
+from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
@@ -86,7 +86,7 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
         return
     peeked = engine.parked.peek(message.run_id, message.epoch, message.workflow)
     record = peeked.replay.run if peeked is not None else _load_record(engine, message)
-    if record is None:
+    if record is None or not _has_its_slot(engine, record, token):
         return
     definition = engine.workflows[record.workflow]  # the record's workflow is the message's (_load_record)
     resend = taken_pass.request.resend if taken_pass is not None else new_task_id()
@@ -147,6 +147,15 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
             replay = kept[0].replay if kept else _new_replay(engine, fresh, definition, execution)
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
             heartbeat.attempt = replay
+
+
+def _has_its_slot(engine: Engine, record: RunRecord, token: str) -> bool:
+    """A run started with ``throttle=`` runs a pass only once its attempt has
+    its slot: taken now, or else the run waits for it (its message ends
+    here). A cancelled run goes on to settle: a cancel never waits for a slot."""
+    if record.throttle is None or record.slot == record.epoch or record.cancel_requested:
+        return True
+    return throttling.take_run_slot(engine, record, token)
 
 
 def _take_lock(
@@ -341,6 +350,7 @@ def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, executi
         keep_fanout=functools.partial(kept.keep, record.run_id, record.epoch) if inline is not None else None,
         inline=inline,
         children=children.EngineChildren(engine, record),
+        throttles=throttling.EngineThrottles(engine, record),
     )
 
 

@@ -53,7 +53,7 @@ from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.fleet_registry import profile_of
 from celery_durable.schedules.firing import fire_due
-from celery_durable.tasks import flower_names
+from celery_durable.tasks import flower_names, throttling
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.tasks.queue_depths import BrokerQueues
@@ -304,12 +304,14 @@ class RecoverySweep:
             self.bury_dead_workers()
         now, begun = now_ms(), time.monotonic()
         self._prune(now)
+        # Throttles due: a rate's next admission fires like a timer (tasks/throttling.py).
+        throttles = throttling.sweep(self.engine)
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if not due.runs:
-            return due.next_due
+            return _sooner(due.next_due, throttles)
         self._look(due.runs, due.claim, store.queue_room(), now)
         telemetry.sweep_pass(len(due.runs), time.monotonic() - begun)
-        return now if len(due.runs) == BATCH else due.next_due
+        return now if len(due.runs) == BATCH else _sooner(due.next_due, throttles)
 
     def _prune(self, now: int) -> None:
         """Every ``PRUNE_SECONDS``: runs whose retention ran out leave their
@@ -373,6 +375,10 @@ class RecoverySweep:
         if record is None or record.epoch != examined.epoch:
             return
         take_over(self.engine, record, examined.detail)
+
+
+def _sooner(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = False) -> None:

@@ -114,6 +114,29 @@ class RunsCollector:
             waiting.add_metric([namespace, kind], count)
         yield runs
         yield waiting
+        yield from self._throttles()
+
+    def _throttles(self) -> Iterator[object]:
+        """Each throttle's slots held and waiters now (the throttle's name a label, never a key)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["namespace", "throttle"]
+        holding = GaugeMetricFamily("celery_durable_throttle_holding", "Slots of a throttle held now", labels=labels)
+        waiting = GaugeMetricFamily(
+            "celery_durable_throttle_waiting", "Waiters for a throttle's slots now", labels=labels
+        )
+        limit = GaugeMetricFamily(
+            "celery_durable_throttle_concurrency", "A throttle's concurrency setting (absent: none)", labels=labels
+        )
+        namespace = self.client.namespace
+        for info in self.client.list_throttles():
+            holding.add_metric([namespace, info.name], info.holding)
+            waiting.add_metric([namespace, info.name], info.waiting)
+            if info.concurrency is not None:
+                limit.add_metric([namespace, info.name], info.concurrency)
+        yield holding
+        yield waiting
+        yield limit
 
 
 def web_metrics(client: Client) -> bytes:

@@ -43,7 +43,8 @@ class Metrics:
             ("workflow", "status"),
         )
         self.tasks = counter(
-            "celery_durable_tasks_total", "Durable tasks run: coordinator passes, branch tasks, agent turns",
+            "celery_durable_tasks_total",
+            "Durable tasks run: coordinator passes, branch tasks, agent turns",
             ("workflow", "task"),
         )
         self.task_seconds = histogram(
@@ -84,5 +85,11 @@ class Metrics:
             "celery_durable_sweep_runs_total",
             "Runs the sweep looked at, by what it found (alive, waiting, dead, settled, gone)",
             ("verdict",),
+        )
+        self.throttle_waits = counter(
+            "celery_durable_throttle_waits_total",
+            "Slots asked of a throttle, by outcome: immediate (taken at once), waited (queued), granted (a "
+            "waiter given a freed slot), given_back (a slot or place of a dead attempt the sweep gave back)",
+            ("throttle", "outcome"),
         )
         self.timers_fired = counter("celery_durable_sweep_timers_fired_total", "Due timers the sweep fired")

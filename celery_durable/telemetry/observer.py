@@ -95,7 +95,10 @@ class Observer:
             return None
         anchor = traces.context_of(run_parent(record.run_id, record.trace_parent, record.trace_attempt))
         span = traces.start(
-            self.tracer, f"celery_durable.{kind}", anchor, {**run_attributes(record), MESSAGE_ID: token},
+            self.tracer,
+            f"celery_durable.{kind}",
+            anchor,
+            {**run_attributes(record), MESSAGE_ID: token},
             kind="consumer",
         )
         self._spans[replay] = span
@@ -168,6 +171,11 @@ class Observer:
             return
         with traces.use(span):
             send(request)
+
+    def throttle_waits(self, throttle: str, outcome: str, n: int) -> None:
+        """Slots asked of ``throttle`` (by its name, never a key), by outcome."""
+        if self.metrics is not None:
+            self.metrics.throttle_waits.labels(throttle, outcome).inc(n)
 
     def call_answered(self, workflow: str, ok: bool, seconds: float | None) -> None:
         if self.metrics is None:

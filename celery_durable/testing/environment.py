@@ -147,7 +147,7 @@ class WorkflowTestEnvironment:
         engines = [_Engine(workflows, self.settings, agent_runner) for _ in range(mechanisms.processes)]
         self.engine = engines[0]
         self.workflows = self.engine.workflows
-        store = _Store(self.settings, self.clock, self._plan)
+        store = self.engine.gives_back(_Store(self.settings, self.clock, self._plan))
         for engine in engines:
             engine.env_store = store
         self._fleet = Fleet(
@@ -166,12 +166,19 @@ class WorkflowTestEnvironment:
 
     # -- starting and resuming ------------------------------------------------------
 
-    def start(self, name_or_handle: str | Workflow, args: Any = None, limits: dict[str, Any] | None = None) -> str:
+    def start(
+        self,
+        name_or_handle: str | Workflow,
+        args: Any = None,
+        limits: dict[str, Any] | None = None,
+        **throttled: Any,
+    ) -> str:
         """Start a run and drive it as far as it goes without time passing: until
-        it settles, waits (a timer, a signal) or an armed crash kills its
-        attempt; its run id."""
+        it settles, waits (a timer, a signal, a throttle's slot) or an armed
+        crash kills its attempt; its run id. ``throttled``: start_workflow's
+        ``throttle``, ``throttle_key`` and ``priority``."""
         self._workflow(name_or_handle)
-        run_id = self.client.start_workflow(name_or_handle, args=args, limits=limits)
+        run_id = self.client.start_workflow(name_or_handle, args=args, limits=limits, **throttled)
         self._fleet.runs.append(run_id)
         self._fleet.drive()
         return run_id

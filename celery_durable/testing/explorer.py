@@ -35,6 +35,7 @@ from celery_durable.broker.run_records import RunHashes
 from celery_durable.broker.scripts import now_ms as wall_ms
 from celery_durable.config import Settings
 from celery_durable.engine import Engine
+from celery_durable.tasks import throttling
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep
 from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.clock import VirtualClock
@@ -270,7 +271,7 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         self.gap_ms = self.engine.store.lease_ms if gap_seconds is None else round(gap_seconds * 1000)
         store = _TracedStore(self.settings, self.clock, self._plan)
         store.tracer = tracer
-        self.engine.env_store = store
+        self.engine.env_store = self.engine.gives_back(store)
         sender = _TracedSender(self._fleet)
         sender.tracer = tracer
         sender.env = self
@@ -338,10 +339,11 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         queues = [s.coordinator_queue, s.steps_queue, s.agents_queue]
         store.report_empty([queue for queue in queues if queue not in held], now)
         next_tick = self.sweep.fire_schedules()
+        throttles = throttling.sweep(self.engine)
         due = store.claim_due(now, BATCH, CLAIM_MS)
         if due.runs:
             self.sweep._look(due.runs, due.claim, store.queue_room(), now)
-        return min((at for at in (next_tick, due.next_due) if at is not None), default=None)
+        return min((at for at in (next_tick, throttles, due.next_due) if at is not None), default=None)
 
     def recover(self, done: Callable[[], bool], leases: int = DEFAULT_LEASES) -> bool:
         """Deliver and sweep, moving the clock to each next look, until

@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from celery_durable.tasks import throttling
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
 from celery_durable.tasks.calls import answer_fields, answer_in_place, call_failed, call_succeeded
 from celery_durable.tasks.entry import run_durable_task
@@ -344,6 +345,7 @@ class Fleet:
         started in time go to the coordinator queue (``HomeWakes``)."""
         for worker in self.workers:
             self.trace.home_fallbacks += worker.home_wakes.fire()
+        throttling.sweep(self.engine)  # a rate's next admission, and the repairs of its look
         store = self.engine.store
         for run_id in self.runs:
             record = store.load_run(run_id)

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from celery_durable import DurableError, Engine
 from celery_durable.exposure import LOOPBACK_NAMES
-from celery_durable.web import api, bulk, fleet, forms, pages, schedules, streams
+from celery_durable.web import api, bulk, fleet, forms, pages, schedules, streams, throttles
 from celery_durable.web.context import STATIC, WebContext, web
 from celery_durable.web.hub import RunHub
 from celery_durable.web.problems import Forbidden, Problem, problem
@@ -95,6 +95,7 @@ def create_app(
             *bulk.routes,
             *fleet.routes,
             *schedules.routes,
+            *throttles.routes,
             *forms.routes,
             *streams.routes,
             *api.routes,

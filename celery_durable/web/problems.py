@@ -16,6 +16,7 @@ from celery_durable import (
     ScheduleNotFoundError,
     StorageCorruptError,
     StorageUnavailableError,
+    ThrottleNotFoundError,
     WorkflowResumeError,
 )
 
@@ -49,7 +50,7 @@ class Forbidden(Exception):
 def problem(exc: BaseException) -> Problem | None:
     """The HTTP form of an error the client raises on purpose; None for a bug."""
     code = getattr(exc, "code", None)
-    if isinstance(exc, RunNotFoundError | ScheduleNotFoundError):
+    if isinstance(exc, RunNotFoundError | ScheduleNotFoundError | ThrottleNotFoundError):
         return Problem(404, "not_found", str(exc))
     if isinstance(exc, WorkflowResumeError):
         status = RESUME_STATUS.get(exc.code or "", 409)

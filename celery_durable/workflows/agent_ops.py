@@ -21,6 +21,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
@@ -34,8 +35,18 @@ class AgentOps:
     def __init__(self, replay: Replay) -> None:
         self._replay = replay
 
-    def agent(self, prompt: str, *, label: str | None, schema_: Any, model: str | None) -> Any:
+    def agent(
+        self,
+        prompt: str,
+        *,
+        label: str | None,
+        schema_: Any,
+        model: str | None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
+    ) -> Any:
         replay = self._replay
+        throttled = check_throttle(throttle, throttle_key)
         request = self._request(prompt, label, schema_, model)
         agent_id = hashlib.sha256(jsonvalue.dumps(request).encode("utf-8")).hexdigest()[:32]
         cursor = replay.current()
@@ -46,6 +57,8 @@ class AgentOps:
             return found.outcome.result
         replay.flush(cursor)
         replay.check_pause(cursor)
+        # Its slot goes back when the turn's outcome is journaled (tasks/agent.py).
+        replay.throttles.gate(cursor, f"a/{agent_id}", throttled, f"agent turn {agent_id}")
         row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, replay.journal.now_ms())
         message = uuid.uuid4().hex
         result = replay.journal.agent_call(

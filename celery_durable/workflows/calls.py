@@ -28,6 +28,7 @@ from celery_durable.broker.schema import Identity
 from celery_durable.errors import DurableError, StepFailed, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
+from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor
@@ -76,8 +77,12 @@ class CallOps:
         kwargs: Mapping[str, Any] | None,
         queue: str | None,
         timeout: float | None,
+        *,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
     ) -> Any:
         replay = self._replay
+        throttled = check_throttle(throttle, throttle_key)
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise ValueError(f"Call key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
         due_from = _due(key, timeout)
@@ -101,6 +106,8 @@ class CallOps:
         replay.flush(cursor)
         if not found.journaled:
             replay.check_pause(cursor)
+        # Its slot goes back when the task's answer is journaled (tasks/calls.py).
+        replay.throttles.gate(cursor, f"c/{key}", throttled, f"call {key!r}")
         within = f"within {timeout:g} s" if timeout is not None else "in time"
         where = f" (queue {request.queue})" if request.queue else ""
         message = f"Task {request.task_name} (call {key}) did not finish {within}{where}"

@@ -40,6 +40,7 @@ from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
+from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor
@@ -98,8 +99,19 @@ class ChildOps:
         self._replay = replay
         self._port = port
 
-    def child(self, key: str, workflow: Any, args: Any, limits: Mapping[str, Any] | None, timeout: float | None) -> Any:
+    def child(
+        self,
+        key: str,
+        workflow: Any,
+        args: Any,
+        limits: Mapping[str, Any] | None,
+        timeout: float | None,
+        *,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
+    ) -> Any:
         replay = self._replay
+        throttled = check_throttle(throttle, throttle_key)
         _check_key(key)
         due_from = _due(key, timeout)
         cursor = replay.current()
@@ -118,10 +130,13 @@ class ChildOps:
         replay.flush(cursor)
         if not found.journaled:
             replay.check_pause(cursor)
+        # Its slot goes back when the child's end is journaled (here, or tasks/children.py).
+        slot = replay.throttles.gate(cursor, f"k/{key}", throttled, f"child {key!r}")
         now = replay.journal.now_ms()
         result = self._enter(cursor, request, due_from(now), found.cut, wait=True)
         if result.verdict is ChildVerdict.HIT and result.outcome is not None:
             cursor.advance()
+            replay.throttles.release(slot)
             return _returned(key, replay.decode(result.outcome))
         request = self._journaled(request, result)
         if result.verdict is ChildVerdict.DUE:
@@ -131,7 +146,10 @@ class ChildOps:
             ended = schema.child_outcome(
                 key, request.run_id, request.workflow.name, state.status, state.reason, state.error, state.result
             )
-            return self._journal_end(cursor, request, ended)
+            try:
+                return self._journal_end(cursor, request, ended)
+            finally:
+                replay.throttles.release(slot)
         # Waiting holds nothing: a pause asked for meanwhile settles the run now.
         replay.check_pause(cursor)
         replay.wait_for_wake(cursor)

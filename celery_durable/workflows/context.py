@@ -102,9 +102,15 @@ class WorkflowContext:
         *,
         volatile: bool = False,
         retry: RetryPolicy | None = None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
     ) -> Any:
-        """Run ``producer`` once per run under ``key`` and journal its JSON result."""
-        return self._replay.steps.step(key, producer, volatile=volatile, retry=retry)
+        """Run ``producer`` once per run under ``key`` and journal its JSON
+        result; with ``throttle``, holding a slot of that fleet-wide throttle
+        while it runs (SPEC §5e)."""
+        return self._replay.steps.step(
+            key, producer, volatile=volatile, retry=retry, throttle=throttle, throttle_key=throttle_key
+        )
 
     def parallel(self, thunks: Iterable[Callable[[], Any]], *, errors: str = "none") -> list[Any]:
         """Run zero-argument callables concurrently across the fleet; results in order.
@@ -143,11 +149,15 @@ class WorkflowContext:
         *,
         queue: str | None = None,
         timeout: float | None = None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
     ) -> Any:
         """Run an existing Celery task (an object, a name or a signature) as a
         journaled step under ``key``: on any worker that has it, holding no
         slot here while it runs; its JSON result, or ``StepFailed``."""
-        return self._replay.calls.call(key, task, args, kwargs, queue, timeout)
+        return self._replay.calls.call(
+            key, task, args, kwargs, queue, timeout, throttle=throttle, throttle_key=throttle_key
+        )
 
     def child(
         self,
@@ -157,11 +167,15 @@ class WorkflowContext:
         *,
         limits: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
     ) -> Any:
         """Run another registered workflow (a name or a handle) as a child run
         under ``key`` and return its result, holding no slot here while it
         runs; ``ChildWorkflowFailed`` when it ends error or cancelled."""
-        return self._replay.children.child(key, workflow, args, limits, timeout)
+        return self._replay.children.child(
+            key, workflow, args, limits, timeout, throttle=throttle, throttle_key=throttle_key
+        )
 
     def start_child(
         self, key: str, workflow: Any, args: Any = None, *, limits: Mapping[str, Any] | None = None
@@ -202,8 +216,19 @@ class WorkflowContext:
     def workflow(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("Nested workflows are not supported")
 
-    def agent(self, prompt: str, *, label: str | None = None, schema: Any = None, model: str | None = None) -> Any:
+    def agent(
+        self,
+        prompt: str,
+        *,
+        label: str | None = None,
+        schema: Any = None,
+        model: str | None = None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
+    ) -> Any:
         """One agent turn on the agents queue: its final text, or its JSON value
         when ``schema`` is given; None when the turn failed. Identical calls in a
         run are memoized."""
-        return self._replay.agents.agent(prompt, label=label, schema_=schema, model=model)
+        return self._replay.agents.agent(
+            prompt, label=label, schema_=schema, model=model, throttle=throttle, throttle_key=throttle_key
+        )

@@ -87,8 +87,9 @@ def ends_by_itself(record: RunRecord) -> bool:
 class DryReplay(Replay):
     """One replay check of one run: no producer, task, agent or child runs, nothing is written."""
 
-    def __init__(self, *, journal: Journal, run: RunRecord, workflow: Workflow, max_fanout: int,
-                 max_payload_bytes: int) -> None:
+    def __init__(
+        self, *, journal: Journal, run: RunRecord, workflow: Workflow, max_fanout: int, max_payload_bytes: int
+    ) -> None:
         super().__init__(
             journal=ReadOnlyJournal(journal),
             run=run,
@@ -141,9 +142,20 @@ class _DrySteps(StepOps):
         super().__init__(replay)
         self._dry = replay
 
-    def step(self, key: str, producer: Callable[[], Any], *, volatile: bool, retry: RetryPolicy | None) -> Any:
+    def step(
+        self,
+        key: str,
+        producer: Callable[[], Any],
+        *,
+        volatile: bool,
+        retry: RetryPolicy | None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
+    ) -> Any:
         if not volatile:
-            return super().step(key, producer, volatile=False, retry=retry)
+            return super().step(
+                key, producer, volatile=False, retry=retry, throttle=throttle, throttle_key=throttle_key
+            )
         replay = self._dry
         cursor = replay.current()
         replay.check_cancelled()

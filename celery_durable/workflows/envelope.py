@@ -41,9 +41,12 @@ class _Row:
 
 
 def _waiting_for(record: RunRecord) -> dict[str, Any] | None:
-    """SPEC §5: {"kind", "name", "until"}, ``until`` ISO 8601 text or None; only while running."""
+    """SPEC §5: {"kind", "name", "until"}, ``until`` ISO 8601 text or None; only
+    while running, or pending for a throttle's slot (SPEC §5e)."""
     waiting = record.waiting_for
-    if waiting is None or record.status != "running":
+    if waiting is None:
+        return None
+    if record.status != "running" and not (record.status == "pending" and waiting["kind"] == "throttle"):
         return None
     return {"kind": waiting["kind"], "name": waiting["name"], "until": _iso(from_ms(waiting["until"]))}
 

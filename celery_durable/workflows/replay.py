@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from celery_durable.workflows.fanout import FanoutOps
     from celery_durable.workflows.parking import ParkedBody
     from celery_durable.workflows.steps import StepOps
+    from celery_durable.workflows.throttles import ThrottlePort
     from celery_durable.workflows.waits import WaitOps
 
 MAIN = schema.MAIN
@@ -116,12 +117,14 @@ class Replay:
         inline: InlineBranches | None = None,
         children: ChildPort | None = None,
         mode: Mode | None = None,
+        throttles: ThrottlePort | None = None,
     ) -> None:
         from celery_durable.workflows.agent_ops import AgentOps
         from celery_durable.workflows.calls import CallOps
         from celery_durable.workflows.children import ChildOps
         from celery_durable.workflows.fanout import FanoutOps
         from celery_durable.workflows.steps import StepOps
+        from celery_durable.workflows.throttles import ThrottleOps
         from celery_durable.workflows.waits import WaitOps
 
         # Sticky: once the store fails or the fence refuses a write, the
@@ -164,6 +167,8 @@ class Replay:
         self.waits: WaitOps = WaitOps(self)
         self.calls: CallOps = CallOps(self)
         self.children: ChildOps = ChildOps(self, children)
+        self.throttles = ThrottleOps(self, throttles)
+        """Slots of throttled ops (``throttle=``; ``workflows/throttles.py``)."""
 
     # -- sequences -------------------------------------------------------------
 

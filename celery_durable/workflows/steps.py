@@ -22,6 +22,7 @@ from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.replay import MAX_KEY_LENGTH
+from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
@@ -37,8 +38,18 @@ class StepOps:
         """Keys of the steps this execution ran (journal hits not counted) in
         branch sequences: what a branch task shows Flower it did (``tasks/flower_names.py``)."""
 
-    def step(self, key: str, producer: Callable[[], Any], *, volatile: bool, retry: RetryPolicy | None) -> Any:
+    def step(
+        self,
+        key: str,
+        producer: Callable[[], Any],
+        *,
+        volatile: bool,
+        retry: RetryPolicy | None,
+        throttle: str | None = None,
+        throttle_key: str | None = None,
+    ) -> Any:
         replay = self._replay
+        throttled = check_throttle(throttle, throttle_key)
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise ValueError(f"Step key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
         if not callable(producer):
@@ -57,6 +68,7 @@ class StepOps:
                 watching.hit(replay, "step", cursor.seq, key)
             return found.outcome.step_result(key)
         replay.check_pause(cursor)
+        slot = replay.throttles.gate(cursor, f"s/{key}", throttled, f"step {key!r}")
         started = replay.journal.now_ms()
         running = schema.StepRow.running(replay.run.attempt, started, schema.call_id(cursor.seq, cursor.index)).encode()
         existing = replay.flush(cursor, step_key=key, step_row=running, cut=found.cut)
@@ -66,6 +78,7 @@ class StepOps:
         if existing is not None:
             outcome = replay.decode(existing)
             replay.commit(cursor, PendingCommit(cursor.index, identity))
+            replay.throttles.release(slot)
             return outcome.step_result(key)
         self._ran(cursor.seq, key)
         if (watching := telemetry.observer) is None:
@@ -75,11 +88,13 @@ class StepOps:
         commit = PendingCommit(
             cursor.index, identity, field, outcome.encode(), key, replay.step_row(cursor, started, outcome)
         )
-        if replay.holds_steps(cursor):
+        if slot is None and replay.holds_steps(cursor):
             cursor.held = commit
             cursor.advance()
             return outcome.step_result(key)
         winner = replay.commit(cursor, commit)
+        # A throttled step's outcome is journaled at once (never held back), then its slot goes back.
+        replay.throttles.release(slot)
         if winner is not None:
             outcome = replay.decode(winner)
         return outcome.step_result(key)

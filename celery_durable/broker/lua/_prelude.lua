@@ -956,3 +956,136 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
   end
   return reply
 end
+
+-- == Throttles (throttle_*.lua; the layout: keys.py) ======================
+-- A throttle's keys are all in its own slot, passed in KEYS from <first> on
+-- in the order of keys.ThrottleKeys. A waiter is a holder "<run id>|<op>" of
+-- attempt <epoch>; its rank orders the queue (priority, then arrival), its
+-- key is its throttle key ('' for none). Admission is O(log n) per waiter
+-- admitted, whatever the number of waiters and keys.
+local function throttle_keys(first)
+  return {conf = KEYS[first], holders = KEYS[first + 1], waiters = KEYS[first + 2], queue = KEYS[first + 3],
+    ready = KEYS[first + 4], keys = KEYS[first + 5], taken = KEYS[first + 6], ktaken = KEYS[first + 7],
+    later = KEYS[first + 8]}
+end
+
+local function throttle_conf(T)
+  local f = redis.call('HMGET', T.conf, 'concurrency', 'rate_n', 'rate_ms', 'pk_concurrency', 'pk_rate_n', 'pk_rate_ms')
+  return {c = tonumber(f[1] or ''), rn = tonumber(f[2] or ''), rms = tonumber(f[3] or ''),
+    kc = tonumber(f[4] or ''), krn = tonumber(f[5] or ''), krms = tonumber(f[6] or '')}
+end
+
+-- "<epoch>|<since>|<rank>|<key>" of a waiter, "<epoch>|<since>|<key>" of a holder.
+local function throttle_waiter(raw)
+  return string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+
+local function throttle_holder(raw)
+  return string.match(raw, '^([^|]*)|([^|]*)|(.*)$')
+end
+
+-- Offers the first waiter of <key> to the ready set (whether it may go is
+-- checked when it comes up: a key full or rate-bound drops out then).
+local function throttle_offer(T, key)
+  local head = redis.call('ZRANGEBYLEX', T.queue, '[' .. key .. '\0', '(' .. key .. '\1', 'LIMIT', 0, 1)[1]
+  if head then redis.call('ZADD', T.ready, 0, string.sub(head, #key + 2)) end
+end
+
+local function throttle_key_full(T, conf, key)
+  return conf.kc ~= nil and tonumber(redis.call('HGET', T.keys, key) or '0') >= conf.kc
+end
+
+-- When <key> may take its next slot under its own rate: nil for now.
+local function throttle_key_later(T, conf, key, now)
+  if not conf.krn then return nil end
+  redis.call('ZREMRANGEBYLEX', T.ktaken, '[' .. key .. '\0', '(' .. key .. '\0' .. string.format('%013d', now - conf.krms + 1))
+  local from, to = '[' .. key .. '\0', '(' .. key .. '\1'
+  if redis.call('ZLEXCOUNT', T.ktaken, from, to) < conf.krn then return nil end
+  local oldest = redis.call('ZRANGEBYLEX', T.ktaken, from, to, 'LIMIT', 0, 1)[1]
+  return tonumber(string.sub(oldest, #key + 2, #key + 14)) + conf.krms
+end
+
+-- A waiter enters the queue; offered at once unless its key may not go.
+local function throttle_enqueue(T, holder, epoch, key, priority, now)
+  local seq = redis.call('HINCRBY', T.conf, 'seq', 1)
+  local rank = string.format('%010d%015d', 1000000000 - tonumber(priority), seq)
+  redis.call('HSET', T.waiters, holder, epoch .. '|' .. now .. '|' .. rank .. '|' .. key)
+  redis.call('ZADD', T.queue, 0, key .. '\0' .. rank .. '|' .. holder)
+  if not redis.call('ZSCORE', T.later, key) then redis.call('ZADD', T.ready, 0, rank .. '|' .. holder) end
+end
+
+-- Takes holder out of the queue (a cancelled waiter, a dead attempt's).
+local function throttle_dequeue(T, holder, raw)
+  local _, _, rank, key = throttle_waiter(raw)
+  redis.call('HDEL', T.waiters, holder)
+  redis.call('ZREM', T.queue, key .. '\0' .. rank .. '|' .. holder)
+  redis.call('ZREM', T.ready, rank .. '|' .. holder)
+  throttle_offer(T, key)
+end
+
+-- Gives holder's slot back: its key may take another.
+local function throttle_give_back(T, holder, raw)
+  local _, _, key = throttle_holder(raw)
+  redis.call('HDEL', T.holders, holder)
+  if redis.call('HINCRBY', T.keys, key, -1) <= 0 then redis.call('HDEL', T.keys, key) end
+  throttle_offer(T, key)
+end
+
+-- Gives slots to waiters while the throttle allows, in rank order. Returns
+-- the admitted {holder, epoch, ...} and when the next admission may be
+-- possible by time alone (a rate's window, a key's rate), or nil.
+local function throttle_admit(T, now)
+  local conf = throttle_conf(T)
+  local granted = {}
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', T.later, '-inf', now)) do
+    redis.call('ZREM', T.later, key)
+    throttle_offer(T, key)
+  end
+  local next_due = nil
+  while true do
+    if conf.c and redis.call('HLEN', T.holders) >= conf.c then break end
+    if conf.rn then
+      redis.call('ZREMRANGEBYSCORE', T.taken, '-inf', now - conf.rms)
+      if redis.call('ZCARD', T.taken) >= conf.rn then
+        if redis.call('HLEN', T.waiters) > 0 then
+          next_due = tonumber(redis.call('ZRANGE', T.taken, 0, 0, 'WITHSCORES')[2]) + conf.rms
+        end
+        break
+      end
+    end
+    local member = redis.call('ZRANGEBYLEX', T.ready, '-', '+', 'LIMIT', 0, 1)[1]
+    if not member then break end
+    redis.call('ZREM', T.ready, member)
+    local holder = string.sub(member, 27)
+    local raw = redis.call('HGET', T.waiters, holder)
+    if raw then
+      local epoch, _, rank, key = throttle_waiter(raw)
+      if rank == string.sub(member, 1, 25) and not throttle_key_full(T, conf, key) then
+        local later = throttle_key_later(T, conf, key, now)
+        if later then
+          redis.call('ZADD', T.later, later, key)
+        else
+          redis.call('HDEL', T.waiters, holder)
+          redis.call('ZREM', T.queue, key .. '\0' .. member)
+          redis.call('HSET', T.holders, holder, epoch .. '|' .. now .. '|' .. key)
+          redis.call('HINCRBY', T.keys, key, 1)
+          if conf.rn then redis.call('ZADD', T.taken, now, now .. '|' .. holder) end
+          if conf.krn then redis.call('ZADD', T.ktaken, 0, key .. '\0' .. string.format('%013d', now) .. '|' .. holder) end
+          table.insert(granted, holder)
+          table.insert(granted, epoch)
+          throttle_offer(T, key)
+        end
+      end
+    end
+  end
+  local later = redis.call('ZRANGE', T.later, 0, 0, 'WITHSCORES')[2]
+  if later and (not next_due or tonumber(later) < next_due) then next_due = tonumber(later) end
+  return granted, next_due
+end
+
+-- The reply of a script that may admit: {verdict, next due or '', holder, epoch, ...}.
+local function throttle_reply(verdict, granted, next_due)
+  local out = {verdict, next_due and tostring(next_due) or ''}
+  for _, item in ipairs(granted) do table.insert(out, item) end
+  return out
+end

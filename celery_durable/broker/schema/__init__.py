@@ -104,7 +104,14 @@ from celery_durable.broker.schema.rows import (
     parse_agent_row,
     queued_agent_row,
 )
-from celery_durable.broker.schema.run import INDEX_META_FIELDS, RUN_FIELDS, new_run_fields, parse_run, wait_outcome
+from celery_durable.broker.schema.run import (
+    INDEX_META_FIELDS,
+    RUN_FIELDS,
+    THROTTLE_FIELDS,
+    new_run_fields,
+    parse_run,
+    wait_outcome,
+)
 from celery_durable.broker.schema.schedules import SCHEDULE_FIELDS, schedule_fields, schedule_run_id
 
 __all__ = [
@@ -131,6 +138,7 @@ __all__ = [
     "schedule_fields",
     "schedule_run_id",
     "SIGNAL_FIELDS",
+    "THROTTLE_FIELDS",
     "STEP_STATUSES",
     "Identity",
     "Outcome",

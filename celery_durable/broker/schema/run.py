@@ -78,6 +78,12 @@ RUN_FIELDS: dict[str, str] = {
     "scheduled_at": "that tick (ms), or absent",
     "children": "how many child keys the run started (its children hash's fields)",
     "compensates": "'1' once a saga of the run registered a compensation: a cancelled run replays to run them",
+    "throttle": "the throttle the run holds a slot of while it runs (start_workflow's throttle=), or absent",
+    "throttle_key": "its throttle key, or absent ('' : none)",
+    "priority": "its priority among a throttle's waiters (higher first), or absent (0)",
+    "slot": "the epoch whose attempt was given the run's throttle slot ('' : none yet): a pass of another "
+    "attempt asks for one first (tasks/throttling.py)",
+    "throttled": "'1' once an op of the run wrote a slot intent (its throttles hash): a settle gives them back",
     "trace_parent": "W3C traceparent of the span the run was started under (the caller's, or the start's own), "
     "written with the run by create_run.lua; '' when the start knew none: the run's trace is then its run id "
     "(docs/telemetry.md)",
@@ -85,6 +91,19 @@ RUN_FIELDS: dict[str, str] = {
     "set by resume.lua with the new epoch; '' for the first attempt or when that span was not traced",
 }
 """Every field of the run hash and what it holds; prefixes end with ':'."""
+
+THROTTLE_FIELDS: dict[str, str] = {
+    "concurrency": "slots held at once across the fleet, or absent (P:{throttle:N:T}:conf; throttle_set.lua)",
+    "rate_n": "slots taken in any window of rate_ms, or absent",
+    "rate_ms": "the rate's window in ms",
+    "pk_concurrency": "slots held at once per throttle key, or absent",
+    "pk_rate_n": "slots taken per key in any window of pk_rate_ms, or absent",
+    "pk_rate_ms": "the per-key rate's window in ms",
+    "seq": "the waiters' arrival counter (their rank's second half)",
+    "created_at": "ms",
+    "updated_at": "ms of the last set_throttle",
+}
+"""Every field of a throttle's conf hash."""
 
 INDEX_META_FIELDS: dict[str, str] = {
     "built": "'1' once the namespace's indexes cover every run it holds (P:{ns:N}:ixmeta; run_index.py)",
@@ -198,6 +217,10 @@ def parse_run(run_id: str, raw: Mapping[str, str]) -> RunRecord:
             compensates=raw.get("compensates") == "1",
             trace_parent=raw.get("trace_parent", ""),
             trace_attempt=raw.get("trace_attempt", ""),
+            throttle=raw.get("throttle") or None,
+            throttle_key=raw.get("throttle_key") or None,
+            priority=int(raw.get("priority") or 0),
+            slot=int(raw["slot"]) if raw.get("slot") else None,
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise StorageCorruptError(f"Run record {run_id} is corrupt: {exc!r}") from None
@@ -212,7 +235,7 @@ def _waiting(raw: str | None) -> dict[str, Any] | None:
     if not raw:
         return None
     data = json.loads(raw)
-    if not isinstance(data, dict) or data.get("kind") not in ("timer", "signal", "child"):
+    if not isinstance(data, dict) or data.get("kind") not in ("timer", "signal", "child", "throttle"):
         raise ValueError(f"waiting {raw[:80]!r}")
     until = data.get("until")
     return {"kind": data["kind"], "name": str(data.get("name") or ""), "until": optional_ms(until)}

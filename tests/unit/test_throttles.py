@@ -1,0 +1,150 @@
+"""Throttles (SPEC §5e) in ``WorkflowTestEnvironment``: the real scripts on
+a real redis-server, the virtual clock firing a rate's next admission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_durable import ThrottleNotFoundError, WorkflowContext, workflow
+from celery_durable.testing import WorkflowTestEnvironment
+
+THROTTLED = {"kind": "throttle", "name": "t", "until": None}
+
+
+@workflow(name="quick", description="One step", phases=[])
+def quick(ctx: WorkflowContext) -> Any:
+    return ctx.step("s", lambda: "done")
+
+
+@workflow(name="holds", description="Holds its run's slot until told to go", phases=[])
+def holds(ctx: WorkflowContext) -> Any:
+    ctx.step("in", lambda: 1)
+    return ctx.wait_for_signal("go").payload
+
+
+@workflow(name="calls-api", description="One throttled step", phases=[])
+def calls_api(ctx: WorkflowContext) -> Any:
+    return ctx.step("call-api", lambda: ctx.args["n"], throttle="api", throttle_key=ctx.args.get("key"))
+
+
+def counts(env: WorkflowTestEnvironment, name: str) -> tuple[int, int]:
+    info = env.client.get_throttle(name)
+    return info.holding, info.waiting
+
+
+def test_settings_are_checked_and_stored() -> None:
+    env = WorkflowTestEnvironment([quick])
+    info = env.client.set_throttle("openai", concurrency=8, rate=(500, 60))
+    assert (info.concurrency, info.rate, info.per_key_concurrency, info.per_key_rate) == (8, (500, 60.0), None, None)
+    assert [t.name for t in env.client.list_throttles()] == ["openai"]
+    for bad, named in [
+        ({}, "at least one"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"rate": (5, 0)}, "rate"),
+        ({"concurrency": 2, "per_key_concurrency": 3}, "per_key_concurrency"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            env.client.set_throttle("openai", **bad)
+    with pytest.raises(ThrottleNotFoundError) as raised:
+        env.client.get_throttle("nope")
+    assert raised.value.code == "not_found"
+    with pytest.raises(ThrottleNotFoundError):
+        env.client.start_workflow(quick, throttle="nope")
+    env.client.delete_throttle("openai")
+    assert env.client.list_throttles() == []
+
+
+def test_runs_wait_pending_and_go_by_priority_then_first_come() -> None:
+    env = WorkflowTestEnvironment([holds])
+    env.client.set_throttle("t", concurrency=1)
+    a = env.start(holds, throttle="t")
+    b = env.start(holds, throttle="t")
+    c = env.start(holds, throttle="t", priority=5)
+    assert env.get(a).status == "running"
+    assert (env.get(b).status, env.get(b).snapshot["waiting_for"]) == ("pending", THROTTLED)
+    info = env.client.get_throttle("t")
+    assert (info.holding, info.waiting, [w.run_id for w in info.waiters]) == (1, 2, [c, b])
+    env.signal(a, "go", 1)
+    assert (env.get(a).status, env.get(c).status, env.get(b).status) == ("completed", "running", "pending")
+    env.client.set_throttle("t", concurrency=2)  # raised: the waiter goes at once
+    env._fleet.drive()
+    assert env.get(b).status == "running"
+    env.signal(b, "go", 1)
+    env.signal(c, "go", 1)
+    assert counts(env, "t") == (0, 0)
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_a_paused_holder_gives_its_slot_back() -> None:
+    env = WorkflowTestEnvironment([holds])
+    env.client.set_throttle("t", concurrency=1)
+    a = env.start(holds, throttle="t")
+    b = env.start(holds, throttle="t")
+    c = env.start(holds, throttle="t")
+    assert env.cancel(b).status == "cancelled"
+    assert counts(env, "t") == (1, 1)
+    assert env.pause(a).status == "paused"
+    assert env.get(c).status == "running"  # a's slot went to the next waiter
+    assert counts(env, "t") == (1, 0)
+    env.signal(c, "go", 1)
+    assert env.resume(a).status == "running"  # takes a slot again
+    assert counts(env, "t") == (1, 0)
+
+
+def test_an_op_waits_durably_for_its_slot_and_replays_without_one() -> None:
+    env = WorkflowTestEnvironment([holds, calls_api])
+    env.client.set_throttle("api", concurrency=1)
+    a = env.start(holds, throttle="api")
+    y = env.start(calls_api, args={"n": 2})
+    assert env.get(y).status == "running"
+    assert env.get(y).snapshot["waiting_for"] == {"kind": "throttle", "name": "api", "until": None}
+    env.signal(a, "go", 1)
+    assert (env.get(y).status, env.get(y).result) == ("completed", 2)
+    assert counts(env, "api") == (0, 0)
+
+
+def test_per_key_concurrency_lets_other_keys_by() -> None:
+    env = WorkflowTestEnvironment([holds])
+    env.client.set_throttle("t", concurrency=3, per_key_concurrency=1)
+    first = env.start(holds, throttle="t", throttle_key="tenant-a")
+    second = env.start(holds, throttle="t", throttle_key="tenant-a")
+    other = env.start(holds, throttle="t", throttle_key="tenant-b")
+    assert [env.get(r).status for r in (first, second, other)] == ["running", "pending", "running"]
+    assert env.client.get_throttle("t").top_keys == [("tenant-a", 1), ("tenant-b", 1)]
+    env.signal(first, "go", 1)
+    assert env.get(second).status == "running"
+
+
+def test_a_rate_admits_the_next_run_when_its_window_passes() -> None:
+    env = WorkflowTestEnvironment([quick])
+    env.client.set_throttle("r", rate=(2, 60))
+    runs = [env.start(quick, throttle="r") for _ in range(3)]
+    assert [env.get(r).status for r in runs] == ["completed", "completed", "pending"]
+    env.clock.advance(59)
+    assert env.get(runs[2]).status == "pending"
+    env.clock.advance(2)  # the sweep fires the next admission like a timer
+    assert env.get(runs[2]).status == "completed"
+
+
+def test_a_throttle_deleted_under_waiters_lets_them_go_unthrottled() -> None:
+    env = WorkflowTestEnvironment([holds, calls_api])
+    env.client.set_throttle("t", concurrency=1)
+    env.client.set_throttle("api", concurrency=1)
+    env.start(holds, throttle="t")
+    b = env.start(holds, throttle="t")
+    env.start(holds, throttle="api")
+    y = env.start(calls_api, args={"n": 3})
+    env.client.delete_throttle("t")
+    env.client.delete_throttle("api")
+    env._fleet.drive()
+    assert env.get(b).status == "running"
+    assert (env.get(y).status, env.get(y).result) == ("completed", 3)
+
+
+def test_an_op_naming_an_unknown_throttle_runs_unthrottled_and_says_so() -> None:
+    env = WorkflowTestEnvironment([calls_api])
+    done = env.run(calls_api, args={"n": 4})
+    assert (done.status, done.result) == ("completed", 4)
+    messages = [r.message for r in env.progress(done.run_id).records]
+    assert "Throttle 'api' does not exist: step 'call-api' runs unthrottled" in messages
