@@ -40,7 +40,7 @@ local now = tonumber(ARGV[4])
 token_running(KEYS[1], KEYS[2], ARGV[3], now + tonumber(ARGV[5]), now)
 -- A worker that knows the workflow serves the run: messages passed on for
 -- want of one (requeue.lua) back off from their first delay again.
-redis.call('HSET', KEYS[1], 'unserved_passes', '0')
+redis.call('HDEL', KEYS[1], 'unserved_passes')  -- no write where none was counted
 check_limits(KEYS[1], now)
 local fl = flags(KEYS[1])
 local outcomes = {}

@@ -16,7 +16,7 @@ if refusal then return {refusal} end
 local entry = redis.call('HGET', KEYS[2], 'o:' .. ARGV[2] .. ':' .. ARGV[3])
 if entry then
   local field = value_field(ARGV[2], ARGV[3], entry)
-  if field then redis.call('HSET', KEYS[2], 'so:' .. field, entry) end
+  if field then redis.call('HSET', KEYS[2], 'so:' .. field, entry, 'stepped', '1') end
 end
 local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3]}

@@ -31,6 +31,7 @@ JOURNAL_FIELDS: dict[str, str] = {
     "ce:": "ce:<key>: the epoch that published the task call <key>",
     "i:": "i:<key>: the inputs of the task call <key>, JSON {'args': [...], 'kwargs': {...}} (the run's history)",
     "cuts": "how many cuts the run's sequences got (a cut voids the signals' floors, SIGNAL_FIELDS f:)",
+    "stepped": "'1' once a cancelled pass stepped over an op (step_over.lua): reads look for so: marks only then",
     "so:": "so:<value field>: the journal entry a cancelled pass stepped over, unanswered (step_over.lua): "
     "every later read hides an answer to it, and one that comes is late",
     "wk:": "wk:<prefix>: the owners a call's answer or an agent turn's end woke by the messages '<prefix>-<n>' "
