@@ -148,7 +148,8 @@ def test_a_cancelled_waiter_leaves_the_queue_at_once(engine: Engine, fleet: Flee
     assert (client.get_throttle("t").holding, client.get_throttle("t").waiting) == (1, 0)
     client.signal_workflow_run(holder, "go")
     settle(engine, [holder], 20)
-    assert client.get_throttle("t").holding == 0
+    # The slot goes back right after the settle that the client may see first.
+    until(lambda: client.get_throttle("t").holding == 0, 10, "the holder's slot back")
 
 
 def test_a_raised_limit_lets_waiters_go_at_once(engine: Engine, fleet: Fleet, settings: Settings) -> None:
