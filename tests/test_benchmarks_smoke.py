@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = {
     "sequential", "fanout", "pipeline", "latency", "replay", "recovery", "footprint", "web",
     "timers", "many", "soak", "sweep", "calls", "replay_check", "children", "listing",
-    "history", "bursts", "capacity",
+    "history", "bursts", "capacity", "throttles",
 }
 
 
