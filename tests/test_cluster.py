@@ -37,6 +37,7 @@ from tests.test_agents import (  # noqa: F401
 )
 from tests.test_fencing import (  # noqa: F401
     _reset_shared_state,
+    poll,
     test_a_frozen_worker_taken_over_by_force_is_fenced_out_when_it_wakes,
     test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing,
     test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one,
@@ -234,3 +235,42 @@ def test_every_script_ran_on_the_cluster(request: pytest.FixtureRequest, redis_c
             exists = client.script_exists(*shas.values())
         ran |= {name for name, found in zip(shas, exists, strict=True) if found}
     assert set(SCRIPT_NAMES) - ran == set(), "scripts no test ran on the cluster"
+
+
+# -- throttles: a throttle's state in its slot, each run's in its own -----------------------
+
+
+@workflow(name="c-throttled", description="A throttled run with a throttled step", phases=[])
+def c_throttled(ctx: WorkflowContext) -> Any:
+    return ctx.step("work", lambda: ctx.args["n"], throttle="c-api")
+
+
+@workflow(name="c-holder", description="Holds its run's slot until told to go", phases=[])
+def c_holder(ctx: WorkflowContext) -> Any:
+    return ctx.wait_for_signal("go").payload
+
+
+def test_throttles_on_the_cluster(durable: DurableFactory) -> None:
+    """Every throttle script on the cluster: a slot taken, a waiter queued
+    and cancelled, another granted the slot its holder gave back, a
+    throttled step, the throttles deleted. Each script touches one slot
+    (the throttle's, or the run's): the cluster would refuse it otherwise."""
+    d = durable([c_throttled, c_holder])
+    client = d.client
+    client.set_throttle("c-one", concurrency=1)
+    client.set_throttle("c-api", concurrency=1)
+    holder = client.start_workflow("c-holder", throttle="c-one")
+    poll(lambda: client.get_throttle("c-one").holding == 1, "the holder's slot")
+    cancelled = client.start_workflow("c-throttled", args={"n": 1}, throttle="c-one")
+    poll(lambda: client.get_throttle("c-one").waiting == 1, "a waiter queued")
+    assert client.cancel_workflow_run(cancelled, timeout=30).status == "cancelled"
+    poll(lambda: client.get_throttle("c-one").waiting == 0, "the cancelled waiter gone from the queue")
+    second = client.start_workflow("c-throttled", args={"n": 2}, throttle="c-one")
+    poll(lambda: client.get_throttle("c-one").waiting == 1, "the second waiter queued")
+    client.signal_workflow_run(holder, "go", "done")
+    assert client.wait_for_workflow_run(holder, timeout=30).result == "done"
+    assert client.wait_for_workflow_run(second, timeout=30).result == 2
+    poll(lambda: client.get_throttle("c-one").holding == 0, "every slot back")
+    client.delete_throttle("c-one")
+    client.delete_throttle("c-api")
+    assert client.list_throttles() == []
