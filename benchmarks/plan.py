@@ -74,6 +74,14 @@ class Plan:
     listing_runs: int = 1_000_000
     """Stored runs the listing case builds and pages through (``cases/listing.py``)."""
     listing_requests: int = 20
+    schedule_count: int = 10_000
+    """Schedules the fleet fires in the schedules case (``cases/schedules.py``), each once a period."""
+    schedule_period: int = 60
+    """Seconds between one schedule's ticks (a divisor of 60: the seconds field of a 6-field cron)."""
+    schedule_periods: int = 3
+    """Periods the case measures the fleet over (every schedule's ticks in them are judged)."""
+    schedule_cost_sizes: tuple[int, ...] = (1_000, 10_000)
+    """Schedules at which the sweep's cost per tick is measured in-process (first vs last: flat)."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -154,4 +162,8 @@ def quick_plan(repeat: int) -> Plan:
         history_steps=200,
         listing_runs=3_000,
         listing_requests=5,
+        schedule_count=40,
+        schedule_period=2,
+        schedule_periods=2,
+        schedule_cost_sizes=(50, 200),
     )

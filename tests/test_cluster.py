@@ -25,8 +25,19 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from celery_durable import Settings, StorageUnavailableError, WorkflowContext, WorkflowResumeError, workflow
-from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
+from celery_durable import (
+    Engine,
+    ScheduleNotFoundError,
+    Settings,
+    StorageUnavailableError,
+    WorkflowContext,
+    WorkflowResumeError,
+    workflow,
+)
+from celery_durable.broker import schema
+from celery_durable.broker.scripts import SCRIPT_NAMES, now_ms, script_source
+from celery_durable.schedules import firing
+from celery_durable.schedules.calendar import Calendar, from_ms, to_ms
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import DurableFactory
 from tests.contract import test_calls, test_children, test_journal, test_waits
@@ -163,6 +174,116 @@ def test_the_sweep_reads_the_fleet_and_halts_runs_across_slots(
     assert (envelope.status, envelope.reason, envelope.can_resume) == ("halted", "interrupted", True)
 
 
+# -- schedules: a tick claimed in {sched}, its run made in its own slot -----------------------
+
+
+@workflow(name="cluster-tick", description="Says which tick started it", phases=[])
+def cluster_tick(ctx: WorkflowContext) -> Any:
+    at = ctx.scheduled_at
+    return {"schedule": ctx.schedule_id, "at": at.isoformat() if at else None}
+
+
+def tick_of(run: Any) -> int:
+    assert run.scheduled_at is not None, f"run {run.run_id} has no tick"
+    return to_ms(run.scheduled_at)
+
+
+def slot_of(cluster: RedisCluster, key: str) -> int:
+    return int(cluster.keyslot(key))  # type: ignore[no-untyped-call]
+
+
+def test_schedules_fire_on_the_cluster_one_run_per_tick(
+    durable: DurableFactory, redis_cluster: RedisClusterNodes, raw_redis: RedisCluster
+) -> None:
+    """Every schedule script, on the cluster: create and update
+    (``schedule_put``), pause and unpause (``schedule_pause``), trigger and
+    backfill (``create_run`` in each run's slot, then ``schedule_record`` in
+    ``{sched}``), the sweep's fire (``schedule_claim``, the run, the record)
+    by four sweepers at once and by one after a dead sweeper's claim ran out,
+    then ``schedule_delete``. The sweepers' engine has a clock a few minutes
+    ahead (injected, as the unit tests' is), so its ticks are due now; the
+    worker's own engine keeps the wall clock and runs what they start."""
+    d = durable([cluster_tick])
+    client, store = d.client, d.engine.store
+    offset = [0]
+    sweeper = Engine([cluster_tick], d.settings)
+    sweeper.store.clock = lambda: now_ms() + offset[0]
+
+    info = client.create_schedule("pulse", "cluster-tick", cron="* * * * *", overlap="allow_all",
+                                  catchup_window=600, paused=True)
+    assert info.paused and info.next_times == []
+    assert client.update_schedule("pulse", note="on the cluster").note == "on the cluster"
+    assert client.pause_schedule("pulse").paused
+    info = client.unpause_schedule("pulse")
+    first_ms = to_ms(info.next_times[0])
+    calendar = Calendar("* * * * *", None, "UTC", 0)
+
+    triggered = client.trigger_schedule("pulse")
+    assert triggered is not None
+    since = first_ms - 5 * 60_000
+    backfilled = client.backfill_schedule("pulse", from_ms(since), from_ms(first_ms))
+    assert len(backfilled) == 5
+    assert client.backfill_schedule("pulse", from_ms(since), from_ms(first_ms)) == backfilled  # started once
+
+    # Four sweepers at once, three minutes on: every due tick fired once, by one of them.
+    offset[0] = first_ms + 2 * 60_000 + 1_000 - now_ms()
+    gate = threading.Barrier(4)
+
+    def sweep() -> None:
+        gate.wait()
+        firing.fire_due(sweeper)
+
+    threads = [threading.Thread(target=sweep) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    fired = calendar.between(first_ms, sweeper.store.now_ms() + 1, 100)
+    assert len(fired) == 3
+
+    # A sweeper that claimed the next tick and died: once its claim ran out, another fires the tick.
+    offset[0] += 60_000
+    dead = sweeper.store.claim_schedules(sweeper.store.now_ms(), 10, sweeper.store.lease_ms)
+    assert [member for member, _ in dead.members] == ["default/pulse"]
+    firing.fire_due(sweeper)  # held by the dead claim: nothing fired
+    assert len(client.list_workflow_runs(schedule_id="pulse", limit=100).runs) == 5 + 1 + 3
+    offset[0] += sweeper.store.lease_ms + 1_000
+    firing.fire_due(sweeper)
+    fired.append(fired[-1] + 60_000)
+
+    runs = client.list_workflow_runs(schedule_id="pulse", limit=100).runs
+    ticks = sorted(tick_of(run) for run in runs)
+    assert len(ticks) == len(set(ticks)) == 5 + 1 + len(fired), "one run per tick"
+    assert set(ticks) >= set(fired) | set(calendar.between(since, first_ms, 10))
+    for run in runs:
+        assert run.run_id == schema.schedule_run_id("default", "pulse", tick_of(run))
+        envelope = client.wait_for_workflow_run(run.run_id, timeout=30)
+        assert envelope.status == "completed", envelope.error
+        assert envelope.result == {"schedule": "pulse", "at": from_ms(tick_of(run)).isoformat()}
+    recent = client.get_schedule("pulse").recent
+    assert {item["action"] for item in recent} == {"started"}  # none missed or skipped
+    assert {(to_ms(item["tick"]), item["run_id"]) for item in recent} == {
+        (tick_of(run), run.run_id) for run in runs
+    }
+    swept = [to_ms(item["tick"]) for item in recent if to_ms(item["tick"]) in fired]
+    assert sorted(swept) == fired  # of four sweepers at once, one fired and recorded each tick
+
+    # The tick's claim and record in {sched}, one slot; each run's keys in the run's own slot.
+    k = store.schedule_keys("default", "pulse")
+    assert len({slot_of(raw_redis, key) for key in (k.schedule, k.due, k.recent, k.runs, k.ids)}) == 1
+    run_nodes = set()
+    for run in runs:
+        keys = store.run_keys(run.run_id)
+        assert len({slot_of(raw_redis, key) for key in (keys.run, keys.journal, keys.live)}) == 1
+        run_nodes.add(redis_cluster.node_of(keys.run).port)
+    assert len(run_nodes) > 1, "every run on one master"
+
+    client.delete_schedule("pulse")
+    with pytest.raises(ScheduleNotFoundError):
+        client.get_schedule("pulse")
+    assert len(client.list_workflow_runs(schedule_id="pulse", limit=100).runs) == len(runs)  # kept
+
+
 # -- a master killed mid-run ------------------------------------------------------------------
 
 HELD = threading.Event()
@@ -220,23 +341,6 @@ def test_a_killed_master_fails_callers_promptly_and_its_runs_go_on_once_it_is_ba
 # -- last: every script ran ------------------------------------------------------------------
 
 
-def test_every_script_ran_on_the_cluster(request: pytest.FixtureRequest, redis_cluster: RedisClusterNodes) -> None:
-    """The proof above holds for the scripts the tests ran; here, that is all
-    of them. redis-py loads a script on every master the first time one of
-    them lacks it, so a script the cluster ever ran is known to its masters."""
-    selected = {item.originalname for item in request.session.items if item.path == request.path}
-    here = {name for name, value in globals().items() if name.startswith("test_") and callable(value)}
-    if here - selected:
-        pytest.skip("meaningful only after every test of this module ran")
-    shas = {name: hashlib.sha1(script_source(name).encode("utf-8")).hexdigest() for name in SCRIPT_NAMES}
-    ran: set[str] = set()
-    for node in redis_cluster.nodes:
-        with contextlib.closing(node_client(node)) as client:
-            exists = client.script_exists(*shas.values())
-        ran |= {name for name, found in zip(shas, exists, strict=True) if found}
-    assert set(SCRIPT_NAMES) - ran == set(), "scripts no test ran on the cluster"
-
-
 # -- throttles: a throttle's state in its slot, each run's in its own -----------------------
 
 
@@ -274,3 +378,23 @@ def test_throttles_on_the_cluster(durable: DurableFactory) -> None:
     client.delete_throttle("c-one")
     client.delete_throttle("c-api")
     assert client.list_throttles() == []
+
+
+# -- last: every script the tests above ran ---------------------------------------------------
+
+
+def test_every_script_ran_on_the_cluster(request: pytest.FixtureRequest, redis_cluster: RedisClusterNodes) -> None:
+    """The proof above holds for the scripts the tests ran; here, that is all
+    of them. redis-py loads a script on every master the first time one of
+    them lacks it, so a script the cluster ever ran is known to its masters."""
+    selected = {item.originalname for item in request.session.items if item.path == request.path}
+    here = {name for name, value in globals().items() if name.startswith("test_") and callable(value)}
+    if here - selected:
+        pytest.skip("meaningful only after every test of this module ran")
+    shas = {name: hashlib.sha1(script_source(name).encode("utf-8")).hexdigest() for name in SCRIPT_NAMES}
+    ran: set[str] = set()
+    for node in redis_cluster.nodes:
+        with contextlib.closing(node_client(node)) as client:
+            exists = client.script_exists(*shas.values())
+        ran |= {name for name, found in zip(shas, exists, strict=True) if found}
+    assert set(SCRIPT_NAMES) - ran == set(), "scripts no test ran on the cluster"

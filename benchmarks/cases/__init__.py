@@ -1,6 +1,8 @@
 """The cases of the benchmark: the seven of the engine's issue, in its order, the web view's, then
 the cases of issues 11, 13 and 14 (timers, many runs at once, the soak, the sweep at scale), then
-``ctx.call`` of a plain Celery task (SPEC §5a), and the replay check before a deploy (SPEC §8a).
+``ctx.call`` of a plain Celery task (SPEC §5a), the replay check before a deploy (SPEC §8a), the
+later issues' cases (history, listing, bursts, capacity, throttles), and schedules fired by the
+workers' sweep (issue 38).
 
 Each module has ``run(bench, plan) -> CaseResult``; the results table is
 built from the rows they return.
@@ -25,6 +27,7 @@ from benchmarks.cases import (
     recovery,
     replay,
     replay_check,
+    schedules,
     sequential,
     soak,
     sweep,
@@ -59,4 +62,5 @@ CASES: dict[str, CaseRunner] = {
     "bursts": bursts.run,
     "capacity": capacity.run,
     "throttles": throttles.run,
+    "schedules": schedules.run,
 }
