@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from celery_durable.history import HistoryEvent
@@ -18,6 +19,18 @@ def _value(data: dict[str, Any], name: str) -> str:
     else:
         return ""
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def _time(value: Any) -> str:
+    """A due time (ISO 8601 in the event's data) as the tables' other times
+    read: UTC to the second, no 'T', no offset."""
+    try:
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    if moment.tzinfo is None:
+        return str(value)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def event_summary(event: HistoryEvent) -> str:
@@ -41,11 +54,11 @@ def event_summary(event: HistoryEvent) -> str:
     if kind == "branches_dispatched":
         return f"{data.get('kind')} of {data.get('width')}"
     if kind == "wait_started":
-        until = f" until {data['until']}" if data.get("until") else ""
+        until = f" until {_time(data['until'])}" if data.get("until") else ""
         what = f"run {data.get('name')}" if data.get("kind") == "child" else str(data.get("name") or data.get("op"))
         return f"{data.get('kind')} {what}{until}"
     if kind in ("timer_set", "timer_fired"):
-        return f"until {data.get('until')}"
+        return f"until {_time(data.get('until'))}"
     if kind in ("child_started", "child_settled"):
         status = f" {data['status']}" if "status" in data else ""
         return f"run {data.get('run_id')} ({data.get('workflow')}){status} {_value(data, 'result')}".rstrip()

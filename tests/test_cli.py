@@ -346,3 +346,30 @@ def test_run_follow_on_a_terminal_shows_a_bar_per_phase(settings, fleet: Fleet) 
     # The last frame stays on the screen, and the summary follows it.
     final = normalize(f"run {run_id} · phased · {frames[-1]}", run_id)
     assert [line.rstrip() for line in final.rstrip().splitlines()] == recorded("run_follow_live.txt").splitlines()
+
+
+def test_what_a_command_prints_for_scripts_is_alone_on_stdout(settings) -> None:
+    """An ``--app`` module that prints at import and exports spans to the console
+    (at once and at exit) leaves stdout to the command's result: all of that goes to stderr."""
+    env = settings_env(settings)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "celery_durable", *args, "--app", "tests.apps.noisy:make_engine"]
+        return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    started = cli("runs", "start", "noisy", "--args", "{}")
+    assert started.returncode == 0, started.stderr
+    assert re.fullmatch(r"[0-9a-f]{32}\n", started.stdout), started.stdout
+    run_id = started.stdout.strip()
+    assert "noisy: imported" in started.stderr and "noisy: exiting" in started.stderr
+    assert '"name": "noisy-engine"' in started.stderr and '"name": "noisy-at-exit"' in started.stderr
+
+    shown = cli("runs", "show", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["run"]["run_id"] == run_id  # the whole of stdout is one JSON document
+    assert '"name": "noisy-at-exit"' in shown.stderr
+    helped = subprocess.run(
+        [sys.executable, "-m", "celery_durable", "runs", "start", "--help"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "--idempotency-key" in helped.stdout, "help is still printed on stdout"

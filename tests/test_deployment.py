@@ -6,27 +6,44 @@ options (``--help`` appended: Click rejects an unknown option before it
 prints help); every variable it sets must be a real setting or a variable a
 command reads; Redis must keep the journal (AOF, fsync always, noeviction);
 workers must scale with ``--scale``; Flower must sit behind basic auth from
-the environment; Prometheus must scrape every worker's metrics port.
+the environment, checked once before they start (never a restart loop);
+Prometheus must scrape every worker's metrics port, and the web view's
+``/metrics`` with its credential: a real ``celery-durable web`` serves the
+Grafana panel's metric to that scrape.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import re
 import shlex
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from celery_durable import Settings
 from celery_durable.cli import app
-from tests.fleet import ROOT
+from tests.apps.waits import await_signal
+from tests.conftest import DurableFactory
+from tests.fleet import ROOT, settings_env
+from tests.web.support import wait_until
 
 COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
+DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"
 WORKERS = ("coordinator", "steps", "agents")
 _INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
@@ -113,7 +130,7 @@ def test_every_variable_is_a_setting_or_read_by_a_command() -> None:
     known_settings = {f"CELERY_DURABLE_{field.upper()}" for field in Settings.model_fields}
     known = known_settings | cli_envvars()
     for name, service in services().items():
-        if name in ("redis", "prometheus"):
+        if name in ("redis", "prometheus", "credentials"):
             continue
         env = {key: interpolate(str(value)) for key, value in service["environment"].items()}
         assert set(env) <= known, (name, sorted(set(env) - known))
@@ -195,3 +212,143 @@ def test_the_examples_module_the_fleet_runs_by_default_exists() -> None:
     default = interpolate(str(services()["coordinator"]["environment"]["CELERY_DURABLE_APP"]))
     module = default.partition(":")[0]
     assert Path(ROOT, *module.split(".")).with_suffix(".py").exists(), default
+
+
+def mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Each file a service mounts from the repository, by its path in the container."""
+    return {volume.split(":")[1]: ROOT / volume.split(":")[0] for volume in service.get("volumes", [])}
+
+
+def run_script(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = ["sh", str(path), *args]
+    return subprocess.run(command, env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=30)
+
+
+def test_without_a_credential_flower_and_the_web_view_stop_once_with_the_message() -> None:
+    found = services()
+    check = found["credentials"]
+    assert check["restart"] == "no", "a failed check is not repeated"
+    script = mounts(check)[argv(check)[-1]]
+    assert argv(check)[0] == "sh" and script.exists()
+    for name in ("flower", "web"):
+        assert found[name]["depends_on"]["credentials"] == {"condition": "service_completed_successfully"}, name
+        assert found[name]["depends_on"]["redis"] == {"condition": "service_healthy"}, name
+    for name in (*WORKERS, "prometheus", "redis"):
+        assert "credentials" not in found[name].get("depends_on", {}), f"{name} runs without the credentials"
+    assert check["environment"] == {
+        "FLOWER_BASIC_AUTH": "${FLOWER_BASIC_AUTH:-}",
+        "CELERY_DURABLE_WEB_AUTH": "${CELERY_DURABLE_WEB_AUTH:-}",
+    }
+    none = run_script(script, {})
+    assert none.returncode == 1 and len(none.stderr.splitlines()) == 1
+    assert "set FLOWER_BASIC_AUTH CELERY_DURABLE_WEB_AUTH to user:password" in none.stderr
+    one = run_script(script, {"FLOWER_BASIC_AUTH": "admin:s3cret", "CELERY_DURABLE_WEB_AUTH": "nopassword"})
+    assert one.returncode == 1 and "set CELERY_DURABLE_WEB_AUTH to" in one.stderr and "FLOWER" not in one.stderr
+    both = run_script(script, {"FLOWER_BASIC_AUTH": "admin:s3cret", "CELERY_DURABLE_WEB_AUTH": "ops:s3cret"})
+    assert both.returncode == 0, both.stderr
+
+
+def web_scrape() -> dict[str, Any]:
+    config = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "celery-durable-web"]
+    return dict(job)
+
+
+def panel_metric() -> str:
+    """The metric the dashboard's "Runs waiting now" panel queries."""
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    (panel,) = [p for p in dashboard["panels"] if str(p.get("title", "")).startswith("Runs waiting now")]
+    (target,) = panel["targets"]
+    found = re.search(r"\b(celery_durable_\w+)", target["expr"])
+    assert found, target["expr"]
+    return found[1]
+
+
+def test_prometheus_scrapes_the_web_views_metrics_with_its_credential() -> None:
+    found = services()
+    job, web, prometheus = web_scrape(), found["web"], found["prometheus"]
+    (target,) = [t for static in job["static_configs"] for t in static["targets"]]
+    host, _, port = target.partition(":")
+    command = argv(web)
+    assert host == "web" and int(port) == int(command[command.index("--port") + 1])
+    assert command[command.index("--allowed-host") + 1] == host, "the web view answers the Host Prometheus sends"
+    assert job.get("metrics_path", "/metrics") == "/metrics" and job.get("scheme", "http") == "http"
+    auth = job["basic_auth"]
+    assert set(auth) == {"username_file", "password_file"}, "no credential written in the config"
+    # The files are written, from the web view's own variable, by the entrypoint, in a tmpfs.
+    assert prometheus["environment"]["CELERY_DURABLE_WEB_AUTH"] == "${CELERY_DURABLE_WEB_AUTH:-}"
+    assert prometheus["entrypoint"][0] == "/bin/sh" and prometheus["entrypoint"][1] in mounts(prometheus)
+    (tmpfs,) = prometheus["tmpfs"]
+    assert all(os.path.dirname(path) == tmpfs for path in auth.values())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(url: str, host: str, auth: tuple[str, str] | None) -> tuple[int, str]:
+    """A GET as Prometheus's scrape sends it: the target's Host, basic auth from the files."""
+    request = urllib.request.Request(url, headers={"Host": host})
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), ""
+    except OSError:
+        return 0, ""
+
+
+def test_a_real_web_view_serves_the_panels_metric_to_that_scrape(durable: DurableFactory, tmp_path: Path) -> None:
+    job, prometheus = web_scrape(), services()["prometheus"]
+    entrypoint = mounts(prometheus)[prometheus["entrypoint"][1]]
+    credential = "ops:pa:ss word"  # a colon and a space in the password: split as the web view splits it
+    # The entrypoint as the container runs it: its files in the test's directory, a stand-in for Prometheus.
+    files = tmp_path / "scrape-auth"
+    stand_in = tmp_path / "prometheus"
+    stand_in.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\n', encoding="utf-8")
+    stand_in.chmod(0o755)
+    env = {"CELERY_DURABLE_WEB_AUTH": credential, "SCRAPE_AUTH_DIR": str(files), "PROMETHEUS": str(stand_in)}
+    started = run_script(entrypoint, env, *map(str, prometheus["command"]))
+    assert started.returncode == 0, started.stderr
+    assert (tmp_path / "args").read_text().split() == [str(a) for a in prometheus["command"]]
+    paths = {name: files / os.path.basename(path) for name, path in job["basic_auth"].items()}
+    auth = (paths["username_file"].read_text(), paths["password_file"].read_text())
+    assert auth == ("ops", "pa:ss word")
+    assert all(path.stat().st_mode & 0o077 == 0 for path in paths.values()), "owner-only"
+
+    fleet = durable([await_signal])
+    run_id = fleet.client.start_workflow("await-signal")
+    wait_until(lambda: fleet.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    port = free_port()
+    target_host = job["static_configs"][0]["targets"][0]
+    web = services()["web"]
+    command = argv(web)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery_durable", "web", "--app", "tests.apps.waits:engine",
+         "--port", str(port), "--allowed-host", command[command.index("--allowed-host") + 1]],
+        env={**settings_env(fleet.settings), "CELERY_DURABLE_WEB_AUTH": credential},
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}{job.get('metrics_path', '/metrics')}"
+        wait_until(lambda: scrape(url, target_host, auth)[0] or process.poll() is not None, "the web view to answer")
+        assert scrape(url, target_host, None)[0] == 401, "the scrape needs the credential"
+        assert scrape(url, target_host, ("ops", "wrong"))[0] == 401
+        status, body = scrape(url, target_host, auth)
+        assert status == 200, process.stdout.read() if process.stdout else ""
+        metric = panel_metric()
+        samples = {
+            sample.labels["kind"]: sample.value
+            for family in text_string_to_metric_families(body)
+            for sample in family.samples
+            if sample.name == metric and sample.labels.get("namespace") == "default"
+        }
+        assert samples.get("signal") == 1.0, samples
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=20)

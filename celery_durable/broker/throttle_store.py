@@ -155,7 +155,8 @@ class ThrottleStore(StoreCore):
         """The owner waits for op's slot (fenced); True when it was given meanwhile."""
         k = self.run_keys(run_id)
         args = [epoch, op, owner, name, token, self.clock()]
-        return parse.throttle_wait(self._run("throttle_wait", [k.run, k.throttles, k.waits, k.live], args), run_id)
+        keys = [k.run, k.throttles, k.waits, k.live, k.history]
+        return parse.throttle_wait(self._run("throttle_wait", keys, args), run_id)
 
     def throttle_granted(self, run_id: str, op: str, epoch: int, prefix: str) -> Granted:
         """Tell the run its holder was given a slot; the owner woken, if it waited."""

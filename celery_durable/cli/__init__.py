@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from celery_durable.cli import commands, demo, history, runs, schedules, throttles, versioning, web
+from celery_durable.cli import commands, demo, history, results, runs, schedules, throttles, versioning, web
 from celery_durable.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, app, err, load_engine
 
 __all__ = ["app", "load_engine", "main"]
@@ -33,6 +33,7 @@ _CLICK: Any = _CLICK_ERRORS.ClickException
 def main() -> None:
     """Run the command; a usage error is one line too, not Click's panel."""
     command: Any = typer.main.get_command(app)
+    results.enable()  # this process's stdout carries the command's results alone
     try:
         code = command.main(prog_name="celery-durable", standalone_mode=False)
     except _NO_ARGS as exc:
@@ -48,4 +49,5 @@ def main() -> None:
     except typer.Abort:
         err.print("error: interrupted; runs go on", markup=False)
         code = EXIT_INTERRUPTED
+    results.flush()
     sys.exit(code if isinstance(code, int) else 0)

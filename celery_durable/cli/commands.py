@@ -126,8 +126,9 @@ def worker(
 ) -> None:
     """Start a Celery worker for the engine's workflows.
 
-    It consumes the coordinator, steps and agents queues (or those of -Q)
-    with the engine's durability settings (JSON only, late acks, prefetch 1)
+    It consumes the coordinator, steps and agents queues (or those of -Q),
+    and under the threads or solo pool its own home queue too (its banner
+    lists four), with the engine's durability settings (JSON only, late acks, prefetch 1)
     and sends task events, so Flower shows its tasks as they run. With
     --metrics-port it serves Prometheus metrics, added up over its pool's
     processes.

@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from celery_durable.cli import results
 from celery_durable.client import Client
 from celery_durable.engine import Engine
 from celery_durable.errors import DurableError
@@ -70,6 +71,7 @@ def load_engine(path: str) -> Engine:
         raise UserError(f"--app must look like 'package.module:attribute', got {path!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    results.divert(out)  # whatever the module prints, now or later, is not the command's result
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -116,11 +118,13 @@ def parse_json_option(name: str, text: str) -> Any:
 
 def print_json(data: Any) -> None:
     """One JSON document on stdout, untouched by Rich (no wrapping, no colour)."""
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    sys.stdout.flush()
+    stream = results.stream()
+    stream.write(json.dumps(data, indent=2) + "\n")
+    stream.flush()
 
 
 def print_json_line(data: Any) -> None:
     """One compact JSON object per line: what ``--json --follow`` streams."""
-    sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    stream = results.stream()
+    stream.write(json.dumps(data, separators=(",", ":")) + "\n")
+    stream.flush()

@@ -78,6 +78,7 @@ class WebContext:
             credits=present.credits,
             usage=present.usage,
             waiting=present.waiting,
+            waited_children=present.waited_children,
             pretty_json=present.pretty_json,
             event_summary=event_summary,
         )

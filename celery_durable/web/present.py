@@ -20,6 +20,8 @@ STATUSES = ("pending", "running", "completed", "halted", "paused", "cancelled", 
 SETTLED_FOR_GOOD = frozenset({"completed", "cancelled"})
 """Statuses no action can change: the run page offers no buttons for them."""
 DASH = "—"
+SETTLED_CHILD = frozenset({"completed", "cancelled", "error"})
+"""A waited-for child in one of these has answered its parent (halted or paused, it may go on)."""
 
 
 def when(value: datetime | None) -> str:
@@ -108,9 +110,31 @@ def waiting(value: Any) -> str:
         text = f"the signal {name!s}" if name else "a signal"
     elif kind == "child":
         text = f"the child run {name!s}"
+    elif kind == "throttle":
+        text = f"a slot of the throttle {name!s}"
     else:
         text = str(kind or "an event")
-    return f"{text} (until {until})" if until else text
+    return f"{text} (until {_until(until)} UTC)" if until else text
+
+
+def _until(value: Any) -> str:
+    """A wait's due time as every time on the pages reads (``when``), not raw ISO 8601."""
+    if isinstance(value, datetime):
+        return when(value)
+    try:
+        return when(datetime.fromisoformat(str(value)))
+    except ValueError:
+        return str(value)
+
+
+def waited_children(children: Any) -> list[Any]:
+    """The child runs a run still waits for (``ctx.child``, not settled): the
+    snapshot names one of them, the page says how many."""
+    return [
+        child
+        for child in children or ()
+        if not getattr(child, "detached", False) and getattr(child, "status", None) not in SETTLED_CHILD
+    ]
 
 
 def awaits_approval(run: RunEnvelope) -> bool:

@@ -1,27 +1,114 @@
 """The throttles page (SPEC §5e, §13): each throttle's settings, holders,
 waiters (in the order they get slots) and top keys, read when the page
-loads; ``GET /api/throttles`` and ``/api/throttles/<name>`` the same as JSON."""
+loads, with set (create or change) and delete under the same rules as every
+action: a POST with the page's CSRF token (or, for the JSON API,
+``X-CSRF-Token``/an ``Origin`` naming this server), and none at all on a
+``--read-only`` server. ``GET /api/throttles`` and ``/api/throttles/<name>``
+are the same as JSON; ``POST /api/throttles/<name>/set`` (the client's
+keywords as a JSON object, a rate as ``[n, period_seconds]``) and
+``POST /api/throttles/<name>/delete`` act.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_durable.client import Client
 from celery_durable.throttles import ThrottleInfo
+from celery_durable.web.api import _proven
+from celery_durable.web.bodies import read_json
 from celery_durable.web.context import web
+from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
+from celery_durable.web.problems import BadRequest, Forbidden, problem
+
+LIMITS = ("concurrency", "rate", "per_key_concurrency", "per_key_rate")
+"""``set_throttle``'s keywords: the form's fields and the API body's keys."""
+READ_ONLY = "This server is read-only: it shows throttles and changes none"
+
+
+def throttles_url(namespace: str) -> str:
+    return f"/ns/{namespace}/throttles"
 
 
 def _read(client: Client) -> list[ThrottleInfo]:
     return [client.get_throttle(info.name) for info in client.list_throttles()]
 
 
+def form_limits(form: dict[str, str]) -> dict[str, Any]:
+    """The form's limits as ``set_throttle`` takes them (a blank field: not
+    set); ``BadRequest`` naming a field that is no number. The client checks
+    the values themselves."""
+    limits: dict[str, Any] = {}
+    for name in LIMITS:
+        text = form.get(name, "").strip()
+        if not text:
+            continue
+        try:
+            if name.endswith("rate"):
+                n, sep, period = text.partition("/")
+                if not sep:
+                    raise ValueError
+                limits[name] = (int(n), float(period))
+            else:
+                limits[name] = int(text)
+        except ValueError:
+            shape = "N/SECONDS (e.g. 500/60)" if name.endswith("rate") else "a whole number"
+            raise BadRequest(f"{name} takes {shape}, got {text!r}") from None
+    return limits
+
+
+def body_limits(body: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(body) - set(LIMITS))
+    if unknown:
+        raise BadRequest(f"Unknown option {unknown[0]!r}: set takes {', '.join(LIMITS)}")
+    return {name: tuple(v) if isinstance(v, list) else v for name, v in body.items()}
+
+
+def perform(client: Client, name: str, action: str, limits: dict[str, Any]) -> str:
+    """One action on the client; the sentence that says what it did."""
+    if action == "set":
+        info = client.set_throttle(name, **limits)
+        return f"Throttle {info.name} set: it applies at once to what waits."
+    if action == "delete":
+        client.delete_throttle(name)
+        return f"Throttle {name} deleted: whatever waited on it goes on unthrottled."
+    raise HTTPException(404, f"No action {action!r}")
+
+
 async def throttles_page(request: Request) -> Response:
     context = served(request)
     found = await context.call(_read, context.client)
     return context.render(request, "throttles.html", {"throttles": found})
+
+
+async def act(request: Request) -> Response:
+    """``POST /ns/<ns>/throttles/set`` (the name a field) or ``/ns/<ns>/throttles/<name>/{set|delete}``."""
+    context = served(request)
+    if context.read_only:
+        raise Forbidden(READ_ONLY)
+    form = await checked_form(request, context)
+    action = request.path_params.get("action", "set")
+    name = request.path_params.get("name") or form.get("name", "").strip()
+    if action not in ("set", "delete"):
+        raise HTTPException(404, f"No action {action!r}")
+    back = RedirectResponse(throttles_url(context.namespace), status_code=303)
+    try:
+        limits = form_limits(form) if action == "set" else {}
+        message = await context.call(perform, context.client, name, action, limits)
+    except Exception as exc:
+        refusal = problem(exc)
+        if refusal is None:
+            raise
+        context.session.leave_notice(back, "error", f"Refused [{refusal.code}]: {refusal.message}")
+        return back
+    context.session.leave_notice(back, "ok", message)
+    return back
 
 
 async def throttles_api(request: Request) -> Response:
@@ -37,8 +124,25 @@ async def throttle_api(request: Request) -> Response:
     return JSONResponse(info.to_dict(), headers={"Cache-Control": "no-store"})
 
 
+async def act_api(request: Request) -> Response:
+    """``{"message", "throttle"}`` (``throttle`` None once deleted)."""
+    context = web(request)
+    _proven(request, context)
+    body = await read_json(request, context.body_limit)
+    name, action = request.path_params["name"], request.path_params["action"]
+    if action not in ("set", "delete"):
+        raise HTTPException(404, f"No action {action!r}")
+    limits = body_limits(body) if action == "set" else {}
+    message = await context.call(perform, context.client, name, action, limits)
+    info = await context.call(context.client.get_throttle, name) if action == "set" else None
+    return JSONResponse({"message": message, "throttle": info.to_dict() if info else None})
+
+
 routes = [
     Route("/ns/{namespace}/throttles", throttles_page, methods=["GET"], name="throttles"),
+    Route("/ns/{namespace}/throttles/set", act, methods=["POST"]),
+    Route("/ns/{namespace}/throttles/{name}/{action}", act, methods=["POST"]),
     Route("/api/throttles", throttles_api, methods=["GET"]),
     Route("/api/throttles/{name}", throttle_api, methods=["GET"]),
+    Route("/api/throttles/{name}/{action}", act_api, methods=["POST"]),
 ]

@@ -44,9 +44,11 @@ def bars(detail: RunDetail, events: list[HistoryEvent]) -> list[Bar]:
         if start is not None:
             label = f"agent {agent.get('label') or agent.get('agent_id')}"
             out.append(Bar(label, "agent", start, _dt(agent.get("completed_at")), str(agent.get("status"))))
+    starts = {step.key: step.started_at for step in detail.steps if step.started_at is not None}
+    starts.update({str(a.get("agent_id")): start for a in detail.agents if (start := _dt(a.get("started_at")))})
     for i, event in enumerate(events):
         if event.kind == "wait_started":
-            end = wait_end(event, events[i + 1 :]) or detail.run.finished_at
+            end = wait_end(event, events[i + 1 :], starts) or detail.run.finished_at
             out.append(Bar(wait_label(event), "wait", event.at, end, "completed" if end else "running"))
         elif event.kind == "branches_dispatched":
             label = f"{event.data.get('kind')} of {event.data.get('width')} at {event.key}"
@@ -60,13 +62,20 @@ WAIT_NAMES = {"timer": "sleep", "signal": "signal", "child": "child", "throttle"
 
 def wait_label(event: HistoryEvent) -> str:
     kind = str(event.data.get("kind"))
-    return f"{WAIT_NAMES.get(kind, kind)} {event.key}"
+    return f"{WAIT_NAMES.get(kind, kind)} {event.key or event.data.get('name')}"
 
 
-def wait_end(started: HistoryEvent, later: list[HistoryEvent]) -> datetime | None:
+def wait_end(
+    started: HistoryEvent, later: list[HistoryEvent], starts: dict[str, datetime] | None = None
+) -> datetime | None:
     """When the wait that ``started`` began ended, from the events after it:
-    its timer fired, its signal came, its child settled (None: it waits)."""
+    its timer fired, its signal came, its child settled, its throttle let it
+    go (None: it waits). A throttle's grant is no event of its own: the
+    run's slot ends at the attempt it let start, an op's at the op's start
+    (``starts``: step and agent rows by key) or its first event after."""
     kind = started.data.get("kind")
+    if kind == "throttle":
+        return _throttle_end(started, later, starts or {})
     for event in later:
         if kind == "timer" and event.kind == "timer_fired" and event.key == started.key:
             return event.at
@@ -75,6 +84,15 @@ def wait_end(started: HistoryEvent, later: list[HistoryEvent]) -> datetime | Non
         if kind == "child" and event.kind == "child_settled" and event.key == started.key:
             return event.at
     return None
+
+
+def _throttle_end(started: HistoryEvent, later: list[HistoryEvent], starts: dict[str, datetime]) -> datetime | None:
+    if started.key is None:
+        return next((event.at for event in later if event.kind == "attempt_started"), None)
+    began = starts.get(started.key)
+    if began is not None and began >= started.at:
+        return began
+    return next((event.at for event in later if event.key == started.key and event.kind != "wait_started"), None)
 
 
 def timeline_svg(detail: RunDetail, events: list[HistoryEvent], now: datetime | None = None) -> Markup:

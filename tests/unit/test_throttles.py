@@ -148,3 +148,28 @@ def test_an_op_naming_an_unknown_throttle_runs_unthrottled_and_says_so() -> None
     assert (done.status, done.result) == ("completed", 4)
     messages = [r.message for r in env.progress(done.run_id).records]
     assert "Throttle 'api' does not exist: step 'call-api' runs unthrottled" in messages
+
+
+def history(env: WorkflowTestEnvironment, run_id: str) -> list[tuple[str, str | None, dict[str, Any]]]:
+    return [(e.kind, e.key, e.data) for e in env.client.get_workflow_run_history(run_id).events]
+
+
+def test_throttle_waits_are_in_the_history_once_each() -> None:
+    env = WorkflowTestEnvironment([holds, calls_api])
+    env.client.set_throttle("t", concurrency=1)
+    env.client.set_throttle("api", concurrency=1)
+    a = env.start(holds, throttle="t")
+    b = env.start(holds, throttle="t")  # the run's own slot: waits pending
+    env.start(holds, throttle="api")
+    y = env.start(calls_api, args={"n": 5})  # the step's slot: waits running
+    env._fleet.drive()  # another pass finds the waits already there: said once
+    run_wait = [e for e in history(env, b) if e[0] == "wait_started"]
+    assert run_wait == [("wait_started", None, {"kind": "throttle", "name": "t", "op": "run", "until": None})]
+    op_wait = [e for e in history(env, y) if e[0] == "wait_started"]
+    api = {"kind": "throttle", "name": "api", "op": "s/call-api", "until": None}
+    assert op_wait == [("wait_started", "call-api", api)]
+    a_waits = [data["kind"] for kind, _, data in history(env, a) if kind == "wait_started"]
+    assert a_waits == ["signal"], "a slot taken at once is no wait"
+    env.signal(a, "go", 1)
+    kinds = [(kind, key) for kind, key, _ in history(env, b)]
+    assert kinds.index(("wait_started", None)) < kinds.index(("step_completed", "in"))

@@ -169,3 +169,39 @@ def test_the_timeline_draws_a_child_wait_and_a_signal_wait_from_their_start_to_t
     assert drawn["signal approval"].end is None and drawn["signal approval"].status == "running"
     env.signal(run_id, "approval", "ok")
     assert 30 <= (waits()["signal approval"].end - drawn["signal approval"].start).total_seconds() < 31
+
+
+@workflow(name="web.gated", description="Holds its slot until told", phases=[])
+def gated(ctx: WorkflowContext) -> Any:
+    return ctx.wait_for_signal("go").payload
+
+
+@workflow(name="web.metered", description="One throttled step", phases=[])
+def metered(ctx: WorkflowContext) -> Any:
+    return ctx.step("call-api", lambda: 1, throttle="api")
+
+
+def test_the_timeline_draws_throttle_waits_until_their_slot_came() -> None:
+    from celery_durable import history
+    from celery_durable.web.timeline import bars
+
+    env = WorkflowTestEnvironment([gated, metered])
+    env.client.set_throttle("t", concurrency=1)
+    env.client.set_throttle("api", concurrency=1)
+    holder = env.start(gated, throttle="t")
+    waiter = env.start(gated, throttle="t")
+    api_holder = env.start(gated, throttle="api")
+    stepper = env.start(metered)
+    env.clock.advance(20)
+    env.signal(holder, "go")
+    env.signal(api_holder, "go")
+
+    def waits(run_id: str) -> dict[str, Any]:
+        detail = env.client.get_workflow_run_detail(run_id)
+        events = history.newest(env.engine.store, run_id, 200, previews=False).events
+        return {bar.label: bar for bar in bars(detail, events) if bar.kind == "wait"}
+
+    run_slot = waits(waiter)["throttle t"]
+    assert 20 <= (run_slot.end - run_slot.start).total_seconds() < 21 and run_slot.status == "completed"
+    step_slot = waits(stepper)["throttle call-api"]
+    assert 20 <= (step_slot.end - step_slot.start).total_seconds() < 21
