@@ -18,8 +18,13 @@ A tick re-fired after a claim ran out is judged late from when the first
 claim saw it due, not from now: a death is not an outage.
 
 The decisions (which ticks are due, missed or caught up; what overlap makes
-of each) are plain Python on what the store holds; only ``start_tick`` and
-the status reads touch Redis, through the store.
+of each) are plain Python on what the store holds; only ``start_tick``
+(``start_ticks`` for a sweep's batch) and the status reads touch Redis,
+through the store. The sweep claims a small batch at a time (``BATCH``), so
+the fleet's sweepers share the ticks due in a second, and starts a batch's
+ticks together: one ``look.lua`` for all the runs, then their
+``create_run``s in one pipeline, their listing in one MULTI/EXEC, their first
+messages in one publish, then the batch's records in one pipeline.
 """
 
 from __future__ import annotations
@@ -239,6 +244,10 @@ class Firing:
             self._live = status in LIVE
         return self._live
 
+    def knew_live(self, status: str | None) -> None:
+        """The last run's status, read for many schedules at once (``fire_due``)."""
+        self._live = status in LIVE
+
     def note(self, tick_ms: int, kind: str, run_id: str | None = None) -> None:
         self.actions.append(action(tick_ms, kind, run_id, self.now_ms))
 
@@ -365,10 +374,14 @@ def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
         # A score of half a millisecond is a claim that ran out: its sweeper saw the tick due then.
         seen = round(score - claim_ms - 0.5) if score % 1 else now
         firings.append((Firing(engine, stored, definition, now, deferred=True), seen))
-    # Whether each one's last run is still live, read for all in one round trip.
-    last = [(firing, firing.last_run) for firing, _ in firings if firing.last_run]
-    for (firing, _), status in zip(last, store.statuses([run_id for _, run_id in last if run_id]), strict=True):
-        firing._live = status in LIVE
+    # Whether each one's last run is still live, where its overlap asks: read for all in one round trip.
+    asks = [
+        firing
+        for firing, _ in firings
+        if firing.last_run and (firing.stored.overlap != "allow_all" or firing.buffered is not None)
+    ]
+    for firing, status in zip(asks, store.statuses([firing.last_run or "" for firing in asks]), strict=True):
+        firing.knew_live(status)
     decided: list[tuple[Firing, TickRecord]] = []
     for firing, seen in firings:
         try:

@@ -56,7 +56,7 @@ if DIE_AT:
         return started
 
     firing.start_tick = _dying_start  # type: ignore[assignment]
-    firing.start_ticks = _dying_start_all  # type: ignore[assignment]
+    firing.start_ticks = _dying_start_all
 
 engine = Engine(workflows=[stamp])
 celery_app = engine.celery
