@@ -209,6 +209,39 @@ class IndexWrites:
         """index_run.lua, then the run's first index entries, from its record."""
         return run_replies.index_run(self.run_then_sync("index_run", keys, args, namespace, run_id))
 
+    def index_each(self, calls: Sequence[tuple[Sequence[str], Sequence[Any], str, str]]) -> None:
+        """``index_run`` of many runs, each (keys, args, namespace, run id):
+        on one Redis in one MULTI/EXEC, each index_run.lua followed by its
+        run's sync as ``_together`` does for one; on a Cluster, or where a
+        script was not loaded (a restarted Redis), each alone."""
+        if self._cluster:
+            for keys, args, namespace, run_id in calls:
+                self.index_run(keys, args, namespace, run_id)
+            return
+        script, sync = self._scripts["index_run"], self._scripts["index_sync"]
+        now = self._clock()
+        with storage_errors():
+            pipe = self._client.pipeline(transaction=True)
+            for keys, args, namespace, run_id in calls:
+                ns = self._keys.namespace(namespace)
+                sync_keys = [*self._sync_keys(ns), self._keys.run(run_id).run]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.evalsha(sync.sha, len(sync_keys), *sync_keys, "", now, INTENT_GRACE_MS, run_id)
+            replies = pipe.execute(raise_on_error=False)
+        for i, (keys, args, namespace, run_id) in enumerate(calls):
+            reply, synced = replies[2 * i], replies[2 * i + 1]
+            if isinstance(reply, NoScriptError) or isinstance(synced, NoScriptError):
+                self.index_run(keys, args, namespace, run_id)  # loads both, and runs them again together
+                continue
+            if isinstance(reply, Exception):
+                with storage_errors():
+                    raise reply
+            run_replies.index_run(reply)
+            if isinstance(synced, Exception):
+                logger.warning("run %s: its indexes were not synced (%s); `runs reindex` repairs them", run_id, synced)
+            else:
+                parse.index_sync(synced)
+
     def sync_from_records(self, ns: NamespaceKeys, run_ids: Sequence[str], mode: str) -> None:
         """Bring each run's entries in line with its record as read now
         (``mode``: 'w' a writer's sync, 'r' a repair, '' neither): one read

@@ -52,6 +52,37 @@ class RunRecords(IndexReads):
         reply = self._run("create_run", [k.run, k.live], [message, self.clock(), retention_ms, *flat])
         return parse.create_run(reply, run_id)
 
+    def create_runs(self, starts: Sequence[tuple[str, dict[str, str], str]]) -> list[bool | StorageCorruptError]:
+        """``create_run`` of many runs (run id, fields, first message) at
+        once: their looks in one ``look.lua``, then the scripts in one
+        pipeline (``_look_then_run_each``). Each one's answer in order, or
+        the error of a damaged one in its place."""
+        retention_ms = self.settings.run_retention_seconds * 1000
+        now = self.clock()
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        for run_id, fields, message in starts:
+            k = self.run_keys(run_id)
+            flat = [item for pair in fields.items() for item in pair]
+            calls.append(([k.run, k.live], [message, now, retention_ms, *flat]))
+        replies = self._look_then_run_each("create_run", calls)
+        out: list[bool | StorageCorruptError] = []
+        for (run_id, _, _), reply in zip(starts, replies, strict=True):
+            out.append(reply if isinstance(reply, StorageCorruptError) else parse.create_run(reply, run_id))
+        return out
+
+    def index_runs(self, runs: Sequence[tuple[str, str]]) -> None:
+        """``index_run`` of many new runs (namespace, run id), none with an
+        idempotency key: in one MULTI/EXEC on one Redis, each alone on a Cluster."""
+        if not runs:
+            return
+        for namespace, run_id in runs:
+            self.indexes.remember(run_id, namespace)
+        calls = []
+        for namespace, run_id in runs:
+            ns = self.keys.namespace(namespace)
+            calls.append(([ns.runs, ns.counter, ns.index_meta], [run_id, ns.events], namespace, run_id))
+        self.indexes.index_each(calls)
+
     def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
         """List the run in its namespace (and its indexes, from its record)."""
         ns = self.keys.namespace(namespace)

@@ -160,16 +160,32 @@ class StoreCore:
                     raise failed
         return reply
 
-    def _run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def _look_then_run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Script ``name`` of ``LOOK_FIRST`` once per ``(keys, args)``, as
+        ``_run_each`` does, once every call's run (``keys[0]``) has a look
+        scheduled a lease from now at the latest: one ``look.lua`` for all of
+        them first, in a round trip before the scripts (its own slot on a
+        Cluster; and a look that failed sends no script). A call run again
+        alone (``_reply_or_error``) goes through ``_run``, which looks again."""
+        if not calls:
+            return []
+        self.look([self.keys.run_id_of(keys[0]) for keys, _ in calls], self.clock() + self.lease_ms)
+        return self._run_each(name, calls, looked=True)
+
+    def _run_each(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *, looked: bool = False
+    ) -> list[Any]:
         """Script ``name`` once per ``(keys, args)``, pipelined: one round
         trip on one Redis, one per master on a Cluster (each call still
         touches one slot). The replies in order; a call that failed has its
         error in its place, translated (``StorageCorruptError``, say), so one
         damaged run does not fail the others. A reply that cannot be decoded
-        breaks the whole pipelined read: then each call runs alone."""
+        breaks the whole pipelined read: then each call runs alone.
+        ``looked``: a script of ``LOOK_FIRST`` whose runs' looks were
+        scheduled already (``_look_then_run_each``), the one way it comes here."""
         if not calls:
             return []
-        assert name not in LOOK_FIRST, name
+        assert looked or name not in LOOK_FIRST, name
         if name in INDEXED_SCRIPTS:
             # Each call with its index sync (run_index.py): one transaction on
             # one Redis; on a Cluster each call alone, through ``_run``.

@@ -18,8 +18,13 @@ A tick re-fired after a claim ran out is judged late from when the first
 claim saw it due, not from now: a death is not an outage.
 
 The decisions (which ticks are due, missed or caught up; what overlap makes
-of each) are plain Python on what the store holds; only ``start_tick`` and
-the status reads touch Redis, through the store.
+of each) are plain Python on what the store holds; only ``start_tick``
+(``start_ticks`` for a sweep's batch) and the status reads touch Redis,
+through the store. The sweep claims a small batch at a time (``BATCH``), so
+the fleet's sweepers share the ticks due in a second, and starts a batch's
+ticks together: one ``look.lua`` for all the runs, then their
+``create_run``s in one pipeline, their listing in one MULTI/EXEC, their first
+messages in one publish, then the batch's records in one pipeline.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BATCH = 200
-"""Schedules one sweep claims at most."""
+BATCH = 32
+"""Schedules one sweep claims at most: a small batch, so that the fleet's
+sweepers share the ticks due in a second (each comes back at once for more
+while more are due), and each batch is started in a few round trips."""
 MAX_TICKS = 100
 """Ticks one fire starts or judges at most; the rest are the next sweep's (at once)."""
 MAX_MISSED_SCAN = 1_000
@@ -89,6 +96,31 @@ def due_ticks(calendar: Calendar, first_ms: int, seen_ms: int, now_ms: int, catc
     return DueTicks(list(missed), fire, tick)
 
 
+def _run_fields(
+    engine: Engine, stored: StoredSchedule, definition: Workflow, tick_ms: int, run_id: str, created_ms: int
+) -> dict[str, str]:
+    """A tick's run record, as ``create_run.lua`` makes it."""
+    store = engine.store
+    effective = merge_limits(dict(definition.limits), stored.limits or None)
+    return {
+        **schema.new_run_fields(
+            run_id=run_id,
+            workflow=definition.name,
+            namespace=stored.namespace,
+            args_json=stored.args_json,
+            limits_json=jsonvalue.dumps(effective),
+            code_hash=definition.code_hash,
+            created_ms=created_ms,
+            lease_ms=store.lease_ms,
+            idempotency_key=None,
+            progress_max=engine.settings.progress_max_records,
+            ceilings=ceiling_fields(effective),
+            trace_parent=telemetry.start_traceparent(definition.name, run_id),
+        ),
+        **schema.schedule_fields(stored.schedule_id, tick_ms),
+    }
+
+
 def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tick_ms: int) -> str:
     """Start the run of one tick, or find it started; its run id.
 
@@ -97,34 +129,12 @@ def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tic
     listed and given a look, so the sweep sends it."""
     store = engine.store
     run_id = schema.schedule_run_id(stored.namespace, stored.schedule_id, tick_ms)
-    effective = merge_limits(dict(definition.limits), stored.limits or None)
     for _ in range(2):
         created_ms = store.now_ms()
-        fields = {
-            **schema.new_run_fields(
-                run_id=run_id,
-                workflow=definition.name,
-                namespace=stored.namespace,
-                args_json=stored.args_json,
-                limits_json=jsonvalue.dumps(effective),
-                code_hash=definition.code_hash,
-                created_ms=created_ms,
-                lease_ms=store.lease_ms,
-                idempotency_key=None,
-                progress_max=engine.settings.progress_max_records,
-                ceilings=ceiling_fields(effective),
-                trace_parent=telemetry.start_traceparent(definition.name, run_id),
-            ),
-            **schema.schedule_fields(stored.schedule_id, tick_ms),
-        }
         message = new_task_id()
-        if store.create_run(run_id, fields, message):
+        if store.create_run(run_id, _run_fields(engine, stored, definition, tick_ms, run_id, created_ms), message):
             store.index_run(stored.namespace, run_id, None)
-            try:
-                engine.deliver([Wake(run_id, 1, definition.name, MAIN, message)])
-            except Exception as exc:  # kombu/amqp connection errors have no common base
-                # Forgotten as it failed (Engine._publish); the sweep looks at the run and sends it.
-                logger.warning("scheduled run %s: its first message was refused (%s); the sweep sends it", run_id, exc)
+            _deliver(engine, [Wake(run_id, 1, definition.name, MAIN, message)])
             return run_id
         record = store.load_run(run_id)
         if record is None:
@@ -135,6 +145,73 @@ def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tic
             store.schedule_check(run_id, created_ms + store.lease_ms, sooner_only=True)
         return run_id
     raise StorageError(f"Scheduled run {run_id} kept disappearing while it was started")
+
+
+def _deliver(engine: Engine, wakes: list[Wake]) -> None:
+    try:
+        engine.deliver(wakes)
+    except Exception as exc:  # kombu/amqp connection errors have no common base
+        # Forgotten as it failed (Engine._publish); the sweep looks at the runs and sends them.
+        logger.warning(
+            "%d scheduled runs: their first messages were refused (%s); the sweep sends them", len(wakes), exc
+        )
+
+
+def start_ticks(engine: Engine, firings: Sequence[Firing]) -> list[bool]:
+    """Start the ticks the sweep's firings put off (``Firing.to_start``), all
+    together: the runs' looks in one ``look.lua`` and their ``create_run``s
+    in one pipeline (``RunStore.create_runs``), the new ones listed in one
+    MULTI/EXEC, then their first messages in one ``Engine.deliver``. The
+    order per run is ``start_tick``'s (its look, created, listed, sent), so
+    a sweeper that dies anywhere here leaves what a death in ``start_tick``
+    does: its claims run out, and the ticks fire again, finding their runs
+    made. A run found made already (a tick fired again) goes through
+    ``start_tick`` alone. Whether each firing's ticks all started: one that
+    did not is not recorded, and fires again once its claim runs out."""
+    store = engine.store
+    started = [True] * len(firings)
+    items = [(i, firing, tick_ms) for i, firing in enumerate(firings) for tick_ms in firing.to_start]
+    if not items:
+        return started
+    created_ms = store.now_ms()
+    starts: list[tuple[str, dict[str, str], str]] = []
+    for _, firing, tick_ms in items:
+        run_id = schema.schedule_run_id(firing.stored.namespace, firing.stored.schedule_id, tick_ms)
+        fields = _run_fields(engine, firing.stored, firing.definition, tick_ms, run_id, created_ms)
+        starts.append((run_id, fields, new_task_id()))
+    made = store.create_runs(starts)
+    new: list[tuple[str, Wake]] = []
+    again: list[tuple[int, Firing, int]] = []
+    for (i, firing, tick_ms), (run_id, _, message), created in zip(items, starts, made, strict=True):
+        if isinstance(created, StorageCorruptError):
+            logger.error(
+                "schedule %s/%s: tick %s not started: %s",
+                firing.stored.namespace,
+                firing.stored.schedule_id,
+                tick_ms,
+                created,
+            )
+            started[i] = False
+        elif created:
+            new.append((firing.stored.namespace, Wake(run_id, 1, firing.definition.name, MAIN, message)))
+        else:
+            again.append((i, firing, tick_ms))
+    store.index_runs([(namespace, wake.run_id) for namespace, wake in new])
+    if new:
+        _deliver(engine, [wake for _, wake in new])
+    for i, firing, tick_ms in again:
+        try:
+            start_tick(engine, firing.stored, firing.definition, tick_ms)
+        except StorageError as exc:
+            logger.warning(
+                "schedule %s/%s: tick %s not started: %s",
+                firing.stored.namespace,
+                firing.stored.schedule_id,
+                tick_ms,
+                exc,
+            )
+            started[i] = False
+    return started
 
 
 @dataclass(slots=True)
@@ -151,6 +228,10 @@ class Firing:
     buffered: int | None = None
     actions: list[str] = field(default_factory=list)
     runs: list[tuple[str, int]] = field(default_factory=list)
+    deferred: bool = False
+    """The sweep's: ``start`` only notes the tick in ``to_start``, and the
+    sweep starts every firing's ticks together (``start_ticks``)."""
+    to_start: list[int] = field(default_factory=list)
     _live: bool | None = None
 
     def __post_init__(self) -> None:
@@ -163,11 +244,19 @@ class Firing:
             self._live = status in LIVE
         return self._live
 
+    def knew_live(self, status: str | None) -> None:
+        """The last run's status, read for many schedules at once (``fire_due``)."""
+        self._live = status in LIVE
+
     def note(self, tick_ms: int, kind: str, run_id: str | None = None) -> None:
         self.actions.append(action(tick_ms, kind, run_id, self.now_ms))
 
     def start(self, tick_ms: int) -> str:
-        run_id = start_tick(self.engine, self.stored, self.definition, tick_ms)
+        if self.deferred:
+            run_id = schema.schedule_run_id(self.stored.namespace, self.stored.schedule_id, tick_ms)
+            self.to_start.append(tick_ms)
+        else:
+            run_id = start_tick(self.engine, self.stored, self.definition, tick_ms)
         self.note(tick_ms, "started", run_id)
         self.runs.append((run_id, tick_ms))
         if self.last_tick is None or tick_ms >= self.last_tick:
@@ -255,8 +344,11 @@ class Firing:
 
 
 def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
-    """One sweep of the schedules: claim those due, fire each, record them
-    together. Returns when the next one falls due (None: none is scheduled)."""
+    """One sweep of the schedules: claim a batch of those due (``BATCH``, so
+    that a fleet's sweepers share a second's ticks), decide each one's
+    ticks, start them all together (``start_ticks``), then record them
+    together. Returns when the next one falls due (None: none is scheduled;
+    now: more are due)."""
     store = engine.store
     now = store.now_ms()
     claim_ms = store.lease_ms if claim_ms is None else claim_ms
@@ -265,7 +357,7 @@ def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
         return due.next_due
     which = [(member.partition("/")[0], member.partition("/")[2]) for member, _ in due.members]
     raws = store.read_schedules(which)
-    records: list[tuple[str, str, TickRecord]] = []
+    firings: list[tuple[Firing, int]] = []
     for (namespace, schedule_id), raw, (_, score) in zip(which, raws, due.members, strict=True):
         if raw is None:
             continue  # deleted as it was claimed
@@ -281,10 +373,37 @@ def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
             continue
         # A score of half a millisecond is a claim that ran out: its sweeper saw the tick due then.
         seen = round(score - claim_ms - 0.5) if score % 1 else now
+        firings.append((Firing(engine, stored, definition, now, deferred=True), seen))
+    # Whether each one's last run is still live, where its overlap asks: read for all in one round trip.
+    asks = [
+        firing
+        for firing, _ in firings
+        if firing.last_run and (firing.stored.overlap != "allow_all" or firing.buffered is not None)
+    ]
+    for firing, status in zip(asks, store.statuses([firing.last_run or "" for firing in asks]), strict=True):
+        firing.knew_live(status)
+    decided: list[tuple[Firing, TickRecord]] = []
+    for firing, seen in firings:
         try:
-            records.append((namespace, schedule_id, Firing(engine, stored, definition, now).fire_due(seen)))
+            decided.append((firing, firing.fire_due(seen)))
         except StorageError as exc:
-            logger.warning("schedule %s/%s not fired (again once its claim runs out): %s", namespace, schedule_id, exc)
+            stored = firing.stored
+            logger.warning(
+                "schedule %s/%s not fired (again once its claim runs out): %s",
+                stored.namespace,
+                stored.schedule_id,
+                exc,
+            )
+    try:
+        started = start_ticks(engine, [firing for firing, _ in decided])
+    except StorageError as exc:
+        logger.warning("%d schedules not fired (again once their claims run out): %s", len(decided), exc)
+        started = [False] * len(decided)
+    records = [
+        (firing.stored.namespace, firing.stored.schedule_id, record)
+        for (firing, record), ok in zip(decided, started, strict=True)
+        if ok
+    ]
     if records:
         store.record_ticks_each(records)
     return now if len(due.members) == BATCH else due.next_due

@@ -169,9 +169,11 @@ class _TracedStore(_Store):
     def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
         return self.tracer.around(name, lambda: super(_TracedStore, self)._run_with(name, keys, args, writes))
 
-    def _run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def _run_each(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *, looked: bool = False
+    ) -> list[Any]:
         return self.tracer.around(  # type: ignore[no-any-return]
-            f"{name}*", lambda: super(_TracedStore, self)._run_each(name, calls)
+            f"{name}*", lambda: super(_TracedStore, self)._run_each(name, calls, looked=looked)
         )
 
     def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:

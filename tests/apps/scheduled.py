@@ -3,7 +3,9 @@
 ``CD_TEST_SCHEDULE_DIE_AT`` makes the worker kill itself (SIGKILL, by its own
 pid) the first time it fires a tick, once (``CD_TEST_SCHEDULE_DIE_MARK``, a
 file it writes first): ``start`` between the claim and the run's start,
-``record`` between the start and the tick's record.
+``record`` between the start and the tick's record. The sweep starts a
+batch's ticks together (``firing.start_ticks``); a trigger's one by one
+(``firing.start_tick``): both die so.
 """
 
 from __future__ import annotations
@@ -42,7 +44,19 @@ if DIE_AT:
             _die_once()
         return run_id
 
+    _start_all = firing.start_ticks
+
+    def _dying_start_all(engine: Any, firings: Any) -> list[bool]:
+        ticks = any(one.to_start for one in firings)
+        if ticks and DIE_AT == "start":
+            _die_once()
+        started = _start_all(engine, firings)
+        if ticks and DIE_AT == "record":
+            _die_once()
+        return started
+
     firing.start_tick = _dying_start  # type: ignore[assignment]
+    firing.start_ticks = _dying_start_all
 
 engine = Engine(workflows=[stamp])
 celery_app = engine.celery
