@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
@@ -39,13 +38,14 @@ from celery_durable.broker.connection import connect_asyncio
 from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.client import Client
 from celery_durable.tasks.wakes import Wake
-from celery_durable.workflows.envelope import ProgressEntry, RunEnvelope
+from celery_durable.workflows.envelope import ProgressEntry
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
 P = ParamSpec("P")
 R = TypeVar("R")
+W = TypeVar("W")
 
 
 def _mirror(
@@ -55,6 +55,18 @@ def _mirror(
 
     async def mirrored(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return await greenlet_spawn(method, self._client(), *args, **kwargs)
+
+    functools.update_wrapper(mirrored, method)
+    return mirrored
+
+
+def _mirror_then(
+    method: Callable[Concatenate[Client, P], R], wrap: Callable[[R], W]
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, W]]:
+    """As ``_mirror``, for a method whose result reads Redis as it is used: ``wrap`` makes it awaitable."""
+
+    async def mirrored(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> W:
+        return wrap(await greenlet_spawn(method, self._client(), *args, **kwargs))
 
     functools.update_wrapper(mirrored, method)
     return mirrored
@@ -159,36 +171,13 @@ class AsyncClient:
     signal_workflow_run = _mirror(Client.signal_workflow_run)
 
     # -- following: the sync client hands back objects that read Redis as they
-    # are used, so these wrap them, each read awaited ----------------------------
+    # are used (options checked, the run looked up, when awaited); these wrap
+    # them so each read is awaited: ``async with``/``async for`` ----------------
 
-    async def watch_runs(self, run_ids: Iterable[str] | None = None) -> AsyncRunWatch:
-        """``Client.watch_runs``: an ``AsyncRunWatch`` whose updates are awaited."""
-        return AsyncRunWatch(await greenlet_spawn(self._client().watch_runs, run_ids))
-
-    async def follow_workflow_run_progress(
-        self,
-        run_id: str,
-        *,
-        phase_id: str | None = None,
-        after_seq: int = 0,
-        timeout: float | None = None,
-        poll_interval_ms: int | None = None,
-        cancel_event: threading.Event | None = None,
-        on_run: Callable[[RunEnvelope], None] | None = None,
-    ) -> AsyncIterator[ProgressEntry]:
-        """``Client.follow_workflow_run_progress``: options checked and the run
-        looked up when awaited; then ``async for`` the records as they come."""
-        follow = functools.partial(
-            self._client().follow_workflow_run_progress,
-            run_id,
-            phase_id=phase_id,
-            after_seq=after_seq,
-            timeout=timeout,
-            poll_interval_ms=poll_interval_ms,
-            cancel_event=cancel_event,
-            on_run=on_run,
-        )
-        return _AsyncIterator(await greenlet_spawn(follow))
+    watch_runs = _mirror_then(Client.watch_runs, lambda watch: AsyncRunWatch(watch))
+    follow_workflow_run_progress = _mirror_then(
+        Client.follow_workflow_run_progress, lambda records: _AsyncIterator(records)
+    )
 
 
 class AsyncRunWatch:

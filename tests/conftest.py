@@ -18,7 +18,7 @@ from kombu import Connection, Producer
 
 from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
-from celery_durable.testing.workers import worker_thread
+from celery_durable.testing.workers import isolated_settings, worker_thread
 
 pytest_plugins = ["tests.fleet", "tests.topologies", "pytester"]
 __all__ = ["worker_thread"]  # tests import it from here; it lives in celery_durable.testing.workers
@@ -32,15 +32,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def settings(redis_server: RedisServer) -> Settings:
-    tag = uuid.uuid4().hex[:8]
-    return Settings(
-        redis_url=redis_server.url,
-        key_prefix=f"t{tag}",
-        coordinator_queue=f"t{tag}.coordinator",
-        steps_queue=f"t{tag}.steps",
-        agents_queue=f"t{tag}.agents",
-        lease_seconds=5,
-    )
+    return isolated_settings(redis_server.url, f"t{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture

@@ -94,17 +94,9 @@ def durable_redis() -> Iterator[RedisServer]:
 @pytest.fixture
 def durable_settings(durable_redis: RedisServer) -> Settings:
     """Settings on the private Redis, under a key prefix and queue names no other test uses."""
-    from celery_durable.config import Settings
+    from celery_durable.testing.workers import isolated_settings
 
-    tag = uuid.uuid4().hex[:8]
-    return Settings(
-        redis_url=durable_redis.url,
-        key_prefix=f"pt{tag}",
-        coordinator_queue=f"pt{tag}.coordinator",
-        steps_queue=f"pt{tag}.steps",
-        agents_queue=f"pt{tag}.agents",
-        lease_seconds=5,  # a killed worker's runs are recovered within seconds
-    )
+    return isolated_settings(durable_redis.url, f"pt{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture

@@ -25,6 +25,22 @@ if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
 
+def isolated_settings(redis_url: str, tag: str, **overrides: object) -> Settings:
+    """Settings on ``redis_url`` under key prefix ``tag`` and queues named after it,
+    so tests sharing one Redis never see each other's runs or messages; a short
+    lease, so a killed worker's runs are recovered within seconds."""
+    fields: dict[str, object] = {
+        "redis_url": redis_url,
+        "key_prefix": tag,
+        "coordinator_queue": f"{tag}.coordinator",
+        "steps_queue": f"{tag}.steps",
+        "agents_queue": f"{tag}.agents",
+        "lease_seconds": 5,
+        **overrides,
+    }
+    return Settings(**fields)  # type: ignore[arg-type]
+
+
 def settings_env(settings: Settings, root: Path | None = None) -> dict[str, str]:
     """The environment that makes a worker process use ``settings`` (and
     import the user's modules from ``root``, put first on PYTHONPATH)."""
