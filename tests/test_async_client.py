@@ -324,3 +324,28 @@ async def test_a_quiet_subscription_outlives_the_socket_timeout(durable) -> None
     d.client._ask_cancel(run_id)
     assert (await asyncio.wait_for(wait, timeout=10)).status == "cancelled"
     await client.aclose()
+
+
+async def test_an_unreachable_redis_is_the_same_storage_error(settings) -> None:
+    from celery_durable import Engine, StorageUnavailableError
+    from celery_durable.redis_server import free_port
+
+    gone = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0", "redis_timeout_seconds": 1})
+    engine = Engine([waiter_workflow()], gone)
+    client = engine.async_client()
+    with pytest.raises(StorageUnavailableError) as async_error:
+        await client.get_workflow_run("0" * 32)
+    with pytest.raises(StorageUnavailableError) as sync_error:
+        engine.client().get_workflow_run("0" * 32)
+    assert type(async_error.value) is type(sync_error.value)
+    await client.aclose()
+
+
+def test_the_bridge_refuses_to_run_outside_the_async_client() -> None:
+    from celery_durable.broker.aio_bridge import await_only
+
+    async def never() -> None:
+        raise AssertionError("not awaited")
+
+    with pytest.raises(RuntimeError, match="outside AsyncClient"):
+        await_only(never())
