@@ -289,6 +289,25 @@ async def test_a_cancelled_wait_closes_its_subscription(durable) -> None:
     await client.aclose()
 
 
+async def test_a_wait_cancelled_at_any_point_ends(durable) -> None:
+    """Cancelled wherever it is (subscribing, reading the run, waiting for an
+    update), the wait ends: a cancellation that redis.asyncio swallows around
+    a command whose reply was in is told to the code at its next await."""
+    d = durable([waiter_workflow()], worker=False)
+    client = d.engine.async_client()
+    run_id = await client.start_workflow("async-waiter")
+    for steps in range(30):
+        wait = asyncio.create_task(client.wait_for_workflow_run(run_id))
+        for _ in range(steps):
+            await asyncio.sleep(0)  # let the wait run this many loop steps, then cancel it there
+        wait.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(wait, timeout=10)
+    assert _watching(client) == 0
+    assert await _numsub(d.settings.redis_url, d.engine.store.channel(client.namespace)) == 0
+    await client.aclose()
+
+
 async def _numsub_is(url: str, channel: str, count: int) -> bool:
     return await _numsub(url, channel) == count
 

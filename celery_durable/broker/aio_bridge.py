@@ -68,15 +68,27 @@ async def greenlet_spawn(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) 
     to :func:`await_only`; its result, or its exception. A cancellation of the
     awaiting task is raised inside ``fn`` where it waits, so its ``finally``
     and ``with`` blocks run (a subscription is closed) before it propagates."""
+    task = asyncio.current_task()
+    cancels = task.cancelling() if task is not None else 0
+    told = False
     child = _LoopGreenlet(fn, greenlet.getcurrent())
     result: Any = child.switch(*args, **kwargs)
     while not child.dead:
         try:
             value = await result
-        except BaseException:
+        except BaseException as exc:
+            told = told or isinstance(exc, asyncio.CancelledError)
             result = child.throw(*sys.exc_info())
         else:
-            result = child.switch(value)
+            if not told and task is not None and task.cancelling() > cancels:
+                # The task was cancelled, but what it awaited finished anyway
+                # and swallowed the CancelledError (redis.asyncio may, around a
+                # command whose reply was in): tell the code now, or a wait
+                # would go on for ever in a task asked to stop.
+                told = True
+                result = child.throw(asyncio.CancelledError())
+            else:
+                result = child.switch(value)
     return cast(R, result)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Collection
 from typing import Any
 
@@ -142,35 +143,47 @@ class HubWatch(RunWatch):
         self.run_ids = frozenset(run_ids) if run_ids is not None else None
         self._closed = threading.Event()
         self._shared = shared
-        self._updates: asyncio.Queue[RunUpdate | None] = asyncio.Queue()
+        self._updates: deque[RunUpdate] = deque()
         self._failure: StorageUnavailableError | None = None
+        self._wakeup: asyncio.Future[None] | None = None
 
     def deliver(self, update: RunUpdate) -> None:
-        self._updates.put_nowait(update)
+        self._updates.append(update)
+        self._wake()
 
     def fail(self, failure: StorageUnavailableError) -> None:
         self._failure = failure
-        self._updates.put_nowait(None)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     def get(self, timeout: float | None = None) -> RunUpdate | None:
         """The next update of a watched run, or None once ``timeout`` seconds passed."""
-        if self._closed.is_set():
-            return None
+        if not self._updates and not self._closed.is_set() and self._failure is None:
+            # A bare future, woken by deliver/fail/close or the timer: a
+            # cancelled caller just cancels it (no wait_for task to unwind).
+            loop = asyncio.get_running_loop()
+            self._wakeup = wakeup = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _settle, wakeup)
+            try:
+                await_only(wakeup)
+            finally:
+                self._wakeup = None
+                if timer is not None:
+                    timer.cancel()
         if self._failure is not None:
             raise self._failure
-        try:
-            update = await_only(asyncio.wait_for(self._updates.get(), timeout))
-        except TimeoutError:
+        if self._closed.is_set() or not self._updates:
             return None
-        if update is None and self._failure is not None:
-            raise self._failure
-        return update
+        return self._updates.popleft()
 
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._updates.put_nowait(None)  # ends a get() waiting in another task
+        self._wake()  # ends a get() waiting in another task
         if in_loop_greenlet():
             await_only(self._shared.remove(self))
             return
@@ -178,6 +191,11 @@ class HubWatch(RunWatch):
             task = asyncio.get_running_loop().create_task(self._shared.remove(self))
             _removing.add(task)
             task.add_done_callback(_removing.discard)
+
+
+def _settle(wakeup: asyncio.Future[None]) -> None:
+    if not wakeup.done():
+        wakeup.set_result(None)
 
 
 _removing: set[asyncio.Task[None]] = set()
