@@ -8,6 +8,7 @@ from celery_durable.agents import (
     FunctionRunner,
     OpenAIChatRunner,
 )
+from celery_durable.async_client import AsyncClient
 from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.client import Client
 from celery_durable.config import Settings
@@ -74,6 +75,7 @@ __all__ = [
     "FunctionRunner",
     "OpenAIChatRunner",
     # running them
+    "AsyncClient",
     "Client",
     "Engine",
     "Settings",

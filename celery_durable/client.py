@@ -337,8 +337,13 @@ class Client(ScheduleMethods):
         wanted = None if run_ids is None else list(run_ids)
         if wanted is not None and not all(isinstance(run_id, str) for run_id in wanted):
             raise ValueError("run_ids must hold strings")
+        return self._subscribe(wanted)
+
+    def _subscribe(self, run_ids: list[str] | None) -> RunWatch:
+        """A subscription of its own to the namespace's channel; ``AsyncClient``
+        shares one among all its watches (``broker/aio_watch.py``)."""
         store = self.engine.store
-        return RunWatch(store.client, store.channel(self.namespace), wanted)
+        return RunWatch(store.client, store.channel(self.namespace), run_ids)
 
     def follow_workflow_run_progress(
         self,

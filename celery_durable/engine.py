@@ -12,6 +12,7 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable.agents import AgentRunner, load_runner
+from celery_durable.async_client import AsyncClient
 from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.client import Client
@@ -123,6 +124,10 @@ class Engine:
 
     def client(self, namespace: str | None = None) -> Client:
         return Client(self, namespace or self.settings.namespace)
+
+    def async_client(self, namespace: str | None = None) -> AsyncClient:
+        """``client``'s methods as coroutines, for asyncio applications (SPEC §3)."""
+        return AsyncClient(self, namespace or self.settings.namespace)
 
     def send_coordinator(
         self,

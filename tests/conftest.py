@@ -14,53 +14,14 @@ from typing import Any
 
 import pytest
 import redis
-from celery.contrib.testing.worker import start_worker
-from celery.worker import state as worker_state
 from kombu import Connection, Producer
-from kombu.asynchronous import set_event_loop
 
 from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
+from celery_durable.testing.workers import isolated_settings, worker_thread
 
-pytest_plugins = ["tests.fleet", "tests.topologies"]
-
-
-@contextlib.contextmanager
-def worker_thread(engine: Engine, *, concurrency: int = 8, pool: str = "threads", **options: Any) -> Iterator[Any]:
-    """A Celery worker for ``engine`` in a thread of the test process.
-
-    Celery's Hub bootstep reuses kombu's process-wide event loop when one is
-    set, so a second in-process worker would drive the first one's loop from
-    another thread: both poll the same sockets, one reads the reply the other
-    was woken for and then blocks in ``recv`` forever, and that worker never
-    stops. Clearing the loop gives each worker a hub of its own. (A real
-    deployment runs one worker per process and never meets this.)
-
-    ``start_worker`` also leaves Celery's process-wide ``should_terminate``
-    flag set when a worker fails to stop in time, and every later in-process
-    worker then hangs at start; resetting it keeps a failure where it happened.
-
-    On an AMQP broker an idle worker's loop sleeps in its poll until the next
-    timer, up to 10 s, before it sees that flag; an AMQP heartbeat checked every
-    second is such a timer, so a test's worker stops within a second.
-    """
-    set_event_loop(None)
-    with engine.celery.connection_for_read() as connection:
-        if connection.transport.driver_type == "amqp":
-            engine.celery.conf.broker_heartbeat = 2
-    try:
-        with start_worker(
-            engine.celery,
-            pool=pool,
-            concurrency=concurrency,
-            perform_ping_check=False,
-            loglevel="WARNING",
-            shutdown_timeout=30,
-            **options,
-        ) as worker:
-            yield worker
-    finally:
-        worker_state.should_terminate = None
+pytest_plugins = ["tests.fleet", "tests.topologies", "pytester"]
+__all__ = ["worker_thread"]  # tests import it from here; it lives in celery_durable.testing.workers
 
 
 @pytest.fixture(scope="session")
@@ -71,15 +32,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def settings(redis_server: RedisServer) -> Settings:
-    tag = uuid.uuid4().hex[:8]
-    return Settings(
-        redis_url=redis_server.url,
-        key_prefix=f"t{tag}",
-        coordinator_queue=f"t{tag}.coordinator",
-        steps_queue=f"t{tag}.steps",
-        agents_queue=f"t{tag}.agents",
-        lease_seconds=5,
-    )
+    return isolated_settings(redis_server.url, f"t{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ PUBLIC_NAMES = {
     "define_workflow",
     "workflow",
     # running them
+    "AsyncClient",
     "Client",
     "Engine",
     "Settings",

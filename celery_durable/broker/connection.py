@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis
+import redis.asyncio
 import redis.exceptions
 from redis.cluster import RedisCluster
 
@@ -86,13 +87,35 @@ def connect(settings: Settings) -> RedisClient:
     client reads the slot map from ``redis_url``'s node when it is made, and
     again whenever a node answers MOVED or stops answering.
     """
-    options: dict[str, Any] = {
+    options = _options(settings)
+    if settings.redis_cluster:
+        with storage_errors():
+            return RedisCluster.from_url(settings.redis_url, **options)
+    return redis.Redis.from_url(settings.redis_url, **options)
+
+
+ASYNC_CONNECTIONS = 64
+"""The most connections an ``AsyncClient`` opens for commands (its waits
+share one more): a thousand concurrent calls queue for them, briefly,
+rather than open a thousand sockets."""
+
+
+def connect_asyncio(settings: Settings) -> redis.asyncio.Redis:
+    """The journal's client on ``redis.asyncio``, for ``AsyncClient``: the
+    same options as :func:`connect`'s (one Redis; the async client refuses a Cluster)."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=ASYNC_CONNECTIONS,
+        timeout=settings.redis_timeout_seconds,
+        **_options(settings),
+    )
+    return redis.asyncio.Redis.from_pool(pool)  # closing the client closes its pool
+
+
+def _options(settings: Settings) -> dict[str, Any]:
+    return {
         "decode_responses": True,
         "socket_connect_timeout": settings.redis_timeout_seconds,
         "socket_timeout": settings.redis_timeout_seconds,
         "health_check_interval": 30,
     }
-    if settings.redis_cluster:
-        with storage_errors():
-            return RedisCluster.from_url(settings.redis_url, **options)
-    return redis.Redis.from_url(settings.redis_url, **options)

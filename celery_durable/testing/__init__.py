@@ -13,6 +13,9 @@ run does and does not run again::
     assert env.run(my_workflow, args={...}).status == "running"   # the attempt died
     assert env.resume(run_id).status == "completed"               # charge-card not run again
 
+With the pytest plugin (``testing/pytest_plugin.py``) a test asks for
+``durable_env`` and gets a fresh one; ``durable_fleet`` runs real workers.
+
 ``replay_history(workflow, history)`` replays a history a run left
 (``Client.export_history``) against the code under test, so a change that
 would break runs in flight fails a test before it is deployed.
@@ -21,7 +24,15 @@ would break runs in flight fails a test before it is deployed.
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
 from celery_durable.testing.environment import WorkflowTestEnvironment
+from celery_durable.testing.helpers import until_waiting_for_signal
 from celery_durable.testing.history import replay_history
 from celery_durable.testing.mechanisms import Mechanisms
 
-__all__ = ["Mechanisms", "SimulatedCrash", "VirtualClock", "WorkflowTestEnvironment", "replay_history"]
+__all__ = [
+    "Mechanisms",
+    "SimulatedCrash",
+    "VirtualClock",
+    "WorkflowTestEnvironment",
+    "replay_history",
+    "until_waiting_for_signal",
+]

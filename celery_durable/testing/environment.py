@@ -213,6 +213,20 @@ class WorkflowTestEnvironment:
             "(a loop that sleeps forever?); use start() and clock.advance() to step through it"
         )
 
+    def skip_to_next_timer(self, run_id: str) -> RunEnvelope:
+        """Time-travel: move the clock to the run's next timer (a sleep, a
+        signal's time-out, or that of a child it waits for), fire it, and
+        drive the run as far as it goes; its envelope. A ``ValueError`` when
+        the run waits for no timer (not waiting, or for a signal with no
+        time-out: ``signal`` is what moves it)."""
+        self._fleet.drive()
+        waiting = self._record(run_id).waiting_for
+        until = self._due(waiting) if waiting is not None else None
+        if until is None:
+            raise ValueError(f"Run {run_id} waits for no timer (waiting for: {waiting})")
+        self.clock.advance_to(until)
+        return self.get(run_id)
+
     def resume(
         self,
         run_id: str,
