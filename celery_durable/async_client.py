@@ -170,6 +170,27 @@ class AsyncClient:
     pause_workflow_run = _mirror(Client.pause_workflow_run)
     signal_workflow_run = _mirror(Client.signal_workflow_run)
 
+    # -- schedules (SPEC §5d) ------------------------------------------------------
+    create_schedule = _mirror(Client.create_schedule)
+    get_schedule = _mirror(Client.get_schedule)
+    list_schedules = _mirror(Client.list_schedules)
+    update_schedule = _mirror(Client.update_schedule)
+    pause_schedule = _mirror(Client.pause_schedule)
+    unpause_schedule = _mirror(Client.unpause_schedule)
+    trigger_schedule = _mirror(Client.trigger_schedule)
+    backfill_schedule = _mirror(Client.backfill_schedule)
+    delete_schedule = _mirror(Client.delete_schedule)
+
+    # -- throttles (SPEC §5e) ------------------------------------------------------
+    set_throttle = _mirror(Client.set_throttle)
+    get_throttle = _mirror(Client.get_throttle)
+    list_throttles = _mirror(Client.list_throttles)
+    delete_throttle = _mirror(Client.delete_throttle)
+
+    # -- the fleet ---------------------------------------------------------------
+    list_workers = _mirror(Client.list_workers)
+    workflow_meta = _mirror(Client.workflow_meta)
+
     # -- following: the sync client hands back objects that read Redis as they
     # are used (options checked, the run looked up, when awaited); these wrap
     # them so each read is awaited: ``async with``/``async for`` ----------------

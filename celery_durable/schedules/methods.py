@@ -140,7 +140,7 @@ class ScheduleMethods:
             if raw is not None
         ]
 
-    def update_schedule(self, schedule_id: str, **fields: Any) -> ScheduleInfo:
+    def update_schedule(self, /, schedule_id: str, **fields: Any) -> ScheduleInfo:
         """Change any of ``create_schedule``'s fields, checked as it checks them."""
         store = self.engine.store
         for _ in range(TRIES):
