@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from celery_durable import WorkflowContext, define_workflow
-from celery_durable.testing import replay_history
+from celery_durable.testing import WorkflowTestEnvironment, replay_history
 from examples.fulfilment import fulfilment, reserve
 
 HISTORIES = Path(__file__).resolve().parent.parent / "examples" / "histories"
@@ -57,3 +57,17 @@ def test_dropping_the_old_branch_keeps_the_runs_that_took_the_new_one() -> None:
     # ... but not the runs of the first version, which is why deprecate_patch
     # waits until replay-check finds none of them left.
     assert replay_history(define_workflow(meta, deprecated), history("fulfilment-v1-waiting")).verdict == "diverges"
+
+
+def test_replay_history_ignores_a_production_cluster_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Cluster deployment's CI has CELERY_DURABLE_REDIS_CLUSTER=true in its
+    environment; the test environment's private server is one Redis all the
+    same (testing/server.private_settings decides for every part of it)."""
+    from celery_durable.testing import history as testing_history
+
+    monkeypatch.setenv("CELERY_DURABLE_REDIS_CLUSTER", "true")
+    monkeypatch.setenv("CELERY_DURABLE_BROKER_URL", "redis://127.0.0.1:1/0")  # never used by the environment
+    monkeypatch.setattr(testing_history, "_stores", {})  # a store made before the variable was set proves nothing
+    assert replay_history(fulfilment, history("fulfilment-v1-waiting")).verdict == "ok"
+    monkeypatch.delenv("CELERY_DURABLE_BROKER_URL")
+    assert WorkflowTestEnvironment([fulfilment]).settings.redis_cluster is False

@@ -30,7 +30,6 @@ time read the virtual clock too (``testing.clock``).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -47,7 +46,7 @@ from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import CrashingJournal, CrashPlan, CrashPoint
 from celery_durable.testing.fleet import FanoutMode, Fleet, InProcessSender, callables
 from celery_durable.testing.mechanisms import Mechanisms
-from celery_durable.testing.server import environment_redis_url
+from celery_durable.testing.server import private_settings
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import ProgressPage, RunDetail, RunEnvelope
 
@@ -128,17 +127,11 @@ class WorkflowTestEnvironment:
             raise ValueError(f"fanout must be 'serial' or 'threads', got {fanout!r}")
         if agent_runner is not None and not isinstance(agent_runner, AgentRunner):
             raise ValueError(f"agent_runner must have a run(request) method, got {type(agent_runner).__name__}")
-        base = settings or Settings()
+        # The private server is one Redis, whatever the environment says.
+        base = settings or Settings(redis_cluster=False)
         limit = base.max_fanout if max_fanout is None else max_fanout
         self.mechanisms = mechanisms
-        self.settings = base.model_copy(
-            update={
-                "redis_url": environment_redis_url(),
-                "redis_cluster": False,
-                "key_prefix": f"cdtest{uuid.uuid4().hex[:12]}",
-                **mechanisms.settings(base, limit),
-            }
-        )
+        self.settings = private_settings(base).model_copy(update=mechanisms.settings(base, limit))
         self.namespace = namespace
         self.clock = VirtualClock(on_advance=self._time_passed)
         self._plan = CrashPlan()

@@ -25,8 +25,7 @@ from typing import Any
 
 from celery_durable.broker import RunStore
 from celery_durable.broker.history import forget_journal, write_journal
-from celery_durable.config import Settings
-from celery_durable.testing.server import environment_redis_url
+from celery_durable.testing.server import environment_redis_url, private_settings
 from celery_durable.versioning import ReplayCheck, check_record, read_history
 from celery_durable.workflows.definition import Workflow
 
@@ -61,5 +60,5 @@ def _store() -> RunStore:
     url = environment_redis_url()
     store = _stores.get(url)
     if store is None:
-        store = _stores[url] = RunStore(Settings(redis_url=url, key_prefix=f"cdhist{uuid.uuid4().hex[:12]}"))
+        store = _stores[url] = RunStore(private_settings(prefix="cdhist"))
     return store

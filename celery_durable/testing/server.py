@@ -20,7 +20,9 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import uuid
 
+from celery_durable.config import Settings
 from celery_durable.redis_server import RedisServer
 
 URL_VARIABLE = "CELERY_DURABLE_TEST_REDIS_URL"
@@ -51,3 +53,18 @@ def environment_redis_url() -> str:
             atexit.register(server.cleanup)
             _server, _server_pid = server, os.getpid()
         return _server.url
+
+
+def private_settings(base: Settings | None = None, *, prefix: str = "cdtest") -> Settings:
+    """``base`` (the environment's settings by default) on this process's
+    private server, under a fresh key prefix, and never a Cluster: the one
+    place that decides where a test environment keeps its state, so nothing a
+    production deployment sets (``CELERY_DURABLE_REDIS_CLUSTER=true`` on a
+    Cluster deployment's CI, say) points a test elsewhere."""
+    return (base or Settings(redis_cluster=False)).model_copy(
+        update={
+            "redis_url": environment_redis_url(),
+            "redis_cluster": False,
+            "key_prefix": f"{prefix}{uuid.uuid4().hex[:12]}",
+        }
+    )
