@@ -122,8 +122,16 @@ class StoreCore:
             pipe.evalsha(look.sha, 1, self.keys.sweep_due, at_ms, run_id)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             looked, reply = pipe.execute(raise_on_error=False)
-            if isinstance(looked, Exception):  # not loaded (a restarted Redis), or Redis refused it: alone
+            if isinstance(looked, Exception):
+                # Not loaded (a restarted Redis) or refused: the look alone, which
+                # loads it. The script is never run twice: one that did run
+                # beside the failed look stands (its run may wait a lease longer
+                # for a look only if this process dies in this very line).
                 self.look([run_id], at_ms)
+                if not isinstance(reply, NoScriptError):
+                    if isinstance(reply, Exception):
+                        raise reply
+                    return reply
                 return self._run_alone(name, keys, args)
             if isinstance(reply, NoScriptError):
                 reply = script(keys=list(keys), args=list(args))

@@ -395,3 +395,25 @@ def test_a_look_asked_for_while_the_sweep_looks_outlives_its_verdict() -> None:
     assert sweep_due() == 21_000, "a verdict of a sooner look still takes the sooner one"
     store.look([run.run_id], 90_000)
     assert sweep_due() == 21_000, "a look never puts off a sooner one"
+
+
+def test_a_script_that_ran_beside_a_look_not_yet_loaded_is_not_run_again() -> None:
+    """A fresh Redis where another process loaded ``create_run`` but nobody
+    yet ``look``: the pipelined look fails, the script runs; the store loads
+    the look and keeps the script's answer, never running it a second time
+    (which would answer that the run existed already)."""
+    from celery_durable.redis_server import RedisServer
+
+    with RedisServer() as server:
+        settings = Settings(redis_url=server.url, key_prefix=f"l{uuid.uuid4().hex[:12]}")
+        store = RunStore(settings, clock=Clock())
+        store.client.script_load(store._scripts["create_run"].script)
+        run_id = uuid.uuid4().hex
+        fields = schema.new_run_fields(
+            run_id=run_id, workflow=lifecycle.name, namespace="default", args_json="{}",
+            limits_json=jsonvalue.dumps(merge_limits({}, None)), code_hash=lifecycle.code_hash,
+            created_ms=10_000, lease_ms=store.lease_ms, idempotency_key=None, progress_max=0,
+            ceilings=ceiling_fields(merge_limits({}, None)),
+        )  # fmt: skip
+        assert store.create_run(run_id, fields, "first") is True
+        assert store.client.zscore(store.keys.sweep_due, run_id) == 10_000 + store.lease_ms
