@@ -16,14 +16,12 @@ from celery_durable import progress as paging
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
-from celery_durable.broker.replies.throttles import Admission, Admitted
 from celery_durable.broker.schema import MAIN
 from celery_durable.broker.schema.profiles import ServedWorkflow
 from celery_durable.errors import (
     RunNotFoundError,
     StorageError,
     StorageUnavailableError,
-    ThrottleNotFoundError,
     WorkflowDefinitionError,
     WorkflowResumeError,
 )
@@ -42,7 +40,7 @@ from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.sending import CelerySender
 from celery_durable.tasks.wakes import Wake, woken
-from celery_durable.throttles import ThrottleInfo
+from celery_durable.throttle_methods import ThrottleMethods
 from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
@@ -69,7 +67,7 @@ MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 
 
-class Client(ScheduleMethods):
+class Client(ScheduleMethods, ThrottleMethods):
     """One namespace's view of the runs and schedules; every call validates before it writes."""
 
     def __init__(self, engine: Engine, namespace: str) -> None:
@@ -534,61 +532,6 @@ class Client(ScheduleMethods):
                 f"The broker refused a message of run {run_id} ({type(exc).__name__}: {exc}); "
                 "the signal is kept and the run is woken again within lease_seconds once the broker is back"
             ) from None
-
-    # -- throttles (SPEC §5e) -------------------------------------------------
-
-    def set_throttle(
-        self,
-        name: str,
-        *,
-        concurrency: int | None = None,
-        rate: tuple[int, float] | None = None,
-        per_key_concurrency: int | None = None,
-        per_key_rate: tuple[int, float] | None = None,
-    ) -> ThrottleInfo:
-        """Create or replace a throttle; it applies at once to what waits (a
-        raised limit hands its new slots to waiters immediately)."""
-        throttles.check_throttle_name(name)
-        settings = throttles.validate_settings(
-            concurrency=concurrency, rate=rate, per_key_concurrency=per_key_concurrency, per_key_rate=per_key_rate
-        )
-        admitted = self.engine.store.throttle_set(self.namespace, name, settings.encode())
-        throttling.after_admission(self.engine, self.namespace, name, admitted)
-        return self.get_throttle(name)
-
-    def get_throttle(self, name: str) -> ThrottleInfo:
-        """A throttle's settings and state: slots held, waiters, top keys."""
-        throttles.check_throttle_name(name)
-        state = self.engine.store.throttle_read(self.namespace, name, detail=True)
-        if state is None:
-            raise ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")
-        return throttles.decode_info(
-            name,
-            self.namespace,
-            state.conf,
-            state.holding,
-            state.waiting,
-            holders=state.holders,
-            waiters=state.waiters,
-            keys=state.keys,
-        )
-
-    def list_throttles(self) -> list[ThrottleInfo]:
-        """This namespace's throttles, by name (settings and counts)."""
-        found = []
-        for name in self.engine.store.throttle_names(self.namespace):
-            state = self.engine.store.throttle_read(self.namespace, name)
-            if state is not None:
-                found.append(throttles.decode_info(name, self.namespace, state.conf, state.holding, state.waiting))
-        return found
-
-    def delete_throttle(self, name: str) -> None:
-        """Delete a throttle: whatever waits on it goes on unthrottled."""
-        throttles.check_throttle_name(name)
-        waiters = self.engine.store.throttle_delete(self.namespace, name)
-        if waiters is None:
-            raise ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")
-        throttling.after_admission(self.engine, self.namespace, name, Admitted(Admission.DELETED, waiters))
 
     def _dispatch(self, run_id: str, epoch: int, workflow: str, task_id: str | None = None) -> None:
         """Send a coordinator message for a run whose state is already written.
