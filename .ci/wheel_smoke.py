@@ -74,7 +74,7 @@ def run_once(workdir: Path, env: dict[str, str], label: str) -> None:
 def main() -> None:
     import importlib.util
 
-    from celery_durable.redis_server import RedisServer
+    from celery_durable.local.redis_server import RedisServer
 
     # The extras stay extras: a plain install brings neither Flower nor the
     # OpenAI SDK, and its worker completes a run all the same.

@@ -28,7 +28,7 @@ import redis
 from celery import Task
 
 from celery_durable import Client, Engine, Settings
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_PATH = "benchmarks.app:engine"

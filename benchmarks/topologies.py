@@ -45,7 +45,7 @@ from typing import Any
 import redis
 
 from celery_durable import Engine, Settings, WorkflowContext, workflow
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "benchmarks.topologies:engine"

@@ -12,13 +12,13 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable.agents import AgentRunner, load_runner
-from celery_durable.async_client import AsyncClient
 from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.schema import MAIN, branch_of
-from celery_durable.client import Client
+from celery_durable.client.async_client import AsyncClient
+from celery_durable.client.client import Client
+from celery_durable.client.fleet_registry import ServedWatch
 from celery_durable.config import Settings
 from celery_durable.errors import DurableError
-from celery_durable.fleet_registry import ServedWatch
 from celery_durable.tasks import throttling
 from celery_durable.tasks.app import build_celery_app, mount, new_task_id
 from celery_durable.tasks.home import HomeWakes

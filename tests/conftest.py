@@ -17,7 +17,7 @@ import redis
 from kombu import Connection, Producer
 
 from celery_durable import Client, Engine, Settings, Workflow
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 from celery_durable.testing.workers import isolated_settings, worker_thread
 
 pytest_plugins = ["tests.fleet", "tests.topologies", "pytester"]

@@ -336,7 +336,7 @@ async def test_a_quiet_subscription_outlives_the_socket_timeout(durable) -> None
 
 async def test_an_unreachable_redis_is_the_same_storage_error(settings) -> None:
     from celery_durable import Engine, StorageUnavailableError
-    from celery_durable.redis_server import free_port
+    from celery_durable.local.redis_server import free_port
 
     gone = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0", "redis_timeout_seconds": 1})
     engine = Engine([waiter_workflow()], gone)

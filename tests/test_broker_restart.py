@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import pytest
 
 from celery_durable import Engine, Settings, is_terminal_status
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 from tests.apps.basic import fan
 from tests.fleet import Fleet
 from tests.topologies import RabbitMQServer, find_rabbitmq_server, unavailable

@@ -13,10 +13,10 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from celery_durable import embedded
 from celery_durable.cli import app
-from celery_durable.embedded import URL_VARIABLE, EmbeddedRedisError, answers_ping, redis_for_cli
-from celery_durable.redis_server import RedisServer, free_port
+from celery_durable.local import embedded
+from celery_durable.local.embedded import URL_VARIABLE, EmbeddedRedisError, answers_ping, redis_for_cli
+from celery_durable.local.redis_server import RedisServer, free_port
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_a_worker_never_starts_a_private_redis_and_says_so(nothing_local: tuple[
 
 
 def test_starting_a_running_redis_server_again_starts_no_second_process(tmp_path) -> None:
-    from celery_durable.redis_server import RedisServer
+    from celery_durable.local.redis_server import RedisServer
 
     server = RedisServer(tmp_path / "data").start()
     first = server.process

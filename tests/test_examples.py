@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from celery_durable import FunctionRunner, OpenAIChatRunner, Settings
-from celery_durable.redis_server import free_port
+from celery_durable.local.redis_server import free_port
 from tests.fleet import ROOT
 from tests.readme import in_section
 
 # `celery-durable`, with "localhost:6379" moved to a port where nothing listens
 # (this machine may run a Redis there).
 CLI = (
-    "import celery_durable.embedded as e; e.LOCAL = ('127.0.0.1', {port}); "
+    "import celery_durable.local.embedded as e; e.LOCAL = ('127.0.0.1', {port}); "
     "from celery_durable.cli import main; main()"
 )
 

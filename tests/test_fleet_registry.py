@@ -15,7 +15,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from celery_durable import Engine, Settings, WorkerInfo, define_workflow
-from celery_durable.fleet_registry import mixed_deploys
+from celery_durable.client.fleet_registry import mixed_deploys
 from celery_durable.web import create_app
 from tests.apps.phased import phased
 from tests.apps.versioned import ORDER, order_v1

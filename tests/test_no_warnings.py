@@ -14,7 +14,7 @@ import textwrap
 USER_TEST = textwrap.dedent(
     """
     from celery_durable import WorkflowContext, workflow
-    from celery_durable.redis_server import answers_ping
+    from celery_durable.local.redis_server import answers_ping
     from celery_durable.testing import WorkflowTestEnvironment
 
     @workflow(name="hello", description="One step", phases=[])

@@ -45,7 +45,7 @@ from typer.testing import CliRunner
 
 from celery_durable import Engine, Settings
 from celery_durable.cli import app
-from celery_durable.redis_server import free_port
+from celery_durable.local.redis_server import free_port
 from tests.conftest import worker_thread
 from tests.fleet import ROOT, settings_env
 from tests.readme import README, Block, blocks, in_section

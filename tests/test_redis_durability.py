@@ -46,7 +46,7 @@ from celery_durable import (
 )
 from celery_durable.broker import RunStore
 from celery_durable.errors import StaleAttemptError
-from celery_durable.redis_server import RedisServer, free_port
+from celery_durable.local.redis_server import RedisServer, free_port
 from celery_durable.workflows import jsonvalue
 from tests.fleet import Fleet, WorkerProcess
 

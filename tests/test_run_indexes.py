@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from celery_durable import Engine, RunNotFoundError, Settings, define_workflow
-from celery_durable.redis_server import RedisServer, free_port
+from celery_durable.local.redis_server import RedisServer, free_port
 from tests.conftest import Durable
 from tests.index_check import disagreements
 from tests.test_fencing import poll  # the same poll, 30 s as here

@@ -35,7 +35,7 @@ from celery_durable import (
     workflow,
 )
 from celery_durable.broker.schema import StepRow
-from celery_durable.redis_server import RedisServer, free_port
+from celery_durable.local.redis_server import RedisServer, free_port
 from celery_durable.tasks.app import BRANCH_TASK
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import kill_attempt, worker_thread

@@ -25,7 +25,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from starlette.testclient import TestClient
 
 from celery_durable import Engine, Settings, telemetry
-from celery_durable.redis_server import free_port
+from celery_durable.local.redis_server import free_port
 from celery_durable.telemetry.context import own_trace, parse_traceparent, run_parent
 from celery_durable.web import create_app
 from tests.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent

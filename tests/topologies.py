@@ -37,7 +37,7 @@ import redis
 from kombu import Connection
 from redis.cluster import RedisCluster
 
-from celery_durable.redis_server import RedisServer, find_redis_server, free_port
+from celery_durable.local.redis_server import RedisServer, find_redis_server, free_port
 
 
 def unavailable(reason: str) -> NoReturn:

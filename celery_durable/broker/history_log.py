@@ -1,7 +1,7 @@
 """A run's history as stored: the events its scripts recorded
 (``schema.history``), read by number, and the values a page previews.
 
-The reads are split from what is made of them (``celery_durable.history``)
+The reads are split from what is made of them (``celery_durable.client.history``)
 so that a client of another kind (asyncio) runs the same decoding on its
 own I/O: ``HISTORY_SCRIPT`` and ``page_request`` say what to send,
 ``parse_page`` what came back.

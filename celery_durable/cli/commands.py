@@ -32,8 +32,8 @@ from celery_durable.cli.common import (
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.local import require_reachable_redis, standalone
 from celery_durable.cli.render import print_envelope, waiting_text, when
-from celery_durable.exposure import ExposureError, refuse_exposure
-from celery_durable.fleet_registry import mixed_deploys
+from celery_durable.client.fleet_registry import mixed_deploys
+from celery_durable.local.exposure import ExposureError, refuse_exposure
 from celery_durable.workflows.envelope import RunEnvelope
 
 

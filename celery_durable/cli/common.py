@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 
 from celery_durable.cli import results
-from celery_durable.client import Client
+from celery_durable.client.client import Client
 from celery_durable.engine import Engine
 from celery_durable.errors import DurableError
 

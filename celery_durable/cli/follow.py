@@ -44,7 +44,7 @@ from celery_durable.cli.render import (
     summary,
     waiting_text,
 )
-from celery_durable.client import Client
+from celery_durable.client.client import Client
 from celery_durable.workflows.envelope import PhaseRow, ProgressEntry, RunDetail, RunEnvelope
 
 LIVE_LINES = 8

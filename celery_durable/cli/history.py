@@ -23,9 +23,9 @@ from celery_durable.cli.common import (
     print_json_line,
     runs_app,
 )
-from celery_durable.client import Client
-from celery_durable.history import HistoryEvent, HistoryPage
-from celery_durable.history_text import event_summary
+from celery_durable.client.client import Client
+from celery_durable.client.history import HistoryEvent, HistoryPage
+from celery_durable.client.history_text import event_summary
 from celery_durable.workflows.envelope import is_terminal_status
 
 QUIET_SECONDS = 1.0

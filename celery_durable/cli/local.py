@@ -1,7 +1,7 @@
 """The embedded Redis for ``run`` and ``worker`` (SPEC §10).
 
 ``run`` with no Redis configured and none on localhost:6379 starts a private
-one (``celery_durable.embedded``) and a worker process for the command's
+one (``celery_durable.local.embedded``) and a worker process for the command's
 ``--app``, so an example runs on a fresh machine; both stop when the command
 ends, and the run's journal stays in ``./.celery-durable/redis`` — a run left
 unfinished there is recovered the next time one starts. ``worker`` never
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from celery_durable.cli.common import EXIT_USAGE, err, fail
-from celery_durable.embedded import EmbeddedRedisError, exit_on_sigterm, needs_embedded, redis_for_cli
-from celery_durable.local_fleet import LocalWorker
+from celery_durable.local.embedded import EmbeddedRedisError, exit_on_sigterm, needs_embedded, redis_for_cli
+from celery_durable.local.fleet import LocalWorker
 
 LOG_DIR = Path(".celery-durable") / "logs"
 

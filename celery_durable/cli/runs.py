@@ -27,8 +27,8 @@ from celery_durable.cli.common import (
 )
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
-from celery_durable.client import Client
-from celery_durable.listing import ANY_WAIT, time_param, waiting_param
+from celery_durable.client.client import Client
+from celery_durable.client.listing import ANY_WAIT, time_param, waiting_param
 from celery_durable.workflows.envelope import PhaseRow, ProgressPage, RunEnvelope
 from celery_durable.workflows.waits import APPROVAL_SIGNAL
 

@@ -20,7 +20,7 @@ from celery_durable.cli.common import (
     print_json,
     runs_app,
 )
-from celery_durable.versioning import ReplayCheck
+from celery_durable.client.versioning import ReplayCheck
 
 
 @app.command("replay-check")

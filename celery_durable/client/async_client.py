@@ -36,7 +36,7 @@ from celery_durable.broker.aio_bridge import BridgedRedis, await_only, greenlet_
 from celery_durable.broker.aio_watch import WatchHub
 from celery_durable.broker.connection import connect_asyncio
 from celery_durable.broker.events import RunUpdate, RunWatch
-from celery_durable.client import Client
+from celery_durable.client.client import Client
 from celery_durable.tasks.wakes import Wake
 from celery_durable.workflows.envelope import ProgressEntry
 

@@ -11,13 +11,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.exceptions
 from kombu.exceptions import KombuError
 
-from celery_durable import fleet_registry, history, resuming, telemetry, throttles, versioning
-from celery_durable import progress as paging
+from celery_durable import telemetry, throttles
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
 from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
 from celery_durable.broker.schema import MAIN
 from celery_durable.broker.schema.profiles import ServedWorkflow
+from celery_durable.client import fleet_registry, history, resuming, versioning
+from celery_durable.client import progress as paging
+from celery_durable.client.fleet_registry import WorkerInfo
+from celery_durable.client.history import HistoryPage
+from celery_durable.client.listing import list_runs
+from celery_durable.client.run_views import (
+    agent_row,
+    child_rows,
+    phase_rows,
+    step_rows_in_order,
+)
+from celery_durable.client.throttle_methods import ThrottleMethods
+from celery_durable.client.versioning import ReplayCheck
 from celery_durable.errors import (
     RunNotFoundError,
     StorageError,
@@ -25,23 +37,12 @@ from celery_durable.errors import (
     WorkflowDefinitionError,
     WorkflowResumeError,
 )
-from celery_durable.fleet_registry import WorkerInfo
-from celery_durable.history import HistoryPage
-from celery_durable.listing import list_runs
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
-from celery_durable.run_views import (
-    agent_row,
-    child_rows,
-    phase_rows,
-    step_rows_in_order,
-)
 from celery_durable.schedules.methods import ScheduleMethods
 from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.sending import CelerySender
 from celery_durable.tasks.wakes import Wake, woken
-from celery_durable.throttle_methods import ThrottleMethods
-from celery_durable.versioning import ReplayCheck
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
 from celery_durable.workflows.envelope import (

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from celery_durable.broker import now_ms
 from celery_durable.broker.fleet_store import TAKE_OVER_WINDOW_MS, TakeOverNote
-from celery_durable.fleet_registry import MixedDeploy, mixed_deploys, read_workers
+from celery_durable.client.fleet_registry import MixedDeploy, mixed_deploys, read_workers
 
 if TYPE_CHECKING:
-    from celery_durable.client import Client
+    from celery_durable.client.client import Client
 
 TAKE_OVERS_SHOWN = 50
 

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_durable.history import HistoryEvent
+from celery_durable.client.history import HistoryEvent
 
 SUMMARY_CHARS = 160
 

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from celery_durable import progress as paging
 from celery_durable.broker import STATUSES, RunRecord, RunStore, indexes
 from celery_durable.broker.indexes import OrdRange
+from celery_durable.client import progress as paging
 from celery_durable.names import SIGNAL_NAME_MAX, WORKFLOW_NAME_PATTERN, name_pattern
 from celery_durable.workflows.envelope import RunEnvelope, RunPage
 from celery_durable.workflows.jsonvalue import short_repr

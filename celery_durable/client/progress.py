@@ -29,7 +29,7 @@ from celery_durable.workflows.envelope import ProgressEntry, ProgressPage, RunEn
 from celery_durable.workflows.validation import Loc, PositiveNumber, at_most, described, explain
 
 if TYPE_CHECKING:
-    from celery_durable.client import Client
+    from celery_durable.client.client import Client
 
 DEFAULT_LIMIT = 200
 PAGE_LIMIT_MAX = 500

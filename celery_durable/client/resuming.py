@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable import telemetry
 from celery_durable.broker import RunRecord
+from celery_durable.client.run_views import refuse_same_divergence, resume_verdict
 from celery_durable.errors import (
     RunNotFoundError,
     StorageCorruptError,
     StorageUnavailableError,
     WorkflowResumeError,
 )
-from celery_durable.run_views import refuse_same_divergence, resume_verdict
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import ceilings_argument, merge_limits
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import STATUSES, RunRecord
-from celery_durable.broker.history import read_journal
+from celery_durable.broker.journal_export import read_journal
 from celery_durable.broker.keys import RUN_ID_PATTERN
 from celery_durable.errors import RunNotFoundError
 from celery_durable.workflows.dry_replay import check_run
@@ -39,7 +39,7 @@ from celery_durable.workflows.versions import last_code_hash
 
 if TYPE_CHECKING:
     from celery_durable.broker import RunStore
-    from celery_durable.client import Client
+    from celery_durable.client.client import Client
     from celery_durable.config import Settings
     from celery_durable.workflows.definition import Workflow
 

@@ -23,7 +23,7 @@ from celery_durable.demo.providers import Receipt
 from celery_durable.workflows.envelope import ProgressEntry, RunDetail
 
 if TYPE_CHECKING:
-    from celery_durable.local_fleet import LocalWorker
+    from celery_durable.local.fleet import LocalWorker
 
 
 def stamp(seconds: float) -> Text:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from celery_durable.redis_server import RedisServer, answers_ping, find_redis_server, free_port
+from celery_durable.local.redis_server import RedisServer, answers_ping, find_redis_server, free_port
 
 URL_VARIABLE = "CELERY_DURABLE_REDIS_URL"
 DATA_DIR = Path(".celery-durable") / "redis"

@@ -50,8 +50,8 @@ from celery_durable.broker.fleet_store import TakeOverNote
 from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.broker.schema import MAIN
+from celery_durable.client.fleet_registry import profile_of
 from celery_durable.errors import StorageCorruptError, StorageError
-from celery_durable.fleet_registry import profile_of
 from celery_durable.schedules.firing import fire_due
 from celery_durable.tasks import flower_names, throttling
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id

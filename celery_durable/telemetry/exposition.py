@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.registry import Collector
 
-    from celery_durable.client import Client
+    from celery_durable.client.client import Client
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SCRAPE_MAX_RUNS = 10_000

@@ -25,8 +25,8 @@ from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
 from celery_durable.testing.environment import WorkflowTestEnvironment
 from celery_durable.testing.helpers import until_waiting_for_signal
-from celery_durable.testing.history import replay_history
 from celery_durable.testing.mechanisms import Mechanisms
+from celery_durable.testing.replay import replay_history
 
 __all__ = [
     "Mechanisms",

@@ -38,7 +38,7 @@ from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.connection import connect
 from celery_durable.broker.journal import Journal
 from celery_durable.broker.run_records import RunHashes
-from celery_durable.client import Client
+from celery_durable.client.client import Client
 from celery_durable.config import Settings
 from celery_durable.engine import Engine
 from celery_durable.schedules.firing import fire_due

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from celery_durable.client import Client
+from celery_durable.client.client import Client
 from celery_durable.workflows.envelope import RunEnvelope
 
 QUIET_READ_SECONDS = 0.5

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from celery_durable.client import Client
+    from celery_durable.client.client import Client
     from celery_durable.config import Settings
-    from celery_durable.redis_server import RedisServer
+    from celery_durable.local.redis_server import RedisServer
     from celery_durable.testing.clock import VirtualClock
     from celery_durable.testing.environment import WorkflowTestEnvironment
     from celery_durable.testing.workers import WorkerFleet
@@ -85,7 +85,7 @@ def durable_clock(durable_env: WorkflowTestEnvironment) -> VirtualClock:
 @pytest.fixture(scope="session")
 def durable_redis() -> Iterator[RedisServer]:
     """A private ``redis-server`` for the session's integration tests, stopped after them."""
-    from celery_durable.redis_server import RedisServer
+    from celery_durable.local.redis_server import RedisServer
 
     with RedisServer(appendfsync="everysec") as server:
         yield server

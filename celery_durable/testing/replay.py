@@ -24,9 +24,9 @@ from dataclasses import replace
 from typing import Any
 
 from celery_durable.broker import RunStore
-from celery_durable.broker.history import forget_journal, write_journal
+from celery_durable.broker.journal_export import forget_journal, write_journal
+from celery_durable.client.versioning import ReplayCheck, check_record, read_history
 from celery_durable.testing.server import environment_redis_url, private_settings
-from celery_durable.versioning import ReplayCheck, check_record, read_history
 from celery_durable.workflows.definition import Workflow
 
 KEEP_MS = 600_000

@@ -23,7 +23,7 @@ import threading
 import uuid
 
 from celery_durable.config import Settings
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 
 URL_VARIABLE = "CELERY_DURABLE_TEST_REDIS_URL"
 

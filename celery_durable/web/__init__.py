@@ -13,7 +13,7 @@ and notices) guard it; ``present`` formats values for templates;
 ``server`` runs it under uvicorn.
 """
 
-from celery_durable.exposure import ExposureError, is_loopback
+from celery_durable.local.exposure import ExposureError, is_loopback
 from celery_durable.web.app import create_app
 from celery_durable.web.security import AUTH_ENV, Credential, check_exposure, served_hosts
 from celery_durable.web.server import build_server

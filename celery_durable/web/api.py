@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from celery_durable import history
+from celery_durable.client import history
 from celery_durable.web import actions, bulk, search
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import WebContext, web

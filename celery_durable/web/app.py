@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from celery_durable import DurableError, Engine
-from celery_durable.exposure import LOOPBACK_NAMES
+from celery_durable.local.exposure import LOOPBACK_NAMES
 from celery_durable.web import api, bulk, fleet, forms, pages, schedules, streams, throttles
 from celery_durable.web.context import STATIC, WebContext, web
 from celery_durable.web.hub import RunHub

@@ -24,7 +24,7 @@ from starlette.templating import Jinja2Templates
 
 from celery_durable import Client
 from celery_durable.broker import TERMINAL_STATUSES
-from celery_durable.history_text import event_summary
+from celery_durable.client.history_text import event_summary
 from celery_durable.web import present
 from celery_durable.web.hub import RunHub
 from celery_durable.web.session import CSRF_FIELD, BrowserSession

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from celery_durable.fleet_status import FleetStatus, read_fleet
+from celery_durable.client.fleet_status import FleetStatus, read_fleet
 from celery_durable.web.context import web
 from celery_durable.web.pages import served
 

@@ -17,9 +17,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from celery_durable import Client, ProgressPage, RunDetail, RunPage, history
-from celery_durable.history import HistoryTail
-from celery_durable.listing import ANY_WAIT
+from celery_durable import Client, ProgressPage, RunDetail, RunPage
+from celery_durable.client import history
+from celery_durable.client.history import HistoryTail
+from celery_durable.client.listing import ANY_WAIT
 from celery_durable.web import search
 from celery_durable.web.context import WebContext, web
 from celery_durable.web.problems import BadRequest

@@ -22,7 +22,7 @@ from typing import Any
 from starlette.datastructures import QueryParams
 
 from celery_durable import Client, RunPage
-from celery_durable.listing import ANY_WAIT
+from celery_durable.client.listing import ANY_WAIT
 from celery_durable.web.problems import BadRequest
 
 PREFIX = re.compile(r"[0-9a-f]{1,32}")

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from celery_durable.exposure import LOOPBACK_NAMES, is_loopback, refuse_exposure
+from celery_durable.local.exposure import LOOPBACK_NAMES, is_loopback, refuse_exposure
 
 AUTH_ENV = "CELERY_DURABLE_WEB_AUTH"
 REALM = "celery-durable"

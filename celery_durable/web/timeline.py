@@ -15,7 +15,7 @@ from html import escape
 
 from markupsafe import Markup
 
-from celery_durable.history import HistoryEvent
+from celery_durable.client.history import HistoryEvent
 from celery_durable.workflows.envelope import RunDetail
 
 MAX_BARS = 120

@@ -402,7 +402,7 @@ def test_a_script_that_ran_beside_a_look_not_yet_loaded_is_not_run_again() -> No
     yet ``look``: the pipelined look fails, the script runs; the store loads
     the look and keeps the script's answer, never running it a second time
     (which would answer that the run existed already)."""
-    from celery_durable.redis_server import RedisServer
+    from celery_durable.local.redis_server import RedisServer
 
     with RedisServer() as server:
         settings = Settings(redis_url=server.url, key_prefix=f"l{uuid.uuid4().hex[:12]}")

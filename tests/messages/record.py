@@ -28,7 +28,7 @@ import redis
 from celery import Celery, group, signature
 
 from celery_durable import Engine, Settings
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 from celery_durable.tasks.calls import publish_call
 from celery_durable.tasks.home import home_name, home_queue
 from celery_durable.workflows.calls import CallRequest, call_task_id

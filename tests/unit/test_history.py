@@ -21,7 +21,7 @@ from celery_durable import (
     WorkflowContext,
     workflow,
 )
-from celery_durable.history import PREVIEW_CHARS, read_value
+from celery_durable.client.history import PREVIEW_CHARS, read_value
 from celery_durable.testing import WorkflowTestEnvironment
 
 

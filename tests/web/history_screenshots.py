@@ -22,7 +22,7 @@ from typing import Any
 from playwright.sync_api import sync_playwright
 
 from celery_durable import Engine, Settings, WorkflowContext, workflow
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 from celery_durable.web import create_app
 from tests.apps.versioned import ORDER
 from tests.conftest import worker_thread

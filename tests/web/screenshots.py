@@ -18,7 +18,7 @@ from typing import Any
 from playwright.sync_api import sync_playwright
 
 from celery_durable import AgentRequest, AgentResult, Engine, FunctionRunner, Settings, define_workflow
-from celery_durable.redis_server import RedisServer
+from celery_durable.local.redis_server import RedisServer
 from celery_durable.web import create_app
 from tests.conftest import worker_thread
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS

@@ -148,7 +148,7 @@ def fulfil(ctx: WorkflowContext) -> Any:
 
 
 def test_the_timeline_draws_a_child_wait_and_a_signal_wait_from_their_start_to_their_end() -> None:
-    from celery_durable import history
+    from celery_durable.client import history
     from celery_durable.web.timeline import bars
 
     env = WorkflowTestEnvironment([fulfil, packing])
@@ -182,7 +182,7 @@ def metered(ctx: WorkflowContext) -> Any:
 
 
 def test_the_timeline_draws_throttle_waits_until_their_slot_came() -> None:
-    from celery_durable import history
+    from celery_durable.client import history
     from celery_durable.web.timeline import bars
 
     env = WorkflowTestEnvironment([gated, metered])

@@ -78,7 +78,7 @@ local function trim_progress(run_key, stream_key, newest, phase_index_key)
   if last then redis.call('XTRIM', stream_key, 'MINID', (last + 1) .. '-0') end
 end
 
--- == The run's history (history.py; the format: schema/history.py) ========
+-- == The run's history (client/history.py; the format: schema/history.py) ========
 -- Every event of a run's history is recorded by the script that makes it
 -- happen, in that same script, numbered by the run's 'events' counter: the
 -- history is in the order its writes reached Redis (a cause is written before
