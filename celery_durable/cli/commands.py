@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from celery_durable import telemetry
+from celery_durable import RunEnvelope, telemetry
 from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -34,7 +34,6 @@ from celery_durable.cli.local import require_reachable_redis, standalone
 from celery_durable.cli.render import print_envelope, waiting_text, when
 from celery_durable.client.fleet_registry import mixed_deploys
 from celery_durable.local.exposure import ExposureError, refuse_exposure
-from celery_durable.workflows.envelope import RunEnvelope
 
 
 @app.command()

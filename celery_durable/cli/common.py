@@ -21,10 +21,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from celery_durable import DurableError, Engine
 from celery_durable.cli import results
 from celery_durable.client.client import Client
-from celery_durable.engine import Engine
-from celery_durable.errors import DurableError
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -32,6 +32,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from celery_durable import PhaseRow, ProgressEntry, RunDetail, RunEnvelope
 from celery_durable.cli.common import print_json_line
 from celery_durable.cli.render import (
     PHASE_ICONS,
@@ -45,7 +46,6 @@ from celery_durable.cli.render import (
     waiting_text,
 )
 from celery_durable.client.client import Client
-from celery_durable.workflows.envelope import PhaseRow, ProgressEntry, RunDetail, RunEnvelope
 
 LIVE_LINES = 8
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from celery_durable import is_terminal_status
 from celery_durable.cli.common import (
     AppOption,
     JsonOption,
@@ -26,7 +27,6 @@ from celery_durable.cli.common import (
 from celery_durable.client.client import Client
 from celery_durable.client.history import HistoryEvent, HistoryPage
 from celery_durable.client.history_text import event_summary
-from celery_durable.workflows.envelope import is_terminal_status
 
 QUIET_SECONDS = 1.0
 """A follower reads again after this much silence: run updates are pub/sub, at most once."""

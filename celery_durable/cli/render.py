@@ -11,7 +11,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
-from celery_durable.workflows.envelope import PhaseRow, ProgressEntry, RunDetail, RunEnvelope, RunPage
+from celery_durable import PhaseRow, ProgressEntry, RunDetail, RunEnvelope, RunPage
 
 STATUS_STYLES = {
     "pending": "dim",

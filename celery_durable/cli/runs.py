@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from celery_durable import PhaseRow, ProgressPage, RunEnvelope
 from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -29,8 +30,9 @@ from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
 from celery_durable.client.client import Client
 from celery_durable.client.listing import ANY_WAIT, time_param, waiting_param
-from celery_durable.workflows.envelope import PhaseRow, ProgressPage, RunEnvelope
-from celery_durable.workflows.waits import APPROVAL_SIGNAL
+
+# The signal `runs approve` sends: the one ctx.wait_for_approval waits for (as the web view's Approve button).
+APPROVAL_SIGNAL = "approval"
 
 
 @runs_app.command("start")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from celery_durable import ScheduleInfo
 from celery_durable.cli.common import (
     AppOption,
     JsonOption,
@@ -20,7 +21,6 @@ from celery_durable.cli.common import (
     parse_json_option,
     print_json,
 )
-from celery_durable.schedules.spec import ScheduleInfo
 
 schedules_app = typer.Typer(no_args_is_help=True, help="Start workflows on a calendar: no beat process needed.")
 app.add_typer(schedules_app, name="schedules")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from celery_durable import ThrottleInfo
 from celery_durable.cli.common import (
     AppOption,
     JsonOption,
@@ -18,7 +19,6 @@ from celery_durable.cli.common import (
     out,
     print_json,
 )
-from celery_durable.throttles import ThrottleInfo
 
 throttles_app = typer.Typer(no_args_is_help=True, help="Fleet-wide concurrency and rate limits.")
 app.add_typer(throttles_app, name="throttles")

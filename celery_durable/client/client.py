@@ -513,7 +513,7 @@ class Client(ScheduleMethods, ThrottleMethods):
     def _record(self, run_id: str) -> RunRecord:
         if not isinstance(run_id, str) or not run_id:
             raise RunNotFoundError(f"Run not found: {short_repr(run_id)}")
-        record = self.engine.store.load_run(run_id) if _plausible_run_id(run_id) else None
+        record = self.engine.store.load_run(run_id) if plausible_run_id(run_id) else None
         if record is None or record.namespace != self.namespace:
             raise RunNotFoundError(f"Run not found: {run_id}")
         return record
@@ -551,7 +551,8 @@ class Client(ScheduleMethods, ThrottleMethods):
             ) from None
 
 
-def _plausible_run_id(run_id: str) -> bool:
+def plausible_run_id(run_id: str) -> bool:
+    """Shaped like a run id: anything else is no run, without a read (the web view's forms too)."""
     from celery_durable.broker.keys import RUN_ID_PATTERN
 
     return bool(RUN_ID_PATTERN.match(run_id))

@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.broker.schema.profiles import (
-    ServedPhase,
-    ServedWorkflow,
-    WorkerProfile,
-    encode_profile,
-    parse_profile,
-)
+from celery_durable.broker.schema.profiles import ServedWorkflow, WorkerProfile, parse_profile
 
 if TYPE_CHECKING:
     from celery_durable.broker.store import RunStore
-    from celery_durable.workflows.definition import Workflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,21 +54,6 @@ class MixedDeploy:
     def describe(self) -> str:
         parts = [f"{code_hash[:12]} on {', '.join(workers)}" for code_hash, workers in sorted(self.hashes.items())]
         return f"Mixed deploy of {self.workflow}: {len(self.hashes)} code versions ({'; '.join(parts)})"
-
-
-def profile_of(workflows: Mapping[str, Workflow], queues: Collection[str]) -> str:
-    """What a worker of an engine registering ``workflows`` and consuming ``queues`` publishes."""
-    served = [
-        ServedWorkflow(
-            name,
-            wf.code_hash,
-            wf.description,
-            tuple(ServedPhase(p.phase_id, p.title, p.detail) for p in wf.phases),
-            wf.version,
-        )
-        for name, wf in sorted(workflows.items())
-    ]
-    return encode_profile(sorted(queues), served)
 
 
 def build_workers(rows: Sequence[tuple[str, int, str | None]], now_ms: int, lease_ms: int) -> list[WorkerInfo]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from celery_durable.config import Settings
+from celery_durable import Settings
 
 HOLD_POLL_SECONDS = 0.02
 

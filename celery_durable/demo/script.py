@@ -32,15 +32,13 @@ from pathlib import Path
 import redis
 from rich.console import Console
 
+from celery_durable import Engine, RunDetail, RunEnvelope, Settings
 from celery_durable.client.client import Client
-from celery_durable.config import Settings
 from celery_durable.demo import view
 from celery_durable.demo.providers import Providers, Receipt
 from celery_durable.demo.trip import SERVICES, trip
-from celery_durable.engine import Engine
 from celery_durable.local.embedded import exit_on_sigterm, redis_for_cli
 from celery_durable.local.fleet import LocalWorker
-from celery_durable.workflows.envelope import RunDetail, RunEnvelope
 
 APP = "celery_durable.demo.trip:engine"
 HELD = "car"

@@ -17,10 +17,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from celery_durable import ProgressEntry, RunDetail, Settings
 from celery_durable.cli.render import duration, phase_seconds, record_line, status_text
-from celery_durable.config import Settings
 from celery_durable.demo.providers import Receipt
-from celery_durable.workflows.envelope import ProgressEntry, RunDetail
 
 if TYPE_CHECKING:
     from celery_durable.local.fleet import LocalWorker

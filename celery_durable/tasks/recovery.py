@@ -50,7 +50,6 @@ from celery_durable.broker.fleet_store import TakeOverNote
 from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.run_control import Stop
 from celery_durable.broker.schema import MAIN
-from celery_durable.client.fleet_registry import profile_of
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.schedules.firing import fire_due
 from celery_durable.tasks import flower_names, throttling
@@ -59,6 +58,7 @@ from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.tasks.queue_depths import BrokerQueues
 from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.versions import profile_of
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from celery_durable import Client, RunEnvelope, RunNotFoundError
-from celery_durable.broker.keys import RUN_ID_PATTERN
+from celery_durable.client.client import plausible_run_id
 from celery_durable.web import actions
 from celery_durable.web.bodies import FORM_TYPE, media_type, read_form_lists
 from celery_durable.web.pages import served
@@ -79,7 +79,7 @@ def check_run_ids(values: Sequence[Any]) -> list[str]:
         raise BadRequest("Select at least one run")
     run_ids: list[str] = []
     for value in values:
-        if not isinstance(value, str) or not RUN_ID_PATTERN.match(value):
+        if not isinstance(value, str) or not plausible_run_id(value):
             raise BadRequest(f"Not a run id: {str(value)[:40]!r}")
         if value not in run_ids:
             run_ids.append(value)

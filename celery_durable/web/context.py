@@ -22,8 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from celery_durable import Client
-from celery_durable.broker import TERMINAL_STATUSES
+from celery_durable import Client, is_terminal_status
 from celery_durable.client.history_text import event_summary
 from celery_durable.web import present
 from celery_durable.web.hub import RunHub
@@ -85,7 +84,7 @@ class WebContext:
         environment.globals.update(
             STATUSES=present.STATUSES,
             SETTLED_FOR_GOOD=present.SETTLED_FOR_GOOD,
-            STATUSES_SETTLED=TERMINAL_STATUSES,
+            STATUSES_SETTLED=[status for status in present.STATUSES if is_terminal_status(status)],
             CSRF_FIELD=CSRF_FIELD,
             static=self._static_url,
             qs=present.query,

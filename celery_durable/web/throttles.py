@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from celery_durable import ThrottleInfo
 from celery_durable.client.client import Client
-from celery_durable.throttles import ThrottleInfo
 from celery_durable.web.api import _proven
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import web

@@ -15,8 +15,8 @@ from html import escape
 
 from markupsafe import Markup
 
+from celery_durable import RunDetail
 from celery_durable.client.history import HistoryEvent
-from celery_durable.workflows.envelope import RunDetail
 
 MAX_BARS = 120
 """Bars drawn at most (the first ones, by start): a long run's page stays light."""

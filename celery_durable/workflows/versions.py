@@ -11,9 +11,11 @@ says so, naming both hashes, rather than only suspecting nondeterminism.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from celery_durable.broker.records import RunRecord
+from celery_durable.broker.schema.profiles import ServedPhase, ServedWorkflow, encode_profile
 
 if TYPE_CHECKING:
     from celery_durable.workflows.definition import Workflow
@@ -50,3 +52,19 @@ def divergence_message(workflow: Workflow, record: RunRecord, where: str, call: 
             "reached with ctx.patched(), or resume the run with the code it started with (docs/versioning.md)"
         )
     return head + DETERMINISM_HINT
+
+
+def profile_of(workflows: Mapping[str, Workflow], queues: Collection[str]) -> str:
+    """What a worker registering ``workflows`` and consuming ``queues`` publishes
+    with its beat: the code it serves, which clients compare to find a mixed deploy."""
+    served = [
+        ServedWorkflow(
+            name,
+            wf.code_hash,
+            wf.description,
+            tuple(ServedPhase(p.phase_id, p.title, p.detail) for p in wf.phases),
+            wf.version,
+        )
+        for name, wf in sorted(workflows.items())
+    ]
+    return encode_profile(sorted(queues), served)
