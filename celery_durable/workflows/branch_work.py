@@ -11,11 +11,13 @@ handed on to the fleet when they turn out slow (``BranchWork``).
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,7 +165,7 @@ class KeptFanout:
     thunks its branch task built, and a later branch task of the same attempt
     and fan-out in that process runs its thunks from them (``run_kept``)
     instead of replaying: inside it, the thunks' ``ctx`` forwards to the new
-    execution (``context.lent``). The main body's replay up to the fan-out is
+    execution (``lent``). The main body's replay up to the fan-out is
     the same in every execution of one attempt, so its thunks are too.
     """
 
@@ -206,3 +208,25 @@ class InlineBranches:
     forget: Callable[[str], None] = lambda _call: None
     """Lets go of the thunks the pass kept while it ran them
     (``Replay.keep_fanout``) once every branch is in."""
+
+
+LENT: contextvars.ContextVar[tuple[Replay, Replay] | None] = contextvars.ContextVar(
+    "celery_durable_lent_context", default=None
+)
+"""(home, execution): in this thread, a context made for ``home`` forwards to ``execution``."""
+
+
+@contextlib.contextmanager
+def lent(home: Replay, execution: Replay) -> Iterator[None]:
+    """Make the context of ``home`` forward to ``execution`` in this thread.
+
+    A fan-out's thunks close over the context of the execution that built
+    them. A worker that kept them (``KeptFanout``) runs a thunk again in a
+    later execution, with that execution's journal, fence and flags: inside
+    this block, the thunk's ``ctx`` is the new execution's.
+    """
+    token = LENT.set((home, execution))
+    try:
+        yield
+    finally:
+        LENT.reset(token)

@@ -30,7 +30,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.schema import Outcome, describe
 from celery_durable.errors import FATAL_ERRORS, StaleAttemptError, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.branch_work import BranchWork, HandOff, KeptFanout
+from celery_durable.workflows.branch_work import BranchWork, HandOff, KeptFanout, lent
 from celery_durable.workflows.completion import COLLECTED, Completions
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.unwind import BranchRerun, BranchSuspended, unwound
@@ -190,8 +190,6 @@ def run_target(replay: Replay, cursor: Cursor, identity: str, branches: list[Thu
 def run_kept(replay: Replay, kept: KeptFanout) -> None:
     """In a branch task: run the target's branches from thunks a replay of
     this attempt built before, without replaying the main body."""
-    from celery_durable.workflows.context import lent
-
     parent = Cursor(seq=kept.seq, history=[], high_water=0, writes=False, phase_id=kept.phase_id, index=kept.index)
     with lent(kept.home, replay):
         replay.run_in(parent, lambda: run_target(replay, parent, kept.identity, kept.branches))
@@ -242,7 +240,7 @@ def run_nested(replay: Replay, cursor: Cursor, call: str, branches: list[Thunk])
         return
     with ThreadPoolExecutor(max_workers=min(len(todo), NESTED_FANOUT_THREADS)) as pool:
         # Each branch in a copy of this thread's context: kept thunks
-        # (context.lent) must forward to this execution there too.
+        # (branch_work.lent) must forward to this execution there too.
         futures = [pool.submit(contextvars.copy_context().run, run_one, j) for j in todo]
         finished = [future.result() for future in futures]
     if not all(finished):

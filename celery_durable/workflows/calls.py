@@ -27,7 +27,7 @@ from celery_durable.broker.journal import CallVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.errors import DurableError, StepFailed, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.replay import MAX_KEY_LENGTH
+from celery_durable.workflows.cursor import MAX_KEY_LENGTH
 from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:

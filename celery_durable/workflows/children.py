@@ -38,8 +38,8 @@ from celery_durable.broker.journal import Conflict, PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.cursor import MAX_KEY_LENGTH
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
-from celery_durable.workflows.replay import MAX_KEY_LENGTH
 from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:

@@ -6,41 +6,19 @@ Every method is one line into the replay engine, as in Temporal's
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery_durable.workflows import patches
+from celery_durable.workflows.branch_work import LENT
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.saga import Saga
 from celery_durable.workflows.waits import Signal
-
-_LENT: contextvars.ContextVar[tuple[Replay, Replay] | None] = contextvars.ContextVar(
-    "celery_durable_lent_context", default=None
-)
-"""(home, execution): in this thread, a context made for ``home`` forwards to ``execution``."""
-
-
-@contextlib.contextmanager
-def lent(home: Replay, execution: Replay) -> Iterator[None]:
-    """Make the context of ``home`` forward to ``execution`` in this thread.
-
-    A fan-out's thunks close over the context of the execution that built
-    them. A worker that kept them (``KeptFanout``) runs a thunk again in a
-    later execution, with that execution's journal, fence and flags: inside
-    this block, the thunk's ``ctx`` is the new execution's.
-    """
-    token = _LENT.set((home, execution))
-    try:
-        yield
-    finally:
-        _LENT.reset(token)
 
 
 class WorkflowContext:
@@ -52,7 +30,7 @@ class WorkflowContext:
 
     @property
     def _replay(self) -> Replay:
-        lending = _LENT.get()
+        lending = LENT.get()
         if lending is not None and lending[0] is self._home:
             return lending[1]
         return self._home

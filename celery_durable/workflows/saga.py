@@ -44,7 +44,7 @@ from celery_durable.errors import (
     WorkflowCancelled,
     WorkflowLimitReached,
 )
-from celery_durable.workflows.replay import MAX_KEY_LENGTH
+from celery_durable.workflows.cursor import MAX_KEY_LENGTH
 
 if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor

@@ -21,7 +21,7 @@ from celery_durable.broker.journal import PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.replay import MAX_KEY_LENGTH
+from celery_durable.workflows.cursor import MAX_KEY_LENGTH
 from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
