@@ -20,10 +20,11 @@ from celery_durable.client.fleet_registry import ServedWatch
 from celery_durable.config import Settings
 from celery_durable.errors import DurableError
 from celery_durable.tasks import throttling
-from celery_durable.tasks.app import build_celery_app, mount, new_task_id
+from celery_durable.tasks.app import build_celery_app, new_task_id
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
 from celery_durable.tasks.kept_fanouts import KeptFanouts
+from celery_durable.tasks.mount import mount
 from celery_durable.tasks.parked import ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.tasks.sending import (

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.tasks.sending import branch_shown
+from celery_durable.broker import schema
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,19 @@ EVENT = "task-steps"
 LISTED = 3
 """Up to this many keys are listed in the name; more are the first and a count."""
 MAX_NAME = 120
+SHOWN_SEQUENCES = 16
+
+
+def branch_shown(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The branches' sequences ("m.2.19"), where their step keys are journaled
+    (the first few: a wide fan-out's chunk holds many)."""
+    seq, _, index = str(kwargs["call"]).rpartition(":")
+    branches = kwargs["branches"]
+    shown = [schema.branch_seq(seq, int(index), j) for j in branches[:SHOWN_SEQUENCES]]
+    if len(branches) > SHOWN_SEQUENCES:
+        shown.append(f"... {len(branches) - SHOWN_SEQUENCES} more")
+    return {**kwargs, "sequences": shown}
+
 
 _events = {"on": False}
 

@@ -27,9 +27,9 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable import telemetry
-from celery_durable.broker import schema
 from celery_durable.config import Settings
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
+from celery_durable.tasks.flower_names import branch_shown
 
 if TYPE_CHECKING:
     from celery_durable.broker import RunRecord
@@ -172,20 +172,6 @@ def agent_message(
 
 def _branch_kwargs(run_id: str, epoch: int, workflow: str, call: str, branches: list[int]) -> dict[str, Any]:
     return {"run_id": run_id, "epoch": epoch, "workflow": workflow, "call": call, "branches": branches}
-
-
-SHOWN_SEQUENCES = 16
-
-
-def branch_shown(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The branches' sequences ("m.2.19"), where their step keys are journaled
-    (the first few: a wide fan-out's chunk holds many)."""
-    seq, _, index = str(kwargs["call"]).rpartition(":")
-    branches = kwargs["branches"]
-    shown = [schema.branch_seq(seq, int(index), j) for j in branches[:SHOWN_SEQUENCES]]
-    if len(branches) > SHOWN_SEQUENCES:
-        shown.append(f"... {len(branches) - SHOWN_SEQUENCES} more")
-    return {**kwargs, "sequences": shown}
 
 
 def first_chunks(indices: Sequence[int], settings: Settings) -> int:
