@@ -11,6 +11,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The errors import nothing: they load with the package, the rest on first use.
+from celery_durable.errors import (
+    ChildWorkflowFailed,
+    CompensationFailed,
+    DurableError,
+    NonDeterminismError,
+    RunNotFoundError,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
+    StaleAttemptError,
+    StepFailed,
+    StorageCorruptError,
+    StorageError,
+    StorageUnavailableError,
+    ThrottleNotFoundError,
+    WorkflowCancelled,
+    WorkflowDefinitionError,
+    WorkflowLimitReached,
+    WorkflowResumeError,
+    WorkflowWaitCancelled,
+)
+
 if TYPE_CHECKING:
     from celery_durable.agents import (
         AgentRequest,
@@ -28,26 +50,6 @@ if TYPE_CHECKING:
     from celery_durable.client.versioning import ReplayCheck
     from celery_durable.config import Settings
     from celery_durable.engine import Engine
-    from celery_durable.errors import (
-        ChildWorkflowFailed,
-        CompensationFailed,
-        DurableError,
-        NonDeterminismError,
-        RunNotFoundError,
-        ScheduleExistsError,
-        ScheduleNotFoundError,
-        StaleAttemptError,
-        StepFailed,
-        StorageCorruptError,
-        StorageError,
-        StorageUnavailableError,
-        ThrottleNotFoundError,
-        WorkflowCancelled,
-        WorkflowDefinitionError,
-        WorkflowLimitReached,
-        WorkflowResumeError,
-        WorkflowWaitCancelled,
-    )
     from celery_durable.schedules.spec import ScheduleInfo
     from celery_durable.throttles import ThrottleInfo
     from celery_durable.workflows.context import WorkflowContext
@@ -76,12 +78,6 @@ _MODULES = {
     "celery_durable.client.client": "Client",
     "celery_durable.config": "Settings",
     "celery_durable.engine": "Engine",
-    "celery_durable.errors": (
-        "ChildWorkflowFailed CompensationFailed DurableError NonDeterminismError RunNotFoundError "
-        "ScheduleExistsError ScheduleNotFoundError StaleAttemptError StepFailed StorageCorruptError "
-        "StorageError StorageUnavailableError ThrottleNotFoundError WorkflowCancelled WorkflowDefinitionError "
-        "WorkflowLimitReached WorkflowResumeError WorkflowWaitCancelled"
-    ),
     "celery_durable.client.fleet_registry": "WorkerInfo",
     "celery_durable.client.history": "HistoryEvent HistoryPage",
     "celery_durable.schedules.spec": "ScheduleInfo",
