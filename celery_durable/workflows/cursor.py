@@ -7,13 +7,12 @@ and the step whose journal write is held back to travel with the next call.
 A branch's cursor also names the ``Completions`` of the thread that runs it,
 which own the branch's completion once it ends.
 
-The replay's ops read here what every op shares (``Mode``, the longest
-key) rather than from ``replay``, which builds them: no import circle.
+The ops read the longest key here rather than from ``replay``, which
+builds them: no import circle.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,21 +25,6 @@ if TYPE_CHECKING:
 
 
 MAX_KEY_LENGTH = 1024
-
-
-class Mode(enum.Enum):
-    """What an execution is for, fixed when it is made."""
-
-    PASS = "coordinator pass"
-    """Runs the main body, which journals: its steps' writes are held back to
-    go with its next call, its fan-outs are dispatched (their branches sent,
-    or run in the pass when narrow), and a wait ends the pass."""
-    BRANCH_TASK = "branch task"
-    """Replays the main body without writing (every op a journal hit) up to
-    one fan-out, its ``target``, and runs some of that fan-out's branches,
-    each in its own sequence."""
-    DRY = "replay check"
-    """Replays a run writing nothing and running nothing (``dry_replay``)."""
 
 
 @dataclass(slots=True)

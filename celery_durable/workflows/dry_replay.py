@@ -37,10 +37,10 @@ from celery_durable.broker.journal_guard import GuardedJournal
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import Identity, describe
 from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemptError, StorageCorruptError
-from celery_durable.workflows.cursor import Cursor, Mode
+from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.fanout import FanoutOps, Thunk
 from celery_durable.workflows.passes import Settlement, main_pass
-from celery_durable.workflows.replay import MAIN, Replay
+from celery_durable.workflows.replay import MAIN, Mode, Replay
 from celery_durable.workflows.steps import StepOps
 from celery_durable.workflows.unwind import BranchSuspended, unwound
 

@@ -25,7 +25,8 @@ from celery_durable.broker.schema import Identity, describe
 from celery_durable.errors import NonDeterminismError, StaleAttemptError, StorageUnavailableError, WorkflowCancelled
 from celery_durable.workflows.branch_work import BranchSender
 from celery_durable.workflows.branches import run_inline, run_nested, run_target
-from celery_durable.workflows.cursor import Cursor, Mode
+from celery_durable.workflows.cursor import Cursor
+from celery_durable.workflows.replay import Mode
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay

@@ -22,6 +22,7 @@ it by hand on the real store (``tests/unit``).
 from __future__ import annotations
 
 import contextvars
+import enum
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from celery_durable.errors import (
     WorkflowLimitReached,
 )
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.cursor import Cursor, Mode
+from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended, PauseRequested, Suspend
 from celery_durable.workflows.versions import divergence_message
 
@@ -65,6 +66,21 @@ AgentSender = Callable[[str, str, str], None]
 
 Error = TypeVar("Error", bound=BaseException)
 Broken = TypeVar("Broken", bound=Exception)
+
+
+class Mode(enum.Enum):
+    """What an execution is for, fixed when it is made."""
+
+    PASS = "coordinator pass"
+    """Runs the main body, which journals: its steps' writes are held back to
+    go with its next call, its fan-outs are dispatched (their branches sent,
+    or run in the pass when narrow), and a wait ends the pass."""
+    BRANCH_TASK = "branch task"
+    """Replays the main body without writing (every op a journal hit) up to
+    one fan-out, its ``target``, and runs some of that fan-out's branches,
+    each in its own sequence."""
+    DRY = "replay check"
+    """Replays a run writing nothing and running nothing (``dry_replay``)."""
 
 
 @dataclass(frozen=True, slots=True)
