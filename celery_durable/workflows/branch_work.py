@@ -38,6 +38,28 @@ HandOff = Callable[[list[int], int], bool]
 number of tasks); False when the fleet has no room for them now."""
 
 
+LENT: contextvars.ContextVar[tuple[Replay, Replay] | None] = contextvars.ContextVar(
+    "celery_durable_lent_context", default=None
+)
+"""(home, execution): in this thread, a context made for ``home`` forwards to ``execution``."""
+
+
+@contextlib.contextmanager
+def lent(home: Replay, execution: Replay) -> Iterator[None]:
+    """Make the context of ``home`` forward to ``execution`` in this thread.
+
+    A fan-out's thunks close over the context of the execution that built
+    them. A worker that kept them (``KeptFanout``) runs a thunk again in a
+    later execution, with that execution's journal, fence and flags: inside
+    this block, the thunk's ``ctx`` is the new execution's.
+    """
+    token = LENT.set((home, execution))
+    try:
+        yield
+    finally:
+        LENT.reset(token)
+
+
 class BranchWork:
     """The branches one branch task holds, taken one after another; those not
     begun yet are handed on to the fleet when they turn out slow.
@@ -208,25 +230,3 @@ class InlineBranches:
     forget: Callable[[str], None] = lambda _call: None
     """Lets go of the thunks the pass kept while it ran them
     (``Replay.keep_fanout``) once every branch is in."""
-
-
-LENT: contextvars.ContextVar[tuple[Replay, Replay] | None] = contextvars.ContextVar(
-    "celery_durable_lent_context", default=None
-)
-"""(home, execution): in this thread, a context made for ``home`` forwards to ``execution``."""
-
-
-@contextlib.contextmanager
-def lent(home: Replay, execution: Replay) -> Iterator[None]:
-    """Make the context of ``home`` forward to ``execution`` in this thread.
-
-    A fan-out's thunks close over the context of the execution that built
-    them. A worker that kept them (``KeptFanout``) runs a thunk again in a
-    later execution, with that execution's journal, fence and flags: inside
-    this block, the thunk's ``ctx`` is the new execution's.
-    """
-    token = LENT.set((home, execution))
-    try:
-        yield
-    finally:
-        LENT.reset(token)
