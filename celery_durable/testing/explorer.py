@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from celery_durable.agents import AgentRunner
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.broker.scripts import now_ms as wall_ms
 from celery_durable.config import Settings
@@ -40,7 +41,7 @@ from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep
 from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
-from celery_durable.testing.environment import WorkflowTestEnvironment, _Store
+from celery_durable.testing.environment import WorkflowTestEnvironment, _Client, _Store
 from celery_durable.testing.fleet import InProcessSender, TaskCall
 from celery_durable.testing.mechanisms import Mechanisms
 from celery_durable.workflows.calls import CallRequest
@@ -224,19 +225,35 @@ def short(task: str) -> str:
     return task.rsplit(".", 1)[-1]
 
 
+_BASE_MS = wall_ms()
+"""Where every execution's virtual time starts (in this process): ``ctx.now()``
+reads alike in the clean run and each crashed one."""
+
+
 class _StillClock(VirtualClock):
     """Virtual time that moves only when told to: the wall clock's drift
     between two runs of a scenario would make their traces differ."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._base_ms = wall_ms()
+        self._base_ms = _BASE_MS
 
     def now_ms(self) -> int:
         return self._base_ms + self.offset_ms
 
     def advance_to(self, at_ms: int) -> None:
         self._move(max(at_ms - self.now_ms(), 0))
+
+
+class _NumberingClient(_Client):
+    """Runs numbered from 1 (as 32 hex digits) in each execution: the same run
+    ids, so results and child ids derived from them compare across executions."""
+
+    _started = 0
+
+    def _new_run_id(self) -> str:
+        self._started += 1
+        return f"{self._started:032x}"
 
 
 class ExplorerEnvironment(WorkflowTestEnvironment):
@@ -262,12 +279,14 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         tasks: Mapping[str, Any] | None = None,
         mechanisms: Mechanisms = PRODUCTION,
         gap_seconds: float | None = None,
+        agent_runner: AgentRunner | None = None,
     ) -> None:
         # Branches are handed on after branch_batch_ms of wall time: far off
         # here, so that every execution of a scenario crosses the same
         # boundaries however loaded the machine (the explorer replays a trace).
         settings = Settings(branch_batch_ms=60_000)
-        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms, settings=settings)
+        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms, settings=settings, agent_runner=agent_runner)
+        self.client = _NumberingClient(self.engine, self.namespace, self._fleet)
         self.clock = _StillClock()
         self.tracer = tracer
         self.gap_ms = self.engine.store.lease_ms if gap_seconds is None else round(gap_seconds * 1000)
@@ -398,6 +417,7 @@ class Scenario:
     drive: Callable[[ExplorerEnvironment], tuple[str, bool]]
     tasks: Mapping[str, Any] = field(default_factory=dict)
     mechanisms: Mechanisms = field(default_factory=lambda: PRODUCTION)
+    agent_runner: AgentRunner | None = None
 
 
 @dataclass(slots=True)
@@ -418,7 +438,8 @@ def execute(scenario: Scenario, target: int | None, tracer_box: list[Tracer]) ->
     tracer = Tracer()
     tracer.target = target
     tracer_box[:] = [tracer]
-    env = ExplorerEnvironment(scenario.workflows, tracer, tasks=scenario.tasks, mechanisms=scenario.mechanisms)
+    s = scenario
+    env = ExplorerEnvironment(s.workflows, tracer, tasks=s.tasks, mechanisms=s.mechanisms, agent_runner=s.agent_runner)
     run_id, settled = scenario.drive(env)
     return Execution(tracer, env, run_id, settled)
 
@@ -428,6 +449,8 @@ class PointResult:
     boundary: Boundary
     settled: bool
     problems: list[str]
+    effects: Counter[str] = field(default_factory=Counter)
+    """What ran in this execution (``Tracer.effect``), counted by name."""
 
     @property
     def hung(self) -> bool:
@@ -537,7 +560,7 @@ def explore(scenario: Scenario, tracer_box: list[Tracer], compare: Compare) -> t
                 problems.append(f"duplicate effect {name}: ran {ran}x, at most {limit}x allowed")
             elif crashed.settled and ran < clean.tracer.effects[name]:
                 problems.append(f"effect {name} ran {ran}x, {clean.tracer.effects[name]}x in the clean run")
-        points.append(PointResult(boundary, crashed.settled, problems))
+        points.append(PointResult(boundary, crashed.settled, problems, crashed.tracer.effects))
     return clean, Exploration(scenario.name, points, time.monotonic() - began)
 
 
