@@ -144,8 +144,9 @@ class CrashReport:
     @property
     def flagged(self) -> list[str]:
         """The steps whose side effects need an idempotency key: those whose
-        fakes' side effects happened twice at some point; without fakes,
-        every step that ran twice (nothing says its effects were keyed)."""
+        fakes' side effects happened twice at some point. Given no fakes
+        (None; ``fakes=[]`` says the steps call no service), every step that
+        ran twice: nothing says its effects were keyed."""
         if not self.watched_fakes:
             return self.reran
         return sorted({effect.partition(": ")[0] for p in self.points for effect in p.repeated})
@@ -168,7 +169,7 @@ def crash_test(
     workflow: Workflow | str,
     args: Any = None,
     *,
-    fakes: Sequence[Fake] = (),
+    fakes: Sequence[Fake] | None = None,
     signals: Mapping[str, Any] | None = None,
     tasks: Mapping[str, Any] | None = None,
     agent_runner: AgentRunner | None = None,
@@ -177,14 +178,15 @@ def crash_test(
     """Run ``workflow`` with ``args`` once cleanly and once per crash point.
 
     ``workflows``: an engine or the workflows to register (children
-    included). ``signals``: name -> payload, each sent as the run first waits
+    included). ``fakes``: the ``Fake`` services the steps call (None: not
+    known, and every step that ran twice is flagged). ``signals``: name -> payload, each sent as the run first waits
     for it (a signal is a client's call: a point of its own too). ``tasks``
     and ``agent_runner`` answer ``ctx.call`` and ``ctx.agent`` as in
     ``WorkflowTestEnvironment``. A point at which the run has not settled
     after ``leases`` leases of virtual time counts as hung."""
     registered = list(workflows.workflows.values() if isinstance(workflows, Engine) else workflows)
     name = workflow if isinstance(workflow, str) else workflow.name
-    saved = [(fake, copy.deepcopy(vars(fake))) for fake in fakes]
+    saved = [(fake, copy.deepcopy(vars(fake))) for fake in fakes or ()]
 
     def restore() -> None:
         for fake, state in saved:
@@ -224,7 +226,7 @@ def crash_test(
         )
         for point in exploration.points
     ]
-    return CrashReport(name, points, bool(fakes), exploration.seconds)
+    return CrashReport(name, points, fakes is not None, exploration.seconds)
 
 
 def _waits_for(env: ExplorerEnvironment, run_id: str, unsent: Mapping[str, Any]) -> str | None:
