@@ -41,12 +41,12 @@ from celery_durable.testing.explorer import (
     Exploration,
     ExplorerEnvironment,
     Scenario,
-    Tracer,
     execute,
     explore,
     table,
 )
 from celery_durable.testing.mechanisms import Mechanisms
+from celery_durable.testing.tracer import Tracer
 
 TRACER: list[Tracer] = []
 """The tracer of the execution under way: step producers report to it."""

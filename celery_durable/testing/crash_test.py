@@ -38,9 +38,9 @@ from celery_durable.testing.explorer import (
     Execution,
     ExplorerEnvironment,
     Scenario,
-    Tracer,
     explore,
 )
+from celery_durable.testing.tracer import Tracer
 from celery_durable.workflows.context import WorkflowContext
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.saga import Saga
