@@ -7,7 +7,8 @@ a warehouse, the trip's booking providers) are wrapped in ``Service``, a
 ``Fake`` that behaves as a real service should: a call under an idempotency
 key it has seen makes no new side effect. So a flagged step is one whose
 side effect really happens twice when a worker dies at the wrong moment;
-reads (orders, files, fraud scores) and agent turns have none to repeat.
+reads (orders, files, fraud scores) and the examples' agent turns (rules,
+no model) have none to repeat.
 """
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ CASES = [
     Case(nightly.nightly_report, {"customers": ["acme", "globex", "empty-co"]}, (),
          reran=["orders", "summary"], flagged=[], children=(nightly.customer_report,)),
     Case(pipeline.pipeline, {"delay": 0}, (), reran=PIPELINE_STEPS, flagged=[]),
-    Case(code_review.code_review, None, (), reran=["read:cart.js", "read:discount.js", "summary"], flagged=[],
+    Case(code_review.code_review, None, (),
+         reran=["agent reviewer", "read:cart.js", "read:discount.js", "summary"], flagged=[],
          options={"agent_runner": FunctionRunner(routes={"reviewer": code_review.rule_reviewer})}),
-    Case(rate_limited_agents.summarize_tickets, None, (), reran=[], flagged=[],
+    Case(rate_limited_agents.summarize_tickets, None, (), reran=["agent summarizer"], flagged=[],
          options={"agent_runner": FunctionRunner(default=rate_limited_agents.summarize)}),
     Case(render.render_gallery, {"urls": ["https://example.com/a.png", "https://example.com/b.png"]}, (),
          reran=[], flagged=[], options={"tasks": {"fleet.thumbnail": fleet_tasks.thumbnail}}),

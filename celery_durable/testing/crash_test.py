@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from celery_durable.agents import AgentRunner
+from celery_durable.agents import AgentRequest, AgentResult, AgentRunner
 from celery_durable.engine import Engine
 from celery_durable.testing.explorer import (
     DEFAULT_LEASES,
@@ -102,6 +102,18 @@ def _counted(key: str, producer: Callable[[], Any]) -> Callable[[], Any]:
     return counted
 
 
+class _CountedRunner:
+    """The agent runner, each turn counted as ``agent <label>``: a turn asked
+    again after a crash is a model call paid twice, and a fake it calls is its."""
+
+    def __init__(self, runner: AgentRunner) -> None:
+        self._runner = runner
+
+    def run(self, request: AgentRequest) -> AgentResult:
+        result: AgentResult = _counted(f"agent {request.label or 'turn'}", lambda: self._runner.run(request))()
+        return result
+
+
 def _watched(workflow: Workflow) -> Workflow:
     """The same workflow (name, code hash), its context watched."""
     return dataclasses.replace(workflow, run=lambda ctx: workflow.run(_WatchedContext(ctx)))
@@ -116,7 +128,8 @@ class PointReport:
     differences: list[str]
     """How the run ended unlike the clean run (empty: as the clean run did)."""
     reran: list[str]
-    """Steps whose producer ran more often than in the clean run."""
+    """Steps whose producer ran more often than in the clean run (agent turns
+    as ``agent <label>``)."""
     repeated: list[str]
     """Fakes' side effects seen more often than in the clean run, as "step: what"."""
 
@@ -207,9 +220,9 @@ def crash_test(
             payload = unsent.pop(signal)
             env.client_call(f"signal {signal}", partial(env.client.signal_workflow_run, run_id, signal, payload))
 
-    scenario = Scenario(
-        name, tuple(_watched(w) for w in registered), drive, tasks=dict(tasks or {}), agent_runner=agent_runner
-    )
+    runner = None if agent_runner is None else _CountedRunner(agent_runner)
+    watched = tuple(_watched(w) for w in registered)
+    scenario = Scenario(name, watched, drive, tasks=dict(tasks or {}), agent_runner=runner)
     try:
         clean, exploration = explore(scenario, _RUNNING, compare)
     finally:
