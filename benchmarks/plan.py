@@ -82,6 +82,8 @@ class Plan:
     """Periods the case measures the fleet over (every schedule's ticks in them are judged)."""
     schedule_cost_sizes: tuple[int, ...] = (1_000, 10_000)
     """Schedules at which the sweep's cost per tick is measured in-process (first vs last: flat)."""
+    async_runs: int = 1_000
+    """Runs started and awaited per side of the async client's case (``cases/async_client.py``)."""
 
     @property
     def timer_fleets(self) -> tuple[int, ...]:
@@ -166,4 +168,5 @@ def quick_plan(repeat: int) -> Plan:
         schedule_period=2,
         schedule_periods=2,
         schedule_cost_sizes=(50, 200),
+        async_runs=40,
     )

@@ -334,6 +334,29 @@ async def test_a_quiet_subscription_outlives_the_socket_timeout(durable) -> None
     await client.aclose()
 
 
+async def test_a_call_queued_behind_every_connection_waits_past_the_socket_timeout(durable) -> None:
+    """Every pooled connection busy for longer than redis_timeout_seconds:
+    the next call queues until one is free, then answers (1,000 runs started
+    at once on a loaded machine failed with "No connection available" when
+    the queue had the socket timeout as its bound)."""
+    from celery_durable.broker.connection import ASYNC_CONNECTIONS
+
+    d = durable([waiter_workflow()], worker=False, redis_timeout_seconds=0.2)
+    run_id = d.client.start_workflow("async-waiter")
+    client = d.engine.async_client()
+    await client.get_workflow_run(run_id)  # connected
+    assert client._bound is not None
+    pool = client._bound[2].asyncio_client.connection_pool
+    held = [await pool.get_connection() for _ in range(ASYNC_CONNECTIONS)]
+    queued = asyncio.create_task(client.get_workflow_run(run_id))
+    done, _ = await asyncio.wait({queued}, timeout=1.0)  # five socket timeouts in the queue
+    assert not done
+    for connection in held:
+        await pool.release(connection)
+    assert (await asyncio.wait_for(queued, timeout=10)).run_id == run_id
+    await client.aclose()
+
+
 async def test_an_unreachable_redis_is_the_same_storage_error(settings) -> None:
     from celery_durable import Engine, StorageUnavailableError
     from celery_durable.local.redis_server import free_port

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = {
     "sequential", "fanout", "pipeline", "latency", "replay", "recovery", "footprint", "web",
     "timers", "many", "soak", "sweep", "calls", "replay_check", "children", "listing",
-    "history", "bursts", "capacity", "throttles", "schedules",
+    "history", "bursts", "capacity", "throttles", "schedules", "async_client",
 }
 
 
@@ -39,6 +39,7 @@ def test_quick_benchmark_runs_every_case_and_writes_both_files(tmp_path: Path) -
     markdown = (tmp_path / "RESULTS.md").read_text()
     for heading in ("1. Sequential", "2. Fan-out", "3. Pipeline", "4. Latency", "5. Replay", "6. Recovery",
                     "7. Footprint", "8. Web view", "9. Timers", "10. Many runs", "11. Sweep at scale", "12. Soak",
-                    "13. Calls", "14. Replay check", "15. Children", "16. Listing", "21. Schedules"):
+                    "13. Calls", "14. Replay check", "15. Children", "16. Listing", "21. Schedules",
+                    "22. Async client"):
         assert heading in markdown
     assert data["environment"]["versions"]["redis-server"]

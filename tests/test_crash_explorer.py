@@ -35,17 +35,18 @@ from celery_durable import StepFailed, WorkflowContext, workflow
 from celery_durable.broker.schema import schedule_run_id
 from celery_durable.schedules.calendar import to_ms
 from celery_durable.schedules.firing import fire_due
+from celery_durable.testing.crash_test import compare
 from celery_durable.testing.explorer import (
     Execution,
     Exploration,
     ExplorerEnvironment,
     Scenario,
-    Tracer,
     execute,
     explore,
     table,
 )
 from celery_durable.testing.mechanisms import Mechanisms
+from celery_durable.testing.tracer import Tracer
 
 TRACER: list[Tracer] = []
 """The tracer of the execution under way: step producers report to it."""
@@ -301,63 +302,11 @@ twice). Strict: a listed point that settles cleanly fails the test, so the
 entries go as the wake path is fixed (a look scheduled at now+lease before
 any script that can count a wake empties approval's and cancel-saga's)."""
 
-COUNTED_ONCE = ("signal_received", "child_started")
-"""History events that must happen exactly as often as in the clean run (once each here).
-(A compensation is counted by its producer's runs, as every step is: the
-``compensation_started`` event is written by each attempt that starts
-compensating, so a take-over mid-compensation shows two, by design.)"""
-
-
-# -- what "settled as the clean run did" means -------------------------------------------------
-
-
-def outcomes(hashes: Any) -> dict[str, str]:
-    """The journaled step, call and child outcomes; a failure's epoch (which a
-    take-over raises) left out."""
-    found: dict[str, str] = {}
-    for name, value in hashes.journal.items():
-        if name.startswith("v:"):
-            found[name] = value if value.startswith("o") else value[:1] + value.split("|", 1)[-1]
-    return found
-
-
-def view(execution: Execution) -> dict[str, Any]:
-    env, run_id = execution.env, execution.run_id
-    envelope = env.get(run_id)
-    events = env.client.get_workflow_run_history(run_id, limit=500).events
-    children = {
-        child.key: (child.status, env.get(child.run_id).result, outcomes(env.hashes(child.run_id)))
-        for child in env.detail(run_id).children
-    }
-    return {
-        "status": envelope.status,
-        "result": envelope.result,
-        "outcomes": outcomes(env.hashes(run_id)),
-        "children": children,
-        **{kind: sum(1 for e in events if e.kind == kind) for kind in COUNTED_ONCE},
-    }
-
-
 RACING = {"cancel-over-call": frozenset({"v:charge"})}
 """Outcomes that may or may not be journaled, by scenario: the charge's
 answer races the cancel. A cancel pass that died before it stepped over the
 call leaves the answer to arrive first, and be journaled (the charge did
 happen); the run is cancelled at its next step all the same, and compensates."""
-
-
-def compare(clean: Execution, crashed: Execution, racing: frozenset[str] = frozenset()) -> list[str]:
-    """What differs from the clean run, as problems ("duplicate ..." for an
-    effect or event seen more often than in the clean run)."""
-    want, got = view(clean), view(crashed)
-    for seen in (want, got):
-        seen["outcomes"] = {k: v for k, v in seen["outcomes"].items() if k not in racing}
-    problems = []
-    for what in want:
-        if want[what] == got[what]:
-            continue
-        prefix = "duplicate " if what in COUNTED_ONCE and got[what] > want[what] else ""
-        problems.append(f"{prefix}{what}: {got[what]!r:.300} (clean: {want[what]!r:.300})")
-    return problems
 
 
 def compare_tick(clean: Execution, crashed: Execution, racing: frozenset[str] = frozenset()) -> list[str]:

@@ -1,8 +1,8 @@
 """The cases of the benchmark: the seven of the engine's issue, in its order, the web view's, then
 the cases of issues 11, 13 and 14 (timers, many runs at once, the soak, the sweep at scale), then
 ``ctx.call`` of a plain Celery task (SPEC §5a), the replay check before a deploy (SPEC §8a), the
-later issues' cases (history, listing, bursts, capacity, throttles), and schedules fired by the
-workers' sweep (issue 38).
+later issues' cases (history, listing, bursts, capacity, throttles), schedules fired by the
+workers' sweep (issue 38), and the asyncio client against the sync one from a thread pool (issue 41).
 
 Each module has ``run(bench, plan) -> CaseResult``; the results table is
 built from the rows they return.
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from benchmarks.cases import (
+    async_client,
     bursts,
     calls,
     capacity,
@@ -63,4 +64,5 @@ CASES: dict[str, CaseRunner] = {
     "capacity": capacity.run,
     "throttles": throttles.run,
     "schedules": schedules.run,
+    "async_client": async_client.run,
 }

@@ -15,6 +15,9 @@ them, take the dead ones over, fire due timers, send the wakes) on the
 environment's virtual clock, step after step, until the run settles or a
 bound of leases of virtual time passes.
 
+The tracer, and the store and sender that cross its boundaries, are in
+``tracer.py``; ``crash_test.py`` points all this at a user's workflow.
+
 Why here and not in production code: the hooks are the test environment's
 store and sender (subclasses), so the engine's modules carry no trigger
 points, and the explorer sees exactly the calls a worker would make.
@@ -22,28 +25,25 @@ points, and the explorer sees exactly the calls a worker would make.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
+from celery_durable.agents import AgentRunner
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.broker.scripts import now_ms as wall_ms
 from celery_durable.config import Settings
-from celery_durable.engine import Engine
 from celery_durable.tasks import throttling
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep
 from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
-from celery_durable.testing.environment import WorkflowTestEnvironment, _Store
-from celery_durable.testing.fleet import InProcessSender, TaskCall
+from celery_durable.testing.environment import WorkflowTestEnvironment, _Client
+from celery_durable.testing.fleet import TaskCall
 from celery_durable.testing.mechanisms import Mechanisms
-from celery_durable.workflows.calls import CallRequest
+from celery_durable.testing.tracer import Boundary, Trace, Tracer, _TracedSender, _TracedStore, short
 from celery_durable.workflows.definition import Workflow
 
 TERMINAL = frozenset({"completed", "cancelled", "error", "halted", "paused"})
@@ -57,171 +57,13 @@ MAX_SWEEPS = 400
 """A guard on the recovery loop itself (each sweep moves the clock on at least 1 ms)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Boundary:
-    """One place a process can die: ``moment`` (before/after) an operation.
-
-    ``label`` is stable across runs of one scenario (script name and its
-    ordinal in the run, or the task published), so known-failing points can
-    be listed by it."""
-
-    index: int
-    process: int
-    process_name: str
-    label: str
-    moment: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.moment} {self.label} (in {self.process_name})"
-
-
-@dataclass(slots=True)
-class Trace:
-    """What one run of a scenario crossed, and the step producers it ran, in order."""
-
-    boundaries: list[Boundary] = field(default_factory=list)
-    effects: list[tuple[int, int, str]] = field(default_factory=list)
-    """(boundaries crossed before it, process, effect name)."""
-
-
-class Tracer:
-    """Counts boundaries of the current process, and kills it at the target one.
-
-    Only the thread that drives a process is traced: a heartbeat thread or
-    the sweep (which never dies here) crosses no boundary."""
-
-    def __init__(self) -> None:
-        self.trace = Trace()
-        self.target: int | None = None
-        self.crashed_at: Boundary | None = None
-        self.effects: Counter[str] = Counter()
-        self._process = -1
-        self._process_name = ""
-        self._thread: int | None = None
-        self._dead = False
-        self._ordinals: Counter[str] = Counter()
-        self._depth = threading.local()
-
-    @contextmanager
-    def process(self, name: str) -> Iterator[None]:
-        """One process: a delivery or a client call; its death ends it here, quietly."""
-        self._process += 1
-        self._process_name = name
-        self._thread = threading.get_ident()
-        self._dead = False
-        try:
-            yield
-        except SimulatedCrash:
-            pass
-        finally:
-            self._thread = None
-            self._dead = False
-
-    def _traced(self) -> bool:
-        return self._thread == threading.get_ident() and not getattr(self._depth, "n", 0)
-
-    def _cross(self, label: str, moment: str) -> None:
-        if not self._traced():
-            return
-        if self._dead:
-            raise SimulatedCrash(f"the process died earlier; {moment} {label}")
-        boundary = Boundary(len(self.trace.boundaries), self._process, self._process_name, label, moment)
-        self.trace.boundaries.append(boundary)
-        if boundary.index == self.target:
-            self._dead = True
-            self.crashed_at = boundary
-            raise SimulatedCrash(f"simulated crash {boundary.name}")
-
-    def around(self, kind: str, call: Callable[[], Any]) -> Any:
-        """``call`` (one storage operation or one publish) between its two boundaries."""
-        if not self._traced():
-            return call()
-        self._ordinals[kind] += 1
-        label = f"{kind}#{self._ordinals[kind]}"
-        self._cross(label, "before")
-        self._depth.n = 1  # a call nested in this one (a script run again alone) is part of it
-        try:
-            result = call()
-        finally:
-            self._depth.n = 0
-        self._cross(label, "after")
-        return result
-
-    def effect(self, name: str) -> None:
-        """A step producer ran (called by the scenario's step functions). A
-        dead process runs none: its thread unwinds instead."""
-        if self._traced() and self._dead:
-            raise SimulatedCrash(f"the process died earlier; effect {name}")
-        self.effects[name] += 1
-        process = self._process if self._traced() else -1
-        self.trace.effects.append((len(self.trace.boundaries), process, name))
-
-
-class _TracedStore(_Store):
-    """The environment's store, each storage operation between two boundaries."""
-
-    tracer: Tracer
-
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return self.tracer.around(name, lambda: super(_TracedStore, self)._run(name, keys, args))
-
-    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
-        return self.tracer.around(name, lambda: super(_TracedStore, self)._run_with(name, keys, args, writes))
-
-    def _run_each(
-        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *, looked: bool = False
-    ) -> list[Any]:
-        return self.tracer.around(  # type: ignore[no-any-return]
-            f"{name}*", lambda: super(_TracedStore, self)._run_each(name, calls, looked=looked)
-        )
-
-    def schedule_check(self, run_id: str, at_ms: int, *, sooner_only: bool = False) -> None:
-        self.tracer.around(
-            "schedule_check", lambda: super(_TracedStore, self).schedule_check(run_id, at_ms, sooner_only=sooner_only)
-        )
-
-    def look(self, run_ids: Sequence[str], at_ms: int) -> None:
-        self.tracer.around("look", lambda: super(_TracedStore, self).look(run_ids, at_ms))
-
-    def looked(self, claim: str, looks: dict[str, int], done: Sequence[str]) -> None:
-        self.tracer.around("looked", lambda: super(_TracedStore, self).looked(claim, looks, done))
-
-    def unschedule(self, run_id: str) -> None:
-        self.tracer.around("unschedule", lambda: super(_TracedStore, self).unschedule(run_id))
-
-
-class _TracedSender(InProcessSender):
-    """The fleet's sender, each message published between two boundaries."""
-
-    tracer: Tracer
-    env: ExplorerEnvironment
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        for message in messages:
-            self.tracer.around(f"publish {short(message.task)}", partial(self._send, message))
-
-    def _send(self, message: Outgoing) -> None:
-        """Queued now, or, with a countdown, once the virtual clock reaches it
-        (a pass that found the lock busy sends itself again a little later)."""
-        if message.countdown:
-            due = self.env.clock.now_ms() + round(message.countdown * 1000)
-            self.env.delayed.append((due, message))
-        else:
-            super().send([message])
-
-    def send_call(self, engine: Engine, record: Any, request: CallRequest) -> None:
-        self.tracer.around(
-            f"publish {request.task_name}", lambda: super(_TracedSender, self).send_call(engine, record, request)
-        )
-
-
 def _queue_name(queue: Any) -> str:
     return queue if isinstance(queue, str) else str(getattr(queue, "name", queue))
 
 
-def short(task: str) -> str:
-    return task.rsplit(".", 1)[-1]
+_BASE_MS = wall_ms()
+"""Where every execution's virtual time starts (in this process): ``ctx.now()``
+reads alike in the clean run and each crashed one."""
 
 
 class _StillClock(VirtualClock):
@@ -230,13 +72,24 @@ class _StillClock(VirtualClock):
 
     def __init__(self) -> None:
         super().__init__()
-        self._base_ms = wall_ms()
+        self._base_ms = _BASE_MS
 
     def now_ms(self) -> int:
         return self._base_ms + self.offset_ms
 
     def advance_to(self, at_ms: int) -> None:
         self._move(max(at_ms - self.now_ms(), 0))
+
+
+class _NumberingClient(_Client):
+    """Runs numbered from 1 (as 32 hex digits) in each execution: the same run
+    ids, so results and child ids derived from them compare across executions."""
+
+    _started = 0
+
+    def _new_run_id(self) -> str:
+        self._started += 1
+        return f"{self._started:032x}"
 
 
 class ExplorerEnvironment(WorkflowTestEnvironment):
@@ -262,12 +115,14 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
         tasks: Mapping[str, Any] | None = None,
         mechanisms: Mechanisms = PRODUCTION,
         gap_seconds: float | None = None,
+        agent_runner: AgentRunner | None = None,
     ) -> None:
         # Branches are handed on after branch_batch_ms of wall time: far off
         # here, so that every execution of a scenario crosses the same
         # boundaries however loaded the machine (the explorer replays a trace).
         settings = Settings(branch_batch_ms=60_000)
-        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms, settings=settings)
+        super().__init__(workflows, tasks=tasks, mechanisms=mechanisms, settings=settings, agent_runner=agent_runner)
+        self.client = _NumberingClient(self.engine, self.namespace, self._fleet)
         self.clock = _StillClock()
         self.tracer = tracer
         self.gap_ms = self.engine.store.lease_ms if gap_seconds is None else round(gap_seconds * 1000)
@@ -398,6 +253,7 @@ class Scenario:
     drive: Callable[[ExplorerEnvironment], tuple[str, bool]]
     tasks: Mapping[str, Any] = field(default_factory=dict)
     mechanisms: Mechanisms = field(default_factory=lambda: PRODUCTION)
+    agent_runner: AgentRunner | None = None
 
 
 @dataclass(slots=True)
@@ -418,7 +274,8 @@ def execute(scenario: Scenario, target: int | None, tracer_box: list[Tracer]) ->
     tracer = Tracer()
     tracer.target = target
     tracer_box[:] = [tracer]
-    env = ExplorerEnvironment(scenario.workflows, tracer, tasks=scenario.tasks, mechanisms=scenario.mechanisms)
+    s = scenario
+    env = ExplorerEnvironment(s.workflows, tracer, tasks=s.tasks, mechanisms=s.mechanisms, agent_runner=s.agent_runner)
     run_id, settled = scenario.drive(env)
     return Execution(tracer, env, run_id, settled)
 
@@ -428,6 +285,8 @@ class PointResult:
     boundary: Boundary
     settled: bool
     problems: list[str]
+    effects: Counter[str] = field(default_factory=Counter)
+    """What ran in this execution (``Tracer.effect``), counted by name."""
 
     @property
     def hung(self) -> bool:
@@ -537,7 +396,7 @@ def explore(scenario: Scenario, tracer_box: list[Tracer], compare: Compare) -> t
                 problems.append(f"duplicate effect {name}: ran {ran}x, at most {limit}x allowed")
             elif crashed.settled and ran < clean.tracer.effects[name]:
                 problems.append(f"effect {name} ran {ran}x, {clean.tracer.effects[name]}x in the clean run")
-        points.append(PointResult(boundary, crashed.settled, problems))
+        points.append(PointResult(boundary, crashed.settled, problems, crashed.tracer.effects))
     return clean, Exploration(scenario.name, points, time.monotonic() - began)
 
 

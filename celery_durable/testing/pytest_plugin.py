@@ -12,7 +12,10 @@ Then, in-process (no worker, no service; virtual time, the real scripts):
 - ``durable_env``: a fresh ``WorkflowTestEnvironment`` per test, built from
   ``durable_workflows`` and ``durable_env_options`` (a dict of its keyword
   arguments: ``agent_runner``, ``tasks``, ``fanout``...; override it too);
-- ``durable_clock``: that environment's ``VirtualClock``.
+- ``durable_clock``: that environment's ``VirtualClock``;
+- ``durable_crash_test``: ``crash_test`` on ``durable_workflows``:
+  ``durable_crash_test(workflow, args, fakes=[...])`` runs the workflow once
+  per point a worker can die, and reports which steps ran twice.
 
 And against a real fleet on a private Redis (integration and crash tests):
 
@@ -36,7 +39,7 @@ uses none of them pays nothing for the plugin.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from celery_durable.config import Settings
     from celery_durable.local.redis_server import RedisServer
     from celery_durable.testing.clock import VirtualClock
+    from celery_durable.testing.crash_test import CrashReport
     from celery_durable.testing.environment import WorkflowTestEnvironment
     from celery_durable.testing.workers import WorkerFleet
     from celery_durable.workflows.definition import Workflow
@@ -80,6 +84,21 @@ def durable_env(durable_workflows: list[Workflow], durable_env_options: dict[str
 def durable_clock(durable_env: WorkflowTestEnvironment) -> VirtualClock:
     """``durable_env``'s virtual clock: ``advance(seconds)`` fires every timer it passes."""
     return durable_env.clock
+
+
+@pytest.fixture
+def durable_crash_test(
+    durable_workflows: list[Workflow], durable_env_options: dict[str, Any]
+) -> Callable[..., CrashReport]:
+    """``crash_test`` with ``durable_workflows`` (and ``tasks`` and ``agent_runner``
+    from ``durable_env_options``) given: call it with the workflow, its args
+    and ``fakes=``, ``signals=``."""
+    from functools import partial
+
+    from celery_durable.testing.crash_test import crash_test
+
+    answers = {name: durable_env_options[name] for name in ("tasks", "agent_runner") if name in durable_env_options}
+    return partial(crash_test, durable_workflows, **answers)
 
 
 @pytest.fixture(scope="session")
