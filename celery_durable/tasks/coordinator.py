@@ -7,9 +7,7 @@ holder runs one more pass before it lets go (see ``release.lua``).
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,17 +20,16 @@ from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
+from celery_durable.tasks.port import execution as execution_of
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows import jsonvalue, passes, saga
-from celery_durable.workflows.branch_work import InlineBranches
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
-    from celery_durable.workflows.definition import Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +63,7 @@ def run_coordinator_task(
     # The lock token is the task id, so a message redelivered after its worker
     # died re-enters its own lock instead of waiting for it to expire.
     token = task_id or new_task_id()
+
     def attempt() -> None:
         # A pass taken by the waking script is the first try's: a try again
         # after a storage error activates as any pass does (its token re-enters).
@@ -79,6 +77,7 @@ def run_coordinator_task(
 def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: TakenPass | None = None) -> None:
     store = engine.store
     if not knows(engine, message):
+
         def send_again(new: str, countdown: float) -> None:
             engine.send_coordinator(message.run_id, message.epoch, message.workflow, countdown, task_id=new)
 
@@ -88,7 +87,6 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
     record = peeked.replay.run if peeked is not None else _load_record(engine, message)
     if record is None or not _has_its_slot(engine, record, token):
         return
-    definition = engine.workflows[record.workflow]  # the record's workflow is the message's (_load_record)
     resend = taken_pass.request.resend if taken_pass is not None else new_task_id()
     taken = _take_lock(engine, message, record, token, resend, peeked, taken_pass)
     if taken is None:
@@ -144,7 +142,7 @@ def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: Tak
             if fresh is None or fresh.epoch != record.epoch:
                 return
             kept = engine.parked.take(record.run_id, record.epoch)
-            replay = kept[0].replay if kept else _new_replay(engine, fresh, definition, execution)
+            replay = kept[0].replay if kept else execution_of(engine, fresh, execution)
             replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
             heartbeat.attempt = replay
 
@@ -303,55 +301,10 @@ def _replay_to_run(
         if fresh is None:
             return None
         record = fresh
-    replay = _new_replay(engine, record, engine.workflows[record.workflow], execution)
+    replay = execution_of(engine, record, execution)
     if tail is not None and tail[0] == MAIN and tail[1].start == 0:
         replay.prime({MAIN: tail[1]})
     return replay, None
-
-
-def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
-    settings = engine.settings
-
-    def send(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
-        return engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices, before=count)
-
-    def send_agent(agent: str, owner: str, task_id: str) -> None:
-        engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
-
-    def hand_on(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
-        return engine.send_branches(
-            record.run_id, record.epoch, record.workflow, call, indices, tasks=len(indices), before=count
-        )
-
-    # A fan-out that would start as one branch task runs in the pass itself
-    # (branch_batch_ms 0 asks for a task per branch, so it never does).
-    kept = engine.kept_fanouts
-    inline = None
-    if settings.branch_batch_ms > 0:
-        inline = InlineBranches(
-            settings.fanout_tasks,
-            settings.branch_batch_ms / 1000,
-            hand_on,
-            forget=functools.partial(kept.forget, record.run_id, record.epoch),
-        )
-    return Replay(
-        send_call=functools.partial(engine.send_call, record),
-        journal=engine.store.journal(record.run_id, record.epoch, record.namespace),
-        run=record,
-        workflow=definition,
-        max_fanout=settings.max_fanout,
-        max_payload_bytes=settings.max_payload_bytes,
-        send_branches=send,
-        token=execution,
-        send_agent=send_agent,
-        # Its narrow fan-outs' thunks, kept while the pass runs them, for the
-        # branch tasks that run them later in this process (a branch woken by
-        # its call's answer, say).
-        keep_fanout=functools.partial(kept.keep, record.run_id, record.epoch) if inline is not None else None,
-        inline=inline,
-        children=children.EngineChildren(engine, record),
-        throttles=throttling.EngineThrottles(engine, record),
-    )
 
 
 def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None] | None) -> bool:

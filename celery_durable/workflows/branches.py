@@ -209,7 +209,7 @@ def run_inline(
     """In a coordinator pass: run the branches of a narrow fan-out that its
     dispatch left to send, handing on those not begun once one runs slow
     (``InlineBranches``). The pass collects their outcomes: nothing wakes."""
-    inline = replay.inline
+    inline = replay.port.inline
     assert inline is not None
     _keep(replay, cursor, call, identity, branches)
     work = BranchWork(hand_off=hand_off, after=inline.after)
@@ -218,8 +218,7 @@ def run_inline(
 
 def _keep(replay: Replay, cursor: Cursor, call: str, identity: str, branches: list[Thunk]) -> None:
     """Keep the thunks of the top-level fan-out at ``cursor``, as this execution built them."""
-    if replay.keep_fanout is not None:
-        replay.keep_fanout(KeptFanout.of(replay, cursor, call, identity, branches))
+    replay.port.keep_fanout(KeptFanout.of(replay, cursor, call, identity, branches))
 
 
 def run_nested(replay: Replay, cursor: Cursor, call: str, branches: list[Thunk]) -> None:

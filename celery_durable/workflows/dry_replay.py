@@ -40,6 +40,7 @@ from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemp
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.fanout import FanoutOps, Thunk
 from celery_durable.workflows.passes import Settlement, main_pass
+from celery_durable.workflows.port import Detached
 from celery_durable.workflows.replay import MAIN, Mode, Replay
 from celery_durable.workflows.steps import StepOps
 from celery_durable.workflows.unwind import BranchSuspended, unwound
@@ -94,8 +95,7 @@ class DryReplay(Replay):
             journal=ReadOnlyJournal(journal),
             run=run,
             workflow=workflow,
-            max_fanout=max_fanout,
-            max_payload_bytes=max_payload_bytes,
+            port=Detached(max_fanout, max_payload_bytes),
             mode=Mode.DRY,
         )
         self.steps = _DrySteps(self)

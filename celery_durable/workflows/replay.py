@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,21 +50,19 @@ from celery_durable.workflows.versions import divergence_message
 
 if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
-    from celery_durable.workflows.branch_work import BranchSender, BranchTarget, InlineBranches, KeptFanout
-    from celery_durable.workflows.calls import CallOps, CallSender
-    from celery_durable.workflows.children import ChildOps, ChildPort
+    from celery_durable.workflows.branch_work import BranchTarget
+    from celery_durable.workflows.calls import CallOps
+    from celery_durable.workflows.children import ChildOps
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.fanout import FanoutOps
     from celery_durable.workflows.parking import ParkedBody
+    from celery_durable.workflows.port import Port
     from celery_durable.workflows.steps import StepOps
-    from celery_durable.workflows.throttles import ThrottlePort
+    from celery_durable.workflows.throttles import ThrottleOps
     from celery_durable.workflows.waits import WaitOps
 
 MAIN = schema.MAIN
 MAX_KEY_LENGTH = 1024
-
-AgentSender = Callable[[str, str, str], None]
-"""Sends an agent task: (agent id, owner to wake, task id)."""
 
 Error = TypeVar("Error", bound=BaseException)
 Broken = TypeVar("Broken", bound=Exception)
@@ -106,27 +105,11 @@ class Replay:
         journal: Journal,
         run: RunRecord,
         workflow: Workflow,
-        max_fanout: int,
-        max_payload_bytes: int,
-        send_branches: BranchSender | None = None,
+        port: Port,
         target: BranchTarget | None = None,
         token: str = "",
-        send_agent: AgentSender | None = None,
-        send_call: CallSender | None = None,
-        keep_fanout: Callable[[KeptFanout], None] | None = None,
-        inline: InlineBranches | None = None,
-        children: ChildPort | None = None,
         mode: Mode | None = None,
-        throttles: ThrottlePort | None = None,
     ) -> None:
-        from celery_durable.workflows.agent_ops import AgentOps
-        from celery_durable.workflows.calls import CallOps
-        from celery_durable.workflows.children import ChildOps
-        from celery_durable.workflows.fanout import FanoutOps
-        from celery_durable.workflows.steps import StepOps
-        from celery_durable.workflows.throttles import ThrottleOps
-        from celery_durable.workflows.waits import WaitOps
-
         # Sticky: once the store fails or the fence refuses a write, the
         # error is kept (``broken``) and raised at every later op, so workflow
         # code that catches it with ``except Exception`` cannot journal past it.
@@ -134,16 +117,10 @@ class Replay:
         self.run = run
         self.workflow = workflow
         self.epoch = journal.epoch
-        self.max_fanout = max_fanout
-        self.max_payload_bytes = max_payload_bytes
-        self.send_branches = send_branches
-        self.send_agent = send_agent
-        self.send_call = send_call
-        self.keep_fanout = keep_fanout
-        """Given a top-level fan-out's thunks when this execution built them
-        (``KeptFanout``): a branch task's, or a pass's running them itself."""
-        self.inline = inline
-        """Set in a coordinator pass that runs narrow fan-outs itself."""
+        self.port: Final = port
+        """All this execution asks of the fleet (``workflows/port.py``)."""
+        self.max_fanout = port.max_fanout
+        self.max_payload_bytes = port.max_payload_bytes
         self.target = target
         self.mode: Final = mode or (Mode.BRANCH_TASK if target is not None else Mode.PASS)
         self.token = token
@@ -161,14 +138,51 @@ class Replay:
         """Set while the main body runs on a thread a worker may keep parked
         at a task call (``parking.py``)."""
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
-        self.steps: StepOps = StepOps(self)
-        self.fanout: FanoutOps = FanoutOps(self)
-        self.agents: AgentOps = AgentOps(self)
-        self.waits: WaitOps = WaitOps(self)
-        self.calls: CallOps = CallOps(self)
-        self.children: ChildOps = ChildOps(self, children)
-        self.throttles = ThrottleOps(self, throttles)
+
+    # -- the ops, one module each, made when a workflow first asks for one -------------
+
+    @functools.cached_property
+    def steps(self) -> StepOps:
+        from celery_durable.workflows.steps import StepOps
+
+        return StepOps(self)
+
+    @functools.cached_property
+    def fanout(self) -> FanoutOps:
+        from celery_durable.workflows.fanout import FanoutOps
+
+        return FanoutOps(self)
+
+    @functools.cached_property
+    def agents(self) -> AgentOps:
+        from celery_durable.workflows.agent_ops import AgentOps
+
+        return AgentOps(self)
+
+    @functools.cached_property
+    def waits(self) -> WaitOps:
+        from celery_durable.workflows.waits import WaitOps
+
+        return WaitOps(self)
+
+    @functools.cached_property
+    def calls(self) -> CallOps:
+        from celery_durable.workflows.calls import CallOps
+
+        return CallOps(self)
+
+    @functools.cached_property
+    def children(self) -> ChildOps:
+        from celery_durable.workflows.children import ChildOps
+
+        return ChildOps(self, self.port.children)
+
+    @functools.cached_property
+    def throttles(self) -> ThrottleOps:
         """Slots of throttled ops (``throttle=``; ``workflows/throttles.py``)."""
+        from celery_durable.workflows.throttles import ThrottleOps
+
+        return ThrottleOps(self, self.port.throttles)
 
     # -- sequences -------------------------------------------------------------
 
