@@ -43,6 +43,7 @@ from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks import throttling
 from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
+from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.home import home_of, is_home_name
 from celery_durable.tasks.in_place import consumes, gather, run_taken_pass, take_request, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
@@ -211,7 +212,8 @@ def answer_in_place(
     except Exception:  # kombu's EncodeError, and whatever a value's own encoder raises
         return False
     try:
-        contextvars.Context().run(call_succeeded, engine, wired, fields, home, called)
+        run = contextvars.Context().run
+        run(run_durable_task, engine, CALL_RESULT_TASK, "", fields, wired, home=home, called=called)
     except Exception:
         # Nothing journaled (call_succeeded handles what follows the write):
         # the message goes, and its task retries as always.
