@@ -23,7 +23,7 @@ from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_mess
 from celery_durable.tasks.port import execution as execution_of
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.unserved import knows, pass_on
-from celery_durable.workflows import jsonvalue, passes, saga
+from celery_durable.workflows import jsonvalue, passes
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
@@ -262,7 +262,7 @@ def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> bool:
     does not call the context. Settle the run without it; its thread goes on
     until that code returns, fenced out of every write. False (nothing done)
     while a saga of the pass runs its compensations: it acts on the cancel."""
-    if saga.compensating(replay):
+    if replay.compensating:
         return False
     record = replay.run
     settlement = passes.limit_reached(replay, flags.limit) if flags.limit and not flags.cancel else passes.CANCELLED

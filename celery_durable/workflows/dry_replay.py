@@ -41,8 +41,9 @@ from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.fanout import FanoutOps, Thunk
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.port import Detached
-from celery_durable.workflows.replay import MAIN, Mode, Replay
+from celery_durable.workflows.replay import MAIN, Replay
 from celery_durable.workflows.steps import StepOps
+from celery_durable.workflows.stopping import Mode
 from celery_durable.workflows.unwind import BranchSuspended, unwound
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from celery_durable.errors import NonDeterminismError, StaleAttemptError, Storag
 from celery_durable.workflows.branch_work import BranchSender
 from celery_durable.workflows.branches import run_inline, run_nested, run_target
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.replay import Mode
+from celery_durable.workflows.stopping import Mode
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay

@@ -28,7 +28,8 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.branches import run_kept
 from celery_durable.workflows.completion import Completions
 from celery_durable.workflows.context import WorkflowContext
-from celery_durable.workflows.replay import MAIN, Mode, Replay
+from celery_durable.workflows.replay import MAIN, Replay
+from celery_durable.workflows.stopping import Mode
 from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend, unwound
 from celery_durable.workflows.versions import note_code
 
