@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -44,6 +45,8 @@ class Trace:
 
     modules: set[str] = field(default_factory=set)
     reentries: int = 0
+    bounces: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(A, B) -> how often B called back into A."""
     active: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     local: threading.local = field(default_factory=threading.local)
@@ -76,6 +79,7 @@ class Trace:
             self.modules.add(module)
             if len(stack) >= 2 and stack[-2][0] == module:
                 self.reentries += 1
+                self.bounces[module, stack[-1][0]] += 1
         stack.append([module, 1])
 
 
@@ -151,6 +155,8 @@ def main() -> None:
         if "-v" in sys.argv:
             for module in sorted(trace.modules):
                 print(f"    {module}")
+            for (a, b), n in trace.bounces.most_common():
+                print(f"    {n:3d}  {a} -> {b} -> {a}")
 
 
 if __name__ == "__main__":

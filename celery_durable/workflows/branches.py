@@ -127,7 +127,8 @@ def run_in_sequence(
     call = schema.call_id(parent.seq, parent.index)
     cursor.owner = parent.owner if not parent.is_main else schema.branch_owner(call, index)
     try:
-        result = replay.run_in(cursor, fn)
+        with replay.running(cursor):
+            result = fn()
     except (StorageUnavailableError, StaleAttemptError, BranchSuspended, BranchRerun):
         raise  # nothing to record: this execution cannot, or the branch is not done
     except FATAL_ERRORS as exc:
@@ -193,8 +194,8 @@ def run_kept(replay: Replay, kept: KeptFanout) -> None:
     from celery_durable.workflows.context import lent
 
     parent = Cursor(seq=kept.seq, history=[], high_water=0, writes=False, phase_id=kept.phase_id, index=kept.index)
-    with lent(kept.home, replay):
-        replay.run_in(parent, lambda: run_target(replay, parent, kept.identity, kept.branches))
+    with lent(kept.home, replay), replay.running(parent):
+        run_target(replay, parent, kept.identity, kept.branches)
 
 
 def run_inline(

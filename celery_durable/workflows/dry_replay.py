@@ -199,7 +199,8 @@ class _DryFanout(FanoutOps):
         if outcome is not None and outcome.is_live(replay.epoch):
             replay.ended.add(seq)
         try:
-            replay.run_in(cursor, thunk)
+            with replay.running(cursor):
+                thunk()
         except BranchSuspended as stopped:
             unwound(stopped)
             return

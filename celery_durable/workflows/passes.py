@@ -74,7 +74,8 @@ def main_pass(replay: Replay) -> Settlement | None:
     result: Any = None
     failure: Exception | None = None
     try:
-        result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+        with replay.running(cursor):
+            result = replay.workflow.run(WorkflowContext(replay))
     except Suspend as waiting:
         unwound(waiting)
         return None
@@ -168,7 +169,8 @@ def branch_pass(replay: Replay, kept: KeptFanout | None = None) -> None:
             run_kept(replay, kept)
         else:
             cursor = replay.open_cursor(MAIN, writes=False)
-            replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+            with replay.running(cursor):
+                replay.workflow.run(WorkflowContext(replay))
     except BranchFinished as finished:
         unwound(finished)
         return

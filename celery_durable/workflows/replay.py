@@ -23,11 +23,12 @@ it by hand on the real store (``tests/unit``).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Began, BeginCall, Conflict, Journal, PendingCommit, Winner
@@ -198,10 +199,13 @@ class Replay(StopState):
                 "WorkflowContext was used outside the workflow's own thread; use ctx.parallel to run work concurrently"
             ) from None
 
-    def run_in(self, cursor: Cursor, fn: Callable[[], Any]) -> Any:
+    @contextlib.contextmanager
+    def running(self, cursor: Cursor) -> Iterator[None]:
+        """The ops of the block run at ``cursor`` (a block, not a callback:
+        the code that runs a sequence stays in its own module's frame)."""
         token = self._cursor.set(cursor)
         try:
-            return fn()
+            yield
         finally:
             self._cursor.reset(token)
 
