@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from celery_durable.workflows.port import Count
+from celery_durable.workflows.port import Count, Port
 from celery_durable.workflows.replay import Replay
 
 if TYPE_CHECKING:
@@ -25,16 +25,15 @@ if TYPE_CHECKING:
     from celery_durable.workflows.throttles import ThrottlePort
 
 
-class EnginePort:
+class EnginePort(Port):
     """Run ``record``'s attempt's messages, child runs and slots through ``engine``."""
 
     def __init__(self, engine: Engine, record: RunRecord, *, inline: bool, keeps: bool) -> None:
+        super().__init__(engine.settings.max_fanout, engine.settings.max_payload_bytes)
         self._engine = engine
         self._record = record
         self._keeps = keeps
         self._inline = inline
-        self.max_fanout = engine.settings.max_fanout
-        self.max_payload_bytes = engine.settings.max_payload_bytes
 
     @functools.cached_property
     def inline(self) -> InlineBranches | None:

@@ -40,7 +40,7 @@ from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemp
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.fanout import FanoutOps, Thunk
 from celery_durable.workflows.passes import Settlement, main_pass
-from celery_durable.workflows.port import Detached
+from celery_durable.workflows.port import Port
 from celery_durable.workflows.replay import MAIN, Replay
 from celery_durable.workflows.steps import StepOps
 from celery_durable.workflows.stopping import Mode
@@ -96,7 +96,7 @@ class DryReplay(Replay):
             journal=ReadOnlyJournal(journal),
             run=run,
             workflow=workflow,
-            port=Detached(max_fanout, max_payload_bytes),
+            port=Port(max_fanout, max_payload_bytes),
             mode=Mode.DRY,
         )
         self.steps = _DrySteps(self)

@@ -36,7 +36,7 @@ from celery_durable.workflows.branch_work import BranchTarget
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.completion import CompletionRoute
 from celery_durable.workflows.passes import Settlement, branch_pass, main_pass
-from celery_durable.workflows.port import Detached
+from celery_durable.workflows.port import Port
 from celery_durable.workflows.replay import Replay
 
 MAX_PAYLOAD = 1 << 20
@@ -47,7 +47,7 @@ def new_id(kind: str) -> str:
     return f"{kind}-{next(_ids)}"
 
 
-class _DriverPort(Detached):
+class _DriverPort(Port):
     """The fleet as a ``Driver`` plays it: messages are kept, for the test to deliver."""
 
     def __init__(self, driver: Driver, send_call: Callable[[CallRequest], None] | None) -> None:
