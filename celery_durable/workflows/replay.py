@@ -112,14 +112,13 @@ class Replay(StopState):
         """Set while the main body runs on a thread a worker may keep parked
         at a task call (``parking.py``)."""
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
-
-    # -- the ops, one module each, made when a workflow first asks for one -------------
-
-    @functools.cached_property
-    def steps(self) -> StepOps:
         from celery_durable.workflows.steps import StepOps
 
-        return StepOps(self)
+        # Made now, not when first asked for as the other ops are: it keeps
+        # what ran (``ran``), and branches in threads may ask first at once.
+        self.steps: StepOps = StepOps(self)
+
+    # -- the other ops, one module each, made when a workflow first asks for one -------
 
     @functools.cached_property
     def fanout(self) -> FanoutOps:
