@@ -151,7 +151,8 @@ def _completed(env: WorkflowTestEnvironment, workflow: Any) -> None:
 
 def main() -> None:
     for name, trace in measure().items():
-        print(f"{name}: {len(trace.modules)} modules, {trace.reentries} A->B->A re-entries")
+        outside = len([m for m in trace.modules if not m.startswith(PACKAGE + ".broker")])
+        print(f"{name}: {len(trace.modules)} modules ({outside} outside broker/), {trace.reentries} A->B->A re-entries")
         if "-v" in sys.argv:
             for module in sorted(trace.modules):
                 print(f"    {module}")
