@@ -154,7 +154,7 @@ class Pass:
         busy: sent again for later)."""
         engine, message, taken = self.engine, self.message, self.taken
         peeked = engine.parked.peek(message.run_id, message.epoch, message.workflow)
-        record = peeked.replay.run if peeked is not None else _load_record(engine, message)
+        record = peeked.replay.run if peeked is not None else self._load()
         if record is None or not _has_its_slot(engine, record, self.token):
             return None
         resend = taken.request.resend if taken is not None else new_task_id()
@@ -185,14 +185,14 @@ class Pass:
                 # as one that found no kept body would be, or left alone when its
                 # run settled or paused meanwhile.
                 engine.parked.discard(record.run_id, peeked)
-                _load_record(engine, self.message)
+                self._load()
             return None
         except StorageCorruptError:
             if peeked is None:
                 raise
             # The run record is gone or damaged: judged as without a kept body.
             engine.parked.discard(record.run_id, peeked)
-            if _load_record(engine, self.message) is not None:
+            if self._load() is not None:
                 raise
             return None
 
@@ -233,6 +233,27 @@ class Pass:
             reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, start)
         return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
 
+    def _load(self) -> RunRecord | None:
+        """The run the message names, or None when it must not run (logged)."""
+        message = self.message
+        record, corrupt = _read_record(self.engine, message.run_id)
+        if corrupt:
+            return None
+        if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+            self.engine.count_refused()
+            logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
+            return None
+        return record
+
+    def _reload(self, record: RunRecord) -> RunRecord | None:
+        """The run read again under the lock this pass holds; None (the lock let
+        go) when it changed attempt, is gone, or cannot be read."""
+        fresh, corrupt = _read_record(self.engine, record.run_id)
+        if corrupt or fresh is None or fresh.epoch != record.epoch:
+            self.engine.store.release(record.run_id, self.token, record.epoch)
+            return None
+        return fresh
+
     def _replay_to_run(
         self, record: RunRecord, peeked: ParkedBody | None, tail: tuple[str, SequenceHistory] | None
     ) -> Replay | None:
@@ -246,7 +267,7 @@ class Pass:
             return self.kept[0].replay
         if peeked is not None:
             # The body was stale: replay from a record read now, not the body's copy.
-            fresh = _reload(engine, record, self.token)
+            fresh = self._reload(record)
             if fresh is None:
                 return None
             record = fresh
@@ -277,8 +298,41 @@ class Pass:
         settlement = end.result()
         if settlement is None:
             return False
-        _finish(engine, replay.run, settlement)
+        self.settle(replay.run, settlement)
         return True
+
+    def settle(self, record: RunRecord, settlement: Settlement) -> None:
+        """Settle the run; one that ends ``error`` is said at WARNING, naming why
+        (a run that stopped on nondeterminism is a task that succeeded to Celery).
+        A cancelled run cancels the children it waits for first; a child tells
+        its parent once it settled."""
+        engine = self.engine
+        if settlement.status == "cancelled":
+            children.cancel_waited_children(engine, record)
+        engine.store.finish(
+            record.run_id,
+            record.epoch,
+            record.namespace,
+            settlement.status,
+            reason=settlement.reason,
+            error=settlement.error,
+            can_resume=settlement.can_resume,
+            result_json=settlement.result_json,
+            message=settlement.message,
+            watch=record.parent_run_id is not None,
+        )
+        if record.parent_run_id is not None:
+            result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
+            children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
+        telemetry.settled(record, settlement.status)
+        if settlement.status == "error":
+            logger.warning(
+                "run %s of workflow %r ended error (%s): %s",
+                record.run_id,
+                record.workflow,
+                settlement.reason,
+                settlement.error,
+            )
 
     def settle_overdue(self, flags: Flags) -> bool:
         """The pass ignored a cancellation or a ceiling for a whole lease: its
@@ -302,7 +356,7 @@ class Pass:
             settlement.status,
         )
         replay.lose_authority()
-        _finish(self.engine, record, settlement)
+        self.settle(record, settlement)
         return True
 
     def settle_corrupt(self, record: RunRecord, exc: StorageCorruptError) -> None:
@@ -313,7 +367,7 @@ class Pass:
         """
         logger.error("run %s: storage corrupt, the run stops: %s", record.run_id, exc)
         try:
-            _finish(self.engine, record, passes.corrupt(exc))
+            self.settle(record, passes.corrupt(exc))
         except (StaleAttemptError, StorageError) as again:
             # The run record itself cannot take the write: nothing more to do here;
             # the recovery sweep looks at the run again when its lease runs out.
@@ -347,27 +401,6 @@ def _has_its_slot(engine: Engine, record: RunRecord, token: str) -> bool:
     return throttling.take_run_slot(engine, record, token)
 
 
-def _reload(engine: Engine, record: RunRecord, token: str) -> RunRecord | None:
-    """The run read again under the lock this pass holds; None (the lock let
-    go) when it changed attempt, is gone, or cannot be read."""
-    fresh, corrupt = _read_record(engine, record.run_id)
-    if corrupt or fresh is None or fresh.epoch != record.epoch:
-        engine.store.release(record.run_id, token, record.epoch)
-        return None
-    return fresh
-
-
-def _load_record(engine: Engine, message: RunMessage) -> RunRecord | None:
-    """The run the message names, or None when it must not run (logged)."""
-    record, corrupt = _read_record(engine, message.run_id)
-    if corrupt:
-        return None
-    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
-        _refused(engine, message)
-        return None
-    return record
-
-
 def _read_record(engine: Engine, run_id: str) -> tuple[RunRecord | None, bool]:
     """The run's record (None: gone), and whether it is corrupt (logged: not executed)."""
     try:
@@ -375,41 +408,3 @@ def _read_record(engine: Engine, run_id: str) -> tuple[RunRecord | None, bool]:
     except StorageCorruptError as exc:
         logger.error("run %s: not executed, its record is corrupt: %s", run_id, exc)
         return None, True
-
-
-def _refused(engine: Engine, message: RunMessage) -> None:
-    engine.count_refused()
-    logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
-
-
-def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
-    """Settle the run; one that ends ``error`` is said at WARNING, naming why
-    (a run that stopped on nondeterminism is a task that succeeded to Celery).
-    A cancelled run cancels the children it waits for first; a child tells
-    its parent once it settled."""
-    if settlement.status == "cancelled":
-        children.cancel_waited_children(engine, record)
-    engine.store.finish(
-        record.run_id,
-        record.epoch,
-        record.namespace,
-        settlement.status,
-        reason=settlement.reason,
-        error=settlement.error,
-        can_resume=settlement.can_resume,
-        result_json=settlement.result_json,
-        message=settlement.message,
-        watch=record.parent_run_id is not None,
-    )
-    if record.parent_run_id is not None:
-        result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
-        children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
-    telemetry.settled(record, settlement.status)
-    if settlement.status == "error":
-        logger.warning(
-            "run %s of workflow %r ended error (%s): %s",
-            record.run_id,
-            record.workflow,
-            settlement.reason,
-            settlement.error,
-        )
