@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
@@ -21,6 +22,7 @@ from celery_durable.config import Settings
 from celery_durable.errors import DurableError
 from celery_durable.tasks import throttling
 from celery_durable.tasks.app import build_celery_app, new_task_id
+from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
 from celery_durable.tasks.kept_fanouts import KeptFanouts
@@ -39,6 +41,9 @@ from celery_durable.tasks.sending import (
 from celery_durable.tasks.wakes import Wake
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
+
+if TYPE_CHECKING:
+    from celery_durable.tasks.coordinator import TakenPass
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +209,24 @@ class Engine:
 
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
         self.sender.send_call(self, record, request)
+
+    def run_here(
+        self,
+        task: str,
+        task_id: str,
+        kwargs: dict[str, Any],
+        args: tuple[Any, ...] = (),
+        *,
+        home: Any = None,
+        called: Any = None,
+        taken: TakenPass | None = None,
+    ) -> None:
+        """Run durable task ``task``'s body here, as its message would have (a
+        wake continued in place, a call answered where its task ran), through
+        the one task entry: reached through the engine, so that the task
+        modules that continue work in place need not import the entry that
+        dispatches to them."""
+        run_durable_task(self, task, task_id, kwargs, args, home=home, called=called, taken=taken)
 
     def deliver(self, wakes: Sequence[Wake]) -> None:
         """Send the messages of ``wakes``, the one way a counted wake is sent:

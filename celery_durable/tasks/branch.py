@@ -11,7 +11,6 @@ first, in one round trip.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -23,17 +22,15 @@ from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import new_task_id
-from celery_durable.tasks.children import EngineChildren
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
+from celery_durable.tasks.port import execution
 from celery_durable.tasks.retrying import retry_storage
-from celery_durable.tasks.throttling import EngineThrottles
 from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows.branch_work import BranchTarget, BranchWork
 from celery_durable.workflows.branches import READ_AHEAD
 from celery_durable.workflows.completion import CompletionRoute
 from celery_durable.workflows.passes import branch_pass
-from celery_durable.workflows.replay import Replay
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -68,6 +65,7 @@ def run_branch_task(
 def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str) -> None:
     store = engine.store
     if not knows(engine, message):
+
         def send_again(new: str, countdown: float) -> None:
             engine.send_branches(
                 message.run_id, message.epoch, message.workflow, call_id, indices, task_ids=[new], countdown=countdown
@@ -80,12 +78,8 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
     if started is None:
         return
     record = started.record
-    definition = engine.workflows[record.workflow]  # the message's (branch_start refuses another)
 
     run_journal = store.journal(record.run_id, record.epoch, record.namespace)
-
-    def send_agent(agent: str, owner: str, task_id: str) -> None:
-        engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
 
     def wake(task_id: str) -> None:
         engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
@@ -112,19 +106,8 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
     work = BranchWork(token, hand_off, engine.settings.branch_batch_ms / 1000)
     own = _OwnMessage(token, work)
     route = CompletionRoute(new_wake=new_task_id, send_wake=wake, ending=own.ending, ended=own.end)
-    replay = Replay(
-        journal=run_journal,
-        run=record,
-        workflow=definition,
-        max_fanout=engine.settings.max_fanout,
-        max_payload_bytes=engine.settings.max_payload_bytes,
-        target=BranchTarget(call_id, indices, route, work, started),
-        send_agent=send_agent,
-        send_call=functools.partial(engine.send_call, record),
-        keep_fanout=functools.partial(engine.kept_fanouts.keep, record.run_id, record.epoch) if kept is None else None,
-        children=EngineChildren(engine, record),
-        throttles=EngineThrottles(engine, record),
-    )
+    target = BranchTarget(call_id, indices, route, work, started)
+    replay = execution(engine, record, "", target=target, keeps=kept is None)
     try:
         # Its message runs from now (branch_start): a branch that waited in a
         # busy queue renewed its run at once, not one interval later.
@@ -136,9 +119,7 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
                 telemetry.task(replay, "branches", token),
             ):
                 branch_pass(replay, kept)
-            flower_names.announce(
-                record.run_id, record.epoch, record.workflow, call_id, indices, replay.steps.ran
-            )
+            flower_names.announce(record.run_id, record.epoch, record.workflow, call_id, indices, replay.steps.ran)
         finally:
             # However it ends, its message is no longer in flight; an outage is
             # retried in place (retry_storage), under the same id.
@@ -183,9 +164,7 @@ def _start(
     seqs = [schema.branch_seq_of(call_id, j) for j in indices[:READ_AHEAD]]
     if replays_body:
         seqs.insert(0, MAIN)
-    started = engine.store.branch_start(
-        message.run_id, message.epoch, message.workflow, token, call_id, indices, seqs
-    )
+    started = engine.store.branch_start(message.run_id, message.epoch, message.workflow, token, call_id, indices, seqs)
     if isinstance(started, Refusal):
         if started is not Refusal.SETTLED:
             engine.count_refused()

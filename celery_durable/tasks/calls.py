@@ -211,7 +211,8 @@ def answer_in_place(
     except Exception:  # kombu's EncodeError, and whatever a value's own encoder raises
         return False
     try:
-        contextvars.Context().run(call_succeeded, engine, wired, fields, home, called)
+        run = contextvars.Context().run
+        run(engine.run_here, CALL_RESULT_TASK, "", fields, wired, home=home, called=called)
     except Exception:
         # Nothing journaled (call_succeeded handles what follows the write):
         # the message goes, and its task retries as always.

@@ -1,15 +1,18 @@
-"""The coordinator task: one pass of deterministic replay over a run.
+"""The coordinator task: a ``Pass`` of deterministic replay over a run.
 
 A pass holds the run's activation lock; an activation that arrives while a
 pass runs sets the lock's wake flag instead of running beside it, and the
-holder runs one more pass before it lets go (see ``release.lua``).
+holder runs one more pass before it lets go (see ``release.lua``). ``Pass``
+owns that life, activate → replay → park or settle → release, whether its
+message came from the broker or the script that journaled a call's answer
+took the lock for it (``TakenPass``); how the main body itself runs and how
+the run settles is ``workflows/passes.py``'s, which knows neither Celery nor
+Redis.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,17 +25,16 @@ from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
+from celery_durable.tasks.port import execution
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.unserved import knows, pass_on
-from celery_durable.workflows import jsonvalue, passes, saga
-from celery_durable.workflows.branch_work import InlineBranches
+from celery_durable.workflows import jsonvalue, passes
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass
 from celery_durable.workflows.replay import Replay
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
-    from celery_durable.workflows.definition import Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -66,87 +68,328 @@ def run_coordinator_task(
     # The lock token is the task id, so a message redelivered after its worker
     # died re-enters its own lock instead of waiting for it to expire.
     token = task_id or new_task_id()
+
     def attempt() -> None:
         # A pass taken by the waking script is the first try's: a try again
         # after a storage error activates as any pass does (its token re-enters).
         nonlocal taken
         first, taken = taken, None
-        _coordinate(engine, message, token, first)
+        Pass(engine, message, token, first).run()
 
     retry_storage(f"run {message.run_id}: a coordinator pass", attempt)
 
 
-def _coordinate(engine: Engine, message: RunMessage, token: str, taken_pass: TakenPass | None = None) -> None:
-    store = engine.store
-    if not knows(engine, message):
-        def send_again(new: str, countdown: float) -> None:
-            engine.send_coordinator(message.run_id, message.epoch, message.workflow, countdown, task_id=new)
+class Pass:
+    """One coordinator message's hold on its run: activate, replay, park or
+    settle, release — and replay again while the lock says to.
 
-        pass_on(engine, message, token, "c", send_again)
-        return
-    peeked = engine.parked.peek(message.run_id, message.epoch, message.workflow)
-    record = peeked.replay.run if peeked is not None else _load_record(engine, message)
-    if record is None or not _has_its_slot(engine, record, token):
-        return
-    definition = engine.workflows[record.workflow]  # the record's workflow is the message's (_load_record)
-    resend = taken_pass.request.resend if taken_pass is not None else new_task_id()
-    taken = _take_lock(engine, message, record, token, resend, peeked, taken_pass)
-    if taken is None:
-        return
-    activation, tail = taken
-    if isinstance(activation, int):
-        # Another pass holds the lock and was told to run once more. Should
-        # that pass be dead, its lock expires: look again then.
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow, activation / 1000, task_id=resend)
-        return
-    # One dispatch token per execution: a fan-out dispatched by an execution
-    # that died halfway through sending is sent again by the next one.
-    execution = new_task_id()
-    chosen = _replay_to_run(engine, record, token, peeked, tail, execution)
-    if chosen is None:
-        return
-    replay, kept = chosen
-    record = replay.run
-    replay.apply_flags(activation)
+    Every step of a pass is a method here, in the order it runs, over the
+    state the steps share (the run, the lock token, the execution): the
+    kept body, the lock taken by a waking script, a heartbeat that settles
+    an overdue run and a first-write race that runs the pass again are each
+    a branch of one of these steps, not a path of their own.
+    """
 
-    def overdue(flags: Flags) -> bool:
-        return _settle_overdue(engine, replay, flags)  # the pass running now: the closure sees rebinds
+    def __init__(self, engine: Engine, message: RunMessage, token: str, taken: TakenPass | None = None) -> None:
+        self.engine = engine
+        self.message = message
+        self.token = token
+        """The lock's token: the message's task id."""
+        self.taken = taken
+        self.execution = new_task_id()
+        """One dispatch token per execution: a fan-out dispatched by an
+        execution that died halfway through sending is sent again by the next one."""
+        self.replay: Replay | None = None
+        """The execution under the lock now (the heartbeat's ``overdue`` settles it)."""
+        self.kept: tuple[ParkedBody, str | None] | None = None
+        """The body this process kept parked, to resume, with its call's answer."""
 
-    heartbeat = Heartbeat(
-        store,
-        replay,
-        token=token,
-        interval=engine.heartbeat_interval,
-        coordinator=True,
-        overdue=overdue,
-        grace=engine.settings.lease_seconds,
-    )
-    # A call's answer that comes meanwhile waits for these passes to let go
-    # of the lock (``ParkedRuns.wait_let_go``), however they end.
-    with heartbeat, engine.parked.holding(record.run_id):
-        while True:
+    def run(self) -> None:
+        engine, message = self.engine, self.message
+        if not knows(engine, message):
+
+            def send_again(new: str, countdown: float) -> None:
+                engine.send_coordinator(message.run_id, message.epoch, message.workflow, countdown, task_id=new)
+
+            pass_on(engine, message, self.token, "c", send_again)
+            return
+        replay = self.replay = self.activate()
+        if replay is None:
+            return
+        heartbeat = Heartbeat(
+            engine.store,
+            replay,
+            token=self.token,
+            interval=engine.heartbeat_interval,
+            coordinator=True,
+            overdue=self.settle_overdue,
+            grace=engine.settings.lease_seconds,
+        )
+        # A call's answer that comes meanwhile waits for these passes to let go
+        # of the lock (``ParkedRuns.wait_let_go``), however they end.
+        with heartbeat, engine.parked.holding(replay.run.run_id):
+            while True:
+                try:
+                    with telemetry.task(replay, "pass", self.token):
+                        settled = self.park_or_settle(replay)
+                except StaleAttemptError:
+                    logger.info("run %s: attempt %s lost authority", replay.run.run_id, replay.epoch)
+                    return
+                except StorageCorruptError as exc:
+                    self.settle_corrupt(replay.run, exc)
+                    return
+                if settled:
+                    return  # finish.lua let go of the lock and of every message: nothing to release
+                next_replay = self.release(replay)
+                if next_replay is None:
+                    return
+                replay = self.replay = heartbeat.attempt = next_replay
+
+    # -- activate ----------------------------------------------------------------------
+
+    def activate(self) -> Replay | None:
+        """Take the run's lock and choose what runs under it: the body kept
+        parked at its call if the journal still ends there, else a replay from
+        the top. None: the pass must not run (refused, waiting for its slot,
+        busy: sent again for later)."""
+        engine, message, taken = self.engine, self.message, self.taken
+        peeked = engine.parked.peek(message.run_id, message.epoch, message.workflow)
+        record = peeked.replay.run if peeked is not None else self._load()
+        if record is None or not _has_its_slot(engine, record, self.token):
+            return None
+        resend = taken.request.resend if taken is not None else new_task_id()
+        locked = self._take_lock(record, resend, peeked)
+        if locked is None:
+            return None
+        activation, tail = locked
+        if isinstance(activation, int):
+            # Another pass holds the lock and was told to run once more. Should
+            # that pass be dead, its lock expires: look again then.
+            engine.send_coordinator(record.run_id, record.epoch, record.workflow, activation / 1000, task_id=resend)
+            return None
+        replay = self._replay_to_run(record, peeked, tail)
+        if replay is not None:
+            replay.apply_flags(activation)
+        return replay
+
+    def _take_lock(
+        self, record: RunRecord, resend: str, peeked: ParkedBody | None
+    ) -> tuple[Flags | int, tuple[str, SequenceHistory] | None] | None:
+        """``_lock``; None when the pass must not run."""
+        engine = self.engine
+        try:
+            return self._lock(record, resend, peeked)
+        except StaleAttemptError:
+            if peeked is not None:
+                # The body's attempt is over: the message is refused (and counted)
+                # as one that found no kept body would be, or left alone when its
+                # run settled or paused meanwhile.
+                engine.parked.discard(record.run_id, peeked)
+                self._load()
+            return None
+        except StorageCorruptError:
+            if peeked is None:
+                raise
+            # The run record is gone or damaged: judged as without a kept body.
+            engine.parked.discard(record.run_id, peeked)
+            if self._load() is not None:
+                raise
+            return None
+
+    def _lock(
+        self, record: RunRecord, resend: str, peeked: ParkedBody | None
+    ) -> tuple[Flags | int, tuple[str, SequenceHistory] | None]:
+        """Take the run's lock (``RunStore.activate``). With a kept body, its run
+        and call are known without a read, and the same script reads the journal
+        from the body's call on, which ``ParkedRuns.take`` checks. A pass taken
+        already is not activated again: its lock is held (the token re-enters it
+        should the body have changed meanwhile), or it was busy, and its resend
+        is on its way."""
+        store, taken, token = self.engine.store, self.taken, self.token
+        if taken is not None and isinstance(taken.activation, int):
+            return taken.activation, None
+        cursor = peeked.cursor if peeked is not None else None
+        # Without a kept body the pass replays from the top: the main body's
+        # sequence is read by the same script, not by a round trip of its own.
+        seq, start = (cursor.seq, cursor.index) if cursor is not None else (MAIN, 0)
+        if (
+            taken is not None
+            and cursor is not None
+            and taken.body is peeked
+            and (taken.request.seq, taken.request.start) == (seq, start)
+        ):
+            reading = taken.activation
+        elif cursor is None:
             try:
-                with telemetry.task(replay, "pass", token):
-                    settled = _one_pass(engine, replay, kept)
-            except StaleAttemptError:
-                logger.info("run %s: attempt %s lost authority", record.run_id, record.epoch)
-                return
-            except StorageCorruptError as exc:
-                _settle_corrupt(engine, record, exc)
-                return
-            if settled:
-                return  # finish.lua let go of the lock and of every message: nothing to release
-            # A pass that lost a first-write race runs again at once, in this
-            # task: it holds the lock, and its message is still the run's.
-            if not replay.rerun and not store.release(record.run_id, token, record.epoch):
-                return
-            fresh = store.load_run(record.run_id)
-            if fresh is None or fresh.epoch != record.epoch:
-                return
-            kept = engine.parked.take(record.run_id, record.epoch)
-            replay = kept[0].replay if kept else _new_replay(engine, fresh, definition, execution)
-            replay.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
-            heartbeat.attempt = replay
+                reading = store.activate_reading(
+                    record.run_id, record.epoch, token, record.namespace, resend, seq, start
+                )
+            except StorageCorruptError:
+                # The main body's sequence holds what cannot be read: the lock is
+                # taken (again, by its token), and the pass meets the damage where
+                # it settles the run as corrupt.
+                return store.activate(record.run_id, record.epoch, token, record.namespace, resend), None
+        else:
+            reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, start)
+        return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
+
+    def _load(self) -> RunRecord | None:
+        """The run the message names, or None when it must not run (logged)."""
+        message = self.message
+        record, corrupt = _read_record(self.engine, message.run_id)
+        if corrupt:
+            return None
+        if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
+            self.engine.count_refused()
+            logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
+            return None
+        return record
+
+    def _reload(self, record: RunRecord) -> RunRecord | None:
+        """The run read again under the lock this pass holds; None (the lock let
+        go) when it changed attempt, is gone, or cannot be read."""
+        fresh, corrupt = _read_record(self.engine, record.run_id)
+        if corrupt or fresh is None or fresh.epoch != record.epoch:
+            self.engine.store.release(record.run_id, self.token, record.epoch)
+            return None
+        return fresh
+
+    def _replay_to_run(
+        self, record: RunRecord, peeked: ParkedBody | None, tail: tuple[str, SequenceHistory] | None
+    ) -> Replay | None:
+        """The pass's replay, once its lock is taken: the kept body, or one
+        from the top given the main body's sequence when the activation read it
+        (under the lock: as current as a read now). None when the run changed
+        under a stale body."""
+        engine = self.engine
+        self.kept = engine.parked.take(record.run_id, record.epoch, tail)
+        if self.kept is not None:
+            return self.kept[0].replay
+        if peeked is not None:
+            # The body was stale: replay from a record read now, not the body's copy.
+            fresh = self._reload(record)
+            if fresh is None:
+                return None
+            record = fresh
+        replay = execution(engine, record, self.execution)
+        if tail is not None and tail[0] == MAIN and tail[1].start == 0:
+            replay.prime({MAIN: tail[1]})
+        return replay
+
+    # -- replay, then park or settle -----------------------------------------------------
+
+    def park_or_settle(self, replay: Replay) -> bool:
+        """Run the main body once, to where it waits or to its end: from the
+        top (a replay), or from the call where a body this process kept
+        parked. True when it settled the run."""
+        engine = self.engine
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            body, answer = kept
+            end = body.resume(answer)
+        elif engine.parked.enabled:
+            body = ParkedBody(replay, lambda: main_pass(replay))
+            end = body.start()
+        else:
+            end = PassEnd(parked=False, settlement=main_pass(replay))
+        if end.parked:
+            engine.parked.keep(replay.run.run_id, replay.epoch, body)
+            return False
+        settlement = end.result()
+        if settlement is None:
+            return False
+        self.settle(replay.run, settlement)
+        return True
+
+    def settle(self, record: RunRecord, settlement: Settlement) -> None:
+        """Settle the run; one that ends ``error`` is said at WARNING, naming why
+        (a run that stopped on nondeterminism is a task that succeeded to Celery).
+        A cancelled run cancels the children it waits for first; a child tells
+        its parent once it settled."""
+        engine = self.engine
+        if settlement.status == "cancelled":
+            children.cancel_waited_children(engine, record)
+        engine.store.finish(
+            record.run_id,
+            record.epoch,
+            record.namespace,
+            settlement.status,
+            reason=settlement.reason,
+            error=settlement.error,
+            can_resume=settlement.can_resume,
+            result_json=settlement.result_json,
+            message=settlement.message,
+            watch=record.parent_run_id is not None,
+        )
+        if record.parent_run_id is not None:
+            result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
+            children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
+        telemetry.settled(record, settlement.status)
+        if settlement.status == "error":
+            logger.warning(
+                "run %s of workflow %r ended error (%s): %s",
+                record.run_id,
+                record.workflow,
+                settlement.reason,
+                settlement.error,
+            )
+
+    def settle_overdue(self, flags: Flags) -> bool:
+        """The pass ignored a cancellation or a ceiling for a whole lease: its
+        code does not call the context. Settle the run without it; its thread
+        goes on until that code returns, fenced out of every write. False
+        (nothing done) while a saga of the pass runs its compensations: it
+        acts on the cancel."""
+        replay = self.replay
+        if replay is None or replay.compensating:
+            return False
+        record = replay.run
+        limited = flags.limit and not flags.cancel
+        settlement = passes.limit_reached(replay, flags.limit) if limited else passes.CANCELLED
+        logger.error(
+            "run %s: its workflow code ignored %s for %.0fs without calling the context; the run is settled as %s. "
+            "The worker slot running that code stays taken until it returns (a loop that never checks "
+            "ctx.cancelled()?)",
+            record.run_id,
+            "a cancellation" if flags.cancel else f"the limit {flags.limit}",
+            self.engine.settings.lease_seconds,
+            settlement.status,
+        )
+        replay.lose_authority()
+        self.settle(record, settlement)
+        return True
+
+    def settle_corrupt(self, record: RunRecord, exc: StorageCorruptError) -> None:
+        """Stop a run whose journal holds what celery-durable did not write.
+
+        Resumable: once the entry is repaired (or deleted, so that its op runs
+        again), ``resume_workflow`` replays the run from its journal.
+        """
+        logger.error("run %s: storage corrupt, the run stops: %s", record.run_id, exc)
+        try:
+            self.settle(record, passes.corrupt(exc))
+        except (StaleAttemptError, StorageError) as again:
+            # The run record itself cannot take the write: nothing more to do here;
+            # the recovery sweep looks at the run again when its lease runs out.
+            logger.error("run %s: could not record the corruption: %s", record.run_id, again)
+
+    # -- release -------------------------------------------------------------------------
+
+    def release(self, replay: Replay) -> Replay | None:
+        """Let go of the lock after a pass that did not settle; the next pass's
+        replay when the lock says to run once more (an activation came
+        meanwhile), or at once when the pass lost a first-write race: it holds
+        the lock, and its message is still the run's."""
+        engine, record = self.engine, replay.run
+        if not replay.rerun and not engine.store.release(record.run_id, self.token, record.epoch):
+            return None
+        fresh = engine.store.load_run(record.run_id)
+        if fresh is None or fresh.epoch != record.epoch:
+            return None
+        self.kept = engine.parked.take(record.run_id, record.epoch)
+        following = self.kept[0].replay if self.kept else execution(engine, fresh, self.execution)
+        following.apply_flags(Flags(cancel=fresh.cancel_requested, pause=fresh.pause_requested))
+        return following
 
 
 def _has_its_slot(engine: Engine, record: RunRecord, token: str) -> bool:
@@ -158,93 +401,6 @@ def _has_its_slot(engine: Engine, record: RunRecord, token: str) -> bool:
     return throttling.take_run_slot(engine, record, token)
 
 
-def _take_lock(
-    engine: Engine,
-    message: RunMessage,
-    record: RunRecord,
-    token: str,
-    resend: str,
-    peeked: ParkedBody | None,
-    taken: TakenPass | None,
-) -> tuple[Flags | int, tuple[str, SequenceHistory] | None] | None:
-    """``_activate``; None when the pass must not run."""
-    try:
-        return _activate(engine, record, token, resend, peeked, taken)
-    except StaleAttemptError:
-        if peeked is not None:
-            # The body's attempt is over: the message is refused (and counted)
-            # as one that found no kept body would be, or left alone when its
-            # run settled or paused meanwhile.
-            engine.parked.discard(record.run_id, peeked)
-            _load_record(engine, message)
-        return None
-    except StorageCorruptError:
-        if peeked is None:
-            raise
-        # The run record is gone or damaged: judged as without a kept body.
-        engine.parked.discard(record.run_id, peeked)
-        if _load_record(engine, message) is not None:
-            raise
-        return None
-
-
-def _activate(
-    engine: Engine, record: RunRecord, token: str, resend: str, peeked: ParkedBody | None, taken: TakenPass | None
-) -> tuple[Flags | int, tuple[str, SequenceHistory] | None]:
-    """Take the run's lock (``RunStore.activate``). With a kept body, its run
-    and call are known without a read, and the same script reads the journal
-    from the body's call on, which ``ParkedRuns.take`` checks. A pass taken
-    already is not activated again: its lock is held (the token re-enters it
-    should the body have changed meanwhile), or it was busy, and its resend
-    is on its way."""
-    store = engine.store
-    if taken is not None and isinstance(taken.activation, int):
-        return taken.activation, None
-    cursor = peeked.cursor if peeked is not None else None
-    # Without a kept body the pass replays from the top: the main body's
-    # sequence is read by the same script, not by a round trip of its own.
-    seq, start = (cursor.seq, cursor.index) if cursor is not None else (MAIN, 0)
-    if (
-        taken is not None
-        and cursor is not None
-        and taken.body is peeked
-        and (taken.request.seq, taken.request.start) == (seq, start)
-    ):
-        reading = taken.activation
-    elif cursor is None:
-        try:
-            reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, start)
-        except StorageCorruptError:
-            # The main body's sequence holds what cannot be read: the lock is
-            # taken (again, by its token), and the pass meets the damage where
-            # it settles the run as corrupt.
-            return store.activate(record.run_id, record.epoch, token, record.namespace, resend), None
-    else:
-        reading = store.activate_reading(record.run_id, record.epoch, token, record.namespace, resend, seq, start)
-    return (reading, None) if isinstance(reading, int) else (reading[0], (seq, reading[1]))
-
-
-def _reload(engine: Engine, record: RunRecord, token: str) -> RunRecord | None:
-    """The run read again under the lock this pass holds; None (the lock let
-    go) when it changed attempt, is gone, or cannot be read."""
-    fresh, corrupt = _read_record(engine, record.run_id)
-    if corrupt or fresh is None or fresh.epoch != record.epoch:
-        engine.store.release(record.run_id, token, record.epoch)
-        return None
-    return fresh
-
-
-def _load_record(engine: Engine, message: RunMessage) -> RunRecord | None:
-    """The run the message names, or None when it must not run (logged)."""
-    record, corrupt = _read_record(engine, message.run_id)
-    if corrupt:
-        return None
-    if record is None or record.epoch != message.epoch or record.workflow != message.workflow:
-        _refused(engine, message)
-        return None
-    return record
-
-
 def _read_record(engine: Engine, run_id: str) -> tuple[RunRecord | None, bool]:
     """The run's record (None: gone), and whether it is corrupt (logged: not executed)."""
     try:
@@ -252,174 +408,3 @@ def _read_record(engine: Engine, run_id: str) -> tuple[RunRecord | None, bool]:
     except StorageCorruptError as exc:
         logger.error("run %s: not executed, its record is corrupt: %s", run_id, exc)
         return None, True
-
-
-def _refused(engine: Engine, message: RunMessage) -> None:
-    engine.count_refused()
-    logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
-
-
-def _settle_overdue(engine: Engine, replay: Replay, flags: Flags) -> bool:
-    """The pass ignored a cancellation or a ceiling for a whole lease: its code
-    does not call the context. Settle the run without it; its thread goes on
-    until that code returns, fenced out of every write. False (nothing done)
-    while a saga of the pass runs its compensations: it acts on the cancel."""
-    if saga.compensating(replay):
-        return False
-    record = replay.run
-    settlement = passes.limit_reached(replay, flags.limit) if flags.limit and not flags.cancel else passes.CANCELLED
-    logger.error(
-        "run %s: its workflow code ignored %s for %.0fs without calling the context; the run is settled as %s. "
-        "The worker slot running that code stays taken until it returns (a loop that never checks "
-        "ctx.cancelled()?)",
-        record.run_id,
-        "a cancellation" if flags.cancel else f"the limit {flags.limit}",
-        engine.settings.lease_seconds,
-        settlement.status,
-    )
-    replay.lose_authority()
-    _finish(engine, record, settlement)
-    return True
-
-
-def _replay_to_run(
-    engine: Engine,
-    record: RunRecord,
-    token: str,
-    peeked: ParkedBody | None,
-    tail: tuple[str, SequenceHistory] | None,
-    execution: str,
-) -> tuple[Replay, tuple[ParkedBody, str | None] | None] | None:
-    """The pass's replay, once its lock is taken: the body kept parked at its
-    call if the journal still ends there, else a replay from the top, given
-    the main body's sequence when the activation read it (under the lock: as
-    current as a read now). None when the run changed under a stale body."""
-    kept = engine.parked.take(record.run_id, record.epoch, tail)
-    if kept is not None:
-        return kept[0].replay, kept
-    if peeked is not None:
-        # The body was stale: replay from a record read now, not the body's copy.
-        fresh = _reload(engine, record, token)
-        if fresh is None:
-            return None
-        record = fresh
-    replay = _new_replay(engine, record, engine.workflows[record.workflow], execution)
-    if tail is not None and tail[0] == MAIN and tail[1].start == 0:
-        replay.prime({MAIN: tail[1]})
-    return replay, None
-
-
-def _new_replay(engine: Engine, record: RunRecord, definition: Workflow, execution: str) -> Replay:
-    settings = engine.settings
-
-    def send(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
-        return engine.send_branches(record.run_id, record.epoch, record.workflow, call, indices, before=count)
-
-    def send_agent(agent: str, owner: str, task_id: str) -> None:
-        engine.send_agent(record.run_id, record.epoch, record.workflow, agent, owner, task_id=task_id)
-
-    def hand_on(call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
-        return engine.send_branches(
-            record.run_id, record.epoch, record.workflow, call, indices, tasks=len(indices), before=count
-        )
-
-    # A fan-out that would start as one branch task runs in the pass itself
-    # (branch_batch_ms 0 asks for a task per branch, so it never does).
-    kept = engine.kept_fanouts
-    inline = None
-    if settings.branch_batch_ms > 0:
-        inline = InlineBranches(
-            settings.fanout_tasks,
-            settings.branch_batch_ms / 1000,
-            hand_on,
-            forget=functools.partial(kept.forget, record.run_id, record.epoch),
-        )
-    return Replay(
-        send_call=functools.partial(engine.send_call, record),
-        journal=engine.store.journal(record.run_id, record.epoch, record.namespace),
-        run=record,
-        workflow=definition,
-        max_fanout=settings.max_fanout,
-        max_payload_bytes=settings.max_payload_bytes,
-        send_branches=send,
-        token=execution,
-        send_agent=send_agent,
-        # Its narrow fan-outs' thunks, kept while the pass runs them, for the
-        # branch tasks that run them later in this process (a branch woken by
-        # its call's answer, say).
-        keep_fanout=functools.partial(kept.keep, record.run_id, record.epoch) if inline is not None else None,
-        inline=inline,
-        children=children.EngineChildren(engine, record),
-        throttles=throttling.EngineThrottles(engine, record),
-    )
-
-
-def _one_pass(engine: Engine, replay: Replay, kept: tuple[ParkedBody, str | None] | None) -> bool:
-    """Run the main body once, to where it waits or to its end: from the
-    top (a replay), or from the call where a body this process kept parked.
-    True when it settled the run."""
-    if kept is not None:
-        body, answer = kept
-        end = body.resume(answer)
-    elif engine.parked.enabled:
-        body = ParkedBody(replay, lambda: main_pass(replay))
-        end = body.start()
-    else:
-        settlement = main_pass(replay)
-        end = PassEnd(parked=False, settlement=settlement)
-    if end.parked:
-        engine.parked.keep(replay.run.run_id, replay.epoch, body)
-        return False
-    settlement = end.result()
-    if settlement is None:
-        return False
-    _finish(engine, replay.run, settlement)
-    return True
-
-
-def _finish(engine: Engine, record: RunRecord, settlement: Settlement) -> None:
-    """Settle the run; one that ends ``error`` is said at WARNING, naming why
-    (a run that stopped on nondeterminism is a task that succeeded to Celery).
-    A cancelled run cancels the children it waits for first; a child tells
-    its parent once it settled."""
-    if settlement.status == "cancelled":
-        children.cancel_waited_children(engine, record)
-    engine.store.finish(
-        record.run_id,
-        record.epoch,
-        record.namespace,
-        settlement.status,
-        reason=settlement.reason,
-        error=settlement.error,
-        can_resume=settlement.can_resume,
-        result_json=settlement.result_json,
-        message=settlement.message,
-        watch=record.parent_run_id is not None,
-    )
-    if record.parent_run_id is not None:
-        result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
-        children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
-    telemetry.settled(record, settlement.status)
-    if settlement.status == "error":
-        logger.warning(
-            "run %s of workflow %r ended error (%s): %s",
-            record.run_id,
-            record.workflow,
-            settlement.reason,
-            settlement.error,
-        )
-
-
-def _settle_corrupt(engine: Engine, record: RunRecord, exc: StorageCorruptError) -> None:
-    """Stop a run whose journal holds what celery-durable did not write.
-
-    Resumable: once the entry is repaired (or deleted, so that its op runs
-    again), ``resume_workflow`` replays the run from its journal.
-    """
-    logger.error("run %s: storage corrupt, the run stops: %s", record.run_id, exc)
-    try:
-        _finish(engine, record, passes.corrupt(exc))
-    except (StaleAttemptError, StorageError) as again:
-        # The run record itself cannot take the write: nothing more to do here;
-        # the recovery sweep looks at the run again when its lease runs out.
-        logger.error("run %s: could not record the corruption: %s", record.run_id, again)

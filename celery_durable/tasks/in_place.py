@@ -24,15 +24,14 @@ import logging
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable.broker.journal import Activation, PassHere
 from celery_durable.broker.schema import MAIN, branch_of
-from celery_durable.tasks.app import DURABLE_TASK_PREFIX, new_task_id
-from celery_durable.tasks.branch import run_branch_task
-from celery_durable.tasks.coordinator import TakenPass, run_coordinator_task
+from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK, DURABLE_TASK_PREFIX, new_task_id
+from celery_durable.tasks.coordinator import TakenPass
 from celery_durable.tasks.retrying import shutting_down
 from celery_durable.tasks.wake_route import Home, Owner, WakeFacts, Where, route
 from celery_durable.tasks.wakes import Wake, woken
@@ -205,12 +204,9 @@ def _continue_here(
 def _run_here(
     engine: Engine, run_id: str, epoch: int, workflow: str, owner: str, task_id: str, taken: TakenPass | None
 ) -> None:
+    run: dict[str, Any] = {"run_id": run_id, "epoch": epoch, "workflow": workflow}
     if owner == MAIN:
-        run_coordinator_task(
-            engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, extra={}, taken=taken
-        )
+        engine.run_here(COORDINATOR_TASK, task_id, run, taken=taken)
         return
     call, branch = branch_of(owner)
-    run_branch_task(
-        engine, task_id=task_id, run_id=run_id, epoch=epoch, workflow=workflow, call=call, branches=[branch], extra={}
-    )
+    engine.run_here(BRANCH_TASK, task_id, {**run, "call": call, "branches": [branch]})

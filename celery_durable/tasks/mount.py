@@ -29,7 +29,7 @@ from celery_durable.tasks.app import (
     JSON,
     durable_queues,
 )
-from celery_durable.tasks.calls import CALLED_HEADER, HOME_HEADER, CallAnswerTask, call_failed, call_succeeded
+from celery_durable.tasks.calls import CALLED_HEADER, HOME_HEADER, CallAnswerTask
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.redelivery import recovered_on_redelivery
 
@@ -123,13 +123,15 @@ def _register(app: Celery, engine: Engine) -> None:
     @app.task(name=CALL_RESULT_TASK, base=CallAnswerTask, engine=engine, **DURABLE_OPTIONS)
     def call_result(this: Task, *args: Any, **fields: Any) -> None:
         request = this.request
-        call_succeeded(engine, args, fields, getattr(request, HOME_HEADER, None), getattr(request, CALLED_HEADER, None))
+        home, called = getattr(request, HOME_HEADER, None), getattr(request, CALLED_HEADER, None)
+        run_durable_task(engine, CALL_RESULT_TASK, _task_id(this), fields, args, home=home, called=called)
 
     # Not bound: Celery calls an errback in place, with the exception, only
     # when its task is not bound (``_call_task_errbacks``).
     @app.task(name=CALL_FAILED_TASK, **{**DURABLE_OPTIONS, "bind": False})
     def call_error(*args: Any, **fields: Any) -> None:
-        call_failed(engine, args, fields, getattr(call_error.request, HOME_HEADER, None))
+        home = getattr(call_error.request, HOME_HEADER, None)
+        run_durable_task(engine, CALL_FAILED_TASK, str(call_error.request.id or ""), fields, args, home=home)
 
 
 def _redelivered(task: Task) -> bool:

@@ -45,8 +45,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from celery_durable.tasks import throttling
-from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
-from celery_durable.tasks.calls import answer_fields, answer_in_place, call_failed, call_succeeded
+from celery_durable.tasks.app import (
+    AGENT_TASK,
+    BRANCH_TASK,
+    CALL_FAILED_TASK,
+    CALL_RESULT_TASK,
+    COORDINATOR_TASK,
+    new_task_id,
+)
+from celery_durable.tasks.calls import answer_fields, answer_in_place
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.home import REDIRECT_SECONDS, HomeWakes, has_home, home_name, home_queue
 from celery_durable.tasks.in_place import consumes, consuming
@@ -394,7 +401,9 @@ class Fleet:
         engine = worker.engine
         if answer_here(True, consumes(engine, engine.settings.coordinator_queue)):
             if error is not None:
-                call_failed(engine, (None, error, None), dict(message.answer), message.home)
+                run_durable_task(
+                    engine, CALL_FAILED_TASK, "", dict(message.answer), (None, error, None), home=message.home
+                )
                 self.trace.answers_in_place += 1
                 return
             if answer_in_place(engine, (result,), dict(message.answer), message.home):
@@ -403,10 +412,12 @@ class Fleet:
         self.queue.append(CallAnswer(message.run_id, message.answer, message.home, result, error))
 
     def _answer(self, engine: Engine, message: CallAnswer) -> None:
+        args: tuple[Any, ...]
         if message.error is not None:
-            call_failed(engine, (None, message.error, None), dict(message.answer), message.home)
+            task, args = CALL_FAILED_TASK, (None, message.error, None)
         else:
-            call_succeeded(engine, (message.value,), dict(message.answer), message.home)
+            task, args = CALL_RESULT_TASK, (message.value,)
+        run_durable_task(engine, task, "", dict(message.answer), args, home=message.home)
 
 
 def _durable(worker: InProcessWorker, queue: str) -> bool:

@@ -74,9 +74,7 @@ class AgentOps:
         if result.verdict is AgentVerdict.LIMIT:
             replay.check_cancelled()
         if result.verdict is AgentVerdict.DISPATCH:
-            if replay.send_agent is None:
-                raise RuntimeError("this execution cannot send agent turns")
-            replay.send_agent(agent_id, cursor.owner, message)
+            replay.port.send_agent(agent_id, cursor.owner, message)
             if (watching := telemetry.observer) is not None:
                 watching.agent_dispatched(replay)
         replay.wait_for_wake(cursor)

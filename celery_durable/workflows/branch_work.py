@@ -229,4 +229,4 @@ class InlineBranches:
     """Publishes branches handed on, one task each."""
     forget: Callable[[str], None] = lambda _call: None
     """Lets go of the thunks the pass kept while it ran them
-    (``Replay.keep_fanout``) once every branch is in."""
+    (``Port.keep_fanout``) once every branch is in."""

@@ -127,7 +127,8 @@ def run_in_sequence(
     call = schema.call_id(parent.seq, parent.index)
     cursor.owner = parent.owner if not parent.is_main else schema.branch_owner(call, index)
     try:
-        result = replay.run_in(cursor, fn)
+        with replay.running(cursor):
+            result = fn()
     except (StorageUnavailableError, StaleAttemptError, BranchSuspended, BranchRerun):
         raise  # nothing to record: this execution cannot, or the branch is not done
     except FATAL_ERRORS as exc:
@@ -191,8 +192,8 @@ def run_kept(replay: Replay, kept: KeptFanout) -> None:
     """In a branch task: run the target's branches from thunks a replay of
     this attempt built before, without replaying the main body."""
     parent = Cursor(seq=kept.seq, history=[], high_water=0, writes=False, phase_id=kept.phase_id, index=kept.index)
-    with lent(kept.home, replay):
-        replay.run_in(parent, lambda: run_target(replay, parent, kept.identity, kept.branches))
+    with lent(kept.home, replay), replay.running(parent):
+        run_target(replay, parent, kept.identity, kept.branches)
 
 
 def run_inline(
@@ -207,7 +208,7 @@ def run_inline(
     """In a coordinator pass: run the branches of a narrow fan-out that its
     dispatch left to send, handing on those not begun once one runs slow
     (``InlineBranches``). The pass collects their outcomes: nothing wakes."""
-    inline = replay.inline
+    inline = replay.port.inline
     assert inline is not None
     _keep(replay, cursor, call, identity, branches)
     work = BranchWork(hand_off=hand_off, after=inline.after)
@@ -216,8 +217,7 @@ def run_inline(
 
 def _keep(replay: Replay, cursor: Cursor, call: str, identity: str, branches: list[Thunk]) -> None:
     """Keep the thunks of the top-level fan-out at ``cursor``, as this execution built them."""
-    if replay.keep_fanout is not None:
-        replay.keep_fanout(KeptFanout.of(replay, cursor, call, identity, branches))
+    replay.port.keep_fanout(KeptFanout.of(replay, cursor, call, identity, branches))
 
 
 def run_nested(replay: Replay, cursor: Cursor, call: str, branches: list[Thunk]) -> None:

@@ -60,9 +60,6 @@ class CallRequest:
     """``{"args", "kwargs"}`` as JSON text: kept for the run's history (``i:<key>``)."""
 
 
-CallSender = Callable[[CallRequest], None]
-
-
 class CallOps:
     """``ctx.call`` of one execution."""
 
@@ -136,7 +133,14 @@ class CallOps:
                 queue=request.queue,
             )
             result = replay.journal.call(
-                cursor.seq, cursor.index, key, cursor.owner, due_from(now), cut, running.encode(), failure,
+                cursor.seq,
+                cursor.index,
+                key,
+                cursor.owner,
+                due_from(now),
+                cut,
+                running.encode(),
+                failure,
                 request.inputs,
             )
             if isinstance(result, Conflict):
@@ -146,8 +150,6 @@ class CallOps:
                 cursor.advance()
                 return replay.decode(result.outcome).step_result(key)
             if result.verdict is CallVerdict.PUBLISH:
-                if replay.send_call is None:
-                    raise RuntimeError("this execution cannot call tasks")
                 self._publish(request)
             raw = replay.wait_for_answer(cursor, identity)
             if raw is not None:
@@ -169,12 +171,11 @@ class CallOps:
         for, for ever), and the execution breaks: workflow code that catches
         the error cannot go on past the call."""
         replay = self._replay
-        assert replay.send_call is not None
         try:
             if (watching := telemetry.observer) is None:
-                replay.send_call(request)
+                replay.port.send_call(request)
             else:
-                watching.call(replay, request, replay.send_call)
+                watching.call(replay, request, replay.port.send_call)
         except Exception as exc:  # kombu/amqp connection errors have no common base
             with contextlib.suppress(DurableError):
                 replay.journal.unsent([], call_key=request.key)
@@ -195,7 +196,9 @@ class CallOps:
             raise ValueError(f"ctx.call {key!r}: kwargs must be a dict, got {type(kwargs).__name__}")
         payload = {"args": list(args), "kwargs": dict(kwargs or {})}
         encoded = jsonvalue.encode_payload(
-            payload, self._replay.max_payload_bytes, noun=f"ctx.call {key!r} arguments",
+            payload,
+            self._replay.max_payload_bytes,
+            noun=f"ctx.call {key!r} arguments",
             not_json="{noun} must be JSON values: {problem}",
             too_large="{noun} are {size} bytes, above max_payload_bytes ({limit})",
         )

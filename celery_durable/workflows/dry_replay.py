@@ -40,8 +40,10 @@ from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemp
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.fanout import FanoutOps, Thunk
 from celery_durable.workflows.passes import Settlement, main_pass
-from celery_durable.workflows.replay import MAIN, Mode, Replay
+from celery_durable.workflows.port import Port
+from celery_durable.workflows.replay import MAIN, Replay
 from celery_durable.workflows.steps import StepOps
+from celery_durable.workflows.stopping import Mode
 from celery_durable.workflows.unwind import BranchSuspended, unwound
 
 if TYPE_CHECKING:
@@ -94,8 +96,7 @@ class DryReplay(Replay):
             journal=ReadOnlyJournal(journal),
             run=run,
             workflow=workflow,
-            max_fanout=max_fanout,
-            max_payload_bytes=max_payload_bytes,
+            port=Port(max_fanout, max_payload_bytes),
             mode=Mode.DRY,
         )
         self.steps = _DrySteps(self)
@@ -198,7 +199,8 @@ class _DryFanout(FanoutOps):
         if outcome is not None and outcome.is_live(replay.epoch):
             replay.ended.add(seq)
         try:
-            replay.run_in(cursor, thunk)
+            with replay.running(cursor):
+                thunk()
         except BranchSuspended as stopped:
             unwound(stopped)
             return

@@ -26,7 +26,7 @@ from celery_durable.errors import NonDeterminismError, StaleAttemptError, Storag
 from celery_durable.workflows.branch_work import BranchSender
 from celery_durable.workflows.branches import run_inline, run_nested, run_target
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.replay import Mode
+from celery_durable.workflows.stopping import Mode
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
@@ -166,7 +166,7 @@ class FanoutOps:
             # outside world (a timer, a signal, a task). A pause asked for
             # settles the run now instead of waiting with them.
             replay.check_pause(cursor)
-        inline = replay.inline
+        inline = replay.port.inline
         if result.indices and inline is not None and len(result.indices) <= inline.widest:
             results = self._run_inline(cursor, call, identity, branches, result.indices)
             if results is not None:
@@ -185,7 +185,7 @@ class FanoutOps:
         results, or None when some wait or were handed on: those are in
         flight as sent branches would be, and their outcomes wake the next pass."""
         replay = self._replay
-        inline = replay.inline
+        inline = replay.port.inline
         assert inline is not None
 
         def hand_off(given: list[int], _tasks: int) -> bool:
@@ -212,8 +212,7 @@ class FanoutOps:
 
     def _send(self, call: str, indices: Sequence[int], sender: BranchSender | None = None) -> Sequence[str]:
         replay = self._replay
-        send = sender or replay.send_branches
-        assert send is not None
+        send = sender or replay.port.send_branches
         journal_failed: list[BaseException] = []
 
         def count(messages: Sequence[str]) -> None:

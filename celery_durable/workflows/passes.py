@@ -28,7 +28,8 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.branches import run_kept
 from celery_durable.workflows.completion import Completions
 from celery_durable.workflows.context import WorkflowContext
-from celery_durable.workflows.replay import MAIN, Mode, Replay
+from celery_durable.workflows.replay import MAIN, Replay
+from celery_durable.workflows.stopping import Mode
 from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend, unwound
 from celery_durable.workflows.versions import note_code
 
@@ -73,7 +74,8 @@ def main_pass(replay: Replay) -> Settlement | None:
     result: Any = None
     failure: Exception | None = None
     try:
-        result = replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+        with replay.running(cursor):
+            result = replay.workflow.run(WorkflowContext(replay))
     except Suspend as waiting:
         unwound(waiting)
         return None
@@ -167,7 +169,8 @@ def branch_pass(replay: Replay, kept: KeptFanout | None = None) -> None:
             run_kept(replay, kept)
         else:
             cursor = replay.open_cursor(MAIN, writes=False)
-            replay.run_in(cursor, lambda: replay.workflow.run(WorkflowContext(replay)))
+            with replay.running(cursor):
+                replay.workflow.run(WorkflowContext(replay))
     except BranchFinished as finished:
         unwound(finished)
         return

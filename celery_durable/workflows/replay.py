@@ -10,8 +10,10 @@ finish never matters (the DBOS check/record pair, per sequence).
 
 ``Replay`` holds what one execution knows: what it is for (its ``Mode``),
 its journal, its cursors, the run's control flags and why it must stop. That
-stop state is changed here only, by methods named for what happened
-(``lose_authority``, ``break_with``, ``suspend``...); other modules read it.
+stop state is its base, ``stopping.StopState``, changed there only, by
+methods named for what happened (``lose_authority``, ``break_with``,
+``suspend``...); other modules read it. It reaches the fleet through one
+``Port`` (``workflows/port.py``).
 The ops themselves live beside it, one module each: ``steps`` (steps and
 replay-safe values), ``fanout`` (parallel and pipeline, whose branches run in
 ``branches``), ``agent_ops`` (agent turns), ``waits``, ``calls``. Replay
@@ -21,66 +23,44 @@ it by hand on the real store (``tests/unit``).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import enum
-import threading
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Began, BeginCall, Conflict, Flags, Journal, PendingCommit, Winner
+from celery_durable.broker.journal import Began, BeginCall, Conflict, Journal, PendingCommit, Winner
 from celery_durable.broker.journal_guard import GuardedJournal
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import Outcome, SequenceHistory, describe
 from celery_durable.errors import (
-    EXECUTION_LOST,
     NonDeterminismError,
     StaleAttemptError,
     StorageCorruptError,
-    WorkflowCancelled,
     WorkflowDefinitionError,
-    WorkflowLimitReached,
 )
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import Cursor
-from celery_durable.workflows.unwind import BranchFinished, BranchRerun, BranchSuspended, PauseRequested, Suspend
+from celery_durable.workflows.stopping import Mode, StopState
+from celery_durable.workflows.unwind import BranchRerun
 from celery_durable.workflows.versions import divergence_message
 
 if TYPE_CHECKING:
     from celery_durable.workflows.agent_ops import AgentOps
-    from celery_durable.workflows.branch_work import BranchSender, BranchTarget, InlineBranches, KeptFanout
-    from celery_durable.workflows.calls import CallOps, CallSender
-    from celery_durable.workflows.children import ChildOps, ChildPort
+    from celery_durable.workflows.branch_work import BranchTarget
+    from celery_durable.workflows.calls import CallOps
+    from celery_durable.workflows.children import ChildOps
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.fanout import FanoutOps
     from celery_durable.workflows.parking import ParkedBody
+    from celery_durable.workflows.port import Port
     from celery_durable.workflows.steps import StepOps
-    from celery_durable.workflows.throttles import ThrottlePort
+    from celery_durable.workflows.throttles import ThrottleOps
     from celery_durable.workflows.waits import WaitOps
 
 MAIN = schema.MAIN
-
-AgentSender = Callable[[str, str, str], None]
-"""Sends an agent task: (agent id, owner to wake, task id)."""
-
-Error = TypeVar("Error", bound=BaseException)
-Broken = TypeVar("Broken", bound=Exception)
-
-
-class Mode(enum.Enum):
-    """What an execution is for, fixed when it is made."""
-
-    PASS = "coordinator pass"
-    """Runs the main body, which journals: its steps' writes are held back to
-    go with its next call, its fan-outs are dispatched (their branches sent,
-    or run in the pass when narrow), and a wait ends the pass."""
-    BRANCH_TASK = "branch task"
-    """Replays the main body without writing (every op a journal hit) up to
-    one fan-out, its ``target``, and runs some of that fan-out's branches,
-    each in its own sequence."""
-    DRY = "replay check"
-    """Replays a run writing nothing and running nothing (``dry_replay``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +75,7 @@ class Recalled:
     """An older attempt's failure, run again: the cut to journal with the op."""
 
 
-class Replay:
+class Replay(StopState):
     """One execution of a run's workflow function: a coordinator pass or a
     branch task (one given a ``target``)."""
 
@@ -105,27 +85,11 @@ class Replay:
         journal: Journal,
         run: RunRecord,
         workflow: Workflow,
-        max_fanout: int,
-        max_payload_bytes: int,
-        send_branches: BranchSender | None = None,
+        port: Port,
         target: BranchTarget | None = None,
         token: str = "",
-        send_agent: AgentSender | None = None,
-        send_call: CallSender | None = None,
-        keep_fanout: Callable[[KeptFanout], None] | None = None,
-        inline: InlineBranches | None = None,
-        children: ChildPort | None = None,
         mode: Mode | None = None,
-        throttles: ThrottlePort | None = None,
     ) -> None:
-        from celery_durable.workflows.agent_ops import AgentOps
-        from celery_durable.workflows.calls import CallOps
-        from celery_durable.workflows.children import ChildOps
-        from celery_durable.workflows.fanout import FanoutOps
-        from celery_durable.workflows.steps import StepOps
-        from celery_durable.workflows.throttles import ThrottleOps
-        from celery_durable.workflows.waits import WaitOps
-
         # Sticky: once the store fails or the fence refuses a write, the
         # error is kept (``broken``) and raised at every later op, so workflow
         # code that catches it with ``except Exception`` cannot journal past it.
@@ -133,41 +97,64 @@ class Replay:
         self.run = run
         self.workflow = workflow
         self.epoch = journal.epoch
-        self.max_fanout = max_fanout
-        self.max_payload_bytes = max_payload_bytes
-        self.send_branches = send_branches
-        self.send_agent = send_agent
-        self.send_call = send_call
-        self.keep_fanout = keep_fanout
-        """Given a top-level fan-out's thunks when this execution built them
-        (``KeptFanout``): a branch task's, or a pass's running them itself."""
-        self.inline = inline
-        """Set in a coordinator pass that runs narrow fan-outs itself."""
+        self.port: Final = port
+        """All this execution asks of the fleet (``workflows/port.py``)."""
+        self.max_fanout = port.max_fanout
+        self.max_payload_bytes = port.max_payload_bytes
         self.target = target
-        self.mode: Final = mode or (Mode.BRANCH_TASK if target is not None else Mode.PASS)
+        self.mode = mode or (Mode.BRANCH_TASK if target is not None else Mode.PASS)
         self.token = token
         self._read_ahead: dict[str, SequenceHistory] = {}
         """Branch sequences read before their branches run (``read_ahead``)."""
-        # How this execution stops: changed by the methods under "stopping" only.
-        self._cancel = threading.Event()
-        self._pause = False
-        self._limit = ""
-        self._fatal: BaseException | None = None
-        self._broken: Exception | None = None
-        self._unwinding: BaseException | None = None
-        self._rerun = False
+        StopState.__init__(self)
         self.parking: ParkedBody | None = None
         """Set while the main body runs on a thread a worker may keep parked
         at a task call (``parking.py``)."""
         self._cursor: contextvars.ContextVar[Cursor] = contextvars.ContextVar(f"cursor-{run.run_id}")
+        from celery_durable.workflows.steps import StepOps
+
+        # Made now, not when first asked for as the other ops are: it keeps
+        # what ran (``ran``), and branches in threads may ask first at once.
         self.steps: StepOps = StepOps(self)
-        self.fanout: FanoutOps = FanoutOps(self)
-        self.agents: AgentOps = AgentOps(self)
-        self.waits: WaitOps = WaitOps(self)
-        self.calls: CallOps = CallOps(self)
-        self.children: ChildOps = ChildOps(self, children)
-        self.throttles = ThrottleOps(self, throttles)
+
+    # -- the other ops, one module each, made when a workflow first asks for one -------
+
+    @functools.cached_property
+    def fanout(self) -> FanoutOps:
+        from celery_durable.workflows.fanout import FanoutOps
+
+        return FanoutOps(self)
+
+    @functools.cached_property
+    def agents(self) -> AgentOps:
+        from celery_durable.workflows.agent_ops import AgentOps
+
+        return AgentOps(self)
+
+    @functools.cached_property
+    def waits(self) -> WaitOps:
+        from celery_durable.workflows.waits import WaitOps
+
+        return WaitOps(self)
+
+    @functools.cached_property
+    def calls(self) -> CallOps:
+        from celery_durable.workflows.calls import CallOps
+
+        return CallOps(self)
+
+    @functools.cached_property
+    def children(self) -> ChildOps:
+        from celery_durable.workflows.children import ChildOps
+
+        return ChildOps(self, self.port.children)
+
+    @functools.cached_property
+    def throttles(self) -> ThrottleOps:
         """Slots of throttled ops (``throttle=``; ``workflows/throttles.py``)."""
+        from celery_durable.workflows.throttles import ThrottleOps
+
+        return ThrottleOps(self, self.port.throttles)
 
     # -- sequences -------------------------------------------------------------
 
@@ -210,10 +197,13 @@ class Replay:
                 "WorkflowContext was used outside the workflow's own thread; use ctx.parallel to run work concurrently"
             ) from None
 
-    def run_in(self, cursor: Cursor, fn: Callable[[], Any]) -> Any:
+    @contextlib.contextmanager
+    def running(self, cursor: Cursor) -> Iterator[None]:
+        """The ops of the block run at ``cursor`` (a block, not a callback:
+        the code that runs a sequence stays in its own module's frame)."""
         token = self._cursor.set(cursor)
         try:
-            return fn()
+            yield
         finally:
             self._cursor.reset(token)
 
@@ -274,143 +264,6 @@ class Replay:
         except StorageCorruptError as exc:
             self.break_with(exc)
             raise
-
-    # -- stopping: what happened, and what every later op raises ---------------------
-
-    @property
-    def cancel_event(self) -> threading.Event:
-        """Set once the run is cancelled or this attempt lost its authority."""
-        return self._cancel
-
-    @property
-    def fatal(self) -> BaseException | None:
-        """The first fatal error the workflow met; it decides how the run
-        settles even when user code swallowed it."""
-        return self._fatal
-
-    @property
-    def broken(self) -> Exception | None:
-        """Why this execution can journal nothing more (``break_with``)."""
-        return self._broken
-
-    @property
-    def unwinding(self) -> BaseException | None:
-        """The engine's own way out under way: ``Suspend``, ``PauseRequested``
-        or ``BranchFinished``, raised again at every later op."""
-        return self._unwinding
-
-    @property
-    def rerun(self) -> bool:
-        """A pass that ended because its view of the journal went stale; the
-        coordinator runs the next one at once."""
-        return self._rerun
-
-    def apply_flags(self, flags: Flags) -> None:
-        """The run's control flags came back with a write (or a heartbeat)."""
-        if flags.cancel:
-            self._cancel.set()
-        if flags.pause:
-            self._pause = True
-        if flags.limit:
-            self._limit = flags.limit
-
-    def lose_authority(self) -> None:
-        """A newer attempt owns the run, or it settled without this pass: the
-        execution stops at its next op, and code waiting on ``cancel_event`` wakes."""
-        self.break_with(StaleAttemptError(f"Run {self.run.run_id}: this attempt lost execution authority"))
-        self._cancel.set()
-
-    def break_with(self, error: Broken) -> Broken:
-        """The store failed, the fence refused a write or what was read is
-        corrupt: the first such error is raised at every later op."""
-        self._broken = self._broken or error
-        return error
-
-    def meet_fatal(self, error: Error) -> Error:
-        """The workflow met a fatal error (cancelled, a ceiling, nondeterminism)."""
-        self._fatal = self._fatal or error
-        return error
-
-    def _guard(self, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Every journal call: what loses this execution is kept (``broken``)."""
-        try:
-            return method(*args, **kwargs)
-        except EXECUTION_LOST as exc:
-            self.break_with(exc)
-            raise
-
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def check_cancelled(self) -> None:
-        """Run before every op: an unwinding pass or a broken execution makes
-        no more calls, even from user ``finally`` blocks."""
-        if self._unwinding is not None:
-            raise self._unwinding
-        cursor = self._cursor.get(None)
-        if cursor is not None and cursor.suspended is not None:
-            raise cursor.suspended
-        if self._broken is not None:
-            raise self._broken
-        if self._cancel.is_set() and (cursor is None or self._stops_cancelled(cursor)):
-            raise self.meet_fatal(WorkflowCancelled(f"Run {self.run.run_id} was cancelled"))
-        if self._limit:
-            raise self.meet_fatal(WorkflowLimitReached(self._limit))
-
-    def _stops_cancelled(self, cursor: Cursor) -> bool:
-        """``Cursor.stops_cancelled``; an op it stepped over is journaled so
-        (``Journal.step_over``) before anything is journaled after it."""
-        at = cursor.index
-        if not cursor.stops_cancelled(self.epoch):
-            return False
-        if cursor.index != at and cursor.writes and self.mode is Mode.PASS:
-            self.apply_flags(self.journal.step_over(cursor.seq, at))
-        return True
-
-    def check_pause(self, cursor: Cursor) -> None:
-        """Before the main body starts new work: settle as paused if asked to.
-        Work already in flight (a fan-out's branches) is waited for, not paused."""
-        if self._pause and cursor.is_main and self.mode is Mode.PASS:
-            raise self._unwind(PauseRequested())
-
-    def suspend(self) -> Suspend:
-        """End this pass: it waits for something that wakes the coordinator."""
-        return self._unwind(Suspend())
-
-    def rerun_pass(self) -> Suspend:
-        """End this pass, whose view of the journal went stale: the next runs at once."""
-        self._rerun = True
-        return self.suspend()
-
-    def finish_branches(self) -> BranchFinished:
-        """End a branch task's replay: its own branches have outcomes."""
-        return self._unwind(BranchFinished())
-
-    def suspend_branch(self, cursor: Cursor) -> BranchSuspended:
-        """End one branch that waits; what it waits for sends it again."""
-        cursor.suspended = BranchSuspended()
-        return cursor.suspended
-
-    def _unwind(self, exc: Error) -> Error:
-        self._unwinding = exc
-        return exc
-
-    def wait_for_answer(self, cursor: Cursor, identity: str) -> str | None:
-        """Wait until the op at the cursor, a task call, is answered. A main
-        body a worker may keep parks its thread until a pass resumes it, with
-        the journaled outcome or None (woken with no answer); any other
-        sequence suspends, as every wait does, and replays when woken."""
-        parking = self.parking  # set only in a coordinator pass, whose main cursor writes
-        if parking is None or not cursor.is_main:
-            self.wait_for_wake(cursor)
-        return parking.park(cursor, identity)
-
-    def wait_for_wake(self, cursor: Cursor) -> NoReturn:
-        """Suspend the sequence until what it waits for wakes its owner: the
-        whole pass for the main body, this branch alone for a branch."""
-        if cursor.owner == MAIN:
-            raise self.suspend()
-        raise self.suspend_branch(cursor)
 
     # -- progress ----------------------------------------------------------------
 

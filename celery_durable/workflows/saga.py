@@ -16,7 +16,8 @@ Compensating is replay, like everything else: the registrations are made
 again by each replay as it passes them, and a compensation journaled by an
 earlier attempt returns its journaled value. A cancelled run's next op
 raises ``WorkflowCancelled``; its compensations must still run, so while a
-saga compensates, cancellation is not raised at its ops (``Cursor.compensating``),
+saga compensates, cancellation is not raised at its ops (``Cursor.compensating``;
+the count is the execution's stop state, ``StopState.compensation``),
 and a run whose saga registered anything is marked (``compensable.lua``):
 a pass that finds it cancelled replays it to where it waits, instead of
 settling at once (``passes.main_pass``), and compensates there.
@@ -29,10 +30,7 @@ that branch only.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -47,24 +45,10 @@ from celery_durable.errors import (
 from celery_durable.workflows.cursor import MAX_KEY_LENGTH
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.cursor import Cursor
     from celery_durable.workflows.replay import Replay
-
-_COMPENSATING: weakref.WeakKeyDictionary[Replay, int] = weakref.WeakKeyDictionary()
-"""Executions with a saga compensating now, and how many: such a pass honours
-its cancellation, slowly, and the heartbeat must not settle it from under it."""
-_MARKED: weakref.WeakSet[Replay] = weakref.WeakSet()
-"""Executions that marked their run compensable (once is enough)."""
-_LOCK = threading.Lock()
 
 NOT_COMPENSATED: tuple[type[Exception], ...] = (*EXECUTION_LOST, WorkflowLimitReached, NonDeterminismError)
 """Fatal errors that end the attempt without settling its run: nothing is undone in it."""
-
-
-def compensating(replay: Replay) -> bool:
-    """Whether a saga of this execution is running its compensations now."""
-    with _LOCK:
-        return _COMPENSATING.get(replay, 0) > 0
 
 
 class Saga:
@@ -84,7 +68,8 @@ class Saga:
         if not callable(producer):
             raise ValueError(f"Compensation {key!r} producer must be callable, got {type(producer).__name__}")
         self._undo.append((key, producer))
-        _mark(self._replay())
+        replay = self._replay()
+        replay.mark_compensable(replay.current())
 
     def __enter__(self) -> Saga:
         return self
@@ -103,17 +88,6 @@ class Saga:
             raise CompensationFailed(failures) from exc
 
 
-def _mark(replay: Replay) -> None:
-    """Mark the run compensable once: a cancelled pass then replays it to compensate."""
-    if replay.run.compensates or replay in _MARKED:
-        return
-    cursor = replay.current()
-    if not cursor.writes:
-        return  # a branch task's replay of the main body: the pass marked it
-    replay.apply_flags(replay.journal.mark_compensable())
-    _MARKED.add(replay)
-
-
 def _compensates_after(replay: Replay, exc: Exception) -> bool:
     if replay.broken is not None or replay.unwinding is not None:
         return False
@@ -128,23 +102,10 @@ def _run(replay: Replay, undo: list[tuple[str, Callable[[], Any]]], cause: Excep
     keys = [key for key, _ in reversed(undo)]
     replay.system(f"Compensating after {type(cause).__name__}: running {', '.join(keys)}")
     failures: list[dict[str, str]] = []
-    with _compensating(replay, replay.current()):
+    with replay.compensation(replay.current()):
         for key, producer in reversed(undo):
             try:
                 replay.steps.step(key, producer, volatile=False, retry=None)
             except StepFailed as failed:
                 failures.append({"key": key, "error_type": failed.error_type, "message": failed.error_message})
     return failures
-
-
-@contextlib.contextmanager
-def _compensating(replay: Replay, cursor: Cursor) -> Iterator[None]:
-    cursor.compensating += 1
-    with _LOCK:
-        _COMPENSATING[replay] = _COMPENSATING.get(replay, 0) + 1
-    try:
-        yield
-    finally:
-        cursor.compensating -= 1
-        with _LOCK:
-            _COMPENSATING[replay] -= 1

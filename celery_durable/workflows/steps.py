@@ -49,7 +49,8 @@ class StepOps:
         throttle_key: str | None = None,
     ) -> Any:
         replay = self._replay
-        throttled = check_throttle(throttle, throttle_key)
+        # An unthrottled step, nearly every one, never reaches the throttles' modules.
+        throttled = None if throttle is None and throttle_key is None else check_throttle(throttle, throttle_key)
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise ValueError(f"Step key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
         if not callable(producer):
@@ -68,7 +69,7 @@ class StepOps:
                 watching.hit(replay, "step", cursor.seq, key)
             return found.outcome.step_result(key)
         replay.check_pause(cursor)
-        slot = replay.throttles.gate(cursor, f"s/{key}", throttled, f"step {key!r}")
+        slot = None if throttled is None else replay.throttles.gate(cursor, f"s/{key}", throttled, f"step {key!r}")
         started = replay.journal.now_ms()
         running = schema.StepRow.running(replay.run.attempt, started, schema.call_id(cursor.seq, cursor.index)).encode()
         existing = replay.flush(cursor, step_key=key, step_row=running, cut=found.cut)
@@ -78,7 +79,8 @@ class StepOps:
         if existing is not None:
             outcome = replay.decode(existing)
             replay.commit(cursor, PendingCommit(cursor.index, identity))
-            replay.throttles.release(slot)
+            if slot is not None:
+                replay.throttles.release(slot)
             return outcome.step_result(key)
         self._ran(cursor.seq, key)
         if (watching := telemetry.observer) is None:
@@ -94,7 +96,8 @@ class StepOps:
             return outcome.step_result(key)
         winner = replay.commit(cursor, commit)
         # A throttled step's outcome is journaled at once (never held back), then its slot goes back.
-        replay.throttles.release(slot)
+        if slot is not None:
+            replay.throttles.release(slot)
         if winner is not None:
             outcome = replay.decode(winner)
         return outcome.step_result(key)

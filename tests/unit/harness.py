@@ -36,6 +36,7 @@ from celery_durable.workflows.branch_work import BranchTarget
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.completion import CompletionRoute
 from celery_durable.workflows.passes import Settlement, branch_pass, main_pass
+from celery_durable.workflows.port import Port
 from celery_durable.workflows.replay import Replay
 
 MAX_PAYLOAD = 1 << 20
@@ -44,6 +45,30 @@ _ids = itertools.count(1)
 
 def new_id(kind: str) -> str:
     return f"{kind}-{next(_ids)}"
+
+
+class _DriverPort(Port):
+    """The fleet as a ``Driver`` plays it: messages are kept, for the test to deliver."""
+
+    def __init__(self, driver: Driver, send_call: Callable[[CallRequest], None] | None) -> None:
+        super().__init__(4096, MAX_PAYLOAD)
+        self._driver = driver
+        self._send_call = send_call
+
+    def send_branches(self, call: str, indices: Sequence[int], count: Callable[[Sequence[str]], None]) -> list[str]:
+        ids = [new_id("branch") for _ in indices]
+        count(ids)
+        return [self._driver._send_branch(call, j, task_id) for j, task_id in zip(indices, ids, strict=True)]
+
+    def send_agent(self, agent: str, owner: str, task_id: str) -> None:
+        self._driver.turns.append((agent, owner))
+        self._driver.task_ids[agent] = task_id
+
+    def send_call(self, request: CallRequest) -> None:
+        if self._send_call is None:
+            super().send_call(request)
+        else:
+            self._send_call(request)
 
 
 class _Started:
@@ -116,27 +141,17 @@ class Driver:
     def journal(self) -> Journal:
         return self.store.journal(self.run_id, self.epoch, self.namespace)
 
-    def replay(self, **extra: Any) -> Replay:
-        record = self.record()
-
-        def send_branches(call: str, indices: list[int], count: Callable[[Sequence[str]], None]) -> list[str]:
-            ids = [new_id("branch") for _ in indices]
-            count(ids)
-            return [self._send_branch(call, j, task_id) for j, task_id in zip(indices, ids, strict=True)]
-
-        def send_agent(agent: str, owner: str, task_id: str) -> None:
-            self.turns.append((agent, owner))
-            self.task_ids[agent] = task_id
-
-        options: dict[str, Any] = {"send_branches": send_branches, "token": self.execution, **extra}
+    def replay(
+        self, target: BranchTarget | None = None, send_call: Callable[[CallRequest], None] | None = None
+    ) -> Replay:
+        """An execution whose messages this driver keeps: a pass, or a branch task given ``target``."""
         self.last = Replay(
-            journal=self.store.journal(self.run_id, record.epoch, self.namespace),
-            run=record,
+            journal=self.store.journal(self.run_id, self.record().epoch, self.namespace),
+            run=self.record(),
             workflow=self.workflow,
-            max_fanout=4096,
-            max_payload_bytes=MAX_PAYLOAD,
-            send_agent=send_agent,
-            **options,
+            port=_DriverPort(self, send_call),
+            target=target,
+            token=self.execution,
         )
         return self.last
 
@@ -205,7 +220,7 @@ class Driver:
         assert not isinstance(started, Refusal), started
         route = CompletionRoute(new_wake=lambda: new_id("wake"), send_wake=send_wake)
         target = BranchTarget(call, indices, route, started=started)
-        replay = self.replay(target=target, send_branches=None)
+        replay = self.replay(target=target)
         replay.apply_flags(started.flags)
         try:
             branch_pass(replay)

@@ -14,7 +14,7 @@ from celery_durable.broker.journal_guard import JOURNAL_CALLS, GuardedJournal
 from celery_durable.errors import StaleAttemptError
 from celery_durable.testing.crash import CrashingJournal, CrashPlan, CrashPoint, SimulatedCrash
 from celery_durable.workflows.passes import main_pass
-from celery_durable.workflows.replay import Mode
+from celery_durable.workflows.stopping import Mode
 from tests.unit.harness import Driver
 
 
