@@ -20,7 +20,7 @@ from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.redis_server import RedisServer
 from celery_durable.testing.workers import isolated_settings, worker_thread
 
-pytest_plugins = ["tests.fleet", "tests.topologies", "pytester"]
+pytest_plugins = ["tests.support.fleet", "tests.support.topologies", "pytester"]
 __all__ = ["worker_thread"]  # tests import it from here; it lives in celery_durable.testing.workers
 
 

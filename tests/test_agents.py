@@ -212,10 +212,10 @@ def test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run
     settings, fleet, raw_redis
 ) -> None:
     from celery_durable import Engine
-    from tests.apps.agents import review
+    from tests.support.apps.agents import review
 
     prefix = settings.key_prefix
-    worker = fleet.start("tests.apps.agents:engine", concurrency=4)
+    worker = fleet.start("tests.support.apps.agents:engine", concurrency=4)
     client = Engine([review], settings).client()
     run_id = client.start_workflow("review")
     deadline = time.monotonic() + 30
@@ -231,7 +231,7 @@ def test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run
         time.sleep(0.02)
     worker.kill()
     raw_redis.sadd(f"{prefix}:gate:{run_id}:open", "review discount, hold")
-    fleet.start("tests.apps.agents:engine", concurrency=4, name="w2")
+    fleet.start("tests.support.apps.agents:engine", concurrency=4, name="w2")
 
     envelope = client.wait_for_workflow_run(run_id, timeout=60)
     assert envelope.status == "completed", envelope.error

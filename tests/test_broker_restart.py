@@ -27,11 +27,11 @@ import pytest
 
 from celery_durable import Engine, Settings, is_terminal_status
 from celery_durable.redis_server import RedisServer
-from tests.apps.basic import fan
-from tests.fleet import Fleet
-from tests.topologies import RabbitMQServer, find_rabbitmq_server, unavailable
+from tests.support.apps.basic import fan
+from tests.support.fleet import Fleet
+from tests.support.topologies import RabbitMQServer, find_rabbitmq_server, unavailable
 
-APP = "tests.apps.basic:engine"
+APP = "tests.support.apps.basic:engine"
 RUNS = 8
 DOWN_SECONDS = 1.0
 

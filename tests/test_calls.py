@@ -1,7 +1,7 @@
 """Celery-native (SPEC §5a): an engine mounted on a team's app, calling its tasks.
 
 The called tasks run on a plain ``celery worker`` process that imports only
-``tests/apps/gpu.py`` — no engine, no celery-durable task. The durable side
+``tests/support/apps/gpu.py`` — no engine, no celery-durable task. The durable side
 runs on a worker in the test process, on the same app.
 """
 
@@ -26,9 +26,9 @@ from celery import Celery
 from celery_durable import Engine, Settings, StepFailed, WorkflowContext, define_workflow
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
-from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
-from tests.fleet import ROOT, settings_env
+from tests.support.apps.gpu import make_app
+from tests.support.fleet import ROOT, settings_env
 
 TIMEOUT = 40
 
@@ -54,7 +54,7 @@ class Gpu:
     settings: Settings
     queue: str
     log_dir: Path
-    app_module: str = "tests.apps.gpu"
+    app_module: str = "tests.support.apps.gpu"
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -350,13 +350,13 @@ def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Se
 def test_two_engines_on_one_broker_stay_apart(redis_server: Any, tmp_path: Path) -> None:
     """Two key prefixes, queue names left to their defaults: each engine's
     worker takes its own runs' messages only, and both finish."""
-    from tests.apps.basic import fan
-    from tests.fleet import WorkerProcess
+    from tests.support.apps.basic import fan
+    from tests.support.fleet import WorkerProcess
 
     settings = [Settings(redis_url=redis_server.url, key_prefix=f"two{n}x{os.getpid()}") for n in (1, 2)]
     assert settings[0].steps_queue == f"durable.two1x{os.getpid()}.steps" != settings[1].steps_queue
     workers = [
-        WorkerProcess(s, "tests.apps.basic:engine", log_dir=tmp_path, name=f"engine{n}").start()
+        WorkerProcess(s, "tests.support.apps.basic:engine", log_dir=tmp_path, name=f"engine{n}").start()
         for n, s in enumerate(settings)
     ]
     try:
@@ -381,7 +381,7 @@ def test_the_render_example_calls_the_fleet_from_a_fan_out(settings: Settings, t
         env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
     )
     try:
-        from tests.fleet import WorkerProcess
+        from tests.support.fleet import WorkerProcess
 
         durable = WorkerProcess(settings, "examples.render:engine", log_dir=tmp_path, name="durable").start()
         try:

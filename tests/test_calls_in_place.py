@@ -26,8 +26,8 @@ from celery.signals import before_task_publish, task_prerun
 from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.tasks.app import BRANCH_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
-from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
+from tests.support.apps.gpu import make_app
 from tests.test_calls import TIMEOUT, Gpu, poll, wf
 
 WAKE_ID = re.compile(r"^[0-9a-f]{32}-\d+$")
@@ -171,10 +171,10 @@ def test_an_answer_in_place_is_the_value_its_message_would_carry(settings: Setti
 def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workflow_code(
     settings: Settings, messages: Messages, tmp_path: Any
 ) -> None:
-    """The GPU pool has the engine mounted (``tests/apps/gpu_engine.py``) but
+    """The GPU pool has the engine mounted (``tests/support/apps/gpu_engine.py``) but
     consumes only its queue: it runs the called tasks, and every answer comes
     to the durable worker here as a message."""
-    gpu = Gpu(settings, f"{settings.key_prefix}.gpu", tmp_path, app_module="tests.apps.gpu_engine")
+    gpu = Gpu(settings, f"{settings.key_prefix}.gpu", tmp_path, app_module="tests.support.apps.gpu_engine")
     gpu.start()
     try:
         app = make_app(settings.redis_url, gpu.queue)

@@ -37,11 +37,11 @@ import redis
 from celery_durable import Client, Engine, Settings, is_terminal_status
 from celery_durable.broker import now_ms
 from celery_durable.broker.schema import StepRow
-from tests.apps.chaos import busy_key, chaos_trip, ready_key, trace_key
-from tests.apps.trip import SERVICES, provider_key
-from tests.fleet import Fleet, WorkerProcess
+from tests.support.apps.chaos import busy_key, chaos_trip, ready_key, trace_key
+from tests.support.apps.trip import SERVICES, provider_key
+from tests.support.fleet import Fleet, WorkerProcess
 
-CHAOS = "tests.apps.chaos:engine"
+CHAOS = "tests.support.apps.chaos:engine"
 RUNS = 40  # at least; more while fewer than MIN_INTERRUPTED steps were interrupted, up to MAX_RUNS
 MIN_INTERRUPTED = 5
 MAX_RUNS = 80

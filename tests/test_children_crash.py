@@ -14,10 +14,10 @@ import redis
 from celery_durable import Engine, Settings
 from celery_durable.broker import schema
 from celery_durable.errors import RunNotFoundError
-from tests.apps.children import effects_key, family, gate_key, kid, reached_key
-from tests.fleet import Fleet
+from tests.support.apps.children import effects_key, family, gate_key, kid, reached_key
+from tests.support.fleet import Fleet
 
-APP = "tests.apps.children:engine"
+APP = "tests.support.apps.children:engine"
 
 
 def poll(predicate: Any, timeout: float, what: str) -> Any:

@@ -27,12 +27,12 @@ from typer.testing import CliRunner
 
 from celery_durable import Client, Engine, Settings
 from celery_durable.cli import app
-from tests.apps.phased import phased
-from tests.fleet import ROOT, Fleet, settings_env
+from tests.support.apps.phased import phased
+from tests.support.fleet import ROOT, Fleet, settings_env
 
-APP = "tests.apps.phased:make_engine"
+APP = "tests.support.apps.phased:make_engine"
 """In this process: the engine is built when the command runs, from the test's environment."""
-WORKER_APP = "tests.apps.phased:engine"
+WORKER_APP = "tests.support.apps.phased:engine"
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 RESULT = {"total": 14}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
@@ -99,8 +99,8 @@ def test_help_lists_every_command(settings) -> None:
     ("args", "exit_code", "message"),
     [
         (["runs", "show", "0" * 32, "--app", "nope.module:engine"], 2, "error: cannot import 'nope.module'"),
-        (["runs", "show", "0" * 32, "--app", "tests.apps.phased"], 2, "error: --app must look like"),
-        (["runs", "show", "0" * 32, "--app", "tests.apps.phased:missing"], 2, "has no attribute 'missing'"),
+        (["runs", "show", "0" * 32, "--app", "tests.support.apps.phased"], 2, "error: --app must look like"),
+        (["runs", "show", "0" * 32, "--app", "tests.support.apps.phased:missing"], 2, "has no attribute 'missing'"),
         (["runs", "show", "0" * 32, "--app", APP], 1, f"error [not_found]: Run not found: {'0' * 32}"),
         (["runs", "show", "--app", APP], 2, "error: Missing argument 'RUN'."),
         (["run", "phased", "--app", APP, "--args", "{bad"], 2, "error: --args is not JSON"),
@@ -192,10 +192,10 @@ def test_tables_for_people(durable) -> None:
 
 def test_runs_show_links_a_parent_and_its_children(durable) -> None:
     from celery_durable.broker.schema import child_run_id
-    from tests.apps.nested import nest_leaf, nest_parent
+    from tests.support.apps.nested import nest_leaf, nest_parent
 
     d = durable([nest_leaf, nest_parent])
-    app = "tests.apps.nested:make_engine"
+    app = "tests.support.apps.nested:make_engine"
     run_id = d.client.run_workflow("nest-parent", timeout=30).run_id
     kid, loose = child_run_id(run_id, "kid"), child_run_id(run_id, "loose")
     d.client.wait_for_workflow_run(loose, timeout=30)
@@ -354,7 +354,7 @@ def test_what_a_command_prints_for_scripts_is_alone_on_stdout(settings) -> None:
     env = settings_env(settings)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "celery_durable", *args, "--app", "tests.apps.noisy:make_engine"]
+        command = [sys.executable, "-m", "celery_durable", *args, "--app", "tests.support.apps.noisy:make_engine"]
         return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
     started = cli("runs", "start", "noisy", "--args", "{}")

@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from celery_durable import Engine
-from tests.apps.phased import phased
-from tests.apps.waits import await_signal
+from tests.support.apps.phased import phased
+from tests.support.apps.waits import await_signal
 from tests.test_cli import APP, cli, wait_until
 
 WAITS_APP = "tests.test_cli_history:make_engine"

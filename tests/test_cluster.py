@@ -1,6 +1,6 @@
 """A Redis Cluster as the journal (``redis_cluster=True``, SPEC §10).
 
-Three private masters (``redis_cluster``, tests/topologies.py) hold the
+Three private masters (``redis_cluster``, tests/support/topologies.py) hold the
 journal; the broker stays the session's single Redis, as it must: kombu has no
 Redis Cluster transport. The lifecycle, recovery and fencing tests, and the
 journal contract tests, run here again, imported, with ``settings`` and
@@ -42,6 +42,7 @@ from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import DurableFactory
 from tests.contract import test_calls, test_children, test_journal, test_waits
 from tests.contract.conftest import BackendFactory, RedisBackend
+from tests.support.topologies import RedisClusterNodes, keys_per_node, node_client
 from tests.test_agents import (  # noqa: F401
     test_an_agent_turn_is_journaled_and_identical_calls_are_memoized,
     test_pause_lets_work_in_flight_finish_and_resume_continues,
@@ -80,7 +81,6 @@ from tests.test_run_indexes import (  # noqa: F401
 from tests.test_unserved import (  # noqa: F401
     test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does,
 )
-from tests.topologies import RedisClusterNodes, keys_per_node, node_client
 
 # Every journal contract test, on the cluster as on one Redis (tests/contract).
 globals().update(

@@ -36,9 +36,9 @@ from typer.testing import CliRunner
 
 from celery_durable import Settings
 from celery_durable.cli import app
-from tests.apps.waits import await_signal
 from tests.conftest import DurableFactory
-from tests.fleet import ROOT, settings_env
+from tests.support.apps.waits import await_signal
+from tests.support.fleet import ROOT, settings_env
 from tests.web.support import wait_until
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -329,7 +329,7 @@ def test_a_real_web_view_serves_the_panels_metric_to_that_scrape(durable: Durabl
     web = services()["web"]
     command = argv(web)
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery_durable", "web", "--app", "tests.apps.waits:engine",
+        [sys.executable, "-m", "celery_durable", "web", "--app", "tests.support.apps.waits:engine",
          "--port", str(port), "--allowed-host", command[command.index("--allowed-host") + 1]],
         env={**settings_env(fleet.settings), "CELERY_DURABLE_WEB_AUTH": credential},
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -16,8 +16,8 @@ import pytest
 
 from celery_durable import FunctionRunner, OpenAIChatRunner, Settings
 from celery_durable.redis_server import free_port
-from tests.fleet import ROOT
-from tests.readme import in_section
+from tests.support.fleet import ROOT
+from tests.support.readme import in_section
 
 # `celery-durable`, with "localhost:6379" moved to a port where nothing listens
 # (this machine may run a Redis there).
@@ -107,7 +107,7 @@ def test_the_nightly_report_composes_child_runs(tmp_path: Path) -> None:
     [
         (Settings(), FunctionRunner),
         (Settings(openai_model="qwen2.5:7b", openai_base_url="http://localhost:11434/v1"), OpenAIChatRunner),
-        (Settings(agent_runner="tests.apps.agents:engine"), type(None)),
+        (Settings(agent_runner="tests.support.apps.agents:engine"), type(None)),
     ],
 )
 def test_the_code_review_uses_an_openai_endpoint_only_when_one_is_configured(

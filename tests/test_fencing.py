@@ -31,9 +31,9 @@ from celery_durable.broker import RunStore
 from celery_durable.broker.journal import BeginCall, PendingCommit
 from celery_durable.broker.schema import StepRow
 from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK
-from tests.apps.trip import SERVICES, provider_key, trip
+from tests.support.apps.trip import SERVICES, provider_key, trip
 
-TRIP = "tests.apps.trip:engine"
+TRIP = "tests.support.apps.trip:engine"
 TIMEOUT = 30
 GATE_SECONDS = 30
 """How long a gated step waits for the test before it gives up (a safety net, not a pause)."""

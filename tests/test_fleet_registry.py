@@ -17,12 +17,12 @@ from starlette.testclient import TestClient
 from celery_durable import Engine, Settings, WorkerInfo, define_workflow
 from celery_durable.fleet_registry import mixed_deploys
 from celery_durable.web import create_app
-from tests.apps.phased import phased
-from tests.apps.versioned import ORDER, order_v1
-from tests.fleet import ROOT, Fleet, settings_env
+from tests.support.apps.phased import phased
+from tests.support.apps.versioned import ORDER, order_v1
+from tests.support.fleet import ROOT, Fleet, settings_env
 from tests.web.support import wait_until
 
-APP = "tests.apps.versioned"
+APP = "tests.support.apps.versioned"
 
 
 def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -79,7 +79,7 @@ def test_workers_report_what_they_serve_and_a_mixed_deploy_is_named(settings: Se
 def test_a_start_no_live_worker_serves_says_so_once_and_meta_comes_from_the_workers(
     settings: Settings, fleet: Fleet
 ) -> None:
-    fleet.start("tests.apps.phased:engine", name="regphased")
+    fleet.start("tests.support.apps.phased:engine", name="regphased")
     invoice = define_workflow({"name": "invoice", "description": "no worker has it", "phases": []}, order_v1)
     client = Engine([invoice, phased], settings).client()
     wait_until(lambda: reported(client.engine, "regphased"), "the worker's report", 30)

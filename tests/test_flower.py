@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from celery_durable import Engine, Settings
-from tests.apps.phased import phased
-from tests.fleet import ROOT, Fleet, settings_env
+from tests.support.apps.phased import phased
+from tests.support.fleet import ROOT, Fleet, settings_env
 
 AUTH = ("watcher", "s3cret")
 
@@ -60,7 +60,10 @@ def flower(settings: Settings, tmp_path: Path) -> Iterator[Flower]:
     env = {**settings_env(settings), "FLOWER_BASIC_AUTH": ":".join(AUTH)}
     with open(tmp_path / "flower.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.apps.phased:engine", f"--port={port}"],
+            [
+                sys.executable, "-m", "celery_durable", "flower",
+                "--app", "tests.support.apps.phased:engine", f"--port={port}",
+            ],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -97,7 +100,7 @@ def poll(what: str, probe: Any, timeout: float = 30) -> Any:
 
 @pytest.mark.slow  # two processes to start: 7 s alone, past 10 s on a loaded machine
 def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flower: Flower) -> None:
-    worker = fleet.start("tests.apps.phased:engine", name="flowerw")
+    worker = fleet.start("tests.support.apps.phased:engine", name="flowerw")
     hostname = poll(
         "the worker in /api/workers",
         lambda: [name for name in flower.get("/api/workers?refresh=1") if name.startswith("flowerw-")],
@@ -149,7 +152,7 @@ def test_an_exposed_flower_without_basic_auth_refuses_to_start(settings: Setting
     env = {name: value for name, value in settings_env(settings).items() if name != "FLOWER_BASIC_AUTH"}
     port = free_port()
     done = subprocess.run(
-        [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.apps.phased:engine",
+        [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.support.apps.phased:engine",
          f"--address={address}", f"--port={port}"],
         cwd=ROOT, env=env, capture_output=True, text=True,
         # A Flower that did start would serve until killed: it is killed after this long, and the test fails.

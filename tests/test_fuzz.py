@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from celery_durable import RunEnvelope, Workflow, WorkflowContext, define_workflow, workflow
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
 from celery_durable.workflows.definition import META_KEYS, NAME_PATTERN
-from tests.hostile import (
+from tests.support.hostile import (
     PAYLOAD_BYTES,
     bad_numbers,
     json_values,

@@ -26,11 +26,11 @@ from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.broker.keys import KeySpace
 from celery_durable.tasks.app import CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
-from tests.apps import kept_home
-from tests.apps.gpu import make_app
-from tests.apps.kept_home import CALLS, adds, hold, render_one, starts_key
 from tests.conftest import worker_thread
-from tests.fleet import Fleet, WorkerProcess, fleet  # noqa: F401  (the fixture)
+from tests.support.apps import kept_home
+from tests.support.apps.gpu import make_app
+from tests.support.apps.kept_home import CALLS, adds, hold, render_one, starts_key
+from tests.support.fleet import Fleet, WorkerProcess, fleet  # noqa: F401  (the fixture)
 from tests.test_calls import TIMEOUT, Gpu, poll, wf
 
 
@@ -159,7 +159,7 @@ def _keeper(settings: Settings, fleet: Fleet, gpu_queue: str, concurrency: int =
     queues = [settings.coordinator_queue, settings.steps_queue]
     env = {"GPU_QUEUE": gpu_queue, "CELERY_DURABLE_HOME_QUEUES": "true"}
     return fleet.start(
-        "tests.apps.kept_home:engine", name="keeper", queues=queues, env=env, concurrency=concurrency
+        "tests.support.apps.kept_home:engine", name="keeper", queues=queues, env=env, concurrency=concurrency
     )
 
 

@@ -22,10 +22,10 @@ import redis
 
 from celery_durable import Engine, Settings, WorkflowContext, define_workflow
 from celery_durable.errors import StorageUnavailableError
-from tests.apps.load import inflight_key, load, ready_key, received_key
-from tests.fleet import Fleet
+from tests.support.apps.load import inflight_key, load, ready_key, received_key
+from tests.support.fleet import Fleet
 
-LOAD = "tests.apps.load:engine"
+LOAD = "tests.support.apps.load:engine"
 
 
 def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -40,8 +40,8 @@ from celery_durable.tasks.app import COORDINATOR_TASK
 from celery_durable.tasks.calls import publish_call
 from celery_durable.tasks.home import home_queue
 from celery_durable.workflows.calls import CallRequest, call_task_id
-from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
+from tests.support.apps.gpu import make_app
 from tests.test_calls import TIMEOUT, poll, wf
 
 RECORDED = Path(__file__).parent / "messages" / "697bc7b.json"

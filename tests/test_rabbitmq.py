@@ -2,7 +2,7 @@
 
 The representative tests of the lifecycle, fan-out, agent and crash modules
 run here again, imported, with one difference: ``settings`` names a RabbitMQ
-(``rabbitmq_url``, tests/topologies.py) as the broker. Each test keeps its own
+(``rabbitmq_url``, tests/support/topologies.py) as the broker. Each test keeps its own
 queue names and deletes its queues when it ends, since durable queues outlive
 their consumers.
 
@@ -25,6 +25,7 @@ from celery_durable import Settings, WorkflowContext, workflow
 from celery_durable.broker import schema
 from celery_durable.tasks.queue_depths import BrokerQueues
 from tests.conftest import DurableFactory, put_in_steps_queue
+from tests.support.topologies import delete_queues
 from tests.test_agents import (  # noqa: F401
     test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers,
     test_pause_lets_work_in_flight_finish_and_resume_continues,
@@ -50,7 +51,6 @@ from tests.test_steps_and_fanout import (  # noqa: F401
     test_parallel_branches_really_run_concurrently,
     test_pipeline_chains_stages_and_a_failing_stage_skips_only_that_item,
 )
-from tests.topologies import delete_queues
 
 
 @pytest.fixture

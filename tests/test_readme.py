@@ -47,8 +47,8 @@ from celery_durable import Engine, Settings
 from celery_durable.cli import app
 from celery_durable.redis_server import free_port
 from tests.conftest import worker_thread
-from tests.fleet import ROOT, settings_env
-from tests.readme import README, Block, blocks, in_section
+from tests.support.fleet import ROOT, settings_env
+from tests.support.readme import README, Block, blocks, in_section
 
 QUICKSTART = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")

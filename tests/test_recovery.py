@@ -13,10 +13,10 @@ from typing import Any
 import redis
 
 from celery_durable import Client, Engine, Settings
-from tests.apps.trip import SERVICES, provider_key, trip
-from tests.fleet import Fleet
+from tests.support.apps.trip import SERVICES, provider_key, trip
+from tests.support.fleet import Fleet
 
-TRIP = "tests.apps.trip:engine"
+TRIP = "tests.support.apps.trip:engine"
 
 
 def client_for(settings: Settings) -> Client:
@@ -145,7 +145,7 @@ def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> 
 def test_a_queue_backlog_longer_than_the_lease_causes_no_take_over(durable) -> None:
     """Nothing dies here: messages just wait in a busy queue, for many leases.
     A queued message is alive while its queue's workers are busy."""
-    from tests.apps.basic import fan
+    from tests.support.apps.basic import fan
 
     d = durable([fan], concurrency=1, lease_seconds=1)
     run_ids = [d.client.start_workflow("fan", args={"count": 4, "seconds": 0.25}) for _ in range(12)]

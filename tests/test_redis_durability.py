@@ -48,7 +48,7 @@ from celery_durable.broker import RunStore
 from celery_durable.errors import StaleAttemptError
 from celery_durable.redis_server import RedisServer, free_port
 from celery_durable.workflows import jsonvalue
-from tests.fleet import Fleet, WorkerProcess
+from tests.support.fleet import Fleet, WorkerProcess
 
 APP = "tests.test_redis_durability:engine"
 TIMEOUT = 40
@@ -95,7 +95,7 @@ def chain(ctx: WorkflowContext) -> Any:
 
 
 # Worker processes load this module by import path; their settings come from
-# the environment (tests/fleet.py), pointing at the test's private Redis.
+# the environment (tests/support/fleet.py), pointing at the test's private Redis.
 engine = Engine(workflows=[chain], settings=Settings())
 
 JOURNALED_BEFORE_KILL = ["pre-0", "pre-1", "pre-2", "fan-0", "fan-1"]

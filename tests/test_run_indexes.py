@@ -2,7 +2,7 @@
 against the run records, and the listings that read them.
 
 Every index is compared with the records member by member
-(``tests/index_check.py``): after a mix of runs that complete, fail, wait
+(``tests/support/index_check.py``): after a mix of runs that complete, fail, wait
 for a signal, a timer and a child, are cancelled and signalled; after a
 Redis restart from its AOF; after retention. ``tests/test_cluster.py`` runs
 the first ones again on a Redis Cluster, where the indexes live in another
@@ -24,7 +24,7 @@ import pytest
 from celery_durable import Engine, RunNotFoundError, Settings, define_workflow
 from celery_durable.redis_server import RedisServer, free_port
 from tests.conftest import Durable
-from tests.index_check import disagreements
+from tests.support.index_check import disagreements
 from tests.test_fencing import poll  # the same poll, 30 s as here
 
 TIMEOUT = 30.0
@@ -318,10 +318,10 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
 
 
 def test_runs_list_waiting_prefix_since_and_runs_reindex_on_the_command_line(durable) -> None:
-    from tests.apps.waits import await_signal, nap
+    from tests.support.apps.waits import await_signal, nap
     from tests.test_cli import cli
 
-    app = "tests.apps.waits:make_engine"
+    app = "tests.support.apps.waits:make_engine"
     d = durable([await_signal, nap])
     go = [d.client.start_workflow("await-signal") for _ in range(2)]
     sleeping = d.client.start_workflow("nap", args={"seconds": 3600})

@@ -19,10 +19,10 @@ import pytest
 
 from celery_durable import Engine, Settings
 from celery_durable.schedules.calendar import to_ms
-from tests.apps.scheduled import stamp
-from tests.fleet import Fleet, fleet  # noqa: F401  (the fixture)
+from tests.support.apps.scheduled import stamp
+from tests.support.fleet import Fleet, fleet  # noqa: F401  (the fixture)
 
-APP = "tests.apps.scheduled:engine"
+APP = "tests.support.apps.scheduled:engine"
 SOAK_SECONDS = int(os.environ.get("SCHEDULE_SOAK_SECONDS", "20"))
 """How long the two workers fire the every-second schedule (the issue's soak is 60: set it)."""
 

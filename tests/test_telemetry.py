@@ -1,7 +1,7 @@
 """Traces and metrics from real worker processes (docs/telemetry.md).
 
 Spans are recorded by the OpenTelemetry SDK inside the workers
-(``tests/apps/traced.py`` writes each ended span to a file); metrics are
+(``tests/support/apps/traced.py`` writes each ended span to a file); metrics are
 scraped from a real prefork worker's ``--metrics-port``.
 """
 
@@ -28,11 +28,11 @@ from celery_durable import Engine, Settings, telemetry
 from celery_durable.redis_server import free_port
 from celery_durable.telemetry.context import own_trace, parse_traceparent, run_parent
 from celery_durable.web import create_app
-from tests.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent
-from tests.fleet import ROOT, Fleet, settings_env
+from tests.support.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent
+from tests.support.fleet import ROOT, Fleet, settings_env
 from tests.test_recovery import poll
 
-TRACED = "tests.apps.traced:engine"
+TRACED = "tests.support.apps.traced:engine"
 CALLER = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
                      trace_flags=TraceFlags(1))
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from celery_durable import Client, RunNotFoundError, WorkflowContext, WorkflowResumeError, workflow
-from tests.hostile import snapshot
+from tests.support.hostile import snapshot
 from tests.test_fencing import poll
 
 TIMEOUT = 30

@@ -23,10 +23,10 @@ import redis
 
 from celery_durable import Engine, Settings
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS
-from tests.apps.waits import alarm, rang_key
-from tests.fleet import Fleet
+from tests.support.apps.waits import alarm, rang_key
+from tests.support.fleet import Fleet
 
-APP = "tests.apps.waits:engine"
+APP = "tests.support.apps.waits:engine"
 RUNS = 600
 START_SECONDS = 40.0
 """T is this far after the first start: every run must be waiting, and at T in the sweep's index, before it."""

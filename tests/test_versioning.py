@@ -1,7 +1,7 @@
 """Deploys under running runs, on real worker processes (SPEC §8, §8a).
 
 A deploy is what it is on a fleet: the worker process with the old code
-stops, one with the new code starts (``tests/apps/versioned.py``), and runs
+stops, one with the new code starts (``tests/support/apps/versioned.py``), and runs
 that waited meanwhile replay on the new one. Between the two — where a
 deploy pipeline runs ``celery-durable replay-check`` — no worker runs, so
 the proof that a check writes nothing covers every key of the test.
@@ -17,12 +17,12 @@ from typing import Any
 
 from celery_durable import Client, Engine, Settings
 from celery_durable.testing import replay_history
-from tests.apps.versioned import ORDER
-from tests.fleet import ROOT, Fleet, WorkerProcess, settings_env
-from tests.redis_watch import dump_keys, writes_seen
+from tests.support.apps.versioned import ORDER
+from tests.support.fleet import ROOT, Fleet, WorkerProcess, settings_env
+from tests.support.redis_watch import dump_keys, writes_seen
 
 TIMEOUT = 30
-APP = "tests.apps.versioned"
+APP = "tests.support.apps.versioned"
 
 
 def client_of(settings: Settings, version: str) -> Client:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from celery_durable import RunNotFoundError, Signal, WorkflowContext, define_workflow
-from tests.apps.waits import await_signal, nap
-from tests.fleet import Fleet
+from tests.support.apps.waits import await_signal, nap
+from tests.support.fleet import Fleet
 
 TIMEOUT = 30
 
@@ -196,12 +196,12 @@ def test_a_signal_sent_while_every_worker_is_dead_completes_the_run(settings, fl
     settings = settings.model_copy(update={"lease_seconds": 3})
     fleet.settings = settings
     client = Engine([await_signal, nap], settings).client()
-    worker = fleet.start("tests.apps.waits:engine", concurrency=2)
+    worker = fleet.start("tests.support.apps.waits:engine", concurrency=2)
     run_id = client.start_workflow("await-signal")
     poll(lambda: waiting_for(client, run_id), what="the wait")
     worker.kill()
     client.signal_workflow_run(run_id, "go", {"while": "nobody ran"})  # kept: no attempt is alive
-    fleet.start("tests.apps.waits:engine", concurrency=2)
+    fleet.start("tests.support.apps.waits:engine", concurrency=2)
     envelope = client.wait_for_workflow_run(run_id, timeout=60)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == {"before": "journaled", "payload": {"while": "nobody ran"}}
@@ -213,7 +213,7 @@ def test_the_approval_example_end_to_end_with_the_cli(durable) -> None:
     from examples.approval import expense_approval
     from tests.test_cli import cli
 
-    app = "tests.apps.waits:make_approval_engine"
+    app = "tests.support.apps.waits:make_approval_engine"
 
     d = durable([expense_approval])
     approved = d.client.start_workflow("expense-approval", args={"employee": "ada", "amount": 120})

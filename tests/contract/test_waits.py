@@ -16,7 +16,7 @@ from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import Backend, BackendFactory
 from tests.contract.test_journal import RUNNING, failed, ok, step
-from tests.index_check import disagreements
+from tests.support.index_check import disagreements
 
 NO_FLAGS = Flags()
 HOUR = 3_600_000

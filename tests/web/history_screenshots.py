@@ -1,7 +1,7 @@
 """Pictures of issue 40: ``python -m tests.web.history_screenshots``.
 
 Starts a private Redis, two worker processes of two deploys of ``order``
-(``tests/apps/versioned.py``: v1 and v2, a mixed deploy), an in-process
+(``tests/support/apps/versioned.py``: v1 and v2, a mixed deploy), an in-process
 worker and the web view; runs a workflow that waits for a child and then
 for a signal; and has headless Chromium save ``docs/web-fleet-mixed.png``
 (the fleet page naming the mixed deploy) and ``docs/web-run-waits.png`` (a
@@ -24,9 +24,9 @@ from playwright.sync_api import sync_playwright
 from celery_durable import Engine, Settings, WorkflowContext, workflow
 from celery_durable.redis_server import RedisServer
 from celery_durable.web import create_app
-from tests.apps.versioned import ORDER
 from tests.conftest import worker_thread
-from tests.fleet import Fleet
+from tests.support.apps.versioned import ORDER
+from tests.support.fleet import Fleet
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.web.support import serving, wait_until
 
@@ -72,8 +72,8 @@ def main() -> int:
         )
         fleet = Fleet(settings, Path(logs))
         try:
-            fleet.start("tests.apps.versioned:v1", name="orders-old")
-            fleet.start("tests.apps.versioned:v2", name="orders-new")
+            fleet.start("tests.support.apps.versioned:v1", name="orders-old")
+            fleet.start("tests.support.apps.versioned:v2", name="orders-new")
             engine = Engine([fulfil, packing, ORDER["v2"]], settings)
             shoot(engine, engine.client())
         finally:

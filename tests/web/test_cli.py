@@ -16,12 +16,12 @@ import urllib.request
 import pytest
 
 from celery_durable import Engine, Settings
-from tests.apps.phased import phased
-from tests.fleet import ROOT, settings_env
-from tests.readme import in_section
+from tests.support.apps.phased import phased
+from tests.support.fleet import ROOT, settings_env
+from tests.support.readme import in_section
 from tests.web.support import wait_until
 
-APP = "tests.apps.phased:make_engine"
+APP = "tests.support.apps.phased:make_engine"
 WEB_MODULES = ("starlette", "uvicorn", "jinja2")
 ENV_ASSIGNMENT = re.compile(r"^[A-Z][A-Z0-9_]*=")
 

@@ -10,12 +10,12 @@ from starlette.testclient import TestClient
 
 from celery_durable import Engine, Settings
 from celery_durable.web import create_app
-from tests.apps.trip import trip
-from tests.fleet import Fleet
+from tests.support.apps.trip import trip
+from tests.support.fleet import Fleet
 from tests.web.conftest import SiteFactory
 from tests.web.support import wait_until
 
-TRIP = "tests.apps.trip:engine"
+TRIP = "tests.support.apps.trip:engine"
 
 
 def fleet_json(http: TestClient) -> dict[str, Any]:

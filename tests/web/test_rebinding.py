@@ -27,7 +27,7 @@ import pytest
 
 from celery_durable import Settings
 from celery_durable.web import Credential, create_app
-from tests.fleet import ROOT, settings_env
+from tests.support.fleet import ROOT, settings_env
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS, Site, SiteFactory, needs_signals
 from tests.web.support import serving, wait_until
 from tests.web.test_cli import APP, free_port, one_error_line, web_command
