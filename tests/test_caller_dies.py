@@ -23,7 +23,7 @@ from celery_durable.broker.scripts import SCRIPT_NAMES, WAKING_SCRIPTS
 from celery_durable.broker.store_core import LOOK_FIRST, WATCHED_CALLERS
 from tests.conftest import DurableFactory
 from tests.support.apps.waits import await_signal
-from tests.test_publish_failures import waiting_for_the_signal
+from tests.support.waits import waiting_for_the_signal
 
 DIES_AT_PUBLISH = 3
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_durable"

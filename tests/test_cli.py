@@ -20,31 +20,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from celery_durable import Client, Engine, Settings
-from celery_durable.cli import app
 from tests.support.apps.phased import phased
+from tests.support.cli import APP, cli
 from tests.support.fleet import ROOT, Fleet, settings_env
+from tests.support.poll import RUN_BOUND, poll
 
-APP = "tests.support.apps.phased:make_engine"
-"""In this process: the engine is built when the command runs, from the test's environment."""
 WORKER_APP = "tests.support.apps.phased:engine"
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 RESULT = {"total": 14}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-
-
-def env_of(settings: Settings) -> dict[str, str]:
-    return {name: value for name, value in settings_env(settings).items() if name.startswith("CELERY_DURABLE_")}
-
-
-def cli(settings: Settings, *args: str) -> Any:
-    """The command in this process, through Typer's runner."""
-    return CliRunner().invoke(app, list(args), env=env_of(settings))
 
 
 def cli_process(settings: Settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -71,15 +59,6 @@ def recorded(name: str) -> str:
 
 def client_of(settings: Settings) -> Client:
     return Engine([phased], settings).client()
-
-
-def wait_until(predicate: Any, what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 # -- help and errors ---------------------------------------------------------------
@@ -283,8 +262,10 @@ def test_runs_progress_follow_joins_a_run_midway_and_tells_the_same_story(settin
     fleet.start(WORKER_APP)
     client = client_of(settings)
     run_id = client.start_workflow("phased", args={"pause": 0.6})
-    wait_until(
-        lambda: any(r.message == "Crunch" for r in client.get_workflow_run_progress(run_id).records), "phase Crunch"
+    poll(
+        lambda: any(r.message == "Crunch" for r in client.get_workflow_run_progress(run_id).records),
+        within=RUN_BOUND,
+        what="phase Crunch",
     )
     done = cli_process(settings, "runs", "progress", run_id, "--app", WORKER_APP, "--follow")
     assert done.returncode == 0, done.stderr

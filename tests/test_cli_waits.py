@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tests.support.apps.waits import await_signal, nap
-from tests.test_cli import cli
+from tests.support.cli import cli
 
 APP = "tests.support.apps.waits:make_engine"
 TIMEOUT = "5"

@@ -20,7 +20,7 @@ from celery_durable.web import create_app
 from tests.support.apps.phased import phased
 from tests.support.apps.versioned import ORDER, order_v1
 from tests.support.fleet import ROOT, Fleet, settings_env
-from tests.web.support import wait_until
+from tests.support.poll import RUN_BOUND, poll
 
 APP = "tests.support.apps.versioned"
 
@@ -46,7 +46,11 @@ def test_workers_report_what_they_serve_and_a_mixed_deploy_is_named(settings: Se
     fleet.start(f"{APP}:v1", name="regv1")
     fleet.start(f"{APP}:v2", name="regv2")
     client_engine = Engine([ORDER["v2"]], settings)
-    workers = wait_until(lambda: reported(client_engine, "regv1", "regv2"), "both workers' reports", 30)
+    workers = poll(
+        lambda: reported(client_engine, "regv1", "regv2"),
+        within=RUN_BOUND,
+        what="both workers' reports",
+    )
     by_name = {worker.name.partition("-")[0]: worker for worker in workers}
     assert by_name["regv1"].workflows == {"order": ORDER["v1"].code_hash}
     assert by_name["regv2"].workflows == {"order": ORDER["v2"].code_hash}
@@ -82,7 +86,7 @@ def test_a_start_no_live_worker_serves_says_so_once_and_meta_comes_from_the_work
     fleet.start("tests.support.apps.phased:engine", name="regphased")
     invoice = define_workflow({"name": "invoice", "description": "no worker has it", "phases": []}, order_v1)
     client = Engine([invoice, phased], settings).client()
-    wait_until(lambda: reported(client.engine, "regphased"), "the worker's report", 30)
+    poll(lambda: reported(client.engine, "regphased"), within=RUN_BOUND, what="the worker's report")
 
     unserved = client.start_workflow("invoice")
     served = client.start_workflow("phased", args={"pause": 0})

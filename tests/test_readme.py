@@ -48,7 +48,7 @@ from celery_durable.cli import app
 from celery_durable.redis_server import free_port
 from tests.conftest import worker_thread
 from tests.support.fleet import ROOT, settings_env
-from tests.support.readme import README, Block, blocks, in_section
+from tests.support.readme import DEMO, README, Block, blocks, in_section, readme_example_lines
 
 QUICKSTART = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
@@ -221,14 +221,10 @@ def test_the_quickstart_installs_as_ci_does_and_runs_what_the_tests_run() -> Non
     assert "python3 -m venv .venv" in ci
     assert re.search(r"\.venv/bin/pip install .*-e '\.\[dev\]'", ci)
     assert re.search(r"^\.venv/bin/pytest -q$", ci, re.MULTILINE)
-    from tests.test_demo import DEMO
-
     assert DEMO == ["demo"], "tests/test_demo.py runs `celery-durable demo` exactly as the README says"
 
 
 def test_the_examples_block_is_what_test_examples_runs() -> None:
-    from tests.test_examples import readme_example_lines
-
     (block,) = in_section("Examples")
     assert [argv for argv in command_lines(block)] == readme_example_lines()
 

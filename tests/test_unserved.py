@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_durable import Client
 from celery_durable.tasks import unserved
 from celery_durable.tasks.messages import RunMessage
 from tests.conftest import DurableFactory
 from tests.support.apps.teams import EVERY
 from tests.support.fleet import Fleet
-from tests.test_fencing import poll
+from tests.support.poll import poll
 
 TIMEOUT = 30
 QUICK = {"CELERY_DURABLE_UNSERVED_BACKOFF_SECONDS": "2"}
@@ -60,7 +62,7 @@ def test_a_run_no_worker_knows_waits_alive_and_goes_on_once_a_worker_that_knows_
     run_id = client.start_workflow("ghost")
     fleet.start("tests.support.apps.teams:partial", name="partial", env=QUICK)  # knows only echo, and imports nothing
     seen: set[str] = set()
-    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 4, timeout=TIMEOUT, what="3 messages passed on")
+    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 4, within=TIMEOUT, what="3 messages passed on")
     envelope = client.get_workflow_run(run_id)
     assert (envelope.status, envelope.attempt) == ("pending", 1), "the run was failed or taken over"
     assert [m for m in system_records(client, run_id) if UNSERVED in m] == [
@@ -72,6 +74,7 @@ def test_a_run_no_worker_knows_waits_alive_and_goes_on_once_a_worker_that_knows_
     assert (done.status, done.result, done.attempt) == ("completed", "boo", 1)
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does(
     durable: DurableFactory, fleet: Fleet
 ) -> None:
@@ -89,7 +92,7 @@ def test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_o
     )
     fleet.start("tests.support.apps.teams:partial", name="partial", queues=[settings.steps_queue], env=QUICK)
     seen: set[str] = set()
-    poll(lambda: len(passed_on(client, run_id, seen, "s")) >= 3, timeout=TIMEOUT, what="branches passed on")
+    poll(lambda: len(passed_on(client, run_id, seen, "s")) >= 3, within=TIMEOUT, what="branches passed on")
     envelope = client.get_workflow_run(run_id)
     assert (envelope.status, envelope.attempt) == ("running", 1)
     fleet.start("tests.support.apps.teams:billing", name="steps", queues=[settings.steps_queue])
@@ -153,7 +156,7 @@ def test_a_pending_run_no_worker_serves_is_cancelled_at_once_and_its_message_is_
     run_id = client.start_workflow("ghost")
     fleet.start("tests.support.apps.teams:partial", name="partial")
     seen: set[str] = set()
-    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 2, timeout=TIMEOUT, what="a message passed on")
+    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 2, within=TIMEOUT, what="a message passed on")
     envelope = client.cancel_workflow_run(run_id, timeout=5)
     assert (envelope.status, envelope.reason, envelope.error) == ("cancelled", "cancelled", "Cancelled while pending")
     assert envelope.attempt == 1, "no attempt ran: the epoch is bumped for fencing only"
@@ -161,7 +164,7 @@ def test_a_pending_run_no_worker_serves_is_cancelled_at_once_and_its_message_is_
     store = client.engine.store
     assert store.client.hgetall(store.run_keys(run_id).live) == {}, "nothing of it is in flight"
     # The message the worker holds comes due and is refused as stale: no error, no new message.
-    poll(lambda: _refused(fleet), timeout=TIMEOUT, what="the held message refused")
+    poll(lambda: _refused(fleet), within=TIMEOUT, what="the held message refused")
     assert client.get_workflow_run(run_id).status == "cancelled"
     assert not any("Traceback" in path.read_text() for path in fleet.log_dir.glob("*.log"))
 

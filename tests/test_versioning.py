@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 from celery_durable import Client, Engine, Settings
 from celery_durable.testing import replay_history
 from tests.support.apps.versioned import ORDER
 from tests.support.fleet import ROOT, Fleet, WorkerProcess, settings_env
+from tests.support.poll import RUN_BOUND, poll
 from tests.support.redis_watch import dump_keys, writes_seen
 
 TIMEOUT = 30
@@ -30,10 +30,11 @@ def client_of(settings: Settings, version: str) -> Client:
 
 
 def waits_for_approval(client: Client, run_id: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while (client.get_workflow_run(run_id).snapshot["waiting_for"] or {}).get("name") != "approval":
-        assert time.monotonic() < deadline, f"run {run_id} never waited for approval"
-        time.sleep(0.05)
+    poll(
+        lambda: (client.get_workflow_run(run_id).snapshot["waiting_for"] or {}).get("name") == "approval",
+        within=RUN_BOUND,
+        what=f"run {run_id} to wait for approval",
+    )
 
 
 def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

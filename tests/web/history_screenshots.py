@@ -27,8 +27,9 @@ from celery_durable.web import create_app
 from tests.conftest import worker_thread
 from tests.support.apps.versioned import ORDER
 from tests.support.fleet import Fleet
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.web.support import serving, wait_until
+from tests.web.support import serving
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SPREAD = 1.5
@@ -85,14 +86,18 @@ def main() -> int:
 def shoot(engine: Engine, client: Any) -> None:
     with worker_thread(engine), serving(create_app(engine)) as url:
         run_id = client.start_workflow("fulfil")
-        wait_until(lambda: waiting_for(client, run_id, "child"), "the child wait", 30)
+        poll(lambda: waiting_for(client, run_id, "child"), within=RUN_BOUND, what="the child wait")
         child = client.get_workflow_run_detail(run_id).children[0].run_id
-        wait_until(lambda: waiting_for(client, child, "signal"), "the child's own wait", 30)
+        poll(lambda: waiting_for(client, child, "signal"), within=RUN_BOUND, what="the child's own wait")
         time.sleep(SPREAD)
         client.signal_workflow_run(child, "packed")
-        wait_until(lambda: waiting_for(client, run_id, "signal"), "the approval wait", 30)
+        poll(lambda: waiting_for(client, run_id, "signal"), within=RUN_BOUND, what="the approval wait")
         time.sleep(SPREAD)
-        wait_until(lambda: len([w for w in client.list_workers() if w.alive and w.workflows]) >= 3, "reports", 30)
+        poll(
+            lambda: len([w for w in client.list_workers() if w.alive and w.workflows]) >= 3,
+            within=RUN_BOUND,
+            what="reports",
+        )
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})

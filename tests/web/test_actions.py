@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory, needs_signals
-from tests.web.support import new_gate, wait_until
+from tests.web.support import new_gate
 
 
 def follow(web: Site, response: object) -> str:
@@ -17,7 +18,11 @@ def follow(web: Site, response: object) -> str:
 
 def held(web: Site, **extra: str) -> str:
     run_id = web.client.start_workflow("web.gated", args={"first": new_gate(), **extra})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     return run_id
 
 
@@ -96,7 +101,11 @@ def test_the_api_acts_and_refuses_like_the_forms(site: SiteFactory) -> None:
 def test_a_signal_from_the_form_reaches_the_waiting_run(site: SiteFactory) -> None:
     web = site()
     run_id = web.client.start_workflow("web.waits-for-go")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what="the run to wait",
+    )
     page = web.http.get(web.run_url(run_id)).text
     assert "Waiting for the signal go" in page
     sent = follow(web, web.act(run_id, "signal", name="go", payload='{"n": [1, 2]}'))
@@ -114,7 +123,11 @@ def test_approve_and_reject_send_the_approval_signal(
 ) -> None:
     web = site()
     run_id = web.client.start_workflow("web.approval")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what="the run to wait",
+    )
     page = web.http.get(web.run_url(run_id)).text
     assert 'id="approval"' in page and 'value="approve"' in page and 'value="reject"' in page
     follow(web, web.act(run_id, "approve", decision=decision, note=note))
@@ -125,7 +138,11 @@ def test_approve_and_reject_send_the_approval_signal(
 def test_the_api_signals_and_approves(site: SiteFactory) -> None:
     web = site()
     run_id = web.client.start_workflow("web.approval")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what="the run to wait",
+    )
     bad = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": "yes"})
     assert bad.status_code == 400
     sent = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": True, "note": "ok"})

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from celery_durable.web import create_app
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import new_gate, serving, wait_until
+from tests.web.support import new_gate, serving
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 expect.set_options(timeout=15_000)
@@ -25,7 +26,11 @@ def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
 
 def held(web: Site) -> str:
     run_id = web.client.start_workflow("web.gated", args={"first": new_gate()})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     return run_id
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import csrf_token, new_gate, wait_until
+from tests.web.support import csrf_token, new_gate
 
 UNKNOWN = "0" * 32
 
@@ -24,13 +25,21 @@ def listed(web: Site, **params: str) -> set[str]:
 
 def held(web: Site) -> str:
     run_id = web.client.start_workflow("web.gated", args={"first": new_gate()})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     return run_id
 
 
 def waiting(web: Site, workflow: str) -> str:
     run_id = web.client.start_workflow(workflow)
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), f"{workflow} to wait")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what=f"{workflow} to wait",
+    )
     return run_id
 
 
