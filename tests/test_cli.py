@@ -25,7 +25,7 @@ import pytest
 
 from celery_durable import Client, Engine, Settings
 from tests.support.apps.phased import phased
-from tests.support.cli import APP, cli
+from tests.support.cli import APP, cli, cli_process
 from tests.support.fleet import ROOT, Fleet, settings_env
 from tests.support.poll import RUN_BOUND, poll
 
@@ -33,18 +33,6 @@ WORKER_APP = "tests.support.apps.phased:engine"
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 RESULT = {"total": 14}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-
-
-def cli_process(settings: Settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The command as a person runs it, stdout and stderr apart."""
-    return subprocess.run(
-        [sys.executable, "-m", "celery_durable", *args],
-        env={**settings_env(settings), "COLUMNS": "100"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def normalize(text: str, run_id: str) -> str:

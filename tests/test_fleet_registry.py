@@ -7,9 +7,8 @@ leaves one system record saying so."""
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -19,21 +18,12 @@ from celery_durable.fleet_registry import mixed_deploys
 from celery_durable.web import create_app
 from tests.support.apps.phased import phased
 from tests.support.apps.versioned import ORDER, order_v1
-from tests.support.fleet import ROOT, Fleet, settings_env
+from tests.support.cli import cli_process
+from tests.support.fleet import Fleet
 from tests.support.poll import RUN_BOUND, poll
 
 APP = "tests.support.apps.versioned"
-
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery_durable", *args],
-        env={**settings_env(settings), "COLUMNS": "200"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+cli = functools.partial(cli_process, columns=200)
 
 
 def reported(engine: Engine, *prefixes: str) -> list[WorkerInfo]:

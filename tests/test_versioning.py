@@ -9,20 +9,21 @@ the proof that a check writes nothing covers every key of the test.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from typing import Any
 
 from celery_durable import Client, Engine, Settings
 from celery_durable.testing import replay_history
 from tests.support.apps.versioned import ORDER
-from tests.support.fleet import ROOT, Fleet, WorkerProcess, settings_env
+from tests.support.cli import cli_process
+from tests.support.fleet import Fleet, WorkerProcess
 from tests.support.poll import RUN_BOUND, poll
 from tests.support.redis_watch import dump_keys, writes_seen
 
 TIMEOUT = 30
 APP = "tests.support.apps.versioned"
+cli = functools.partial(cli_process, columns=200)
 
 
 def client_of(settings: Settings, version: str) -> Client:
@@ -34,17 +35,6 @@ def waits_for_approval(client: Client, run_id: str) -> None:
         lambda: (client.get_workflow_run(run_id).snapshot["waiting_for"] or {}).get("name") == "approval",
         within=RUN_BOUND,
         what=f"run {run_id} to wait for approval",
-    )
-
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery_durable", *args],
-        env={**settings_env(settings), "COLUMNS": "200"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import Site, SiteFactory, needs_signals
+from tests.web.conftest import Site, SiteFactory, held, needs_signals
 from tests.web.support import new_gate
 
 
@@ -15,15 +15,6 @@ def follow(web: Site, response: object) -> str:
     assert response.status_code == 303, response.text  # type: ignore[attr-defined]
     return web.http.get(response.headers["location"]).text  # type: ignore[attr-defined]
 
-
-def held(web: Site, **extra: str) -> str:
-    run_id = web.client.start_workflow("web.gated", args={"first": new_gate(), **extra})
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
-        within=RUN_BOUND,
-        what="the held step",
-    )
-    return run_id
 
 
 def test_cancel_from_the_form_ends_the_run_cancelled(site: SiteFactory) -> None:

@@ -7,26 +7,18 @@ end: what it saw arrived without a reload.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_durable.web import create_app
 from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import Site, SiteFactory
-from tests.web.support import XSS, gate, new_gate, serving
+from tests.web.conftest import Site
+from tests.web.support import XSS, gate, new_gate
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 # A loaded 2-core CI machine can take more than the default 5 s to run a step and push it to the page.
 expect.set_options(timeout=15_000)
 
-
-@pytest.fixture
-def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
 
 
 def mark(page: Any) -> None:

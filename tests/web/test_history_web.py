@@ -12,7 +12,7 @@ from celery_durable.testing import WorkflowTestEnvironment
 from celery_durable.web import create_app
 from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import gate, new_gate, serving
+from tests.web.support import gate, new_gate
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 expect.set_options(timeout=15_000)
@@ -102,12 +102,6 @@ def test_started_names_the_first_attempt_that_started(site: SiteFactory) -> None
     shown = text.split('id="run-started">', 1)[1].split("</dd>", 1)[0]
     assert shown.endswith("(attempt 2; no earlier attempt started)"), shown
 
-
-@pytest.fixture
-def live(site: SiteFactory) -> Any:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
 
 
 def test_history_and_timeline_grow_live_in_the_browser(live: tuple[Site, str], page: Any) -> None:

@@ -4,15 +4,13 @@ read-only rules as every action; the JSON API mirrors it. In Chromium too."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_durable.web import create_app
 from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import csrf_token, serving
+from tests.web.support import csrf_token
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 expect.set_options(timeout=15_000)
@@ -69,12 +67,6 @@ def test_the_json_api_mirrors_the_client(site: SiteFactory) -> None:
     triggered = web.api_post("/api/schedules/s/trigger", json={}).json()
     assert triggered["run_id"] and triggered["schedule"]["recent"][0]["run_id"] == triggered["run_id"]
 
-
-@pytest.fixture
-def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
 
 
 def test_pause_and_trigger_from_the_page_in_chromium(live: tuple[Site, str], page: Any) -> None:

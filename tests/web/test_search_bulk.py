@@ -11,8 +11,8 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import Site, SiteFactory
-from tests.web.support import csrf_token, new_gate
+from tests.web.conftest import Site, SiteFactory, held
+from tests.web.support import csrf_token
 
 UNKNOWN = "0" * 32
 
@@ -22,15 +22,6 @@ def listed(web: Site, **params: str) -> set[str]:
     assert page.status_code == 200, page.text
     return set(re.findall(r'<tr data-run-id="([0-9a-f]{32})"', page.text))
 
-
-def held(web: Site) -> str:
-    run_id = web.client.start_workflow("web.gated", args={"first": new_gate()})
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
-        within=RUN_BOUND,
-        what="the held step",
-    )
-    return run_id
 
 
 def waiting(web: Site, workflow: str) -> str:
