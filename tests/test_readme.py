@@ -32,7 +32,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from celery_durable.cli import app
 from celery_durable.redis_server import free_port
 from tests.conftest import worker_thread
 from tests.support.fleet import ROOT, settings_env
+from tests.support.poll import START_BOUND, poll
 from tests.support.readme import DEMO, README, Block, blocks, in_section, readme_example_lines
 
 QUICKSTART = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
@@ -142,20 +142,17 @@ def background() -> Iterator[Background]:
 
 
 def wait_for_flower(port: int, auth: str) -> None:
-    deadline = time.monotonic() + 60
     token = base64.b64encode(auth.encode()).decode()
-    while True:
+
+    def asks_for_the_password() -> bool:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/workers", timeout=2)
         except urllib.error.HTTPError as exc:
             assert exc.code == 401, exc.code  # up, and asking for the password
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-            continue
+            return True
         raise AssertionError("Flower answered without basic auth")
+
+    poll(asks_for_the_password, within=START_BOUND, what="Flower to answer", every=0.2, ignoring=(OSError,))
     request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers")
     request.add_header("Authorization", f"Basic {token}")
     with urllib.request.urlopen(request, timeout=10) as response:

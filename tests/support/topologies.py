@@ -26,7 +26,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,16 +129,20 @@ class RabbitMQServer:
             self.process = subprocess.Popen(
                 [self.binary], env=env, cwd=self.data_dir, stdout=log, stderr=log, start_new_session=True
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def answers() -> bool:
+            if process.poll() is not None:
                 tail = (self.data_dir / "server.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"rabbitmq-server exited at start (code {self.process.returncode}): {tail}")
-            if amqp_answers(self.url, timeout=0.5):
-                return self
-            time.sleep(0.2)
-        self.kill()
-        raise TimeoutError(f"rabbitmq-server did not answer on port {self.port} within {timeout}s")
+                raise RuntimeError(f"rabbitmq-server exited at start (code {process.returncode}): {tail}")
+            return amqp_answers(self.url, timeout=0.5)
+
+        try:
+            poll(answers, within=timeout, what=f"rabbitmq-server to answer on port {self.port}", every=0.2)
+        except AssertionError:
+            self.kill()
+            raise
+        return self
 
     def _signal_group(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
