@@ -29,7 +29,7 @@ from tests.support.apps.gpu import make_app
 from tests.support.fleet import ROOT, settings_env
 from tests.support.gpu_workers import Gpu
 from tests.support.poll import RUN_BOUND, poll
-from tests.support.workflows import wf
+from tests.support.workflows import refusal_of, wf
 
 TIMEOUT = 40
 
@@ -193,13 +193,7 @@ def test_bad_calls_are_refused_at_the_call_and_journal_nothing(
 
     def run(ctx: WorkflowContext) -> Any:
         ctx.args.update(signatures)
-        try:
-            call(ctx)
-        except ValueError as exc:
-            caught = str(exc)
-        else:
-            caught = "no error"
-        return {"caught": caught, "after": ctx.call("after", "gpu.add", args=(2, 3))}
+        return {"caught": refusal_of(lambda: call(ctx)), "after": ctx.call("after", "gpu.add", args=(2, 3))}
 
     engine = Engine([wf("bad-call", run)], settings, celery_app=app)
     with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue]):

@@ -52,14 +52,16 @@ def test_bad_options_and_unknown_runs_are_one_line_and_exit_nonzero(durable) -> 
     assert unknown.exit_code == 1 and "Run not found" in unknown.output
 
 
+def waiting_run(d: Any) -> str:
+    """A run of await-signal, waiting for its signal."""
+    run_id = d.client.start_workflow("await-signal")
+    poll(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], within=RUN_BOUND, what="the run to wait")
+    return str(run_id)
+
+
 def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
     d = durable([await_signal])
-    run_id = d.client.start_workflow("await-signal")
-    poll(
-        lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"],
-        within=RUN_BOUND,
-        what="the run to wait",
-    )
+    run_id = waiting_run(d)
     result: dict[str, Any] = {}
     follower = threading.Thread(
         target=lambda: result.update(
@@ -82,12 +84,7 @@ def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
 
 def test_follow_as_a_table_prints_its_header_once_and_each_event_once(durable) -> None:
     d = durable([await_signal])
-    run_id = d.client.start_workflow("await-signal")
-    poll(
-        lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"],
-        within=RUN_BOUND,
-        what="the run to wait",
-    )
+    run_id = waiting_run(d)
     result: dict[str, Any] = {}
     follower = threading.Thread(
         target=lambda: result.update(done=cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--follow"))

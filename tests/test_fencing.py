@@ -31,8 +31,9 @@ from celery_durable.broker import RunStore
 from celery_durable.broker.journal import BeginCall, PendingCommit
 from celery_durable.broker.schema import StepRow
 from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK
-from tests.support.apps.trip import SERVICES, provider_key, trip
+from tests.support.apps.trip import SERVICES, trip
 from tests.support.poll import RUN_BOUND, poll
+from tests.support.trip_crash import receipts
 
 TRIP = "tests.support.apps.trip:engine"
 TIMEOUT = 30
@@ -204,27 +205,23 @@ def resume_in_background(client: Client, run_id: str, **options: Any) -> Any:
     return future
 
 
-def errored_then_resumed_and_held(d: Any) -> tuple[str, Any]:
-    """A run whose tail failed in attempt 1, resumed (epoch 2) and held at the tail's gate."""
+def errored_then_resumed_and_held(d: Any) -> tuple[str, Any, str, threading.Event]:
+    """A run whose tail failed in attempt 1, resumed (epoch 2) and held at the
+    tail's gate: its id, the resume's future, its fan-out's call and the event
+    that releases the tail."""
     failed = d.client.run_workflow("fence-fan", args={"fail_first": ["tail"], "hold": ["tail"]}, timeout=TIMEOUT)
     assert (failed.status, failed.attempt, failed.can_resume) == ("error", 1, True), failed.error
     run_id = failed.run_id
     future = resume_in_background(d.client, run_id)
-    entered, _ = gate("tail")
+    entered, release = gate("tail")
     assert entered.wait(TIMEOUT), "attempt 2 never reached the tail"
     record = d.engine.store.load_run(run_id)
     assert record is not None
     assert (record.status, record.epoch, record.attempt) == ("running", 2, 2)
-    return run_id, future
+    return run_id, future, fanout_call(d.engine.store, run_id), release
 
 
 # -- 1. a frozen worker wakes after another worker took over --------------------------
-
-
-def receipts(raw: redis.Redis, prefix: str, service: str) -> tuple[int, int]:
-    """(raw provider calls, reservations) for one service."""
-    made = sum(int(v) for v in raw.hvals(provider_key(prefix, service, "calls")))
-    return made, int(raw.hlen(provider_key(prefix, service, "reservations")))
 
 
 def stopped(pid: int) -> bool:
@@ -410,19 +407,26 @@ def test_redelivered_branch_and_coordinator_messages_of_a_completed_run_change_n
     assert store.refused_writes(run_id) == 0
 
 
-@pytest.mark.topologies("redis", "cluster")
-def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, raw_redis) -> None:
-    d = durable([fence_fan])
-    store = d.engine.store
+def fan_with_leg_2_held(d: Any, raw_redis: redis.Redis) -> tuple[str, str, threading.Event]:
+    """A fence-fan run whose legs 0 and 1 are journaled while leg 2 is held at
+    its gate: its run id, its journal's key, and the event that releases leg 2."""
     run_id = d.client.start_workflow("fence-fan", args={"hold": ["leg-2"]})
     entered, release = gate("leg-2")
     assert entered.wait(TIMEOUT)
-    journal_key = store.run_keys(run_id).journal
+    journal_key = d.engine.store.run_keys(run_id).journal
     poll(
         lambda: raw_redis.hexists(journal_key, "v:leg-1") and raw_redis.hexists(journal_key, "v:leg-0"),
         within=RUN_BOUND,
         what="legs 0 and 1 to be journaled",
     )
+    return run_id, journal_key, release
+
+
+@pytest.mark.topologies("redis", "cluster")
+def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, raw_redis) -> None:
+    d = durable([fence_fan])
+    store = d.engine.store
+    run_id, journal_key, release = fan_with_leg_2_held(d, raw_redis)
     call = fanout_call(store, run_id)
     poll(lambda: raw_redis.hget(journal_key, f"c:{call}") == "1", within=RUN_BOUND, what="one branch outstanding")
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS)
@@ -447,16 +451,7 @@ def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, r
 
 def test_a_duplicate_coordinator_message_while_a_branch_runs_does_not_run_it_again(durable, raw_redis) -> None:
     d = durable([fence_fan])
-    store = d.engine.store
-    run_id = d.client.start_workflow("fence-fan", args={"hold": ["leg-2"]})
-    entered, release = gate("leg-2")
-    assert entered.wait(TIMEOUT)
-    journal_key = store.run_keys(run_id).journal
-    poll(
-        lambda: raw_redis.hexists(journal_key, "v:leg-1") and raw_redis.hexists(journal_key, "v:leg-0"),
-        within=RUN_BOUND,
-        what="legs 0 and 1 to be journaled",
-    )
+    run_id, _, release = fan_with_leg_2_held(d, raw_redis)
     with finished_tasks() as done:
         duplicate = d.engine.celery.send_task(
             COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "fence-fan"}
@@ -479,9 +474,7 @@ def test_a_duplicate_coordinator_message_while_a_branch_runs_does_not_run_it_aga
 def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) -> None:
     d = durable([fence_fan])
     store = d.engine.store
-    run_id, future = errored_then_resumed_and_held(d)
-    call = fanout_call(store, run_id)
-    _, release = gate("tail")
+    run_id, future, call, release = errored_then_resumed_and_held(d)
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS)
     counted = d.engine.refused_messages
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1, "tail": 2}
@@ -529,9 +522,7 @@ def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) 
 def test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one(durable, raw_redis) -> None:
     d = durable([fence_fan])
     store = d.engine.store
-    run_id, future = errored_then_resumed_and_held(d)
-    call = fanout_call(store, run_id)
-    _, release = gate("tail")
+    run_id, future, call, release = errored_then_resumed_and_held(d)
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS | {"refused"})
     refused = store.refused_writes(run_id)
 

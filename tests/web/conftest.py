@@ -114,6 +114,17 @@ def held(web: Site, **extra: str) -> str:
     return run_id
 
 
+def waiting(web: Site, workflow: str) -> str:
+    """A run of ``workflow`` started and waiting (for a signal, a child, a timer)."""
+    run_id = web.client.start_workflow(workflow)
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what=f"{workflow} to wait",
+    )
+    return run_id
+
+
 needs_signals = pytest.mark.skipif(
     not hasattr(Client, "signal_workflow_run"), reason="Client.signal_workflow_run not built yet"
 )

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import Site, SiteFactory, held, needs_signals
+from tests.web.conftest import Site, SiteFactory, held, needs_signals, waiting
 from tests.web.support import new_gate
 
 
@@ -91,12 +90,7 @@ def test_the_api_acts_and_refuses_like_the_forms(site: SiteFactory) -> None:
 @needs_signals
 def test_a_signal_from_the_form_reaches_the_waiting_run(site: SiteFactory) -> None:
     web = site()
-    run_id = web.client.start_workflow("web.waits-for-go")
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
-        within=RUN_BOUND,
-        what="the run to wait",
-    )
+    run_id = waiting(web, "web.waits-for-go")
     page = web.http.get(web.run_url(run_id)).text
     assert "Waiting for the signal go" in page
     sent = follow(web, web.act(run_id, "signal", name="go", payload='{"n": [1, 2]}'))
@@ -113,12 +107,7 @@ def test_approve_and_reject_send_the_approval_signal(
     site: SiteFactory, decision: str, note: str, expected: dict[str, object]
 ) -> None:
     web = site()
-    run_id = web.client.start_workflow("web.approval")
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
-        within=RUN_BOUND,
-        what="the run to wait",
-    )
+    run_id = waiting(web, "web.approval")
     page = web.http.get(web.run_url(run_id)).text
     assert 'id="approval"' in page and 'value="approve"' in page and 'value="reject"' in page
     follow(web, web.act(run_id, "approve", decision=decision, note=note))
@@ -128,12 +117,7 @@ def test_approve_and_reject_send_the_approval_signal(
 @needs_signals
 def test_the_api_signals_and_approves(site: SiteFactory) -> None:
     web = site()
-    run_id = web.client.start_workflow("web.approval")
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
-        within=RUN_BOUND,
-        what="the run to wait",
-    )
+    run_id = waiting(web, "web.approval")
     bad = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": "yes"})
     assert bad.status_code == 400
     sent = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": True, "note": "ok"})

@@ -29,7 +29,7 @@ from celery_durable import Settings
 from celery_durable.web import Credential, create_app
 from tests.support.fleet import ROOT, settings_env
 from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS, Site, SiteFactory, needs_signals
+from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS, Site, SiteFactory, needs_signals, waiting
 from tests.web.support import serving
 from tests.web.test_cli import APP, free_port, one_error_line, web_command
 
@@ -48,12 +48,7 @@ def basic() -> dict[str, str]:
 
 def waiting_run(web: Site) -> tuple[str, int]:
     """A run waiting for the signal ``approval``, and its newest progress seq."""
-    run_id = web.client.start_workflow("web.approval")
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
-        within=RUN_BOUND,
-        what="the run to wait",
-    )
+    run_id = waiting(web, "web.approval")
     return run_id, web.client.get_workflow_run_progress(run_id).newest_seq
 
 

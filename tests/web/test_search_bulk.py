@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import Site, SiteFactory, held
+from tests.web.conftest import Site, SiteFactory, held, waiting
 from tests.web.support import csrf_token
 
 UNKNOWN = "0" * 32
@@ -22,16 +21,6 @@ def listed(web: Site, **params: str) -> set[str]:
     assert page.status_code == 200, page.text
     return set(re.findall(r'<tr data-run-id="([0-9a-f]{32})"', page.text))
 
-
-
-def waiting(web: Site, workflow: str) -> str:
-    run_id = web.client.start_workflow(workflow)
-    poll(
-        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
-        within=RUN_BOUND,
-        what=f"{workflow} to wait",
-    )
-    return run_id
 
 
 # -- search ---------------------------------------------------------------------------
