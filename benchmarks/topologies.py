@@ -227,11 +227,11 @@ def topology(name: str, root: Path) -> Iterator[tuple[Settings, list[str]]]:
             try:
                 yield settings, [server.url]
             finally:
-                from tests.topologies import delete_queues
+                from tests.support.topologies import delete_queues
 
                 delete_queues(LOCAL_AMQP, [settings.coordinator_queue, settings.steps_queue, settings.agents_queue])
     elif name == "cluster":
-        from tests.topologies import RedisClusterNodes
+        from tests.support.topologies import RedisClusterNodes
 
         with RedisServer(root / "broker", appendfsync="everysec") as broker, RedisClusterNodes(
             root / "cluster", appendfsync="everysec"

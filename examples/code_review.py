@@ -1,12 +1,11 @@
-"""The seed's code review: changed files reviewed one after another by an agent.
+"""A code review: changed files reviewed one after another by an agent.
 
-``examples/changed/`` holds the seed's two files: a cart total whose
+``examples/changed/`` holds two files: a cart total whose
 ``reduce`` lacks its initial ``0``, and a discount that subtracts the
 percentage instead of multiplying by it. Each file is read in a step and
 reviewed by one ``ctx.agent`` turn; a summary step collects the findings. The
 review of the first file is journaled before the second starts, so a run
-killed during the second review resumes without paying for the first again
-(the seed's DTS experiment, on this engine).
+killed during the second review resumes without paying for the first again.
 
 Who reviews: with ``CELERY_DURABLE_AGENT_RUNNER``, that runner; with
 ``CELERY_DURABLE_OPENAI_BASE_URL`` or ``CELERY_DURABLE_OPENAI_MODEL``, an
@@ -110,7 +109,7 @@ _SUBTRACTED_PERCENT = re.compile(r"return\s+(?P<price>\w+)\s*-\s*(?P<percent>\w*
 
 
 def rule_reviewer(request: AgentRequest) -> dict[str, Any]:
-    """Two checks a reviewer would make of the seed's files; JSON as the schema asks."""
+    """Two checks a reviewer would make of these files; JSON as the schema asks."""
     name = _FILE.search(request.prompt)
     code = _CODE.search(request.prompt)
     source = code["code"] if code else ""

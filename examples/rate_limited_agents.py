@@ -1,4 +1,4 @@
-"""An agent fan-out under a fleet-wide requests-per-minute limit (SPEC §5e).
+"""An agent fan-out under a fleet-wide requests-per-minute limit (a throttle).
 
 An LLM provider allows so many requests a minute to one API key, whichever
 worker sends them. ``summarize-tickets`` sends one ``ctx.agent`` turn per

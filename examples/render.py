@@ -1,4 +1,4 @@
-"""A workflow that calls a team's existing Celery tasks (SPEC §5a).
+"""A workflow that calls a team's existing Celery tasks (``ctx.call``).
 
 The engine is mounted on the team's own app (``examples/fleet_tasks.py``):
 its durable tasks and queues are added, nothing else of the app changes.

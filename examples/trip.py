@@ -1,4 +1,4 @@
-"""The seed's trip: a flight, a hotel and a rental car booked in parallel
+"""A trip: a flight, a hotel and a rental car booked in parallel
 against fake providers that honour idempotency keys, a review, a confirmation.
 
 The workflow's code is in ``celery_durable/demo/trip.py`` — read it there. It

@@ -20,7 +20,7 @@ from celery_durable import Client, Engine, Settings, Workflow
 from celery_durable.local.redis_server import RedisServer
 from celery_durable.testing.workers import isolated_settings, worker_thread
 
-pytest_plugins = ["tests.fleet", "tests.topologies", "pytester"]
+pytest_plugins = ["tests.support.fleet", "tests.support.topologies", "pytester"]
 __all__ = ["worker_thread"]  # tests import it from here; it lives in celery_durable.testing.workers
 
 
@@ -31,13 +31,38 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def settings(redis_server: RedisServer) -> Settings:
-    return isolated_settings(redis_server.url, f"t{uuid.uuid4().hex[:8]}")
+def topology(request: pytest.FixtureRequest) -> str:
+    """Where the test runs (tests/support/topologies.py): "redis" unless the
+    test is marked ``@pytest.mark.topologies("redis", "cluster", ...)``, which
+    runs it once on each deployment named."""
+    return str(getattr(request, "param", "redis"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("topologies")
+    if marker is not None and "topology" in metafunc.fixturenames:
+        metafunc.parametrize("topology", marker.args, indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``after_all`` run after every other test of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("after_all") is not None)
 
 
 @pytest.fixture
-def raw_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+def settings(redis_server: RedisServer, topology: str, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    from tests.support.topologies import deployed  # a plugin (pytest_plugins): imported once pytest rewrites it
+
+    with deployed(topology, isolated_settings(redis_server.url, f"t{uuid.uuid4().hex[:8]}"), request) as chosen:
+        yield chosen
+
+
+@pytest.fixture
+def raw_redis(settings: Settings) -> Iterator[redis.Redis]:
+    """A client of the journal's Redis (of the Redis Cluster, on that topology)."""
+    from tests.support.topologies import journal_client
+
+    client = journal_client(settings)
     yield client
     client.close()
 

@@ -7,14 +7,14 @@ import time
 from collections import Counter
 from typing import Any
 
-from celery_durable import WorkflowContext, define_workflow
+import pytest
+
+from celery_durable import WorkflowContext
 from celery_durable.agents import AgentRequest, AgentResult, FunctionRunner
+from tests.support.poll import RUN_BOUND, START_BOUND, poll
+from tests.support.workflows import wf
 
 OBJECT = {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"}}}
-
-
-def wf(name: str, run: Any, **meta: Any) -> Any:
-    return define_workflow({"name": name, "description": name, "phases": [], **meta}, run)
 
 
 class CountingRunner:
@@ -45,6 +45,7 @@ class CountingRunner:
                 self.running -= 1
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_an_agent_turn_is_journaled_and_identical_calls_are_memoized(durable) -> None:
     runner = CountingRunner(credits=0.01)
 
@@ -68,6 +69,7 @@ def test_an_agent_turn_is_journaled_and_identical_calls_are_memoized(durable) ->
     assert all(r["usage"]["prompt_tokens"] == 3 and r["started_at"] and r["completed_at"] for r in rows)
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_sixty_four_agents_never_exceed_a_ceiling_of_four(durable) -> None:
     # Long enough that four turns overlap even on a loaded machine: the test
     # checks the ceiling is reached, not only that it holds.
@@ -174,6 +176,7 @@ def test_timeout_seconds_counts_active_time_and_resume_can_clear_it(durable) -> 
     assert resumed.result == 2
 
 
+@pytest.mark.topologies("redis", "cluster", "rabbitmq")
 def test_pause_lets_work_in_flight_finish_and_resume_continues(durable) -> None:
     release = threading.Event()
     calls: Counter[str] = Counter()
@@ -192,9 +195,7 @@ def test_pause_lets_work_in_flight_finish_and_resume_continues(durable) -> None:
 
     d = durable([wf("pause", run)])
     run_id = d.client.start_workflow("pause")
-    deadline = time.monotonic() + 10
-    while calls["b"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    poll(lambda: calls["b"], within=RUN_BOUND, what="step b to start")
     waiter = threading.Thread(target=lambda: time.sleep(0.3) or release.set())
     waiter.start()
     paused = d.client.pause_workflow_run(run_id, timeout=20)
@@ -208,30 +209,34 @@ def test_pause_lets_work_in_flight_finish_and_resume_continues(durable) -> None:
     assert calls == Counter({"a": 1, "b": 1, "c": 1})
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers(
     settings, fleet, raw_redis
 ) -> None:
     from celery_durable import Engine
-    from tests.apps.agents import review
+    from tests.support.apps.agents import review
 
     prefix = settings.key_prefix
-    worker = fleet.start("tests.apps.agents:engine", concurrency=4)
+    worker = fleet.start("tests.support.apps.agents:engine", concurrency=4)
     client = Engine([review], settings).client()
     run_id = client.start_workflow("review")
-    deadline = time.monotonic() + 30
-    while not raw_redis.sismember(f"{prefix}:gate:{run_id}:reached", "review discount, hold"):
-        assert time.monotonic() < deadline, "the held turn never started"
-        time.sleep(0.02)
+    poll(
+        lambda: raw_redis.sismember(f"{prefix}:gate:{run_id}:reached", "review discount, hold"),
+        within=START_BOUND,
+        what="the held turn to start",
+    )
     assert client.get_workflow_run(run_id).snapshot["agents_running"] >= 1
     # The other turn may have returned without being journaled yet; killed
     # then, it would run again (at least once), and this test is about the
     # journaled one not running again.
-    while client.get_workflow_run(run_id).snapshot["agents_done"] < 1:
-        assert time.monotonic() < deadline, "the free turn was never journaled"
-        time.sleep(0.02)
+    poll(
+        lambda: client.get_workflow_run(run_id).snapshot["agents_done"] >= 1,
+        within=RUN_BOUND,
+        what="the free turn to be journaled",
+    )
     worker.kill()
     raw_redis.sadd(f"{prefix}:gate:{run_id}:open", "review discount, hold")
-    fleet.start("tests.apps.agents:engine", concurrency=4, name="w2")
+    fleet.start("tests.support.apps.agents:engine", concurrency=4, name="w2")
 
     envelope = client.wait_for_workflow_run(run_id, timeout=60)
     assert envelope.status == "completed", envelope.error

@@ -27,11 +27,12 @@ import pytest
 
 from celery_durable import Engine, Settings, is_terminal_status
 from celery_durable.local.redis_server import RedisServer
-from tests.apps.basic import fan
-from tests.fleet import Fleet
-from tests.topologies import RabbitMQServer, find_rabbitmq_server, unavailable
+from tests.support.apps.basic import fan
+from tests.support.fleet import Fleet
+from tests.support.poll import START_BOUND, poll
+from tests.support.topologies import RabbitMQServer, find_rabbitmq_server, unavailable
 
-APP = "tests.apps.basic:engine"
+APP = "tests.support.apps.basic:engine"
 RUNS = 8
 DOWN_SECONDS = 1.0
 
@@ -73,10 +74,11 @@ def test_a_broker_restart_mid_run_loses_no_acknowledged_run(
     worker = fleet.start(APP, concurrency=4)
     run_ids = [client.start_workflow("fan", args={"count": 4, "seconds": 0.3}) for _ in range(RUNS)]
 
-    deadline = time.monotonic() + 60
-    while client.get_workflow_run(run_ids[0]).status != "completed":
-        assert time.monotonic() < deadline, "the first run never completed"
-        time.sleep(0.02)
+    poll(
+        lambda: client.get_workflow_run(run_ids[0]).status == "completed",
+        within=START_BOUND,
+        what="the first run to complete",
+    )
     before = [client.get_workflow_run(run_id).status for run_id in run_ids]
     private_broker.kill()
     time.sleep(DOWN_SECONDS)

@@ -21,9 +21,9 @@ import pytest
 from celery_durable import Settings
 from celery_durable.broker.scripts import SCRIPT_NAMES, WAKING_SCRIPTS
 from celery_durable.broker.store_core import LOOK_FIRST, WATCHED_CALLERS
-from tests.apps.waits import await_signal
 from tests.conftest import DurableFactory
-from tests.test_publish_failures import waiting_for_the_signal
+from tests.support.apps.waits import await_signal
+from tests.support.waits import waiting_for_the_signal
 
 DIES_AT_PUBLISH = 3
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_durable"
@@ -32,7 +32,7 @@ CALLER = textwrap.dedent(
     """
     import os, sys
     from celery_durable import Engine, Settings
-    from tests.apps.waits import await_signal
+    from tests.support.apps.waits import await_signal
 
     settings = Settings.model_validate_json(sys.argv[1])
     engine = Engine([await_signal], settings)

@@ -1,7 +1,7 @@
 """Celery-native (SPEC §5a): an engine mounted on a team's app, calling its tasks.
 
 The called tasks run on a plain ``celery worker`` process that imports only
-``tests/apps/gpu.py`` — no engine, no celery-durable task. The durable side
+``tests/support/apps/gpu.py`` — no engine, no celery-durable task. The durable side
 runs on a worker in the test process, on the same app.
 """
 
@@ -15,72 +15,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 
-from celery_durable import Engine, Settings, StepFailed, WorkflowContext, define_workflow
+from celery_durable import Engine, Settings, StepFailed, WorkflowContext
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
-from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
-from tests.fleet import ROOT, settings_env
+from tests.support.apps.gpu import make_app
+from tests.support.fleet import ROOT, settings_env
+from tests.support.gpu_workers import Gpu
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import refusal_of, wf
 
 TIMEOUT = 40
-
-
-def wf(name: str, run: Any) -> Any:
-    return define_workflow({"name": name, "description": name, "phases": []}, run)
-
-
-def poll(predicate: Any, timeout: float = TIMEOUT, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@dataclass
-class Gpu:
-    """The team's GPU queue and its plain workers (processes, killed by process group)."""
-
-    settings: Settings
-    queue: str
-    log_dir: Path
-    app_module: str = "tests.apps.gpu"
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def start(self) -> subprocess.Popen[bytes]:
-        env = {**settings_env(self.settings), "GPU_QUEUE": self.queue}
-        log = open(self.log_dir / f"gpu-{len(self.processes)}.log", "ab")  # noqa: SIM115
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", self.app_module, "worker", "-Q", self.queue, "-P", "threads",
-             "-c", "2", "--loglevel", "WARNING", "--hostname", f"gpu{len(self.processes)}-{os.getpid()}@%h"],
-            env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
-        )
-        self.processes.append(process)
-        return process
-
-    def kill(self, process: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-    def ready(self) -> None:
-        """Wait until a plain worker answers: a task round trip through it."""
-        app = make_app(self.settings.redis_url, self.queue)
-        assert app.tasks["gpu.add"].delay(1, 1).get(timeout=TIMEOUT) == 2
-
-    def runs(self, task_id: str) -> int:
-        raw = redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
-        return int(raw.get(f"gpu:runs:{task_id}") or 0)
 
 
 @pytest.fixture
@@ -178,7 +129,7 @@ def test_a_run_parked_at_a_call_is_cancelled_at_once_and_its_body_let_go(setting
     with mounted(settings, gpu, [wf("parked", run)]) as (engine, _):
         client = engine.client()
         run_id = client.start_workflow("parked")
-        poll(lambda: len(engine.parked) == 1, what="the body parked at its call")
+        poll(lambda: len(engine.parked) == 1, within=RUN_BOUND, what="the body parked at its call")
         started = time.monotonic()
         envelope = client.cancel_workflow_run(run_id, timeout=TIMEOUT)
         took = time.monotonic() - started
@@ -242,13 +193,7 @@ def test_bad_calls_are_refused_at_the_call_and_journal_nothing(
 
     def run(ctx: WorkflowContext) -> Any:
         ctx.args.update(signatures)
-        try:
-            call(ctx)
-        except ValueError as exc:
-            caught = str(exc)
-        else:
-            caught = "no error"
-        return {"caught": caught, "after": ctx.call("after", "gpu.add", args=(2, 3))}
+        return {"caught": refusal_of(lambda: call(ctx)), "after": ctx.call("after", "gpu.add", args=(2, 3))}
 
     engine = Engine([wf("bad-call", run)], settings, celery_app=app)
     with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue]):
@@ -280,10 +225,14 @@ def test_a_stale_attempts_call_result_is_refused_by_the_fence(settings: Settings
         client = engine.client()
         run_id = client.start_workflow("stale-call")
         task_id = call_task_id(run_id, "slow")
-        poll(lambda: gpu.runs(task_id) == 1, what="the first delivery to start")
+        poll(lambda: gpu.runs(task_id) == 1, within=RUN_BOUND, what="the first delivery to start")
         resumed = client.resume_workflow(run_id, force=True, timeout=TIMEOUT)
         assert resumed.status == "completed" and resumed.attempt == 2
-        poll(lambda: engine.store.refused_writes(run_id) >= 1, what="the first attempt's answer to be refused")
+        poll(
+            lambda: engine.store.refused_writes(run_id) >= 1,
+            within=RUN_BOUND,
+            what="the first attempt's answer to be refused",
+        )
     assert gpu.runs(task_id) == 2, "the same task id, published again by the new attempt"
     assert resumed.result["runs"] == 2, "the new attempt's answer, not the old one's"
 
@@ -297,7 +246,7 @@ def test_a_calls_worker_killed_mid_task_is_redelivered_and_one_result_journaled(
         client = engine.client()
         run_id = client.start_workflow("killed-call")
         task_id = call_task_id(run_id, "render")
-        poll(lambda: gpu.runs(task_id) == 1, what="the task to start")
+        poll(lambda: gpu.runs(task_id) == 1, within=RUN_BOUND, what="the task to start")
         gpu.kill(gpu.processes[0])
         gpu.start()
         envelope = client.wait_for_workflow_run(run_id, timeout=60)
@@ -342,21 +291,24 @@ def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Se
             queue=settings.coordinator_queue, serializer="pickle",
         )
         envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
-        poll(lambda: any(forged.id in r.getMessage() and "not JSON" in r.getMessage() for r in caplog.records),
-             what="the pickled message to be refused")
+        poll(
+            lambda: any(forged.id in r.getMessage() and "not JSON" in r.getMessage() for r in caplog.records),
+            within=RUN_BOUND,
+            what="the pickled message to be refused",
+        )
     assert envelope.status == "completed" and envelope.result == 7
 
 
 def test_two_engines_on_one_broker_stay_apart(redis_server: Any, tmp_path: Path) -> None:
     """Two key prefixes, queue names left to their defaults: each engine's
     worker takes its own runs' messages only, and both finish."""
-    from tests.apps.basic import fan
-    from tests.fleet import WorkerProcess
+    from tests.support.apps.basic import fan
+    from tests.support.fleet import WorkerProcess
 
     settings = [Settings(redis_url=redis_server.url, key_prefix=f"two{n}x{os.getpid()}") for n in (1, 2)]
     assert settings[0].steps_queue == f"durable.two1x{os.getpid()}.steps" != settings[1].steps_queue
     workers = [
-        WorkerProcess(s, "tests.apps.basic:engine", log_dir=tmp_path, name=f"engine{n}").start()
+        WorkerProcess(s, "tests.support.apps.basic:engine", log_dir=tmp_path, name=f"engine{n}").start()
         for n, s in enumerate(settings)
     ]
     try:
@@ -381,7 +333,7 @@ def test_the_render_example_calls_the_fleet_from_a_fan_out(settings: Settings, t
         env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
     )
     try:
-        from tests.fleet import WorkerProcess
+        from tests.support.fleet import WorkerProcess
 
         durable = WorkerProcess(settings, "examples.render:engine", log_dir=tmp_path, name="durable").start()
         try:

@@ -26,9 +26,11 @@ from celery.signals import before_task_publish, task_prerun
 from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.tasks.app import BRANCH_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
-from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
-from tests.test_calls import TIMEOUT, Gpu, poll, wf
+from tests.support.apps.gpu import make_app
+from tests.support.gpu_workers import Gpu
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import wf
 
 WAKE_ID = re.compile(r"^[0-9a-f]{32}-\d+$")
 """The id of a wake message (``<prefix>-<n>``, see ``wake_owners``)."""
@@ -89,7 +91,7 @@ def test_a_worker_that_ran_the_task_answers_in_place_and_sends_no_answer(
 ) -> None:
     engine, queues = _on_gpu_app(settings, "in-place", _sequence_and_fan_out)
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("in-place", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("in-place", timeout=RUN_BOUND)
         resumed = engine.parked.resumed
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [15, 10, 11, 12, 13, 14]
@@ -121,7 +123,7 @@ def test_an_answer_that_comes_before_its_pass_let_go_waits_for_it_and_sends_noth
 
     engine, queues = _on_gpu_app(settings, "tight", run)
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("tight", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("tight", timeout=RUN_BOUND)
         resumed = engine.parked.resumed
     assert envelope.result == sum(range(calls))
     assert messages.sent_of(COORDINATOR_TASK) == 1, "the start only: no wake found the lock busy"
@@ -146,7 +148,7 @@ def test_after_a_task_whose_options_bind_the_pass_the_answer_is_journaled_in_pla
 
     engine, queues = _on_gpu_app(settings, "bound", run)
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("bound", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("bound", timeout=RUN_BOUND)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [result] * 3
     assert messages.sent_of(CALL_RESULT_TASK) == 0, "each answer was journaled where its task ran"
@@ -162,7 +164,7 @@ def test_an_answer_in_place_is_the_value_its_message_would_carry(settings: Setti
 
     engine, queues = _on_gpu_app(settings, "wired", run)
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("wired", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("wired", timeout=RUN_BOUND)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [7, {"7": "keyed by an int"}]
     assert messages.sent_of(CALL_RESULT_TASK) == 0
@@ -171,16 +173,16 @@ def test_an_answer_in_place_is_the_value_its_message_would_carry(settings: Setti
 def test_a_pool_without_the_coordinator_queue_sends_the_answer_and_runs_no_workflow_code(
     settings: Settings, messages: Messages, tmp_path: Any
 ) -> None:
-    """The GPU pool has the engine mounted (``tests/apps/gpu_engine.py``) but
+    """The GPU pool has the engine mounted (``tests/support/apps/gpu_engine.py``) but
     consumes only its queue: it runs the called tasks, and every answer comes
     to the durable worker here as a message."""
-    gpu = Gpu(settings, f"{settings.key_prefix}.gpu", tmp_path, app_module="tests.apps.gpu_engine")
+    gpu = Gpu(settings, f"{settings.key_prefix}.gpu", tmp_path, app_module="tests.support.apps.gpu_engine")
     gpu.start()
     try:
         app = make_app(settings.redis_url, gpu.queue)
         engine = Engine([wf("sent", _sequence_and_fan_out)], settings, celery_app=app)
         with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue]):
-            envelope = engine.client().run_workflow("sent", timeout=TIMEOUT)
+            envelope = engine.client().run_workflow("sent", timeout=RUN_BOUND)
     finally:
         for process in gpu.processes:
             gpu.kill(process)
@@ -213,7 +215,7 @@ def test_branches_woken_by_their_answers_run_from_kept_thunks_not_a_replay(
 
     engine, queues = _on_gpu_app(settings, "kept-fanout", run, parked_executions=kept)
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("kept-fanout", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("kept-fanout", timeout=RUN_BOUND)
         used = engine.kept_fanouts.used
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [2 * k + 1 for k in range(width)]
@@ -242,7 +244,7 @@ def test_a_kept_body_of_a_settled_run_is_let_go_and_its_wake_is_not_counted_as_r
     with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue]):
         client = engine.client()
         run_id = client.start_workflow("kept-settled")
-        poll(lambda: len(engine.parked) == 1, what="the body to park at its call")
+        poll(lambda: len(engine.parked) == 1, within=RUN_BOUND, what="the body to park at its call")
         refused = engine.refused_messages
         # The run settles behind the worker's back (as a cancel from another
         # process would, before any wake reaches this one): the body stays kept.
@@ -251,7 +253,7 @@ def test_a_kept_body_of_a_settled_run_is_let_go_and_its_wake_is_not_counted_as_r
         engine.store.client.hset(engine.store.run_keys(run_id).run, "status", "cancelled")
         assert len(engine.parked) == 1
         engine.send_coordinator(run_id, record.epoch, "kept-settled")
-        poll(lambda: len(engine.parked) == 0, what="the wake to let the kept body go")
+        poll(lambda: len(engine.parked) == 0, within=RUN_BOUND, what="the wake to let the kept body go")
         assert engine.refused_messages == refused
         assert client.get_workflow_run(run_id).status == "cancelled"
 
@@ -273,9 +275,9 @@ def test_a_branch_of_one_call_costs_five_scripts(settings: Settings) -> None:
     engine, queues = _on_gpu_app(settings, "woken-cost", run, branch_batch_ms=60_000)
     client = engine.store.client
     with worker_thread(engine, concurrency=4, queues=queues):
-        engine.client().run_workflow("woken-cost", timeout=TIMEOUT)  # scripts loaded, worker warm
+        engine.client().run_workflow("woken-cost", timeout=RUN_BOUND)  # scripts loaded, worker warm
         before = _scripts(client)
-        envelope = engine.client().run_workflow("woken-cost", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("woken-cost", timeout=RUN_BOUND)
         spent = _scripts(client) - before
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [k + 1 for k in range(width)]
@@ -309,9 +311,9 @@ def test_a_kept_body_sends_its_calls_and_branches_without_building_a_result_back
     with worker_thread(engine, concurrency=4, queues=queues):
         client = engine.client()
         for _ in range(2):  # the pool's threads store results: theirs are built
-            client.run_workflow("no-backend", timeout=TIMEOUT)
+            client.run_workflow("no-backend", timeout=RUN_BOUND)
         monkeypatch.setattr(RedisBackend, "__init__", counting)
-        envelopes = [client.run_workflow("no-backend", timeout=TIMEOUT) for _ in range(8)]
+        envelopes = [client.run_workflow("no-backend", timeout=RUN_BOUND) for _ in range(8)]
     assert [e.result for e in envelopes] == [[15, 10, 11, 12, 13, 14]] * 8
     # A thread new to this process builds one (a body thread started while
     # the last one was still on its way back to the idle list, a pool thread
@@ -341,12 +343,12 @@ def test_a_worker_does_not_stay_subscribed_to_the_results_of_the_calls_it_sent(s
         return sum(int(client.get("sub", 0)) for client in redis_client.client_list())
 
     with worker_thread(engine, concurrency=4, queues=queues):
-        envelope = engine.client().run_workflow("unsubscribed", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("unsubscribed", timeout=RUN_BOUND)
         assert envelope.result == sum(range(calls))
-        poll(lambda: subscriptions() == 0, what="the worker to let the calls' result channels go")
+        poll(lambda: subscriptions() == 0, within=RUN_BOUND, what="the worker to let the calls' result channels go")
         # The called task still stores its result, as Celery's default has it.
         app = engine.celery
         last = app.AsyncResult(call_task_id(envelope.run_id, f"add-{calls - 1}"))
-        assert last.get(timeout=TIMEOUT) == sum(range(calls))
+        assert last.get(timeout=RUN_BOUND) == sum(range(calls))
         # A task whose own option is ignore_result keeps none.
         assert app.backend.get_task_meta(call_task_id(envelope.run_id, "quiet"))["status"] == "PENDING"

@@ -29,7 +29,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -37,11 +36,12 @@ import redis
 from celery_durable import Client, Engine, Settings, is_terminal_status
 from celery_durable.broker import now_ms
 from celery_durable.broker.schema import StepRow
-from tests.apps.chaos import busy_key, chaos_trip, ready_key, trace_key
-from tests.apps.trip import SERVICES, provider_key
-from tests.fleet import Fleet, WorkerProcess
+from tests.support.apps.chaos import busy_key, chaos_trip, ready_key, trace_key
+from tests.support.apps.trip import SERVICES, provider_key
+from tests.support.fleet import Fleet, WorkerProcess
+from tests.support.poll import START_BOUND, poll
 
-CHAOS = "tests.apps.chaos:engine"
+CHAOS = "tests.support.apps.chaos:engine"
 RUNS = 40  # at least; more while fewer than MIN_INTERRUPTED steps were interrupted, up to MAX_RUNS
 MIN_INTERRUPTED = 5
 MAX_RUNS = 80
@@ -105,14 +105,6 @@ class Chaos:
             kill.interrupted.append((run_id, step))
             self.raw.hdel(busy_key(self.prefix), marker)
         self.kills.append(kill)
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def run_key(prefix: str, run_id: str, what: str) -> str:
@@ -220,7 +212,7 @@ def test_trips_complete_exactly_once_while_workers_are_killed(
 
     for _ in range(WORKERS):
         chaos.spawn()
-    wait_until(lambda: len(chaos.ready()) == WORKERS, 60, "the first workers to start")
+    poll(lambda: len(chaos.ready()) == WORKERS, within=START_BOUND, what="the first workers to start")
     unleashed = time.monotonic()
     run_ids = unleash(chaos, client, raw_redis, prefix)
     chaos_seconds = time.monotonic() - unleashed

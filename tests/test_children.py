@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from celery_durable import ChildWorkflowFailed, RunNotFoundError, StepFailed, WorkflowContext, define_workflow
+from celery_durable import ChildWorkflowFailed, RunNotFoundError, StepFailed, WorkflowContext
 from celery_durable.broker import schema
 from tests.conftest import kill_attempt
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import wf
 
 TIMEOUT = 30
 COUNTS: Counter[str] = Counter()
@@ -32,20 +34,6 @@ def count(name: str) -> None:
 def gate(name: str) -> threading.Event:
     with LOCK:
         return GATES.setdefault(name, threading.Event())
-
-
-def wf(name: str, run: Any, **meta: Any) -> Any:
-    return define_workflow({"name": name, "description": name, "phases": [], **meta}, run)
-
-
-def poll(predicate: Any, timeout: float = TIMEOUT, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def double(ctx: WorkflowContext) -> Any:
@@ -176,12 +164,12 @@ def test_while_it_waits_the_parent_says_for_which_child_and_a_paused_child_keeps
     d = durable([wf("parent", parent), *LEAVES])
     run_id = d.client.start_workflow("parent")
     kid = schema.child_run_id(run_id, "kid")
-    summary = poll(lambda: waiting(d.client, run_id), what="the parent to wait")
+    summary = poll(lambda: waiting(d.client, run_id), within=RUN_BOUND, what="the parent to wait")
     assert summary["kind"] == "child" and summary["name"] == kid
     assert summary["until"] is not None  # the call's timeout
     assert d.client.get_workflow_run(run_id).status == "running"
 
-    poll(lambda: waiting(d.client, kid), what="the child to wait")
+    poll(lambda: waiting(d.client, kid), within=RUN_BOUND, what="the child to wait")
     assert d.client.pause_workflow_run(kid, timeout=10).status == "paused"
     # The pause settled the child (paused): its parent was told nothing, and waits on.
     assert "v:kid" not in d.engine.store.hashes(run_id).journal
@@ -202,11 +190,11 @@ def test_a_parent_recovered_while_its_child_runs_finds_the_same_child(durable, r
 
     d = durable([wf("parent", parent), *LEAVES], lease_seconds=2)
     run_id = d.client.start_workflow("parent")
-    poll(lambda: COUNTS[f"{run_id}-kid:started"], what="the child to start")
-    poll(lambda: waiting(d.client, run_id), what="the parent to wait")
+    poll(lambda: COUNTS[f"{run_id}-kid:started"], within=RUN_BOUND, what="the child to start")
+    poll(lambda: waiting(d.client, run_id), within=RUN_BOUND, what="the parent to wait")
     kill_attempt(raw_redis, d.engine, run_id)
-    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, what="the parent's take-over")
-    poll(lambda: COUNTS[f"{run_id}:parent-pass"] >= 2, what="the recovered parent's pass")
+    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, within=RUN_BOUND, what="the parent's take-over")
+    poll(lambda: COUNTS[f"{run_id}:parent-pass"] >= 2, within=RUN_BOUND, what="the recovered parent's pass")
     gate(f"{run_id}-kid").set()
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.status == "completed", envelope.error
@@ -222,7 +210,7 @@ def test_a_paused_parent_leaves_its_child_running_and_resumes_with_its_result(du
     d = durable([wf("parent", parent), *LEAVES])
     run_id = d.client.start_workflow("parent")
     kid = schema.child_run_id(run_id, "kid")
-    poll(lambda: waiting(d.client, kid), what="the child to wait")
+    poll(lambda: waiting(d.client, kid), within=RUN_BOUND, what="the child to wait")
     assert d.client.pause_workflow_run(run_id, timeout=10).status == "paused"
     assert d.client.get_workflow_run(kid).status == "running"
     d.client.signal_workflow_run(kid, "go", "while the parent was paused")
@@ -276,7 +264,7 @@ def test_a_cancelled_child_fails_its_parent_call_as_a_step_failure(durable) -> N
     d = durable([wf("parent", parent), *LEAVES])
     run_id = d.client.start_workflow("parent")
     kid = schema.child_run_id(run_id, "kid")
-    poll(lambda: waiting(d.client, kid), what="the child to wait")
+    poll(lambda: waiting(d.client, kid), within=RUN_BOUND, what="the child to wait")
     assert d.client.cancel_workflow_run(kid, timeout=10).status == "cancelled"
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.result == {
@@ -316,7 +304,7 @@ def test_start_child_returns_at_once_and_a_later_child_call_waits_for_that_child
     d = durable([wf("parent", parent), *LEAVES])
     run_id = d.client.start_workflow("parent")
     kid = schema.child_run_id(run_id, "kid")
-    poll(lambda: COUNTS[f"{run_id}:after-start"], what="the parent to go on past start_child")
+    poll(lambda: COUNTS[f"{run_id}:after-start"], within=RUN_BOUND, what="the parent to go on past start_child")
     assert d.client.get_workflow_run(kid).status in ("pending", "running")
     gate(f"{run_id}-kid").set()
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
@@ -379,7 +367,7 @@ def test_cancelling_the_parent_cancels_its_waited_for_children_first_but_not_det
     run_id = d.client.start_workflow("parent")
     kids = {key: schema.child_run_id(run_id, key) for key in ("a", "b", "loose")}
     for kid in kids.values():
-        poll(lambda kid=kid: waiting(d.client, kid), what="every child to wait")
+        poll(lambda kid=kid: waiting(d.client, kid), within=RUN_BOUND, what="every child to wait")
     envelope = d.client.cancel_workflow_run(run_id, timeout=10)
     assert envelope.status == "cancelled"
     for key in ("a", "b"):
@@ -406,7 +394,7 @@ def test_a_parent_cancelled_while_its_child_is_being_started_leaves_no_orphan(du
 
     d = durable([wf("parent", parent), *LEAVES])
     run_id = d.client.start_workflow("parent")
-    poll(lambda: waiting(d.client, run_id), what="the parent to wait")
+    poll(lambda: waiting(d.client, run_id), within=RUN_BOUND, what="the parent to wait")
     record = d.engine.store.load_run(run_id)
     assert record is not None
     # What its pass would have journaled had the signal come: the call, at op 1 of the main body.
@@ -448,7 +436,7 @@ def test_a_child_whose_worker_died_before_it_told_its_parent_is_told_by_the_swee
     d = durable([wf("parent", parent), *LEAVES], lease_seconds=2)
     run_id = d.client.start_workflow("parent")
     kid = schema.child_run_id(run_id, "kid")
-    poll(lambda: waiting(d.client, kid), what="the child to wait")
+    poll(lambda: waiting(d.client, kid), within=RUN_BOUND, what="the child to wait")
     record = d.engine.store.load_run(kid)
     assert record is not None
     started = time.monotonic()
@@ -468,7 +456,7 @@ def test_a_replay_check_reads_children_from_the_journal_and_starts_none(durable)
     d = durable([wf("parent", parent), *LEAVES])
     run_id = d.client.start_workflow("parent")
     late = schema.child_run_id(run_id, "late")
-    poll(lambda: waiting(d.client, late), what="the second child to wait")
+    poll(lambda: waiting(d.client, late), within=RUN_BOUND, what="the second child to wait")
     before = {run.run_id for run in d.client.list_workflow_runs(limit=50).runs}
     [check] = d.client.check_replay([run_id])
     assert (check.verdict, check.message) == ("ok", "")

@@ -5,7 +5,6 @@ the middle of its compensations.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -14,20 +13,11 @@ import redis
 from celery_durable import Engine, Settings
 from celery_durable.broker import schema
 from celery_durable.errors import RunNotFoundError
-from tests.apps.children import effects_key, family, gate_key, kid, reached_key
-from tests.fleet import Fleet
+from tests.support.apps.children import effects_key, family, gate_key, kid, reached_key
+from tests.support.fleet import Fleet
+from tests.support.poll import START_BOUND, poll
 
-APP = "tests.apps.children:engine"
-
-
-def poll(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+APP = "tests.support.apps.children:engine"
 
 
 def _status(client: Any, run_id: str) -> str | None:
@@ -53,9 +43,13 @@ def test_a_fleet_killed_while_a_child_compensates_starts_nothing_twice_and_the_p
     kids = [schema.child_run_id(run_id, f"kid-{i}") for i in range(3)]
 
     # Kids 1 and 2 are done; kid 0 failed, compensated undo-b, and is held inside undo-a.
-    poll(lambda: raw_redis.sismember(reached_key(prefix), kids[0]), 60, "kid 0 to be inside undo-a")
+    poll(
+        lambda: raw_redis.sismember(reached_key(prefix), kids[0]),
+        within=START_BOUND,
+        what="kid 0 to be inside undo-a",
+    )
     for other in kids[1:]:
-        poll(lambda other=other: _status(client, other) == "completed", 60, "kids 1 and 2")
+        poll(lambda other=other: _status(client, other) == "completed", within=START_BOUND, what="kids 1 and 2")
     assert client.get_workflow_run(run_id).status == "running"
     fleet.kill_all()
     raw_redis.set(gate_key(prefix, kids[0]), "1")

@@ -20,43 +20,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from celery_durable import Client, Engine, Settings
-from celery_durable.cli import app
-from tests.apps.phased import phased
-from tests.fleet import ROOT, Fleet, settings_env
+from tests.support.apps.phased import phased
+from tests.support.cli import APP, cli, cli_process
+from tests.support.fleet import ROOT, Fleet, settings_env
+from tests.support.poll import RUN_BOUND, poll
 
-APP = "tests.apps.phased:make_engine"
-"""In this process: the engine is built when the command runs, from the test's environment."""
-WORKER_APP = "tests.apps.phased:engine"
+WORKER_APP = "tests.support.apps.phased:engine"
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 RESULT = {"total": 14}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-
-
-def env_of(settings: Settings) -> dict[str, str]:
-    return {name: value for name, value in settings_env(settings).items() if name.startswith("CELERY_DURABLE_")}
-
-
-def cli(settings: Settings, *args: str) -> Any:
-    """The command in this process, through Typer's runner."""
-    return CliRunner().invoke(app, list(args), env=env_of(settings))
-
-
-def cli_process(settings: Settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The command as a person runs it, stdout and stderr apart."""
-    return subprocess.run(
-        [sys.executable, "-m", "celery_durable", *args],
-        env={**settings_env(settings), "COLUMNS": "100"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def normalize(text: str, run_id: str) -> str:
@@ -71,15 +47,6 @@ def recorded(name: str) -> str:
 
 def client_of(settings: Settings) -> Client:
     return Engine([phased], settings).client()
-
-
-def wait_until(predicate: Any, what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 # -- help and errors ---------------------------------------------------------------
@@ -99,8 +66,8 @@ def test_help_lists_every_command(settings) -> None:
     ("args", "exit_code", "message"),
     [
         (["runs", "show", "0" * 32, "--app", "nope.module:engine"], 2, "error: cannot import 'nope.module'"),
-        (["runs", "show", "0" * 32, "--app", "tests.apps.phased"], 2, "error: --app must look like"),
-        (["runs", "show", "0" * 32, "--app", "tests.apps.phased:missing"], 2, "has no attribute 'missing'"),
+        (["runs", "show", "0" * 32, "--app", "tests.support.apps.phased"], 2, "error: --app must look like"),
+        (["runs", "show", "0" * 32, "--app", "tests.support.apps.phased:missing"], 2, "has no attribute 'missing'"),
         (["runs", "show", "0" * 32, "--app", APP], 1, f"error [not_found]: Run not found: {'0' * 32}"),
         (["runs", "show", "--app", APP], 2, "error: Missing argument 'RUN'."),
         (["run", "phased", "--app", APP, "--args", "{bad"], 2, "error: --args is not JSON"),
@@ -192,10 +159,10 @@ def test_tables_for_people(durable) -> None:
 
 def test_runs_show_links_a_parent_and_its_children(durable) -> None:
     from celery_durable.broker.schema import child_run_id
-    from tests.apps.nested import nest_leaf, nest_parent
+    from tests.support.apps.nested import nest_leaf, nest_parent
 
     d = durable([nest_leaf, nest_parent])
-    app = "tests.apps.nested:make_engine"
+    app = "tests.support.apps.nested:make_engine"
     run_id = d.client.run_workflow("nest-parent", timeout=30).run_id
     kid, loose = child_run_id(run_id, "kid"), child_run_id(run_id, "loose")
     d.client.wait_for_workflow_run(loose, timeout=30)
@@ -283,8 +250,10 @@ def test_runs_progress_follow_joins_a_run_midway_and_tells_the_same_story(settin
     fleet.start(WORKER_APP)
     client = client_of(settings)
     run_id = client.start_workflow("phased", args={"pause": 0.6})
-    wait_until(
-        lambda: any(r.message == "Crunch" for r in client.get_workflow_run_progress(run_id).records), "phase Crunch"
+    poll(
+        lambda: any(r.message == "Crunch" for r in client.get_workflow_run_progress(run_id).records),
+        within=RUN_BOUND,
+        what="phase Crunch",
     )
     done = cli_process(settings, "runs", "progress", run_id, "--app", WORKER_APP, "--follow")
     assert done.returncode == 0, done.stderr
@@ -354,7 +323,7 @@ def test_what_a_command_prints_for_scripts_is_alone_on_stdout(settings) -> None:
     env = settings_env(settings)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "celery_durable", *args, "--app", "tests.apps.noisy:make_engine"]
+        command = [sys.executable, "-m", "celery_durable", *args, "--app", "tests.support.apps.noisy:make_engine"]
         return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
     started = cli("runs", "start", "noisy", "--args", "{}")

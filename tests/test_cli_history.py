@@ -7,9 +7,10 @@ import threading
 from typing import Any
 
 from celery_durable import Engine
-from tests.apps.phased import phased
-from tests.apps.waits import await_signal
-from tests.test_cli import APP, cli, wait_until
+from tests.support.apps.phased import phased
+from tests.support.apps.waits import await_signal
+from tests.support.cli import APP, cli
+from tests.support.poll import RUN_BOUND, poll
 
 WAITS_APP = "tests.test_cli_history:make_engine"
 
@@ -51,10 +52,16 @@ def test_bad_options_and_unknown_runs_are_one_line_and_exit_nonzero(durable) -> 
     assert unknown.exit_code == 1 and "Run not found" in unknown.output
 
 
+def waiting_run(d: Any) -> str:
+    """A run of await-signal, waiting for its signal."""
+    run_id = d.client.start_workflow("await-signal")
+    poll(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], within=RUN_BOUND, what="the run to wait")
+    return str(run_id)
+
+
 def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
     d = durable([await_signal])
-    run_id = d.client.start_workflow("await-signal")
-    wait_until(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], "the run to wait")
+    run_id = waiting_run(d)
     result: dict[str, Any] = {}
     follower = threading.Thread(
         target=lambda: result.update(
@@ -77,14 +84,13 @@ def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
 
 def test_follow_as_a_table_prints_its_header_once_and_each_event_once(durable) -> None:
     d = durable([await_signal])
-    run_id = d.client.start_workflow("await-signal")
-    wait_until(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], "the run to wait")
+    run_id = waiting_run(d)
     result: dict[str, Any] = {}
     follower = threading.Thread(
         target=lambda: result.update(done=cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--follow"))
     )
     follower.start()
-    wait_until(lambda: d.client.get_workflow_run_history(run_id).events, "the first events")
+    poll(lambda: d.client.get_workflow_run_history(run_id).events, within=RUN_BOUND, what="the first events")
     d.client.signal_workflow_run(run_id, "go", {"ok": 1})
     follower.join(60)
     assert not follower.is_alive()

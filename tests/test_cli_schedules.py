@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from celery_durable import Settings
-from tests.test_cli import APP, cli
+from tests.support.cli import APP, cli
 
 
 def test_schedules_commands_create_show_steer_and_delete(settings: Settings) -> None:

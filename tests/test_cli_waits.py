@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from tests.apps.waits import await_signal, nap
-from tests.test_cli import cli
+from tests.support.apps.waits import await_signal, nap
+from tests.support.cli import cli
 
-APP = "tests.apps.waits:make_engine"
+APP = "tests.support.apps.waits:make_engine"
 TIMEOUT = "5"
 """--timeout of the commands: the run reaches its wait in well under it (one journaled step)."""
 

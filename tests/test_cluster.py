@@ -1,10 +1,11 @@
 """A Redis Cluster as the journal (``redis_cluster=True``, SPEC §10).
 
-Three private masters (``redis_cluster``, tests/topologies.py) hold the
+Three private masters (``redis_cluster``, tests/support/topologies.py) hold the
 journal; the broker stays the session's single Redis, as it must: kombu has no
 Redis Cluster transport. The lifecycle, recovery and fencing tests, and the
-journal contract tests, run here again, imported, with ``settings`` and
-``raw_redis`` pointing at the cluster.
+journal contract tests, run on it too: they are marked
+``@pytest.mark.topologies("redis", "cluster")``, and on the cluster
+``settings`` and ``raw_redis`` point at it (conftest's ``topology``).
 
 A Redis Cluster refuses a script whose keys map to more than one slot: redis-py
 refuses to send one whose KEYS span slots, and the node refuses a key of
@@ -19,7 +20,6 @@ import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,7 +28,6 @@ from redis.cluster import RedisCluster
 from celery_durable import (
     Engine,
     ScheduleNotFoundError,
-    Settings,
     StorageUnavailableError,
     WorkflowContext,
     WorkflowResumeError,
@@ -40,79 +39,27 @@ from celery_durable.schedules import firing
 from celery_durable.schedules.calendar import Calendar, from_ms, to_ms
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import DurableFactory
-from tests.contract import test_calls, test_children, test_journal, test_waits
-from tests.contract.conftest import BackendFactory, RedisBackend
-from tests.test_agents import (  # noqa: F401
-    test_an_agent_turn_is_journaled_and_identical_calls_are_memoized,
-    test_pause_lets_work_in_flight_finish_and_resume_continues,
-)
-from tests.test_fencing import (  # noqa: F401
-    _reset_shared_state,
-    poll,
-    test_a_frozen_worker_taken_over_by_force_is_fenced_out_when_it_wakes,
-    test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing,
-    test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one,
-    test_messages_of_an_older_epoch_are_refused_and_counted,
-)
-from tests.test_lifecycle import (  # noqa: F401
-    test_cancel_a_run_waiting_on_a_parallel_fan_out,
-    test_idempotency_key_is_scoped_to_the_namespace,
-    test_list_workflow_runs_newest_first_with_filters_and_paging,
-    test_progress_paging,
-    test_resume_after_a_failed_step_reruns_only_that_step,
-    test_start_returns_at_once_and_wait_returns_the_terminal_envelope,
-)
-from tests.test_publish_failures import (  # noqa: F401
-    test_branch_tasks_the_broker_refused_are_not_left_in_flight_to_count_a_wait_as_work,
-)
-from tests.test_recovery import (  # noqa: F401
-    test_many_sweepers_take_a_dead_run_over_exactly_once,
-    test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
-)
-from tests.test_retention import test_expired_runs_leave_the_index_and_free_their_idempotency_key  # noqa: F401
-from tests.test_run_indexes import (  # noqa: F401
-    test_a_cursor_from_before_a_run_changed_status_neither_skips_nor_repeats,
-    test_a_listing_that_meets_expired_runs_takes_them_out_of_every_index,
-    test_a_store_written_before_the_indexes_lists_correctly_and_reindex_builds_them,
-    test_indexes_agree_with_the_records_through_a_mix_of_runs,
-    test_retention_takes_runs_out_of_every_index,
-)
-from tests.test_unserved import (  # noqa: F401
-    test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does,
-)
-from tests.topologies import RedisClusterNodes, keys_per_node, node_client
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.topologies import RedisClusterNodes, keys_per_node, node_client
 
-# Every journal contract test, on the cluster as on one Redis (tests/contract).
-globals().update(
-    {
-        name: test
-        for module in (test_journal, test_calls, test_waits, test_children)
-        for name, test in vars(module).items()
-        if name.startswith("test_") and callable(test)
-    }
+pytestmark = pytest.mark.topologies("cluster")
+
+ON_THE_CLUSTER = (
+    "contract/test_calls.py",
+    "contract/test_children.py",
+    "contract/test_journal.py",
+    "contract/test_waits.py",
+    "test_agents.py",
+    "test_cluster.py",
+    "test_fencing.py",
+    "test_lifecycle.py",
+    "test_publish_failures.py",
+    "test_recovery.py",
+    "test_retention.py",
+    "test_run_indexes.py",
+    "test_unserved.py",
 )
-
-
-@pytest.fixture
-def settings(settings: Settings, redis_cluster: RedisClusterNodes, redis_server: Any) -> Settings:
-    """conftest's settings (this test's key prefix and queue names), with the
-    journal on the cluster and the broker on the session's single Redis."""
-    return settings.model_copy(
-        update={"redis_url": redis_cluster.url, "redis_cluster": True, "broker_url": redis_server.url}
-    )
-
-
-@pytest.fixture
-def raw_redis(redis_cluster: RedisClusterNodes) -> Iterator[RedisCluster]:
-    client = redis_cluster.client()
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def make_backend(settings: Settings) -> BackendFactory:
-    """The contract tests' run, on the cluster only."""
-    return lambda limits=None: RedisBackend(settings, limits)
+"""The modules whose tests run on the cluster too (``@pytest.mark.topologies(..., "cluster")``)."""
 
 
 # -- where the keys live -------------------------------------------------------------------
@@ -364,17 +311,21 @@ def test_throttles_on_the_cluster(durable: DurableFactory) -> None:
     client.set_throttle("c-one", concurrency=1)
     client.set_throttle("c-api", concurrency=1)
     holder = client.start_workflow("c-holder", throttle="c-one")
-    poll(lambda: client.get_throttle("c-one").holding == 1, "the holder's slot")
+    poll(lambda: client.get_throttle("c-one").holding == 1, within=RUN_BOUND, what="the holder's slot")
     cancelled = client.start_workflow("c-throttled", args={"n": 1}, throttle="c-one")
-    poll(lambda: client.get_throttle("c-one").waiting == 1, "a waiter queued")
+    poll(lambda: client.get_throttle("c-one").waiting == 1, within=RUN_BOUND, what="a waiter queued")
     assert client.cancel_workflow_run(cancelled, timeout=30).status == "cancelled"
-    poll(lambda: client.get_throttle("c-one").waiting == 0, "the cancelled waiter gone from the queue")
+    poll(
+        lambda: client.get_throttle("c-one").waiting == 0,
+        within=RUN_BOUND,
+        what="the cancelled waiter gone from the queue",
+    )
     second = client.start_workflow("c-throttled", args={"n": 2}, throttle="c-one")
-    poll(lambda: client.get_throttle("c-one").waiting == 1, "the second waiter queued")
+    poll(lambda: client.get_throttle("c-one").waiting == 1, within=RUN_BOUND, what="the second waiter queued")
     client.signal_workflow_run(holder, "go", "done")
     assert client.wait_for_workflow_run(holder, timeout=30).result == "done"
     assert client.wait_for_workflow_run(second, timeout=30).result == 2
-    poll(lambda: client.get_throttle("c-one").holding == 0, "every slot back")
+    poll(lambda: client.get_throttle("c-one").holding == 0, within=RUN_BOUND, what="every slot back")
     client.delete_throttle("c-one")
     client.delete_throttle("c-api")
     assert client.list_throttles() == []
@@ -383,14 +334,23 @@ def test_throttles_on_the_cluster(durable: DurableFactory) -> None:
 # -- last: every script the tests above ran ---------------------------------------------------
 
 
-def test_every_script_ran_on_the_cluster(request: pytest.FixtureRequest, redis_cluster: RedisClusterNodes) -> None:
+@pytest.mark.after_all
+def test_every_script_ran_on_the_cluster(
+    request: pytest.FixtureRequest, topology: str, redis_cluster: RedisClusterNodes
+) -> None:
     """The proof above holds for the scripts the tests ran; here, that is all
     of them. redis-py loads a script on every master the first time one of
-    them lacks it, so a script the cluster ever ran is known to its masters."""
-    selected = {item.originalname for item in request.session.items if item.path == request.path}
+    them lacks it, so a script the cluster ever ran is known to its masters.
+    The cluster's tests all run on one process (tests/support/topologies.py),
+    this one last (``after_all``)."""
+    assert topology == "cluster"
+    tests = request.path.parent
+    on_cluster = [item for item in request.session.items if "[cluster]" in item.nodeid]
+    selected = {item.originalname for item in on_cluster if item.path == request.path}
     here = {name for name, value in globals().items() if name.startswith("test_") and callable(value)}
-    if here - selected:
-        pytest.skip("meaningful only after every test of this module ran")
+    modules = {item.path.relative_to(tests).as_posix() for item in on_cluster}
+    if here - selected or set(ON_THE_CLUSTER) - modules:
+        pytest.skip("meaningful only after every test on the cluster ran")
     shas = {name: hashlib.sha1(script_source(name).encode("utf-8")).hexdigest() for name in SCRIPT_NAMES}
     ran: set[str] = set()
     for node in redis_cluster.nodes:

@@ -15,7 +15,7 @@ import pytest
 
 from celery_durable import WorkflowContext, workflow
 from celery_durable.testing import CrashReport, Fake, crash_test
-from tests.readme import in_section
+from tests.support.readme import in_section
 from tests.test_pytest_plugin import _run
 
 

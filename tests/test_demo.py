@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_examples import run_fresh
+from tests.support.readme import DEMO, run_fresh
 
 pytestmark = pytest.mark.slow  # 11 s on a quiet machine, up to 30 s on a busy one
-
-DEMO = ["demo"]
-"""The README's first command, after the install."""
-
 
 def test_the_demo_kills_every_worker_and_the_run_still_books_each_service_once(tmp_path: Path) -> None:
     # As on a fresh machine: nothing configured, nothing on localhost:6379.

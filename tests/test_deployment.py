@@ -36,10 +36,10 @@ from typer.testing import CliRunner
 
 from celery_durable import Settings
 from celery_durable.cli import app
-from tests.apps.waits import await_signal
 from tests.conftest import DurableFactory
-from tests.fleet import ROOT, settings_env
-from tests.web.support import wait_until
+from tests.support.apps.waits import await_signal
+from tests.support.fleet import ROOT, settings_env
+from tests.support.poll import RUN_BOUND, poll
 
 COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
@@ -323,20 +323,28 @@ def test_a_real_web_view_serves_the_panels_metric_to_that_scrape(durable: Durabl
 
     fleet = durable([await_signal])
     run_id = fleet.client.start_workflow("await-signal")
-    wait_until(lambda: fleet.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    poll(
+        lambda: fleet.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what="the run to wait",
+    )
     port = free_port()
     target_host = job["static_configs"][0]["targets"][0]
     web = services()["web"]
     command = argv(web)
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery_durable", "web", "--app", "tests.apps.waits:engine",
+        [sys.executable, "-m", "celery_durable", "web", "--app", "tests.support.apps.waits:engine",
          "--port", str(port), "--allowed-host", command[command.index("--allowed-host") + 1]],
         env={**settings_env(fleet.settings), "CELERY_DURABLE_WEB_AUTH": credential},
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}{job.get('metrics_path', '/metrics')}"
-        wait_until(lambda: scrape(url, target_host, auth)[0] or process.poll() is not None, "the web view to answer")
+        poll(
+            lambda: scrape(url, target_host, auth)[0] or process.poll() is not None,
+            within=RUN_BOUND,
+            what="the web view to answer",
+        )
         assert scrape(url, target_host, None)[0] == 401, "the scrape needs the credential"
         assert scrape(url, target_host, ("ops", "wrong"))[0] == 401
         status, body = scrape(url, target_host, auth)

@@ -12,7 +12,7 @@ import pytest
 
 from celery_durable import WorkflowContext, workflow
 from tests.conftest import DurableFactory
-from tests.test_fencing import poll
+from tests.support.poll import RUN_BOUND, poll
 
 SHAPE = {"first": "a"}
 
@@ -43,6 +43,7 @@ def test_a_run_that_ends_error_logs_one_warning_naming_it(
     def said() -> list[logging.LogRecord]:
         return [r for r in caplog.records if r.levelno == logging.WARNING and run_id in r.getMessage()]
 
-    poll(said, "the warning, logged once the run is settled")  # its pass logs it right after settling
+    # its pass logs it right after settling
+    poll(said, within=RUN_BOUND, what="the warning, logged once the run is settled")
     assert len(said()) == 1, [r.getMessage() for r in said()]
     assert f"'{name}'" in said()[0].getMessage() and reason in said()[0].getMessage()

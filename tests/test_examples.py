@@ -5,41 +5,13 @@ command starts a private Redis and a worker process itself."""
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from celery_durable import FunctionRunner, OpenAIChatRunner, Settings
-from celery_durable.local.redis_server import free_port
-from tests.fleet import ROOT
-from tests.readme import in_section
-
-# `celery-durable`, with "localhost:6379" moved to a port where nothing listens
-# (this machine may run a Redis there).
-CLI = (
-    "import celery_durable.local.embedded as e; e.LOCAL = ('127.0.0.1', {port}); "
-    "from celery_durable.cli import main; main()"
-)
-
-
-def run_fresh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("CELERY_DURABLE_")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run(
-        [sys.executable, "-c", CLI.format(port=free_port()), *args],
-        cwd=tmp_path, env={**env, "COLUMNS": "160"}, capture_output=True, text=True, timeout=150,
-    )
-
-
-def readme_example_lines() -> list[list[str]]:
-    """The README's examples block, one argv per line."""
-    (block,) = in_section("Examples")
-    return [shlex.split(line, comments=True) for line in block.lines]
+from tests.support.readme import readme_example_lines, run_fresh
 
 
 def run_readme_example(tmp_path: Path, workflow: str) -> dict[str, Any]:
@@ -107,7 +79,7 @@ def test_the_nightly_report_composes_child_runs(tmp_path: Path) -> None:
     [
         (Settings(), FunctionRunner),
         (Settings(openai_model="qwen2.5:7b", openai_base_url="http://localhost:11434/v1"), OpenAIChatRunner),
-        (Settings(agent_runner="tests.apps.agents:engine"), type(None)),
+        (Settings(agent_runner="tests.support.apps.agents:engine"), type(None)),
     ],
 )
 def test_the_code_review_uses_an_openai_endpoint_only_when_one_is_configured(

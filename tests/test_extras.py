@@ -41,7 +41,7 @@ def test_the_flower_command_without_flower_names_the_extra() -> None:
         import sys
         sys.modules["flower"] = None
         from celery_durable.cli import main
-        sys.argv = ["celery-durable", "flower", "--app", "tests.apps.basic:engine"]
+        sys.argv = ["celery-durable", "flower", "--app", "tests.support.apps.basic:engine"]
         main()
         """
     )
@@ -57,7 +57,7 @@ def test_an_engine_and_its_workflows_import_neither_openai_nor_flower() -> None:
         sys.modules["flower"] = None
         import celery_durable
         from celery_durable.testing import WorkflowTestEnvironment
-        from tests.apps.basic import engine
+        from tests.support.apps.basic import engine
         print(sorted(engine.workflows)[:1])
         """
     )

@@ -31,27 +31,17 @@ from celery_durable.broker import RunStore
 from celery_durable.broker.journal import BeginCall, PendingCommit
 from celery_durable.broker.schema import StepRow
 from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK
-from tests.apps.trip import SERVICES, provider_key, trip
+from tests.support.apps.trip import SERVICES, trip
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.trip_crash import receipts
 
-TRIP = "tests.apps.trip:engine"
+TRIP = "tests.support.apps.trip:engine"
 TIMEOUT = 30
 GATE_SECONDS = 30
 """How long a gated step waits for the test before it gives up (a safety net, not a pause)."""
 
 
 # -- polling and observing -------------------------------------------------------
-
-
-def poll(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
-    """Poll ``predicate`` until it is truthy, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def stays(predicate: Callable[[], bool], what: str, seconds: float = 0.5) -> None:
@@ -215,27 +205,23 @@ def resume_in_background(client: Client, run_id: str, **options: Any) -> Any:
     return future
 
 
-def errored_then_resumed_and_held(d: Any) -> tuple[str, Any]:
-    """A run whose tail failed in attempt 1, resumed (epoch 2) and held at the tail's gate."""
+def errored_then_resumed_and_held(d: Any) -> tuple[str, Any, str, threading.Event]:
+    """A run whose tail failed in attempt 1, resumed (epoch 2) and held at the
+    tail's gate: its id, the resume's future, its fan-out's call and the event
+    that releases the tail."""
     failed = d.client.run_workflow("fence-fan", args={"fail_first": ["tail"], "hold": ["tail"]}, timeout=TIMEOUT)
     assert (failed.status, failed.attempt, failed.can_resume) == ("error", 1, True), failed.error
     run_id = failed.run_id
     future = resume_in_background(d.client, run_id)
-    entered, _ = gate("tail")
+    entered, release = gate("tail")
     assert entered.wait(TIMEOUT), "attempt 2 never reached the tail"
     record = d.engine.store.load_run(run_id)
     assert record is not None
     assert (record.status, record.epoch, record.attempt) == ("running", 2, 2)
-    return run_id, future
+    return run_id, future, fanout_call(d.engine.store, run_id), release
 
 
 # -- 1. a frozen worker wakes after another worker took over --------------------------
-
-
-def receipts(raw: redis.Redis, prefix: str, service: str) -> tuple[int, int]:
-    """(raw provider calls, reservations) for one service."""
-    made = sum(int(v) for v in raw.hvals(provider_key(prefix, service, "calls")))
-    return made, int(raw.hlen(provider_key(prefix, service, "reservations")))
 
 
 def stopped(pid: int) -> bool:
@@ -252,7 +238,7 @@ def wait_until_ready(client: Client, worker: Any) -> None:
         replies = client.engine.celery.control.ping(timeout=0.5)
         return any(name.startswith(prefix) for reply in replies for name in reply)
 
-    poll(answers, f"worker {worker.name} to answer a ping")
+    poll(answers, within=RUN_BOUND, what=f"worker {worker.name} to answer a ping")
 
 
 def freeze_worker_with_the_car_in_flight(settings: Settings, fleet: Any, raw: redis.Redis) -> tuple[Client, str, Any]:
@@ -281,12 +267,16 @@ def freeze_worker_with_the_car_in_flight(settings: Settings, fleet: Any, raw: re
             and raw.hget(run_key, "lock") not in (None, "")
         )
 
-    poll(car_at_gate_rest_journaled, "flight and hotel journaled, the car at its gate in worker A")
+    poll(
+        car_at_gate_rest_journaled,
+        within=RUN_BOUND,
+        what="flight and hotel journaled, the car at its gate in worker A",
+    )
     # B is up (and idle) before A freezes: the take-over must not wait for a
     # worker to start, or A's lease could run out before a forced resume.
     wait_until_ready(client, fleet.start(TRIP, concurrency=4, name="B"))
     worker_a.freeze()
-    poll(lambda: stopped(worker_a.pid), "worker A to stop")
+    poll(lambda: stopped(worker_a.pid), within=RUN_BOUND, what="worker A to stop")
     assert receipts(raw, prefix, "car") == (1, 1)
     return client, run_id, worker_a
 
@@ -301,9 +291,13 @@ def thaw_and_check_fenced_out(
     progress_before = client.get_workflow_run_progress(run_id)
 
     worker_a.thaw()
-    poll(lambda: store.refused_writes(run_id) > refused_before, "the fence to refuse worker A's writes")
+    poll(
+        lambda: store.refused_writes(run_id) > refused_before,
+        within=RUN_BOUND,
+        what="the fence to refuse worker A's writes",
+    )
     # A's car task has returned (acknowledged) once nothing of ours is unacked.
-    poll(lambda: queues_empty(raw, settings), "worker A's car task to end")
+    poll(lambda: queues_empty(raw, settings), within=RUN_BOUND, what="worker A's car task to end")
     refused = store.refused_writes(run_id) - refused_before
 
     assert worker_a.alive(), "worker A died instead of dropping its stale attempt"
@@ -323,13 +317,18 @@ def thaw_and_check_fenced_out(
     return refused
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_a_frozen_worker_taken_over_by_force_is_fenced_out_when_it_wakes(settings, fleet, raw_redis) -> None:
     client, run_id, worker_a = freeze_worker_with_the_car_in_flight(settings, fleet, raw_redis)
     prefix = settings.key_prefix
 
     # A's lease is still fresh: only force takes the run over.
     future = resume_in_background(client, run_id, force=True)
-    poll(lambda: receipts(raw_redis, prefix, "car")[0] == 2, "worker B to book the car again")
+    poll(
+        lambda: receipts(raw_redis, prefix, "car")[0] == 2,
+        within=RUN_BOUND,
+        what="worker B to book the car again",
+    )
     running = client.get_workflow_run(run_id)
     assert (running.status, running.attempt) == ("running", 2)
     assert stopped(worker_a.pid)
@@ -350,7 +349,11 @@ def test_a_frozen_worker_recovered_by_the_sweep_is_fenced_out_when_it_wakes(sett
     prefix = settings.key_prefix
 
     # Nobody resumes: A's lease runs out and B's recovery sweep takes over.
-    poll(lambda: receipts(raw_redis, prefix, "car")[0] == 2, "worker B to recover the run and book the car again")
+    poll(
+        lambda: receipts(raw_redis, prefix, "car")[0] == 2,
+        within=RUN_BOUND,
+        what="worker B to recover the run and book the car again",
+    )
     recovered_in = time.monotonic() - frozen
     running = client.get_workflow_run(run_id)
     assert (running.status, running.attempt) == ("running", 2)
@@ -377,7 +380,11 @@ def test_redelivered_branch_and_coordinator_messages_of_a_completed_run_change_n
     assert envelope.result == {**FAN_RESULT, "attempt": 1}
     run_id = envelope.run_id
     call = fanout_call(store, run_id)
-    poll(lambda: queues_empty(raw_redis, d.settings), "the run's last messages to be handled")
+    poll(
+        lambda: queues_empty(raw_redis, d.settings),
+        within=RUN_BOUND,
+        what="the run's last messages to be handled",
+    )
     before = durable_state(store, run_id)
     revision = d.client.get_workflow_run_progress(run_id).revision
     assert calls() == ONCE_EACH
@@ -388,8 +395,8 @@ def test_redelivered_branch_and_coordinator_messages_of_a_completed_run_change_n
             d.engine.send_branches(run_id, 1, "fence-fan", call, [index])
         d.engine.send_coordinator(run_id, 1, "fence-fan")
         d.engine.send_coordinator(run_id, 1, "fence-fan")
-        poll(lambda: len(done) >= 6, "the six redelivered messages to be handled")
-        poll(lambda: queues_empty(raw_redis, d.settings), "the queues to drain")
+        poll(lambda: len(done) >= 6, within=RUN_BOUND, what="the six redelivered messages to be handled")
+        poll(lambda: queues_empty(raw_redis, d.settings), within=RUN_BOUND, what="the queues to drain")
 
     stays(lambda: durable_state(store, run_id) == before, "the run changed after redelivered messages")
     assert d.client.get_workflow_run(run_id) == envelope
@@ -400,25 +407,34 @@ def test_redelivered_branch_and_coordinator_messages_of_a_completed_run_change_n
     assert store.refused_writes(run_id) == 0
 
 
-def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, raw_redis) -> None:
-    d = durable([fence_fan])
-    store = d.engine.store
+def fan_with_leg_2_held(d: Any, raw_redis: redis.Redis) -> tuple[str, str, threading.Event]:
+    """A fence-fan run whose legs 0 and 1 are journaled while leg 2 is held at
+    its gate: its run id, its journal's key, and the event that releases leg 2."""
     run_id = d.client.start_workflow("fence-fan", args={"hold": ["leg-2"]})
     entered, release = gate("leg-2")
     assert entered.wait(TIMEOUT)
-    journal_key = store.run_keys(run_id).journal
+    journal_key = d.engine.store.run_keys(run_id).journal
     poll(
         lambda: raw_redis.hexists(journal_key, "v:leg-1") and raw_redis.hexists(journal_key, "v:leg-0"),
-        "legs 0 and 1 to be journaled",
+        within=RUN_BOUND,
+        what="legs 0 and 1 to be journaled",
     )
+    return run_id, journal_key, release
+
+
+@pytest.mark.topologies("redis", "cluster")
+def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, raw_redis) -> None:
+    d = durable([fence_fan])
+    store = d.engine.store
+    run_id, journal_key, release = fan_with_leg_2_held(d, raw_redis)
     call = fanout_call(store, run_id)
-    poll(lambda: raw_redis.hget(journal_key, f"c:{call}") == "1", "one branch outstanding")
+    poll(lambda: raw_redis.hget(journal_key, f"c:{call}") == "1", within=RUN_BOUND, what="one branch outstanding")
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS)
 
     with finished_tasks() as done:
         d.engine.send_branches(run_id, 1, "fence-fan", call, [0])
         d.engine.send_branches(run_id, 1, "fence-fan", call, [1])
-        poll(lambda: len(done) >= 2, "the redelivered branches to be handled")
+        poll(lambda: len(done) >= 2, within=RUN_BOUND, what="the redelivered branches to be handled")
 
     # Legs 0 and 1 are journal hits: not produced again, not counted twice.
     assert durable_state(store, run_id, ignore=HEARTBEAT_FIELDS) == before
@@ -435,20 +451,12 @@ def test_a_redelivered_branch_while_the_fan_out_waits_changes_nothing(durable, r
 
 def test_a_duplicate_coordinator_message_while_a_branch_runs_does_not_run_it_again(durable, raw_redis) -> None:
     d = durable([fence_fan])
-    store = d.engine.store
-    run_id = d.client.start_workflow("fence-fan", args={"hold": ["leg-2"]})
-    entered, release = gate("leg-2")
-    assert entered.wait(TIMEOUT)
-    journal_key = store.run_keys(run_id).journal
-    poll(
-        lambda: raw_redis.hexists(journal_key, "v:leg-1") and raw_redis.hexists(journal_key, "v:leg-0"),
-        "legs 0 and 1 to be journaled",
-    )
+    run_id, _, release = fan_with_leg_2_held(d, raw_redis)
     with finished_tasks() as done:
         duplicate = d.engine.celery.send_task(
             COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "fence-fan"}
         ).id
-        poll(handled(done, [duplicate]), "the duplicate coordinator message to be handled")
+        poll(handled(done, [duplicate]), within=RUN_BOUND, what="the duplicate coordinator message to be handled")
         try:
             stays(lambda: calls().get("leg-2") == 1, "leg-2 was produced again while its first run was in flight", 1.0)
         finally:
@@ -462,12 +470,11 @@ def test_a_duplicate_coordinator_message_while_a_branch_runs_does_not_run_it_aga
 # -- 3. a message of an older epoch is refused -------------------------------------------------
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) -> None:
     d = durable([fence_fan])
     store = d.engine.store
-    run_id, future = errored_then_resumed_and_held(d)
-    call = fanout_call(store, run_id)
-    _, release = gate("tail")
+    run_id, future, call, release = errored_then_resumed_and_held(d)
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS)
     counted = d.engine.refused_messages
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1, "tail": 2}
@@ -482,7 +489,7 @@ def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) 
                 COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "fence-fan"}
             ).id,
         ]
-        poll(handled(done, stale), "the stale messages to be handled")
+        poll(handled(done, stale), within=RUN_BOUND, what="the stale messages to be handled")
 
     # Nothing ran and nothing was written while attempt 2 is at work.
     assert durable_state(store, run_id, ignore=HEARTBEAT_FIELDS) == before
@@ -493,15 +500,15 @@ def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) 
     envelope = future.result(timeout=TIMEOUT)
     assert (envelope.status, envelope.attempt) == ("completed", 2), envelope.error
     assert envelope.result == {**FAN_RESULT, "attempt": 2}
-    poll(lambda: queues_empty(raw_redis, d.settings), "attempt 2's tasks to end")
+    poll(lambda: queues_empty(raw_redis, d.settings), within=RUN_BOUND, what="attempt 2's tasks to end")
     after = durable_state(store, run_id)
 
     # Once more after completion: still refused, still counted, still nothing.
     with finished_tasks() as done:
         d.engine.send_branches(run_id, 1, "fence-fan", call, [2])
         d.engine.send_coordinator(run_id, 1, "fence-fan")
-        poll(lambda: len(done) >= 2, "the stale messages to be handled")
-        poll(lambda: queues_empty(raw_redis, d.settings), "the queues to drain")
+        poll(lambda: len(done) >= 2, within=RUN_BOUND, what="the stale messages to be handled")
+        poll(lambda: queues_empty(raw_redis, d.settings), within=RUN_BOUND, what="the queues to drain")
     assert durable_state(store, run_id) == after
     assert d.engine.refused_messages == counted + 4
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1, "tail": 2}
@@ -511,12 +518,11 @@ def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) 
 # -- 4. an older attempt cannot cancel or finish the new one -------------------------------------
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one(durable, raw_redis) -> None:
     d = durable([fence_fan])
     store = d.engine.store
-    run_id, future = errored_then_resumed_and_held(d)
-    call = fanout_call(store, run_id)
-    _, release = gate("tail")
+    run_id, future, call, release = errored_then_resumed_and_held(d)
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS | {"refused"})
     refused = store.refused_writes(run_id)
 
@@ -575,7 +581,8 @@ def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_
     journal_key = store.run_keys(run_id).journal
     poll(
         lambda: raw_redis.hexists(journal_key, "v:leg-0") and raw_redis.hexists(journal_key, "v:leg-2"),
-        "legs 0 and 2 to be journaled",
+        within=RUN_BOUND,
+        what="legs 0 and 2 to be journaled",
     )
     call = fanout_call(store, run_id)
     before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS)
@@ -617,13 +624,18 @@ def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_
         sent += [d.engine.celery.send_task(BRANCH_TASK, kwargs={**good, **kwargs}).id for kwargs in bad_branches]
         # Not JSON: the worker accepts JSON only and must not unpickle it.
         d.engine.celery.send_task(COORDINATOR_TASK, kwargs=good, serializer="pickle")
-        poll(handled(done, sent), "every malformed message to be handled")
+        poll(handled(done, sent), within=RUN_BOUND, what="every malformed message to be handled")
         poll(
             lambda: any("untrusted content of type pickle" in r.getMessage() for r in caplog.records),
-            "the pickled message to be refused",
+            within=RUN_BOUND,
+            what="the pickled message to be refused",
         )
         # The held branch's own task is still unacknowledged in the steps queue.
-        poll(lambda: queues_empty(raw_redis, d.settings, steps=False), "the pickled message to be dropped")
+        poll(
+            lambda: queues_empty(raw_redis, d.settings, steps=False),
+            within=RUN_BOUND,
+            what="the pickled message to be dropped",
+        )
 
     # Nothing was executed: the held branch was not dispatched again, no write happened.
     assert durable_state(store, run_id, ignore=HEARTBEAT_FIELDS) == before

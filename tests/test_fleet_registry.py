@@ -7,9 +7,8 @@ leaves one system record saying so."""
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -17,23 +16,14 @@ from starlette.testclient import TestClient
 from celery_durable import Engine, Settings, WorkerInfo, define_workflow
 from celery_durable.client.fleet_registry import mixed_deploys
 from celery_durable.web import create_app
-from tests.apps.phased import phased
-from tests.apps.versioned import ORDER, order_v1
-from tests.fleet import ROOT, Fleet, settings_env
-from tests.web.support import wait_until
+from tests.support.apps.phased import phased
+from tests.support.apps.versioned import ORDER, order_v1
+from tests.support.cli import cli_process
+from tests.support.fleet import Fleet
+from tests.support.poll import RUN_BOUND, poll
 
-APP = "tests.apps.versioned"
-
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery_durable", *args],
-        env={**settings_env(settings), "COLUMNS": "200"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+APP = "tests.support.apps.versioned"
+cli = functools.partial(cli_process, columns=200)
 
 
 def reported(engine: Engine, *prefixes: str) -> list[WorkerInfo]:
@@ -46,7 +36,11 @@ def test_workers_report_what_they_serve_and_a_mixed_deploy_is_named(settings: Se
     fleet.start(f"{APP}:v1", name="regv1")
     fleet.start(f"{APP}:v2", name="regv2")
     client_engine = Engine([ORDER["v2"]], settings)
-    workers = wait_until(lambda: reported(client_engine, "regv1", "regv2"), "both workers' reports", 30)
+    workers = poll(
+        lambda: reported(client_engine, "regv1", "regv2"),
+        within=RUN_BOUND,
+        what="both workers' reports",
+    )
     by_name = {worker.name.partition("-")[0]: worker for worker in workers}
     assert by_name["regv1"].workflows == {"order": ORDER["v1"].code_hash}
     assert by_name["regv2"].workflows == {"order": ORDER["v2"].code_hash}
@@ -79,10 +73,10 @@ def test_workers_report_what_they_serve_and_a_mixed_deploy_is_named(settings: Se
 def test_a_start_no_live_worker_serves_says_so_once_and_meta_comes_from_the_workers(
     settings: Settings, fleet: Fleet
 ) -> None:
-    fleet.start("tests.apps.phased:engine", name="regphased")
+    fleet.start("tests.support.apps.phased:engine", name="regphased")
     invoice = define_workflow({"name": "invoice", "description": "no worker has it", "phases": []}, order_v1)
     client = Engine([invoice, phased], settings).client()
-    wait_until(lambda: reported(client.engine, "regphased"), "the worker's report", 30)
+    poll(lambda: reported(client.engine, "regphased"), within=RUN_BOUND, what="the worker's report")
 
     unserved = client.start_workflow("invoice")
     served = client.start_workflow("phased", args={"pause": 0})

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,8 +21,9 @@ from typing import Any
 import pytest
 
 from celery_durable import Engine, Settings
-from tests.apps.phased import phased
-from tests.fleet import ROOT, Fleet, settings_env
+from tests.support.apps.phased import phased
+from tests.support.fleet import ROOT, Fleet, settings_env
+from tests.support.poll import RUN_BOUND, START_BOUND, poll
 
 AUTH = ("watcher", "s3cret")
 
@@ -60,7 +60,10 @@ def flower(settings: Settings, tmp_path: Path) -> Iterator[Flower]:
     env = {**settings_env(settings), "FLOWER_BASIC_AUTH": ":".join(AUTH)}
     with open(tmp_path / "flower.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.apps.phased:engine", f"--port={port}"],
+            [
+                sys.executable, "-m", "celery_durable", "flower",
+                "--app", "tests.support.apps.phased:engine", f"--port={port}",
+            ],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -79,28 +82,14 @@ def flower(settings: Settings, tmp_path: Path) -> Iterator[Flower]:
             process.wait()
 
 
-def poll(what: str, probe: Any, timeout: float = 30) -> Any:
-    """``probe()`` until it returns something truthy; Flower being up is part of the wait."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last answer: {last!r:.500}")
-
-
 @pytest.mark.slow  # two processes to start: 7 s alone, past 10 s on a loaded machine
 def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flower: Flower) -> None:
-    worker = fleet.start("tests.apps.phased:engine", name="flowerw")
+    worker = fleet.start("tests.support.apps.phased:engine", name="flowerw")
     hostname = poll(
-        "the worker in /api/workers",
         lambda: [name for name in flower.get("/api/workers?refresh=1") if name.startswith("flowerw-")],
+        within=START_BOUND,
+        what="the worker in /api/workers",
+        ignoring=(urllib.error.URLError, ConnectionError, TimeoutError),
     )[0]
     assert worker.alive()
     assert flower.status("/api/tasks") == 401, "the API is behind basic auth"
@@ -125,7 +114,12 @@ def test_a_run_can_be_followed_in_flower(settings: Settings, fleet: Fleet, flowe
         whole = len(steps) == 2 and len(coordinators) in (1, 2) and len(names) == len(steps) + len(coordinators)
         return done if whole and len(set(ran)) == 2 and set(ran) < {"square-1", "square-2", "square-3"} else []
 
-    tasks = poll("the run's tasks in /api/tasks", run_tasks)
+    tasks = poll(
+        run_tasks,
+        within=RUN_BOUND,
+        what="the run's tasks in /api/tasks",
+        ignoring=(urllib.error.URLError, ConnectionError, TimeoutError),
+    )
     for task in tasks:
         assert task["worker"] == hostname
         assert f"'run_id': '{run_id}'" in task["kwargs"]
@@ -149,7 +143,7 @@ def test_an_exposed_flower_without_basic_auth_refuses_to_start(settings: Setting
     env = {name: value for name, value in settings_env(settings).items() if name != "FLOWER_BASIC_AUTH"}
     port = free_port()
     done = subprocess.run(
-        [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.apps.phased:engine",
+        [sys.executable, "-m", "celery_durable", "flower", "--app", "tests.support.apps.phased:engine",
          f"--address={address}", f"--port={port}"],
         cwd=ROOT, env=env, capture_output=True, text=True,
         # A Flower that did start would serve until killed: it is killed after this long, and the test fails.

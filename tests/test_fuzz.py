@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from celery_durable import RunEnvelope, Workflow, WorkflowContext, define_workflow, workflow
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
 from celery_durable.workflows.definition import META_KEYS, NAME_PATTERN
-from tests.hostile import (
+from tests.support.hostile import (
     PAYLOAD_BYTES,
     bad_numbers,
     json_values,
@@ -41,7 +41,7 @@ from tests.hostile import (
     snapshot,
     text,
 )
-from tests.test_fencing import poll
+from tests.support.poll import RUN_BOUND, poll
 
 TIMEOUT = 30
 FUZZ = settings(
@@ -136,7 +136,11 @@ def held_canary(d: Any, gate: Gate) -> str:
 def quiet(d: Any, raw: Any, *keep: str) -> None:
     """Wait until the recovery schedule holds only ``keep``: settled runs have left it."""
     due = d.engine.store.keys.sweep_due
-    poll(lambda: set(raw.zrange(due, 0, -1)) <= set(keep), "settled runs to leave the sweep's schedule")
+    poll(
+        lambda: set(raw.zrange(due, 0, -1)) <= set(keep),
+        within=RUN_BOUND,
+        what="settled runs to leave the sweep's schedule",
+    )
 
 
 def canary_completes(d: Any, gate: Gate, run_id: str) -> None:
@@ -497,7 +501,7 @@ def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
         if task == COORDINATOR_TASK and would_run(canary_id, args, kwargs):
             return
         sent = str(app.send_task(task, args=args, kwargs=kwargs, queue=queue).id)
-        poll(lambda: sent in finished, "the message to be handled")
+        poll(lambda: sent in finished, within=RUN_BOUND, what="the message to be handled")
         assert snapshot(raw_redis, prefix) == before, f"a fuzzed message wrote: {task} {args!r:.200} {kwargs!r:.200}"
 
     messages()
@@ -523,7 +527,7 @@ def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
     def frames(queue: str, frame: Callable[[str], str]) -> None:
         raw_redis.lpush(queue, frame(queue))
         mark = sentinel(queue)
-        poll(lambda: mark in finished, "the frame to be consumed")
+        poll(lambda: mark in finished, within=RUN_BOUND, what="the frame to be consumed")
         assert snapshot(raw_redis, prefix) == before, f"a fuzzed frame wrote: {frame(queue)!r:.200}"
 
     frames()
@@ -559,7 +563,11 @@ def test_a_branch_message_copied_from_flower_with_other_branches_is_refused_and_
     running = next(task for task, value in live.items() if value.startswith("x|") and task != "")
     refused = d.engine.refused_messages
     d.engine.send_branches(run_id, 1, "held-fan", "m:0", [0, 2], task_ids=[running])
-    poll(lambda: d.engine.refused_messages > refused, what="the forged branch message to be refused")
+    poll(
+        lambda: d.engine.refused_messages > refused,
+        within=RUN_BOUND,
+        what="the forged branch message to be refused",
+    )
     gate.release.set()
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert (envelope.status, envelope.result) == ("completed", ["released", "quick"])

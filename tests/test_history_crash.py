@@ -3,7 +3,7 @@ and its cause, as the sweep found it, on real worker processes."""
 
 from __future__ import annotations
 
-from tests.test_recovery import TRIP, client_for, hold_car_and_kill_everything
+from tests.support.trip_crash import TRIP, client_for, hold_car_and_kill_everything
 
 
 def test_a_take_over_after_sigkill_is_in_the_history_with_its_cause(settings, fleet, raw_redis) -> None:

@@ -26,12 +26,14 @@ from celery_durable import Engine, Settings, WorkflowContext
 from celery_durable.broker.keys import KeySpace
 from celery_durable.tasks.app import CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
-from tests.apps import kept_home
-from tests.apps.gpu import make_app
-from tests.apps.kept_home import CALLS, adds, hold, render_one, starts_key
 from tests.conftest import worker_thread
-from tests.fleet import Fleet, WorkerProcess, fleet  # noqa: F401  (the fixture)
-from tests.test_calls import TIMEOUT, Gpu, poll, wf
+from tests.support.apps import kept_home
+from tests.support.apps.gpu import make_app
+from tests.support.apps.kept_home import CALLS, adds, hold, render_one, starts_key
+from tests.support.fleet import Fleet, WorkerProcess, fleet  # noqa: F401  (the fixture)
+from tests.support.gpu_workers import Gpu
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import wf
 
 
 class HomeWakes:
@@ -56,6 +58,7 @@ def home_wakes(settings: Settings) -> Iterator[HomeWakes]:
     before_task_publish.disconnect(seen.on_publish)
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home(
     settings: Settings,
     fleet: Fleet,  # noqa: F811
@@ -75,9 +78,9 @@ def test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home(
     client = engine.client()
     run_id = client.start_workflow("adds")
     running = KeySpace(settings.key_prefix).run(run_id).running
-    poll(lambda: raw_redis.hlen(running), what="the first call sent")
+    poll(lambda: raw_redis.hlen(running), within=RUN_BOUND, what="the first call sent")
     with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue, gpu_queue]):
-        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+        envelope = client.wait_for_workflow_run(run_id, timeout=RUN_BOUND)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == sum(range(CALLS))
     assert raw_redis.get(starts_key(settings.key_prefix, run_id)) == "1", "no answer replayed the run"
@@ -110,10 +113,10 @@ def test_a_wake_sent_home_to_a_dead_worker_goes_to_the_coordinator_queue_in_the_
         run by itself)."""
         return _queued(raw_redis, gpu_queue, task_id) and not raw_redis.hlen(live) and not raw_redis.hlen("unacked")
 
-    poll(kept, what="the body kept at the call")
+    poll(kept, within=RUN_BOUND, what="the body kept at the call")
     keeper.kill()
     with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue, gpu_queue]):
-        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+        envelope = client.wait_for_workflow_run(run_id, timeout=RUN_BOUND)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == {"item": "x", "rendered": "x.png", "runs": 1}
     assert Gpu(settings, gpu_queue, tmp_path).runs(task_id) == 1, "the task ran once"
@@ -140,12 +143,16 @@ def test_a_wake_sent_home_to_a_busy_worker_goes_on_elsewhere_in_the_same_attempt
     client = engine.client()
     calls = client.start_workflow("adds")
     running = KeySpace(settings.key_prefix).run(calls).running
-    poll(lambda: raw_redis.hlen(running), what="the first call sent")
+    poll(lambda: raw_redis.hlen(running), within=RUN_BOUND, what="the first call sent")
     held = client.start_workflow("hold", args={"seconds": 15})
-    poll(lambda: client.get_workflow_run(held).status == "running", what="the keeper's one thread held")
+    poll(
+        lambda: client.get_workflow_run(held).status == "running",
+        within=RUN_BOUND,
+        what="the keeper's one thread held",
+    )
     started = time.monotonic()
     with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue, gpu_queue]):
-        envelope = client.wait_for_workflow_run(calls, timeout=TIMEOUT)
+        envelope = client.wait_for_workflow_run(calls, timeout=RUN_BOUND)
         took = time.monotonic() - started
     assert envelope.status == "completed", envelope.error
     assert envelope.result == sum(range(CALLS))
@@ -159,7 +166,7 @@ def _keeper(settings: Settings, fleet: Fleet, gpu_queue: str, concurrency: int =
     queues = [settings.coordinator_queue, settings.steps_queue]
     env = {"GPU_QUEUE": gpu_queue, "CELERY_DURABLE_HOME_QUEUES": "true"}
     return fleet.start(
-        "tests.apps.kept_home:engine", name="keeper", queues=queues, env=env, concurrency=concurrency
+        "tests.support.apps.kept_home:engine", name="keeper", queues=queues, env=env, concurrency=concurrency
     )
 
 
@@ -203,7 +210,7 @@ def test_an_answer_naming_a_home_that_is_not_this_engines_is_rejected_and_sends_
         def rejected() -> list[str]:
             return [r.getMessage() for r in caplog.records if "home is not a home queue" in r.getMessage()]
 
-        poll(lambda: len(rejected()) == len(homes), what="every answer to be rejected")
+        poll(lambda: len(rejected()) == len(homes), within=RUN_BOUND, what="every answer to be rejected")
     assert all(message.startswith("rejected call result message") for message in rejected())
     assert home_wakes.count == 0
     assert engine.store.load_run("0" * 32) is None
@@ -244,7 +251,7 @@ def test_a_wake_that_cannot_run_where_the_body_is_kept_goes_to_its_own_home(
     engine = Engine([wf("own-home", run)], _homed(settings), celery_app=_gpu_app(settings, gpu_queue))
     queues = [settings.coordinator_queue, settings.steps_queue, gpu_queue]
     with worker_thread(engine, concurrency=4, queues=queues, hostname="own@test"):
-        envelope = engine.client().run_workflow("own-home", timeout=TIMEOUT)
+        envelope = engine.client().run_workflow("own-home", timeout=RUN_BOUND)
         resumed = engine.parked.resumed
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [1, 1, 1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from celery_durable import (
     WorkflowWaitCancelled,
     define_workflow,
 )
+from tests.support.poll import RUN_BOUND, poll
 
 GATE_SECONDS = 20
 """How long a gated step waits for the test before it gives up (a safety net, not a pause)."""
@@ -58,18 +58,6 @@ def gate(entered: threading.Event, release: threading.Event, value: Any) -> Any:
     if not release.wait(GATE_SECONDS):
         raise RuntimeError("the test never released this step")
     return value
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10) -> Any:
-    """Poll ``predicate`` until it is truthy, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def assert_utc(value: datetime | None) -> None:
@@ -107,6 +95,7 @@ def resume_error(call: Callable[[], Any]) -> WorkflowResumeError:
 # -- start, get, wait, the envelope ------------------------------------------
 
 
+@pytest.mark.topologies("redis", "cluster", "rabbitmq")
 def test_start_returns_at_once_and_wait_returns_the_terminal_envelope(durable) -> None:
     entered, release = threading.Event(), threading.Event()
 
@@ -192,6 +181,7 @@ def test_start_returns_at_once_and_wait_returns_the_terminal_envelope(durable) -
 # -- idempotency, listing, namespaces (no worker needed) ---------------------
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_idempotency_key_is_scoped_to_the_namespace(durable, raw_redis) -> None:
     wf = make_workflow("idem", lambda ctx: None)
     d = durable([wf], worker=False)
@@ -300,6 +290,7 @@ def test_refused_calls_write_nothing(durable, raw_redis) -> None:
     assert len(d.client.list_workflow_runs().runs) == 1
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_list_workflow_runs_newest_first_with_filters_and_paging(durable) -> None:
     def boom(ctx):
         ctx.step("explode", lambda: 1 / 0)
@@ -394,7 +385,7 @@ def test_cancel_while_a_step_is_blocked_ends_the_run_cancelled(durable) -> None:
     canceller = threading.Thread(target=cancel)
     canceller.start()
     try:
-        wait_until(lambda: d.engine.store.load_run(run_id).cancel_requested, "the cancel request")
+        poll(lambda: d.engine.store.load_run(run_id).cancel_requested, within=RUN_BOUND, what="the cancel request")
     finally:
         release.set()
     canceller.join(30)
@@ -438,6 +429,7 @@ def test_cancel_stops_code_that_checks_ctx_cancelled(durable) -> None:
 
 
 @pytest.mark.parametrize("in_pass", [False, True], ids=["branch-tasks", "in-the-pass"])
+@pytest.mark.topologies("redis", "cluster", "rabbitmq")
 def test_cancel_a_run_waiting_on_a_parallel_fan_out(durable, in_pass) -> None:
     """Each branch blocks until its attempt learns of the cancel. As tasks
     (branch_batch_ms 0) all three are abandoned. Run by the coordinator's
@@ -484,11 +476,8 @@ def test_cancel_a_run_waiting_on_a_parallel_fan_out(durable, in_pass) -> None:
         # and its late result changes nothing.
         for event in noticed:
             assert event.wait(10)
-        wait_until(
-            lambda: sum(1 for name, rid, _ in done if name == "celery_durable.branch" and rid == run_id)
-            == len(abandoned),
-            "the branch tasks to end",
-        )
+        poll(lambda: sum(1 for name, rid, _ in done if name == "celery_durable.branch" and rid == run_id)
+            == len(abandoned), within=RUN_BOUND, what="the branch tasks to end")
     after = d.client.get_workflow_run(run_id)
     assert after == envelope
     assert branch_rows() == rows
@@ -554,6 +543,7 @@ def test_nondeterminism_stops_the_run_and_only_a_code_change_resumes_it(durable)
 # -- resume ------------------------------------------------------------------------
 
 
+@pytest.mark.topologies("redis", "cluster", "rabbitmq")
 def test_resume_after_a_failed_step_reruns_only_that_step(durable) -> None:
     calls: Counter[str] = Counter()
 
@@ -617,6 +607,7 @@ def test_resume_refusals_on_a_completed_run(durable) -> None:
     assert d.client.get_workflow_run(completed.run_id) == completed
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_force_resume_takes_over_and_fences_out_the_old_attempt(durable, raw_redis) -> None:
     entered, release = threading.Event(), threading.Event()
     seen: dict[int, str] = {}
@@ -656,7 +647,11 @@ def test_force_resume_takes_over_and_fences_out_the_old_attempt(durable, raw_red
         assert resumed.result == "from-attempt-2"
 
         # Attempt 1 wakes up: its step result, and its attempt to finish, are refused.
-        wait_until(lambda: ("celery_durable.coordinator", run_id, 1) in done, "attempt 1's coordinator task to end")
+        poll(
+            lambda: ("celery_durable.coordinator", run_id, 1) in done,
+            within=RUN_BOUND,
+            what="attempt 1's coordinator task to end",
+        )
 
     assert seen == {1: "StaleAttemptError"}
     assert after == [2], "the old attempt ran no work past its refused write"
@@ -670,6 +665,7 @@ def test_force_resume_takes_over_and_fences_out_the_old_attempt(durable, raw_red
 # -- progress paging ---------------------------------------------------------------
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_progress_paging(durable) -> None:
     entered, release = threading.Event(), threading.Event()
 

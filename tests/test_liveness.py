@@ -14,7 +14,6 @@ import base64
 import json
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,20 +21,11 @@ import redis
 
 from celery_durable import Engine, Settings, WorkflowContext, define_workflow
 from celery_durable.errors import StorageUnavailableError
-from tests.apps.load import inflight_key, load, ready_key, received_key
-from tests.fleet import Fleet
+from tests.support.apps.load import inflight_key, load, ready_key, received_key
+from tests.support.fleet import Fleet
+from tests.support.poll import RUN_BOUND, START_BOUND, poll
 
-LOAD = "tests.apps.load:engine"
-
-
-def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+LOAD = "tests.support.apps.load:engine"
 
 
 def recovered_at(client: Any, run_id: str) -> list[float]:
@@ -77,7 +67,7 @@ def dead_tasks(fleet: Fleet, run_ids: set[str]) -> dict[str, set[str]]:
 
 def start_load(settings: Settings, fleet: Fleet, raw: redis.Redis, runs: int, pause: float) -> tuple[Any, list[str]]:
     workers = [fleet.start(LOAD, concurrency=8, name=f"w{i}") for i in range(2)]
-    poll(lambda: raw.scard(ready_key(settings.key_prefix)) >= 2, 60, "both workers ready")
+    poll(lambda: raw.scard(ready_key(settings.key_prefix)) >= 2, within=START_BOUND, what="both workers ready")
     client = Engine([load], settings).client()
     run_ids = [client.start_workflow("load", args={"pause": pause}) for _ in range(runs)]
     return (client, workers), run_ids
@@ -101,7 +91,7 @@ def test_a_worker_tells_the_fleet_which_runs_messages_it_holds(settings: Setting
     (Flower's shadow, which says the workflow) the message is shown under."""
     fleet.settings = settings
     worker = fleet.start(LOAD, concurrency=2, name="w0")
-    poll(lambda: raw_redis.scard(ready_key(settings.key_prefix)) >= 1, 60, "the worker ready")
+    poll(lambda: raw_redis.scard(ready_key(settings.key_prefix)) >= 1, within=START_BOUND, what="the worker ready")
     client = Engine([load], settings).client()
     run_id = client.start_workflow("load", args={"pause": 0.3})
 
@@ -109,9 +99,13 @@ def test_a_worker_tells_the_fleet_which_runs_messages_it_holds(settings: Setting
         keys = raw_redis.keys(f"{settings.key_prefix}:{{fleet}}:held:*/{worker.pid}")
         return {run for key in keys for run in raw_redis.hvals(key)}
 
-    poll(lambda: run_id in reported(), 20, "the worker to report the run's message as held")
+    poll(lambda: run_id in reported(), within=RUN_BOUND, what="the worker to report the run's message as held")
     assert client.wait_for_workflow_run(run_id, timeout=60).status == "completed"
-    poll(lambda: run_id not in reported(), 20, "the worker to report the message gone once it ended")
+    poll(
+        lambda: run_id not in reported(),
+        within=RUN_BOUND,
+        what="the worker to report the message gone once it ended",
+    )
 
 
 def test_a_received_message_is_judged_by_its_workers_beats_not_by_its_queue(durable) -> None:
@@ -152,7 +146,11 @@ def test_a_killed_worker_loses_exactly_its_runs_and_they_are_taken_over_promptly
     (client, workers), run_ids = start_load(settings, fleet, raw_redis, runs=150, pause=0.01)
     victim = workers[0]
     held_key = inflight_key(settings.key_prefix, victim.pid)
-    poll(lambda: sum(int(v) > 0 for v in raw_redis.hvals(held_key)) >= 4, 60, "the victim to hold work")
+    poll(
+        lambda: sum(int(v) > 0 for v in raw_redis.hvals(held_key)) >= 4,
+        within=START_BOUND,
+        what="the victim to hold work",
+    )
     victim.kill()
     killed_at = time.time()
     held = {run_id for run_id, count in raw_redis.hgetall(held_key).items() if int(count) > 0}
@@ -219,7 +217,7 @@ def test_cancel_settles_a_spinning_body(durable) -> None:
     d = durable([spinner], lease_seconds=2)
     try:
         run_id = d.client.start_workflow("spinner")
-        poll(lambda: SPIN["spinning"], 20, "the loop to start")
+        poll(lambda: SPIN["spinning"], within=RUN_BOUND, what="the loop to start")
         envelope = d.client.cancel_workflow_run(run_id, timeout=10)
     finally:
         SPIN["stop"] = True
@@ -233,13 +231,21 @@ def test_a_non_utf8_journal_entry_stops_the_run_as_corrupt_on_the_first_try(dura
         ctx.step("a", lambda: 1)
         # The branch holds the run until the journal is damaged; then the
         # coordinator's next pass replays step a from it.
-        ctx.parallel([lambda: ctx.step("wait", lambda: poll(lambda: gate["open"], 20, "the damage"))])
+        ctx.parallel([lambda: ctx.step("wait", lambda: poll(
+            lambda: gate["open"],
+            within=RUN_BOUND,
+            what="the damage",
+        ))])
         return ctx.step("b", lambda: 2)
 
     wf = define_workflow({"name": "bytes", "description": "d", "phases": []}, run)
     d = durable([wf], lease_seconds=2, branch_batch_ms=0)  # the branch a task, so the next pass replays
     run_id = d.client.start_workflow("bytes")
-    poll(lambda: d.client.get_workflow_run(run_id).snapshot["steps_done"] == 1, 20, "step a journaled")
+    poll(
+        lambda: d.client.get_workflow_run(run_id).snapshot["steps_done"] == 1,
+        within=RUN_BOUND,
+        what="step a journaled",
+    )
     journal = d.engine.store.run_keys(run_id).journal
     raw = redis.Redis.from_url(d.settings.redis_url)  # bytes in, bytes out
     raw.hset(journal, "v:a", b"o\xff\xfe not utf-8")
@@ -267,7 +273,7 @@ def test_a_stalled_redis_fails_callers_promptly(durable, raw_redis) -> None:
         except StorageUnavailableError:
             return False
 
-    poll(answers, 10, "Redis to answer again")
+    poll(answers, within=RUN_BOUND, what="Redis to answer again")
 
 
 @pytest.mark.slow
@@ -277,7 +283,11 @@ def test_a_redis_stall_longer_than_the_lease_takes_nothing_over(settings: Settin
     settings = settings.model_copy(update={"lease_seconds": 3, "redis_timeout_seconds": 1})
     fleet.settings = settings
     (client, _), run_ids = start_load(settings, fleet, raw_redis, runs=60, pause=0.05)
-    poll(lambda: sum(client.get_workflow_run(r).status == "running" for r in run_ids) >= 4, 30, "runs in flight")
+    poll(
+        lambda: sum(client.get_workflow_run(r).status == "running" for r in run_ids) >= 4,
+        within=RUN_BOUND,
+        what="runs in flight",
+    )
     redis.Redis.from_url(settings.redis_url).execute_command("CLIENT", "PAUSE", 10_000, "ALL")
     paused_at = time.monotonic()
     with pytest.raises(StorageUnavailableError):

@@ -40,9 +40,10 @@ from celery_durable.tasks.app import COORDINATOR_TASK
 from celery_durable.tasks.calls import publish_call
 from celery_durable.tasks.home import home_queue
 from celery_durable.workflows.calls import CallRequest, call_task_id
-from tests.apps.gpu import make_app
 from tests.conftest import worker_thread
-from tests.test_calls import TIMEOUT, poll, wf
+from tests.support.apps.gpu import make_app
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import wf
 
 RECORDED = Path(__file__).parent / "messages" / "697bc7b.json"
 LATER_FIELD = {"added_by_a_later_version": {"any": ["json", 1]}}
@@ -132,7 +133,7 @@ def test_the_previous_versions_pass_branch_and_agent_messages_are_checked_agains
         def handled() -> bool:
             return all(_messages(logged, kind, "message") for kind in queues)
 
-        poll(handled, what="each message to be handled")
+        poll(handled, within=RUN_BOUND, what="each message to be handled")
     for kind in queues:
         assert not _messages(logged, "rejected", kind), _messages(logged, "rejected")
         assert _messages(logged, f"refused stale or forged {kind} message for run {values['run_id']}")
@@ -174,7 +175,11 @@ def test_the_previous_versions_answer_of_a_call_is_journaled_and_the_run_goes_on
         client = engine.client()
         run_id = client.start_workflow("upgrade-flow")
         task_id = call_task_id(run_id, "render-1")
-        poll(lambda: raw_redis.llen(gpu_queue) == 1 and len(engine.parked) == 1, what="the call sent, the body kept")
+        poll(
+            lambda: raw_redis.llen(gpu_queue) == 1 and len(engine.parked) == 1,
+            within=RUN_BOUND,
+            what="the call sent, the body kept",
+        )
         assert engine.home is not None
         values = {
             "run_id": run_id,
@@ -187,10 +192,11 @@ def test_the_previous_versions_answer_of_a_call_is_journaled_and_the_run_goes_on
         raw_redis.lpush(settings.coordinator_queue, frame(entry, values, settings.coordinator_queue, later))
         poll(
             lambda: _messages(logged, "rejected") or client.get_workflow_run(run_id).status != "running",
+            within=RUN_BOUND,
             what="the answer to be taken or refused",
         )
         assert not _messages(logged, "rejected"), _messages(logged, "rejected")
-        envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+        envelope = client.wait_for_workflow_run(run_id, timeout=RUN_BOUND)
         resumed = engine.parked.resumed
     assert envelope.status == "completed", envelope.error
     assert envelope.result == result
@@ -275,7 +281,11 @@ def test_the_home_header_is_read_on_every_path_of_an_answer(
         with worker_thread(engine, concurrency=4, queues=queues, hostname="here@test"):
             client = engine.client()
             run_id = client.start_workflow("homed")
-            poll(lambda: raw_redis.llen(parked_queue) == 1 and len(engine.parked) == 1, what="the body kept")
+            poll(
+                lambda: raw_redis.llen(parked_queue) == 1 and len(engine.parked) == 1,
+                within=RUN_BOUND,
+                what="the body kept",
+            )
             raw_redis.delete(parked_queue)
             other = Engine([], homed, celery_app=make_app(settings.redis_url, gpu_queue))
             other.home = home_queue(other.celery, homed, elsewhere)
@@ -300,7 +310,7 @@ def test_the_home_header_is_read_on_every_path_of_an_answer(
                     group([signature(embed["errbacks"][0], app=plain)], app=plain).apply_async(
                         (request.task_id,), parent_id=request.task_id
                     )
-            envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+            envelope = client.wait_for_workflow_run(run_id, timeout=RUN_BOUND)
     finally:
         before_task_publish.disconnect(on_publish)
     assert envelope.status == "completed", envelope.error

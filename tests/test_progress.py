@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from celery_durable import (
 )
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import kill_attempt
+from tests.support.poll import RUN_BOUND, poll
 
 GATE_SECONDS = 20
 
@@ -38,17 +38,6 @@ def gate(entered: threading.Event, release: threading.Event, value: Any) -> Any:
     if not release.wait(GATE_SECONDS):
         raise RuntimeError("the test never released this step")
     return value
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def story(ctx: Any) -> Any:
@@ -367,7 +356,7 @@ def test_system_records_tell_a_recovery_and_a_cancellation(durable, raw_redis) -
     canceller = threading.Thread(target=lambda: result.update(envelope=d.client.cancel_workflow_run(run_id, 20)))
     canceller.start()
     try:
-        wait_until(lambda: d.engine.store.load_run(run_id).cancel_requested, "the cancel request")
+        poll(lambda: d.engine.store.load_run(run_id).cancel_requested, within=RUN_BOUND, what="the cancel request")
     finally:
         release.set()  # the held step finishes; the run stops at its next call
     canceller.join(30)

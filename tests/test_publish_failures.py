@@ -20,7 +20,7 @@ from celery_durable.broker import RunRecord
 from celery_durable.tasks.sending import Outgoing, Sender
 from celery_durable.workflows.calls import CallRequest
 from tests.conftest import DurableFactory
-from tests.test_fencing import poll
+from tests.support.waits import waiting_for_the_signal
 
 TIMEOUT = 30
 
@@ -45,15 +45,6 @@ class RefusingSender:
 @workflow(name="approval", description="Waits for a signal, no timeout", phases=[])
 def approval(ctx: WorkflowContext) -> Any:
     return ctx.wait_for_signal("approve").payload
-
-
-def waiting_for_the_signal(d: Any, run_id: str, name: str = "approve") -> None:
-    """Until the run waits for its signal and the sweep, having looked, no
-    longer watches it: only a signal brings it back now."""
-    store = d.engine.store
-    poll(lambda: (d.client.get_workflow_run(run_id).snapshot.get("waiting_for") or {}).get("name") == name,
-         "the run to wait for its signal")  # fmt: skip
-    poll(lambda: store.client.zscore(store.keys.sweep_due, run_id) is None, "the sweep to stop watching the run")
 
 
 def test_a_signal_whose_wake_the_broker_refuses_is_kept_and_the_run_goes_on(durable: DurableFactory) -> None:
@@ -91,6 +82,7 @@ def pair_then_wait(ctx: WorkflowContext) -> Any:
     return [pair, ctx.wait_for_signal("approve").payload]
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_branch_tasks_the_broker_refused_are_not_left_in_flight_to_count_a_wait_as_work(
     durable: DurableFactory,
 ) -> None:

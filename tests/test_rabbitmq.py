@@ -2,7 +2,7 @@
 
 The representative tests of the lifecycle, fan-out, agent and crash modules
 run here again, imported, with one difference: ``settings`` names a RabbitMQ
-(``rabbitmq_url``, tests/topologies.py) as the broker. Each test keeps its own
+(``rabbitmq_url``, tests/support/topologies.py) as the broker. Each test keeps its own
 queue names and deletes its queues when it ends, since durable queues outlive
 their consumers.
 
@@ -16,49 +16,16 @@ answers a 404 by closing the channel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_durable import Settings, WorkflowContext, workflow
+from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import schema
 from celery_durable.tasks.queue_depths import BrokerQueues
 from tests.conftest import DurableFactory, put_in_steps_queue
-from tests.test_agents import (  # noqa: F401
-    test_an_agent_in_flight_when_its_worker_is_killed_is_interrupted_and_the_run_recovers,
-    test_pause_lets_work_in_flight_finish_and_resume_continues,
-    test_sixty_four_agents_never_exceed_a_ceiling_of_four,
-)
-from tests.test_home_queue import (  # noqa: F401
-    home_wakes,
-    test_an_answer_journaled_by_another_worker_wakes_the_kept_body_at_home,
-)
-from tests.test_lifecycle import (  # noqa: F401
-    test_cancel_a_run_waiting_on_a_parallel_fan_out,
-    test_force_resume_takes_over_and_fences_out_the_old_attempt,
-    test_resume_after_a_failed_step_reruns_only_that_step,
-    test_start_returns_at_once_and_wait_returns_the_terminal_envelope,
-)
-from tests.test_recovery import (  # noqa: F401
-    test_the_seed_crash_finishes_by_itself_once_a_worker_is_back,
-    test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand,
-)
-from tests.test_steps_and_fanout import (  # noqa: F401
-    _reset_shared_state,
-    test_a_parallel_thunk_can_fan_out_again,
-    test_parallel_branches_really_run_concurrently,
-    test_pipeline_chains_stages_and_a_failing_stage_skips_only_that_item,
-)
-from tests.topologies import delete_queues
 
-
-@pytest.fixture
-def settings(settings: Settings, rabbitmq_url: str) -> Iterator[Settings]:
-    """conftest's settings (this test's key prefix and queue names), with RabbitMQ as the broker."""
-    yield settings.model_copy(update={"broker_url": rabbitmq_url})
-    queues = [settings.coordinator_queue, settings.steps_queue, settings.agents_queue, f"{settings.key_prefix}.gpu"]
-    delete_queues(rabbitmq_url, queues)
+pytestmark = pytest.mark.topologies("rabbitmq")
 
 
 # -- the broker's queue counts ----------------------------------------------------------

@@ -32,7 +32,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -47,8 +46,9 @@ from celery_durable import Engine, Settings
 from celery_durable.cli import app
 from celery_durable.local.redis_server import free_port
 from tests.conftest import worker_thread
-from tests.fleet import ROOT, settings_env
-from tests.readme import README, Block, blocks, in_section
+from tests.support.fleet import ROOT, settings_env
+from tests.support.poll import START_BOUND, poll
+from tests.support.readme import DEMO, README, Block, blocks, in_section, readme_example_lines
 
 QUICKSTART = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
@@ -142,20 +142,17 @@ def background() -> Iterator[Background]:
 
 
 def wait_for_flower(port: int, auth: str) -> None:
-    deadline = time.monotonic() + 60
     token = base64.b64encode(auth.encode()).decode()
-    while True:
+
+    def asks_for_the_password() -> bool:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/workers", timeout=2)
         except urllib.error.HTTPError as exc:
             assert exc.code == 401, exc.code  # up, and asking for the password
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-            continue
+            return True
         raise AssertionError("Flower answered without basic auth")
+
+    poll(asks_for_the_password, within=START_BOUND, what="Flower to answer", every=0.2, ignoring=(OSError,))
     request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers")
     request.add_header("Authorization", f"Basic {token}")
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -221,14 +218,10 @@ def test_the_quickstart_installs_as_ci_does_and_runs_what_the_tests_run() -> Non
     assert "python3 -m venv .venv" in ci
     assert re.search(r"\.venv/bin/pip install .*-e '\.\[dev\]'", ci)
     assert re.search(r"^\.venv/bin/pytest -q$", ci, re.MULTILINE)
-    from tests.test_demo import DEMO
-
     assert DEMO == ["demo"], "tests/test_demo.py runs `celery-durable demo` exactly as the README says"
 
 
 def test_the_examples_block_is_what_test_examples_runs() -> None:
-    from tests.test_examples import readme_example_lines
-
     (block,) = in_section("Examples")
     assert [argv for argv in command_lines(block)] == readme_example_lines()
 

@@ -8,54 +8,14 @@ yet journaled.
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import redis
+import pytest
 
-from celery_durable import Client, Engine, Settings
-from tests.apps.trip import SERVICES, provider_key, trip
-from tests.fleet import Fleet
-
-TRIP = "tests.apps.trip:engine"
+from tests.support.apps.trip import SERVICES, trip
+from tests.support.trip_crash import TRIP, client_for, hold_car_and_kill_everything, receipts, step_status
 
 
-def client_for(settings: Settings) -> Client:
-    return Engine([trip], settings).client()
-
-
-def poll(predicate: Any, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def step_status(client: Client, run_id: str) -> dict[str, str]:
-    return {row.key: row.status for row in client.get_workflow_run_detail(run_id).steps}
-
-
-def receipts(raw: redis.Redis, prefix: str, service: str) -> tuple[int, int]:
-    """(raw provider calls, reservations) for one service."""
-    calls = sum(int(v) for v in raw.hvals(provider_key(prefix, service, "calls")))
-    return calls, int(raw.hlen(provider_key(prefix, service, "reservations")))
-
-
-def hold_car_and_kill_everything(settings: Settings, fleet: Fleet, raw: redis.Redis, client: Client) -> str:
-    worker = fleet.start(TRIP, concurrency=4)
-    run_id = client.start_workflow("trip", args={"hold": ["car"]})
-    prefix = settings.key_prefix
-    poll(
-        lambda: raw.sismember(f"{prefix}:gate:{run_id}:reached", "car")
-        and {"book-flight", "book-hotel"} <= {k for k, v in step_status(client, run_id).items() if v == "completed"},
-        what="flight and hotel journaled, car at its gate",
-    )
-    worker.kill()
-    raw.sadd(f"{prefix}:gate:{run_id}:open", "car")
-    return run_id
-
-
+@pytest.mark.topologies("redis", "cluster", "rabbitmq")
 def test_the_seed_crash_finishes_by_itself_once_a_worker_is_back(settings, fleet, raw_redis) -> None:
     client = client_for(settings)
     run_id = hold_car_and_kill_everything(settings, fleet, raw_redis, client)
@@ -90,6 +50,7 @@ def test_the_seed_crash_finishes_by_itself_once_a_worker_is_back(settings, fleet
     assert recovered_in < settings.lease_seconds + 10, recovered_in
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand(settings, fleet, raw_redis) -> None:
     settings = settings.model_copy(update={"auto_recover": False})
     fleet.settings = settings
@@ -107,6 +68,7 @@ def test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand(sett
     assert receipts(raw_redis, settings.key_prefix, "flight") == (1, 1)
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> None:
     """Every worker sweeps; the take-over is a compare-and-set, so one wins."""
     import threading
@@ -145,7 +107,7 @@ def test_many_sweepers_take_a_dead_run_over_exactly_once(durable, raw_redis) -> 
 def test_a_queue_backlog_longer_than_the_lease_causes_no_take_over(durable) -> None:
     """Nothing dies here: messages just wait in a busy queue, for many leases.
     A queued message is alive while its queue's workers are busy."""
-    from tests.apps.basic import fan
+    from tests.support.apps.basic import fan
 
     d = durable([fan], concurrency=1, lease_seconds=1)
     run_ids = [d.client.start_workflow("fan", args={"count": 4, "seconds": 0.25}) for _ in range(12)]

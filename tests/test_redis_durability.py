@@ -48,7 +48,8 @@ from celery_durable.broker import RunStore
 from celery_durable.errors import StaleAttemptError
 from celery_durable.local.redis_server import RedisServer, free_port
 from celery_durable.workflows import jsonvalue
-from tests.fleet import Fleet, WorkerProcess
+from tests.support.fleet import Fleet, WorkerProcess
+from tests.support.poll import RUN_BOUND, poll
 
 APP = "tests.test_redis_durability:engine"
 TIMEOUT = 40
@@ -95,7 +96,7 @@ def chain(ctx: WorkflowContext) -> Any:
 
 
 # Worker processes load this module by import path; their settings come from
-# the environment (tests/fleet.py), pointing at the test's private Redis.
+# the environment (tests/support/fleet.py), pointing at the test's private Redis.
 engine = Engine(workflows=[chain], settings=Settings())
 
 JOURNALED_BEFORE_KILL = ["pre-0", "pre-1", "pre-2", "fan-0", "fan-1"]
@@ -118,15 +119,6 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 def on(server: RedisServer, settings: Settings) -> Settings:
     """``settings`` (per-test prefix and queues) with journal and broker on ``server``."""
     return settings.model_copy(update={"redis_url": server.url, "broker_url": None})
-
-
-def poll(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def calls(folder: Path) -> Counter[str]:
@@ -195,12 +187,9 @@ def kill_redis_mid_fanout(
     client = Engine([chain], settings).client()
     store = client.engine.store
     run_id = client.start_workflow("redis-durability", args={"dir": str(folder)})
-    poll(
-        lambda: (
+    poll(lambda: (
             (folder / "reached-fan-2").exists() and all(journaled(store, run_id, key) for key in JOURNALED_BEFORE_KILL)
-        ),
-        what="three steps and two branches journaled, the third branch at its gate",
-    )
+        ), within=RUN_BOUND, what="three steps and two branches journaled, the third branch at its gate")
     assert all(calls(folder)[key] == 1 for key in JOURNALED_BEFORE_KILL), calls(folder)
     first_server = server_run_id(server)
 
@@ -213,7 +202,7 @@ def kill_redis_mid_fanout(
     log = folder / "w.log"
     poll(
         lambda: log.exists() and "heartbeat of run" in log.read_text(errors="replace"),
-        timeout=15,
+        within=RUN_BOUND,
         what="the worker to report that Redis is unavailable",
     )
 
@@ -266,6 +255,7 @@ def test_a_worker_running_a_task_reconnects_after_redis_restarts(settings, fleet
     worker, client, run_id = kill_redis_mid_fanout(settings, fleet, private_redis, tmp_path)
     poll(
         lambda: not worker.alive() or client.get_workflow_run(run_id).is_terminal,
+        within=RUN_BOUND,
         what="the run to complete on its worker (or the worker to exit)",
     )
     log = (tmp_path / "w.log").read_text(errors="replace")

@@ -10,30 +10,25 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from celery_durable import WorkflowContext, define_workflow
+from celery_durable import WorkflowContext
 from celery_durable.broker.journal import BeginCall
 from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.errors import StorageUnavailableError
 from tests.conftest import worker_thread
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import wf
 
 
-def wf(name: str, run: Callable[[WorkflowContext], Any]) -> Any:
-    return define_workflow({"name": name, "description": name, "phases": []}, run)
-
-
-def wait_for_status(client: Any, run_id: str, status: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        envelope = client.get_workflow_run(run_id)
-        if envelope.status == status:
-            return envelope
-        time.sleep(0.05)
-    raise AssertionError(f"run {run_id} is {client.get_workflow_run(run_id).status}, not {status}")
+def wait_for_status(client: Any, run_id: str, status: str) -> Any:
+    return poll(
+        lambda: (envelope := client.get_workflow_run(run_id)).status == status and envelope,
+        within=RUN_BOUND,
+        what=f"run {run_id} to be {status}",
+    )
 
 
 def test_a_finally_block_around_a_fanout_does_not_run_during_the_suspended_pass(durable) -> None:

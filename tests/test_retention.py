@@ -14,7 +14,7 @@ from celery_durable import WorkflowContext, workflow
 from celery_durable.broker.replies.control import RequestVerdict
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import kill_attempt
-from tests.test_fencing import poll
+from tests.support.poll import RUN_BOUND, poll
 
 TIMEOUT = 30
 KEEP = 10
@@ -120,7 +120,11 @@ def test_a_settled_run_expires_after_the_retention_and_a_resume_keeps_it(durable
     retention = 3600
     d = durable([chatty, fails_once], run_retention_seconds=retention)
     done = d.client.run_workflow("chatty", timeout=TIMEOUT)
-    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, done.run_id).values()), "the retention clock to start")
+    poll(
+        lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, done.run_id).values()),
+        within=RUN_BOUND,
+        what="the retention clock to start",
+    )
     left = ttls(d, raw_redis, done.run_id)
     assert {"run", "journal", "progress", "progress:phases", "steps"} <= {k.rsplit("}:", 1)[1] for k in left}
     assert all(0 < ttl <= retention * 1000 for ttl in left.values()), left
@@ -128,17 +132,29 @@ def test_a_settled_run_expires_after_the_retention_and_a_resume_keeps_it(durable
     # A run in error expires too, unless it is resumed: the resume persists every key.
     failed = d.client.run_workflow("fails-once", timeout=TIMEOUT)
     assert (failed.status, failed.can_resume) == ("error", True)
-    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()), "the failed run's clock")
+    poll(
+        lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()),
+        within=RUN_BOUND,
+        what="the failed run's clock",
+    )
     resumed = d.client.resume_workflow(failed.run_id, timeout=TIMEOUT)
     assert (resumed.status, resumed.result) == ("completed", "second")
-    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()), "the clock to restart")
+    poll(
+        lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()),
+        within=RUN_BOUND,
+        what="the clock to restart",
+    )
 
 
 def test_a_resumed_run_carries_no_expiry_while_it_runs(durable, raw_redis) -> None:
     d = durable([fails_once], worker=False, run_retention_seconds=3600)
     worker = durable([fails_once])
     failed = worker.client.run_workflow("fails-once", timeout=TIMEOUT)
-    poll(lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()), "the retention clock")
+    poll(
+        lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, failed.run_id).values()),
+        within=RUN_BOUND,
+        what="the retention clock",
+    )
     record = d.engine.store.load_run(failed.run_id)
     assert record is not None
     # The resume itself (resume.lua), before any coordinator runs: no TTL survives it.
@@ -155,7 +171,7 @@ def settled(d: Any, raw: Any, run_id: str) -> bool:
 def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> None:
     forever = durable([chatty], run_retention_seconds=0)
     done = forever.client.run_workflow("chatty", timeout=TIMEOUT)
-    poll(lambda: settled(forever, raw_redis, done.run_id), "the run to settle")
+    poll(lambda: settled(forever, raw_redis, done.run_id), within=RUN_BOUND, what="the run to settle")
     assert set(ttls(forever, raw_redis, done.run_id).values()) == {-1}
 
     # Queues of its own: the worker above must not pick the run up before the pause.
@@ -166,16 +182,17 @@ def test_a_paused_run_and_retention_zero_never_expire(durable, raw_redis) -> Non
     assert d.engine.store.pause(run_id, "default", "wake").verdict is RequestVerdict.REQUESTED
     durable([chatty], run_retention_seconds=3600, **own)
     assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "paused"
-    poll(lambda: settled(d, raw_redis, run_id), "the run to settle")
+    poll(lambda: settled(d, raw_redis, run_id), within=RUN_BOUND, what="the run to settle")
     assert set(ttls(d, raw_redis, run_id).values()) == {-1}
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_expired_runs_leave_the_index_and_free_their_idempotency_key(durable, raw_redis) -> None:
     d = durable([chatty], run_retention_seconds=3600)
     first = d.client.start_workflow("chatty", idempotency_key="nightly")
     assert d.client.wait_for_workflow_run(first, timeout=TIMEOUT).status == "completed"
     idem = d.engine.store.keys.namespace("default").idempotency("nightly")
-    poll(lambda: raw_redis.pttl(idem) > 0, "the idempotency key to expire with its run")
+    poll(lambda: raw_redis.pttl(idem) > 0, within=RUN_BOUND, what="the idempotency key to expire with its run")
     other = d.client.run_workflow("chatty", timeout=TIMEOUT)
 
     # What expiry does, done now: the run's keys are gone.
@@ -212,7 +229,7 @@ def test_runs_whose_retention_ran_out_leave_their_namespace_index_with_no_listin
     assert d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).status == "completed"
     index = d.engine.store.keys.namespace("default").runs
     assert raw_redis.zscore(index, run_id) is not None
-    poll(lambda: raw_redis.zscore(index, run_id) is None, "the expired run to leave its index", timeout=TIMEOUT)
+    poll(lambda: raw_redis.zscore(index, run_id) is None, within=TIMEOUT, what="the expired run to leave its index")
     assert not raw_redis.exists(d.engine.store.run_keys(run_id).run)
     assert raw_redis.zcard(d.engine.store.keys.sweep_expiring) == 0, "nothing left to prune"
 

@@ -2,7 +2,7 @@
 against the run records, and the listings that read them.
 
 Every index is compared with the records member by member
-(``tests/index_check.py``): after a mix of runs that complete, fail, wait
+(``tests/support/index_check.py``): after a mix of runs that complete, fail, wait
 for a signal, a timer and a child, are cancelled and signalled; after a
 Redis restart from its AOF; after retention. ``tests/test_cluster.py`` runs
 the first ones again on a Redis Cluster, where the indexes live in another
@@ -24,8 +24,8 @@ import pytest
 from celery_durable import Engine, RunNotFoundError, Settings, define_workflow
 from celery_durable.local.redis_server import RedisServer, free_port
 from tests.conftest import Durable
-from tests.index_check import disagreements
-from tests.test_fencing import poll  # the same poll, 30 s as here
+from tests.support.index_check import disagreements
+from tests.support.poll import RUN_BOUND, poll
 
 TIMEOUT = 30.0
 
@@ -67,11 +67,15 @@ def mixed_runs(d: Durable) -> dict[str, list[str]]:
     for run_id in started["quick"] + started["boom"]:
         d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     for run_id in started["approval"]:
-        poll(lambda r=run_id: waiting_for(d, r) == "approval", "the run to wait for approval")
-    poll(lambda: waiting_for(d, started["nap"][0]) == "", "the nap's timer")
+        poll(
+            lambda r=run_id: waiting_for(d, r) == "approval",
+            within=RUN_BOUND,
+            what="the run to wait for approval",
+        )
+    poll(lambda: waiting_for(d, started["nap"][0]) == "", within=RUN_BOUND, what="the nap's timer")
     parent = started["parent"][0]
-    kid = poll(lambda: waiting_for(d, parent), "the parent to wait for its child")
-    poll(lambda: waiting_for(d, kid) == "approval", "the child to wait for approval")
+    kid = poll(lambda: waiting_for(d, parent), within=RUN_BOUND, what="the parent to wait for its child")
+    poll(lambda: waiting_for(d, kid) == "approval", within=RUN_BOUND, what="the child to wait for approval")
     started["kid"] = [kid]
     d.client.signal_workflow_run(started["approval"][0], "approval", "yes")
     d.client.wait_for_workflow_run(started["approval"][0], timeout=TIMEOUT)
@@ -79,6 +83,7 @@ def mixed_runs(d: Durable) -> dict[str, list[str]]:
     return started
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_indexes_agree_with_the_records_through_a_mix_of_runs(durable) -> None:
     d = durable(ALL)
     assert disagreements(d.engine.store, "default") == []
@@ -108,11 +113,12 @@ def test_indexes_agree_with_the_records_through_a_mix_of_runs(durable) -> None:
     assert disagreements(d.engine.store, "default") == []
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_a_cursor_from_before_a_run_changed_status_neither_skips_nor_repeats(durable) -> None:
     d = durable([APPROVAL])
     runs = [d.client.start_workflow("approval") for _ in range(6)]
     for run_id in runs:
-        poll(lambda r=run_id: waiting_for(d, r) == "approval", "the run to wait")
+        poll(lambda r=run_id: waiting_for(d, r) == "approval", within=RUN_BOUND, what="the run to wait")
     newest_first = runs[::-1]
 
     first = d.client.list_workflow_runs(waiting="approval", limit=2)
@@ -143,7 +149,7 @@ def test_run_id_prefix_and_time_range(durable) -> None:
     d = durable([QUICK])
     early = [d.client.run_workflow("quick", timeout=TIMEOUT) for _ in range(3)]
     middle = datetime.now(UTC) + timedelta(milliseconds=5)
-    poll(lambda: datetime.now(UTC) > middle + timedelta(milliseconds=5), "time to pass")
+    poll(lambda: datetime.now(UTC) > middle + timedelta(milliseconds=5), within=RUN_BOUND, what="time to pass")
     late = [d.client.run_workflow("quick", timeout=TIMEOUT) for _ in range(3)]
     every = [run.run_id for run in early + late]
 
@@ -212,22 +218,29 @@ def test_the_positional_signature_stays_and_the_new_filters_are_keyword_only(dur
         d.client.list_workflow_runs(None, None, 50, None, True)  # type: ignore[misc]
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_retention_takes_runs_out_of_every_index(durable, raw_redis) -> None:
     d = durable([QUICK, BOOM], run_retention_seconds=1)
     done = [d.client.run_workflow(name, timeout=TIMEOUT).run_id for name in ("quick", "boom", "quick")]
     ns = d.engine.store.keys.namespace("default")
     assert raw_redis.zcard(ns.index) == 15
-    poll(lambda: not any(raw_redis.exists(d.engine.store.run_keys(r).run) for r in done), "the runs to expire")
+    poll(
+        lambda: not any(raw_redis.exists(d.engine.store.run_keys(r).run) for r in done),
+        within=RUN_BOUND,
+        what="the runs to expire",
+    )
     # The sweep's pass: retention runs out, the runs leave every index.
     poll(
         lambda: d.engine.store.prune_expired(d.engine.store.now_ms(), 100) >= 0 and not raw_redis.zcard(ns.runs),
-        "the sweep to prune them",
+        within=RUN_BOUND,
+        what="the sweep to prune them",
     )
     assert raw_redis.zcard(ns.index) == 0
     assert raw_redis.hlen(ns.index_state) == 0
     assert disagreements(d.engine.store, "default") == []
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_a_listing_that_meets_expired_runs_takes_them_out_of_every_index(durable, raw_redis) -> None:
     d = durable([QUICK])
     gone, kept = (d.client.run_workflow("quick", timeout=TIMEOUT).run_id for _ in range(2))
@@ -241,12 +254,13 @@ def vars_of(keys: Any) -> list[str]:
     return [getattr(keys, name) for name in keys.__slots__]
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_a_store_written_before_the_indexes_lists_correctly_and_reindex_builds_them(durable, raw_redis) -> None:
     d = durable([QUICK, BOOM, APPROVAL])
     made = {name: d.client.start_workflow(name) for name in ("quick", "boom", "approval")}
     d.client.wait_for_workflow_run(made["quick"], timeout=TIMEOUT)
     d.client.wait_for_workflow_run(made["boom"], timeout=TIMEOUT)
-    poll(lambda: waiting_for(d, made["approval"]) == "approval", "the run to wait")
+    poll(lambda: waiting_for(d, made["approval"]) == "approval", within=RUN_BOUND, what="the run to wait")
     store, ns = d.engine.store, d.engine.store.keys.namespace("default")
     # As an older version left it: the runs zset, no index, no version field.
     raw_redis.delete(ns.index, ns.index_state, ns.index_meta)
@@ -290,8 +304,8 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
     started = [d.client.start_workflow(name) for name in ("quick", "boom", "approval") * 8]
     poll(
         lambda: len(d.client.list_workflow_runs(status="completed", limit=50).runs) >= 3,
-        "some runs to settle",
-        timeout=2 * TIMEOUT,
+        within=2 * TIMEOUT,
+        what="some runs to settle",
     )
     private_redis.kill()
     copy = tmp_path / "copy"
@@ -307,8 +321,8 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
             lambda r=run_id: (
                 d.client.get_workflow_run(r).status in ("completed", "error") or waiting_for(d, r) == "approval"
             ),
-            "every run to settle or wait once Redis is back",
-            timeout=4 * TIMEOUT,  # the worker reconnects first, and the sweep takes over what was cut
+            within=4 * TIMEOUT,
+            what="every run to settle or wait once Redis is back",
         )
     assert disagreements(d.engine.store, "default") == []
     assert len(ids(d.client.list_workflow_runs(waiting="approval"))) == 8
@@ -318,16 +332,16 @@ def test_indexes_agree_with_the_records_after_a_restart_from_the_aof(
 
 
 def test_runs_list_waiting_prefix_since_and_runs_reindex_on_the_command_line(durable) -> None:
-    from tests.apps.waits import await_signal, nap
-    from tests.test_cli import cli
+    from tests.support.apps.waits import await_signal, nap
+    from tests.support.cli import cli
 
-    app = "tests.apps.waits:make_engine"
+    app = "tests.support.apps.waits:make_engine"
     d = durable([await_signal, nap])
     go = [d.client.start_workflow("await-signal") for _ in range(2)]
     sleeping = d.client.start_workflow("nap", args={"seconds": 3600})
     for run_id in go:
-        poll(lambda r=run_id: waiting_for(d, r) == "go", "the run to wait for go")
-    poll(lambda: waiting_for(d, sleeping) == "", "the nap's timer")
+        poll(lambda r=run_id: waiting_for(d, r) == "go", within=RUN_BOUND, what="the run to wait for go")
+    poll(lambda: waiting_for(d, sleeping) == "", within=RUN_BOUND, what="the nap's timer")
 
     def listed(*options: str) -> list[str]:
         result = cli(d.settings, "runs", "list", "--app", app, *options, "--json")

@@ -17,10 +17,10 @@ from celery_durable import (
     CompensationFailed,
     StepFailed,
     WorkflowContext,
-    define_workflow,
 )
 from tests.conftest import kill_attempt
-from tests.test_children import poll  # one poll for the child and saga tests (30 s, as here)
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import wf
 
 TIMEOUT = 30
 DONE: dict[str, list[str]] = {}
@@ -39,10 +39,6 @@ def did(run_id: str, what: str) -> str:
 def gate(name: str) -> threading.Event:
     with LOCK:
         return GATES.setdefault(name, threading.Event())
-
-
-def wf(name: str, run: Any, **meta: Any) -> Any:
-    return define_workflow({"name": name, "description": name, "phases": [], **meta}, run)
 
 
 def boom(message: str) -> Any:
@@ -182,14 +178,14 @@ def test_a_run_being_cancelled_compensates_before_it_settles_cancelled(durable) 
 
     d = durable([wf("waits", waits), wf("busy", busy)])
     waiting = d.client.start_workflow("waits")
-    poll(lambda: d.client.get_workflow_run(waiting).snapshot["waiting_for"], what="the wait")
+    poll(lambda: d.client.get_workflow_run(waiting).snapshot["waiting_for"], within=RUN_BOUND, what="the wait")
     cancelled = d.client.cancel_workflow_run(waiting, timeout=TIMEOUT)
     assert cancelled.status == "cancelled"
     assert DONE[waiting] == ["book-a", "book-b", "undo-b", "undo-a"]
     assert "Compensating after WorkflowCancelled: running undo-b, undo-a" in system_records(d.client, waiting)
 
     running = d.client.start_workflow("busy")
-    poll(lambda: step_status(d.client, running).get("long") == "running", what="the long step")
+    poll(lambda: step_status(d.client, running).get("long") == "running", within=RUN_BOUND, what="the long step")
     threading.Timer(0.3, gate(running).set).start()  # finishes after the cancel was asked for
     assert d.client.cancel_workflow_run(running, timeout=TIMEOUT).status == "cancelled"
     assert DONE[running] == ["book-a", "book-b", "undo-b", "undo-a"]
@@ -219,7 +215,7 @@ def test_a_cancelled_run_waits_for_its_waiting_branches_to_compensate_before_it_
     run_id = d.client.start_workflow("branchy")
     from celery_durable.broker.schema import child_run_id
 
-    poll(lambda: len(d.engine.store.hashes(run_id).waits) == 2, what="both branches to wait")
+    poll(lambda: len(d.engine.store.hashes(run_id).waits) == 2, within=RUN_BOUND, what="both branches to wait")
     envelope = d.client.cancel_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.status == "cancelled", envelope.error
     done = DONE[run_id]
@@ -240,9 +236,13 @@ def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_
 
     d = durable([wf("crashy", run)], lease_seconds=2)
     run_id = d.client.start_workflow("crashy")
-    poll(lambda: step_status(d.client, run_id).get("undo-a") == "running", what="the second compensation")
+    poll(
+        lambda: step_status(d.client, run_id).get("undo-a") == "running",
+        within=RUN_BOUND,
+        what="the second compensation",
+    )
     kill_attempt(raw_redis, d.engine, run_id)  # its attempt is dead; its thread still waits at the gate
-    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, what="the take-over")
+    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, within=RUN_BOUND, what="the take-over")
     gate(run_id).set()
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.status == "error" and envelope.error == "StepFailed: step 'fail' raised RuntimeError: original"
@@ -341,7 +341,7 @@ def test_a_paused_run_cancelled_inside_a_saga_compensates_once_in_one_more_attem
 
     d = durable([wf("pausy", run)])
     run_id = d.client.start_workflow("pausy")
-    poll(lambda: step_status(d.client, run_id).get("long") == "running", what="the long step")
+    poll(lambda: step_status(d.client, run_id).get("long") == "running", within=RUN_BOUND, what="the long step")
     threading.Timer(0.3, gate(run_id).set).start()
     paused = d.client.pause_workflow_run(run_id, timeout=TIMEOUT)
     assert paused.status == "paused" and DONE[run_id] == ["book-a", "book-b"]
@@ -375,11 +375,19 @@ def test_a_halted_run_cancelled_inside_a_saga_compensates_and_one_without_a_saga
     d = durable([wf("halts", saga_run), wf("plain", plain_run)], auto_recover=False)
     runs = {name: d.client.start_workflow(name) for name in ("halts", "plain")}
     for run_id in runs.values():
-        poll(lambda run_id=run_id: d.client.get_workflow_run(run_id).snapshot["waiting_for"], what="the wait")
+        poll(
+            lambda run_id=run_id: d.client.get_workflow_run(run_id).snapshot["waiting_for"],
+            within=RUN_BOUND,
+            what="the wait",
+        )
         kill_attempt(raw_redis, d.engine, run_id)
     RecoverySweep(d.engine).sweep_once()
     for run_id in runs.values():
-        poll(lambda run_id=run_id: d.client.get_workflow_run(run_id).status == "halted", what="halted")
+        poll(
+            lambda run_id=run_id: d.client.get_workflow_run(run_id).status == "halted",
+            within=RUN_BOUND,
+            what="halted",
+        )
 
     plain = d.client.cancel_workflow_run(runs["plain"], timeout=TIMEOUT)
     assert (plain.status, plain.error) == ("cancelled", "Cancelled while halted")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +18,13 @@ import pytest
 
 from celery_durable import Engine, Settings
 from celery_durable.schedules.calendar import to_ms
-from tests.apps.scheduled import stamp
-from tests.fleet import Fleet, fleet  # noqa: F401  (the fixture)
+from tests.support.apps.scheduled import stamp
+from tests.support.fleet import Fleet, fleet  # noqa: F401  (the fixture)
+from tests.support.poll import lease_bound, poll
 
-APP = "tests.apps.scheduled:engine"
+APP = "tests.support.apps.scheduled:engine"
 SOAK_SECONDS = int(os.environ.get("SCHEDULE_SOAK_SECONDS", "20"))
 """How long the two workers fire the every-second schedule (the issue's soak is 60: set it)."""
-
-
-def poll(check: Any, deadline_s: float, what: str) -> Any:
-    """Until ``check()`` is truthy; the deadline is derived from the setting waited on."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not within {deadline_s:.0f} s")
 
 
 def scheduled_runs(client: Any, schedule_id: str) -> list[Any]:
@@ -56,16 +45,23 @@ def test_two_workers_of_eight_threads_fire_each_tick_once(settings: Settings, fl
         fleet.start(APP, concurrency=8, name=name)
     store = client.engine.store
     # Both up and beating (sweeping) first: a worker's boot is not the firing's lag.
-    poll(lambda: store.client.zcard(store.keys.workers) >= 2, 6 * settings.lease_seconds, "two workers beating")
+    poll(
+        lambda: store.client.zcard(store.keys.workers) >= 2,
+        within=lease_bound(settings, 6),
+        what="two workers beating",
+    )
     info = client.create_schedule("pulse", "tick-stamp", every=1, overlap="allow_all")
     first = to_ms(info.next_times[0])
-    poll(lambda: len(scheduled_runs(client, "pulse")) >= SOAK_SECONDS, SOAK_SECONDS + 6 * settings.lease_seconds,
-         f"{SOAK_SECONDS} ticks")
+    poll(
+        lambda: len(scheduled_runs(client, "pulse")) >= SOAK_SECONDS,
+        within=SOAK_SECONDS + 6 * settings.lease_seconds,
+        what=f"{SOAK_SECONDS} ticks",
+    )
     client.delete_schedule("pulse")
     runs = poll(
         lambda: (found := scheduled_runs(client, "pulse")) and all(r.status == "completed" for r in found) and found,
-        6 * settings.lease_seconds,
-        "every run completed",
+        within=lease_bound(settings, 6),
+        what="every run completed",
     )
     assert_every_tick_once(runs, 1000, first)
     assert all(run.result == {"schedule": "pulse", "at": run.scheduled_at.isoformat()} for run in runs)
@@ -90,13 +86,13 @@ def test_a_worker_killed_while_it_fires_doubles_and_loses_nothing(
     # loaded machine's late first sweep is not mistaken for one).
     info = client.create_schedule("pulse", "tick-stamp", every=2, overlap="allow_all", catchup_window=1)
     first = to_ms(info.next_times[0])
-    poll(lambda: not dying.alive(), 4 * settings.lease_seconds, "the firing worker's death")
+    poll(lambda: not dying.alive(), within=lease_bound(settings, 4), what="the firing worker's death")
     assert mark.read_text() == str(dying.pid) or mark.exists()
     fleet.start(APP, concurrency=8, name="survivor")
     runs = poll(
         lambda: len(found := scheduled_runs(client, "pulse")) >= 5 and found,
-        10 * settings.lease_seconds,
-        "five ticks after the death",
+        within=lease_bound(settings, 10),
+        what="five ticks after the death",
     )
     assert_every_tick_once(runs, 2000, first)
     recent = [item["action"] for item in client.get_schedule("pulse").recent]

@@ -335,6 +335,7 @@ def wide_wf(ctx):
     return ctx.parallel([lambda i=i: thunk(i) for i in range(8)])
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_parallel_branches_really_run_concurrently(durable) -> None:
     d = durable([wide_wf], concurrency=8)
     started = time.monotonic()
@@ -440,6 +441,7 @@ def pipe_wf(ctx):
     return {"simple": simple, "partial": partial}
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_pipeline_chains_stages_and_a_failing_stage_skips_only_that_item(durable) -> None:
     d = durable([pipe_wf])
     envelope = d.client.run_workflow("pipe", timeout=TIMEOUT)
@@ -463,6 +465,7 @@ def nested_wf(ctx):
     return ctx.parallel([lambda: inner(0), lambda: inner(1), lambda: "leaf"])
 
 
+@pytest.mark.topologies("redis", "rabbitmq")
 def test_a_parallel_thunk_can_fan_out_again(durable) -> None:
     d = durable([nested_wf])
     envelope = d.client.run_workflow("nested", timeout=TIMEOUT)

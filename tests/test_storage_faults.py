@@ -39,7 +39,7 @@ from celery_durable.local.redis_server import RedisServer, free_port
 from celery_durable.tasks.app import BRANCH_TASK
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import kill_attempt, worker_thread
-from tests.test_fencing import poll
+from tests.support.poll import RUN_BOUND, poll
 
 TIMEOUT = 30
 HELD = threading.Event()
@@ -201,7 +201,7 @@ def test_a_missing_run_record_is_not_found_and_its_attempt_stops_quietly(durable
     task_postrun.connect(on_postrun, weak=False)
     try:
         RELEASE.set()  # the held branch's writes find no record: refused, nothing written
-        poll(lambda: BRANCH_TASK in ended, "the held branch task to end")
+        poll(lambda: BRANCH_TASK in ended, within=RUN_BOUND, what="the held branch task to end")
     finally:
         task_postrun.disconnect(on_postrun)
     assert not raw_redis.exists(d.engine.store.run_keys(run_id).run), "nothing re-created the record"

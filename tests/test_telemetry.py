@@ -1,7 +1,7 @@
 """Traces and metrics from real worker processes (docs/telemetry.md).
 
 Spans are recorded by the OpenTelemetry SDK inside the workers
-(``tests/apps/traced.py`` writes each ended span to a file); metrics are
+(``tests/support/apps/traced.py`` writes each ended span to a file); metrics are
 scraped from a real prefork worker's ``--metrics-port``.
 """
 
@@ -28,11 +28,11 @@ from celery_durable import Engine, Settings, telemetry
 from celery_durable.local.redis_server import free_port
 from celery_durable.telemetry.context import own_trace, parse_traceparent, run_parent
 from celery_durable.web import create_app
-from tests.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent
-from tests.fleet import ROOT, Fleet, settings_env
-from tests.test_recovery import poll
+from tests.support.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent
+from tests.support.fleet import ROOT, Fleet, settings_env
+from tests.support.poll import RUN_BOUND, START_BOUND, poll
 
-TRACED = "tests.apps.traced:engine"
+TRACED = "tests.support.apps.traced:engine"
 CALLER = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
                      trace_flags=TraceFlags(1))
 
@@ -55,7 +55,7 @@ def test_a_run_killed_and_recovered_is_one_trace_its_new_attempt_linked_to_the_o
     client = Engine([traced_crash], settings).client()
     first, first_spans = traced_worker(fleet, tmp_path, "w1")
     run_id = client.start_workflow("traced_crash")  # this process traces nothing: the run's trace is its id
-    poll(lambda: (tmp_path / "reached").exists(), what="the gate step running")
+    poll(lambda: (tmp_path / "reached").exists(), within=RUN_BOUND, what="the gate step running")
     first.kill()
     (tmp_path / "open").touch()
     _, second_spans = traced_worker(fleet, tmp_path, "w2")
@@ -65,7 +65,11 @@ def test_a_run_killed_and_recovered_is_one_trace_its_new_attempt_linked_to_the_o
     def ours(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [s for s in spans if s["attributes"].get("celery_durable.run_id") == run_id]
 
-    poll(lambda: any(s["name"] == "celery_durable.pass" for s in ours(spans_of(second_spans))), what="w2's pass span")
+    poll(
+        lambda: any(s["name"] == "celery_durable.pass" for s in ours(spans_of(second_spans))),
+        within=RUN_BOUND,
+        what="w2's pass span",
+    )
     before, after = ours(spans_of(first_spans)), ours(spans_of(second_spans))
     assert {s["trace_id"] for s in before + after} == {run_id}, "one trace, named by the run id"
     assert {s["pid"] for s in before} != {s["pid"] for s in after}
@@ -98,7 +102,11 @@ def test_a_called_task_is_a_child_of_its_call_in_the_callers_trace(
         otel_context.detach(token)
     assert client.wait_for_workflow_run(run_id, timeout=60).result == 9
     trace_id = f"{CALLER.trace_id:032x}"
-    poll(lambda: any(s["name"] == "run/traced.double" for s in spans_of(spans_file)), what="the task's span")
+    poll(
+        lambda: any(s["name"] == "run/traced.double" for s in spans_of(spans_file)),
+        within=RUN_BOUND,
+        what="the task's span",
+    )
     spans = [s for s in spans_of(spans_file) if s["trace_id"] == trace_id]
     by_id = {s["span_id"]: s for s in spans}
 
@@ -146,8 +154,11 @@ def test_a_prefork_workers_metrics_count_the_runs_it_ran(settings: Settings, fle
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             return str(response.read().decode())
 
-    poll(lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="counted", status="completed") == 5,
-         what="five settled runs counted")
+    poll(
+        lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="counted", status="completed") == 5,
+        within=RUN_BOUND,
+        what="five settled runs counted",
+    )
     text = scrape()
     assert metric(text, "celery_durable_runs_started_total", workflow="counted") == 5
     assert metric(text, "celery_durable_ops_journaled_total", workflow="counted", op="step", outcome="ok") == 15
@@ -263,7 +274,11 @@ def test_a_workers_metrics_port_listens_on_loopback_by_default_and_logs_its_url(
     port = free_port()
     worker = fleet.start(TRACED, name="metricsdefault", args=["--metrics-port", str(port)])
     log = fleet.log_dir / "metricsdefault.log"
-    poll(lambda: f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in log.read_text(errors="replace"), 30)
+    poll(
+        lambda: f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in log.read_text(errors="replace"),
+        within=START_BOUND,
+        what="the worker's log naming its metrics URL",
+    )
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         assert answer.status == 200
     listening = [
@@ -285,7 +300,11 @@ def test_a_child_runs_spans_continue_its_parents_trace(settings: Settings, fleet
     def of(run: str) -> list[dict[str, Any]]:
         return [s for s in spans_of(spans) if s["attributes"].get("celery_durable.run_id") == run]
 
-    poll(lambda: any(s["name"] == "celery_durable.step" for s in of(kid)), what="the child's step span")
+    poll(
+        lambda: any(s["name"] == "celery_durable.step" for s in of(kid)),
+        within=RUN_BOUND,
+        what="the child's step span",
+    )
     assert {s["trace_id"] for s in of(run_id)} == {run_id}
     assert {s["trace_id"] for s in of(kid)} == {run_id}, "the child continues its parent's trace"
     (start,) = [s for s in of(kid) if s["name"] == "celery_durable.start"]

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from celery_durable import Client, RunNotFoundError, WorkflowContext, WorkflowResumeError, workflow
-from tests.hostile import snapshot
-from tests.test_fencing import poll
+from tests.support.hostile import snapshot
+from tests.support.poll import RUN_BOUND, poll
 
 TIMEOUT = 30
 
@@ -69,7 +69,11 @@ def test_no_call_reaches_another_namespaces_run(durable, raw_redis) -> None:
     theirs = d.engine.client("beta")
     run = mine.run_workflow("tenant", timeout=TIMEOUT)
     assert (run.status, run.can_resume) == ("error", True), "a run that every call could change"
-    poll(lambda: raw_redis.zscore(d.engine.store.keys.sweep_due, run.run_id) is None, "the run to settle")
+    poll(
+        lambda: raw_redis.zscore(d.engine.store.keys.sweep_due, run.run_id) is None,
+        within=RUN_BOUND,
+        what="the run to settle",
+    )
     before = snapshot(raw_redis, d.settings.key_prefix)
 
     with theirs.watch_runs() as watch:

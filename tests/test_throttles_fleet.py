@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from celery_durable import Engine, Settings
-from tests.apps.throttled import events_key, slot_op, slot_run, slot_wait
-from tests.fleet import Fleet
+from tests.support.apps.throttled import events_key, slot_op, slot_run, slot_wait
+from tests.support.fleet import Fleet
 
-APP = "tests.apps.throttled:engine"
+APP = "tests.support.apps.throttled:engine"
 
 
 @pytest.fixture

@@ -16,31 +16,20 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 import redis
 
 from celery_durable import Engine, Settings
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS
-from tests.apps.waits import alarm, rang_key
-from tests.fleet import Fleet
+from tests.support.apps.waits import alarm, rang_key
+from tests.support.fleet import Fleet
+from tests.support.poll import poll
 
-APP = "tests.apps.waits:engine"
+APP = "tests.support.apps.waits:engine"
 RUNS = 600
 START_SECONDS = 40.0
 """T is this far after the first start: every run must be waiting, and at T in the sweep's index, before it."""
-
-
-def poll(predicate: Any, timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(every)
 
 
 @pytest.mark.slow
@@ -55,8 +44,12 @@ def test_a_sweep_killed_in_the_middle_of_a_burst_loses_no_timer_and_fires_none_t
     run_ids = [client.start_workflow("alarm", args={"at_ms": at_ms}) for _ in range(RUNS)]
     # Every run waits, and a sweep has looked at it once (a lease after its
     # start) and put it at T: the timers fall due together.
-    poll(lambda: raw_redis.zcount(due_key, at_ms, at_ms) == RUNS, at_ms / 1000 - time.time() - 2,
-         "every run waiting, due at T", every=0.2)
+    poll(
+        lambda: raw_redis.zcount(due_key, at_ms, at_ms) == RUNS,
+        within=at_ms / 1000 - time.time() - 2,
+        what="every run waiting, due at T",
+        every=0.2,
+    )
     runner.stop()
     # The sweeper consumes no queue of the engine: the burst's passes wait in the queue for a runner.
     sweeper = fleet.start(APP, concurrency=1, queues=[f"{settings.key_prefix}.nobody"], name="sweeper")
@@ -67,7 +60,12 @@ def test_a_sweep_killed_in_the_middle_of_a_burst_loses_no_timer_and_fires_none_t
     # script ran last in the batch's pipeline), the sweeper is between its
     # scripts and the publish of the batch's wakes, with more batches to go.
     last_of_batch = f"{settings.key_prefix}:{{{sorted(run_ids)[BATCH - 1]}}}:live"
-    poll(lambda: raw_redis.hlen(last_of_batch) > 0, START_SECONDS + 2 * lease, "the first batch fired", every=0.001)
+    poll(
+        lambda: raw_redis.hlen(last_of_batch) > 0,
+        within=START_SECONDS + 2 * lease,
+        what="the first batch fired",
+        every=0.001,
+    )
     sweeper.kill()
     unclaimed = raw_redis.zcount(due_key, at_ms, at_ms)
     sent = raw_redis.llen(settings.coordinator_queue)
@@ -84,7 +82,7 @@ def test_a_sweep_killed_in_the_middle_of_a_burst_loses_no_timer_and_fires_none_t
             pipe.hget(f"{settings.key_prefix}:{{{run_id}}}:run", "status")
         return all(status == "completed" for status in pipe.execute())
 
-    poll(settled, timeout, f"all {RUNS} runs completed", every=0.5)
+    poll(settled, within=timeout, what=f"all {RUNS} runs completed", every=0.5)
     rang = Counter(raw_redis.lrange(rang_key(settings.key_prefix), 0, -1))
     assert set(rang) == set(run_ids), f"{len(set(run_ids) - set(rang))} timers never fired"
     assert max(rang.values()) == 1, f"fired twice: {[run for run, n in rang.items() if n > 1][:5]}"

@@ -6,7 +6,7 @@ waits for a worker that has it. Here the message goes back to its queue under
 a new id (``requeue.lua``, ``tasks/unserved.py``), the run says so once (a
 ``system`` progress record, one WARNING line), and never becomes ``error``.
 
-Each team's worker is a process of its own (``tests/apps/teams.py``), as in a
+Each team's worker is a process of its own (``tests/support/apps/teams.py``), as in a
 deployment: Celery's worker looks a task up on the process's current app, so
 two engines' workers in one process would run each other's tasks.
 """
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_durable import Client
 from celery_durable.tasks import unserved
 from celery_durable.tasks.messages import RunMessage
-from tests.apps.teams import EVERY
 from tests.conftest import DurableFactory
-from tests.fleet import Fleet
-from tests.test_fencing import poll
+from tests.support.apps.teams import EVERY
+from tests.support.fleet import Fleet
+from tests.support.poll import poll
 
 TIMEOUT = 30
 QUICK = {"CELERY_DURABLE_UNSERVED_BACKOFF_SECONDS": "2"}
@@ -58,20 +60,21 @@ def test_a_run_no_worker_knows_waits_alive_and_goes_on_once_a_worker_that_knows_
 ) -> None:
     client = durable(EVERY, worker=False).client
     run_id = client.start_workflow("ghost")
-    fleet.start("tests.apps.teams:partial", name="partial", env=QUICK)  # knows only echo, and imports nothing
+    fleet.start("tests.support.apps.teams:partial", name="partial", env=QUICK)  # knows only echo, and imports nothing
     seen: set[str] = set()
-    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 4, timeout=TIMEOUT, what="3 messages passed on")
+    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 4, within=TIMEOUT, what="3 messages passed on")
     envelope = client.get_workflow_run(run_id)
     assert (envelope.status, envelope.attempt) == ("pending", 1), "the run was failed or taken over"
     assert [m for m in system_records(client, run_id) if UNSERVED in m] == [
         f"{UNSERVED} 'ghost' registered; they wait for one that has"
     ]
     assert len(warnings(fleet)) == 1 and "'ghost'" in warnings(fleet)[0]
-    fleet.start("tests.apps.teams:billing", name="billing")  # a worker that knows it
+    fleet.start("tests.support.apps.teams:billing", name="billing")  # a worker that knows it
     done = client.wait_for_workflow_run(run_id, timeout=SERVED)
     assert (done.status, done.result, done.attempt) == ("completed", "boo", 1)
 
 
+@pytest.mark.topologies("redis", "cluster")
 def test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_one_that_does(
     durable: DurableFactory, fleet: Fleet
 ) -> None:
@@ -82,17 +85,17 @@ def test_branches_that_reach_a_worker_that_does_not_know_the_workflow_wait_for_o
     # branches it sends (each its own task: none runs in its pass) land on the
     # steps queue, served only by `partial`.
     fleet.start(
-        "tests.apps.teams:billing",
+        "tests.support.apps.teams:billing",
         name="coordinator",
         queues=[settings.coordinator_queue],
         env={"CELERY_DURABLE_BRANCH_BATCH_MS": "0"},
     )
-    fleet.start("tests.apps.teams:partial", name="partial", queues=[settings.steps_queue], env=QUICK)
+    fleet.start("tests.support.apps.teams:partial", name="partial", queues=[settings.steps_queue], env=QUICK)
     seen: set[str] = set()
-    poll(lambda: len(passed_on(client, run_id, seen, "s")) >= 3, timeout=TIMEOUT, what="branches passed on")
+    poll(lambda: len(passed_on(client, run_id, seen, "s")) >= 3, within=TIMEOUT, what="branches passed on")
     envelope = client.get_workflow_run(run_id)
     assert (envelope.status, envelope.attempt) == ("running", 1)
-    fleet.start("tests.apps.teams:billing", name="steps", queues=[settings.steps_queue])
+    fleet.start("tests.support.apps.teams:billing", name="steps", queues=[settings.steps_queue])
     done = client.wait_for_workflow_run(run_id, timeout=SERVED)
     assert (done.status, done.result, done.attempt) == ("completed", [1, 2], 1)
 
@@ -101,8 +104,8 @@ def test_two_engines_with_default_queues_on_one_redis_both_work(durable: Durable
     """Two teams' engines share a Redis and the queue names; each team's worker
     takes the other's messages too, and passes them on."""
     client = durable(EVERY, worker=False).client
-    fleet.start("tests.apps.teams:billing", name="billing", env=QUICK)
-    fleet.start("tests.apps.teams:shop", name="shop", env=QUICK)
+    fleet.start("tests.support.apps.teams:billing", name="billing", env=QUICK)
+    fleet.start("tests.support.apps.teams:shop", name="shop", env=QUICK)
     bills = [client.start_workflow("bill") for _ in range(4)]
     orders = [client.start_workflow("order", args={"n": n}) for n in range(4)]
     for run_id in bills + orders:
@@ -151,9 +154,9 @@ def test_a_pending_run_no_worker_serves_is_cancelled_at_once_and_its_message_is_
     the message still in flight is refused by the fence afterwards, quietly."""
     client = durable(EVERY, worker=False).client
     run_id = client.start_workflow("ghost")
-    fleet.start("tests.apps.teams:partial", name="partial")
+    fleet.start("tests.support.apps.teams:partial", name="partial")
     seen: set[str] = set()
-    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 2, timeout=TIMEOUT, what="a message passed on")
+    poll(lambda: len(passed_on(client, run_id, seen, "c")) >= 2, within=TIMEOUT, what="a message passed on")
     envelope = client.cancel_workflow_run(run_id, timeout=5)
     assert (envelope.status, envelope.reason, envelope.error) == ("cancelled", "cancelled", "Cancelled while pending")
     assert envelope.attempt == 1, "no attempt ran: the epoch is bumped for fencing only"
@@ -161,7 +164,7 @@ def test_a_pending_run_no_worker_serves_is_cancelled_at_once_and_its_message_is_
     store = client.engine.store
     assert store.client.hgetall(store.run_keys(run_id).live) == {}, "nothing of it is in flight"
     # The message the worker holds comes due and is refused as stale: no error, no new message.
-    poll(lambda: _refused(fleet), timeout=TIMEOUT, what="the held message refused")
+    poll(lambda: _refused(fleet), within=TIMEOUT, what="the held message refused")
     assert client.get_workflow_run(run_id).status == "cancelled"
     assert not any("Traceback" in path.read_text() for path in fleet.log_dir.glob("*.log"))
 

@@ -1,7 +1,7 @@
 """Deploys under running runs, on real worker processes (SPEC §8, §8a).
 
 A deploy is what it is on a fleet: the worker process with the old code
-stops, one with the new code starts (``tests/apps/versioned.py``), and runs
+stops, one with the new code starts (``tests/support/apps/versioned.py``), and runs
 that waited meanwhile replay on the new one. Between the two — where a
 deploy pipeline runs ``celery-durable replay-check`` — no worker runs, so
 the proof that a check writes nothing covers every key of the test.
@@ -9,20 +9,21 @@ the proof that a check writes nothing covers every key of the test.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
-import time
 from typing import Any
 
 from celery_durable import Client, Engine, Settings
 from celery_durable.testing import replay_history
-from tests.apps.versioned import ORDER
-from tests.fleet import ROOT, Fleet, WorkerProcess, settings_env
-from tests.redis_watch import dump_keys, writes_seen
+from tests.support.apps.versioned import ORDER
+from tests.support.cli import cli_process
+from tests.support.fleet import Fleet, WorkerProcess
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.redis_watch import dump_keys, writes_seen
 
 TIMEOUT = 30
-APP = "tests.apps.versioned"
+APP = "tests.support.apps.versioned"
+cli = functools.partial(cli_process, columns=200)
 
 
 def client_of(settings: Settings, version: str) -> Client:
@@ -30,20 +31,10 @@ def client_of(settings: Settings, version: str) -> Client:
 
 
 def waits_for_approval(client: Client, run_id: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while (client.get_workflow_run(run_id).snapshot["waiting_for"] or {}).get("name") != "approval":
-        assert time.monotonic() < deadline, f"run {run_id} never waited for approval"
-        time.sleep(0.05)
-
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery_durable", *args],
-        env={**settings_env(settings), "COLUMNS": "200"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    poll(
+        lambda: (client.get_workflow_run(run_id).snapshot["waiting_for"] or {}).get("name") == "approval",
+        within=RUN_BOUND,
+        what=f"run {run_id} to wait for approval",
     )
 
 

@@ -12,25 +12,13 @@ from typing import Any
 
 import pytest
 
-from celery_durable import RunNotFoundError, Signal, WorkflowContext, define_workflow
-from tests.apps.waits import await_signal, nap
-from tests.fleet import Fleet
+from celery_durable import RunNotFoundError, Signal, WorkflowContext
+from tests.support.apps.waits import await_signal, nap
+from tests.support.fleet import Fleet
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.workflows import refusal_of, wf
 
 TIMEOUT = 30
-
-
-def wf(name: str, run: Any, phases: tuple[str, ...] = ()) -> Any:
-    return define_workflow({"name": name, "description": name, "phases": [{"title": t} for t in phases]}, run)
-
-
-def poll(predicate: Any, timeout: float = TIMEOUT, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def waiting_for(client: Any, run_id: str) -> Any:
@@ -41,7 +29,7 @@ def test_a_sleeping_run_completes_by_itself_about_on_time(durable) -> None:
     d = durable([nap], lease_seconds=3)
     started = datetime.now(UTC)
     run_id = d.client.start_workflow("nap", args={"seconds": 3})
-    timer = poll(lambda: waiting_for(d.client, run_id), what="the run to wait")
+    timer = poll(lambda: waiting_for(d.client, run_id), within=RUN_BOUND, what="the run to wait")
     assert timer["kind"] == "timer" and timer["name"] == ""
     due = datetime.fromisoformat(timer["until"])
     assert timedelta(seconds=2.5) < due - started < timedelta(seconds=4)
@@ -75,7 +63,7 @@ def test_a_timeout_is_told_apart_from_a_none_payload(durable) -> None:
         until = (waiting_for(d.client, run_id) or {}).get("until")
         return bool(until) and datetime.fromisoformat(until) > datetime.now(UTC) + timedelta(seconds=5)
 
-    poll(second_wait, what="the second wait")
+    poll(second_wait, within=RUN_BOUND, what="the second wait")
     d.client.signal_workflow_run(run_id, "maybe", None)
     result = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT).result
     assert result == [[None, False, "maybe"], [None, True, "maybe"]]
@@ -89,7 +77,11 @@ def test_waits_in_branches(durable) -> None:
 
     d = durable([wf("branchy", run)])
     run_id = d.client.start_workflow("branchy")
-    poll(lambda: (waiting_for(d.client, run_id) or {}).get("kind") == "signal", what="the branch's signal wait")
+    poll(
+        lambda: (waiting_for(d.client, run_id) or {}).get("kind") == "signal",
+        within=RUN_BOUND,
+        what="the branch's signal wait",
+    )
     d.client.signal_workflow_run(run_id, "b", "B")
     envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
     assert envelope.result == {"pair": ["slept", "B"], "staged": [10, 20]}
@@ -99,7 +91,7 @@ def test_a_wait_holds_no_worker_slot(durable) -> None:
     quick = wf("quick", lambda ctx: ctx.step("s", lambda: 1))
     d = durable([await_signal, quick], concurrency=1)
     waiting = [d.client.start_workflow("await-signal") for _ in range(10)]
-    poll(lambda: all(waiting_for(d.client, r) for r in waiting), what="ten runs waiting")
+    poll(lambda: all(waiting_for(d.client, r) for r in waiting), within=RUN_BOUND, what="ten runs waiting")
     others = [d.client.run_workflow("quick", timeout=TIMEOUT) for _ in range(3)]
     assert [e.status for e in others] == ["completed"] * 3
     for run_id in waiting:
@@ -110,13 +102,13 @@ def test_a_wait_holds_no_worker_slot(durable) -> None:
 def test_cancel_and_pause_of_a_waiting_run_act_at_once_and_resume_keeps_the_due_time(durable) -> None:
     d = durable([nap, await_signal])
     doomed = d.client.start_workflow("await-signal")
-    poll(lambda: waiting_for(d.client, doomed), what="the wait")
+    poll(lambda: waiting_for(d.client, doomed), within=RUN_BOUND, what="the wait")
     started = time.monotonic()
     assert d.client.cancel_workflow_run(doomed, timeout=10).status == "cancelled"
     assert time.monotonic() - started < 3
 
     napping = d.client.start_workflow("nap", args={"seconds": 4})
-    due = poll(lambda: waiting_for(d.client, napping), what="the nap")["until"]
+    due = poll(lambda: waiting_for(d.client, napping), within=RUN_BOUND, what="the nap")["until"]
     paused = d.client.pause_workflow_run(napping, timeout=10)
     assert paused.status == "paused" and paused.snapshot["waiting_for"] is None
     resumed = d.client.resume_workflow(napping, timeout=TIMEOUT)
@@ -158,13 +150,7 @@ def test_who_may_be_signalled(durable) -> None:
 )
 def test_bad_waits_are_a_clear_error_at_the_call_and_journal_nothing(durable, call: Any, message: str) -> None:
     def run(ctx: WorkflowContext) -> Any:
-        try:
-            call(ctx)
-        except ValueError as exc:
-            caught = str(exc)
-        else:
-            caught = "no error"
-        return {"caught": caught, "after": ctx.step("after", lambda: 1)}
+        return {"caught": refusal_of(lambda: call(ctx)), "after": ctx.step("after", lambda: 1)}
 
     d = durable([wf("bad-wait", run)])
     envelope = d.client.run_workflow("bad-wait", timeout=TIMEOUT)
@@ -181,7 +167,7 @@ def test_bad_waits_are_a_clear_error_at_the_call_and_journal_nothing(durable, ca
 def test_bad_signals_are_refused_and_deliver_nothing(durable, name: str, payload: Any, message: str) -> None:
     d = durable([await_signal])
     run_id = d.client.start_workflow("await-signal")
-    poll(lambda: waiting_for(d.client, run_id), what="the wait")
+    poll(lambda: waiting_for(d.client, run_id), within=RUN_BOUND, what="the wait")
     with pytest.raises(ValueError, match=message):
         d.client.signal_workflow_run(run_id, name, payload)
     assert d.client.get_workflow_run(run_id).status == "running"
@@ -196,12 +182,12 @@ def test_a_signal_sent_while_every_worker_is_dead_completes_the_run(settings, fl
     settings = settings.model_copy(update={"lease_seconds": 3})
     fleet.settings = settings
     client = Engine([await_signal, nap], settings).client()
-    worker = fleet.start("tests.apps.waits:engine", concurrency=2)
+    worker = fleet.start("tests.support.apps.waits:engine", concurrency=2)
     run_id = client.start_workflow("await-signal")
-    poll(lambda: waiting_for(client, run_id), what="the wait")
+    poll(lambda: waiting_for(client, run_id), within=RUN_BOUND, what="the wait")
     worker.kill()
     client.signal_workflow_run(run_id, "go", {"while": "nobody ran"})  # kept: no attempt is alive
-    fleet.start("tests.apps.waits:engine", concurrency=2)
+    fleet.start("tests.support.apps.waits:engine", concurrency=2)
     envelope = client.wait_for_workflow_run(run_id, timeout=60)
     assert envelope.status == "completed", envelope.error
     assert envelope.result == {"before": "journaled", "payload": {"while": "nobody ran"}}
@@ -211,20 +197,20 @@ def test_a_signal_sent_while_every_worker_is_dead_completes_the_run(settings, fl
 
 def test_the_approval_example_end_to_end_with_the_cli(durable) -> None:
     from examples.approval import expense_approval
-    from tests.test_cli import cli
+    from tests.support.cli import cli
 
-    app = "tests.apps.waits:make_approval_engine"
+    app = "tests.support.apps.waits:make_approval_engine"
 
     d = durable([expense_approval])
     approved = d.client.start_workflow("expense-approval", args={"employee": "ada", "amount": 120})
-    assert poll(lambda: waiting_for(d.client, approved), what="the approval")["name"] == "approval"
+    assert poll(lambda: waiting_for(d.client, approved), within=RUN_BOUND, what="the approval")["name"] == "approval"
     result = cli(d.settings, "runs", "approve", approved, "--note", "team dinner", "--app", app)
     assert result.exit_code == 0, result.output
     envelope = d.client.wait_for_workflow_run(approved, timeout=TIMEOUT)
     assert (envelope.result["status"], envelope.result["note"]) == ("paid", "team dinner")
 
     rejected = d.client.start_workflow("expense-approval", args={"employee": "bob", "amount": 9000})
-    poll(lambda: waiting_for(d.client, rejected), what="the approval")
+    poll(lambda: waiting_for(d.client, rejected), within=RUN_BOUND, what="the approval")
     result = cli(d.settings, "runs", "approve", rejected, "--reject", "--note", "no receipt", "--app", app)
     assert result.exit_code == 0, result.output
     assert d.client.wait_for_workflow_run(rejected, timeout=TIMEOUT).result["status"] == "rejected"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_durable import Engine, Settings
-from tests.apps.basic import fan
+from tests.support.apps.basic import fan
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -63,7 +63,7 @@ def test_cli_worker_with_prefork_pool_runs_branches_in_separate_processes(settin
     start(
         spawn,
         settings,
-        [sys.executable, "-m", "celery_durable", "worker", "--app", "tests.apps.basic:engine",
+        [sys.executable, "-m", "celery_durable", "worker", "--app", "tests.support.apps.basic:engine",
          "-P", "prefork", "-c", "4", "--quiet", "--loglevel", "WARNING"],
     )
     client = Engine([fan], settings).client()
@@ -78,7 +78,7 @@ def test_plain_celery_worker_runs_the_engine(settings, spawn) -> None:
     start(
         spawn,
         settings,
-        [sys.executable, "-m", "celery", "-A", "tests.apps.basic:celery_app", "worker",
+        [sys.executable, "-m", "celery", "-A", "tests.support.apps.basic:celery_app", "worker",
          "-P", "threads", "-c", "4", "--loglevel", "WARNING"],
     )
     client = Engine([fan], settings).client()

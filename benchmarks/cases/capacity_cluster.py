@@ -50,7 +50,7 @@ class ClusterCost:
 
 @contextlib.contextmanager
 def cluster(root: Path) -> Iterator[Any]:
-    from tests.topologies import RedisClusterNodes
+    from tests.support.topologies import RedisClusterNodes
 
     with RedisClusterNodes(root, appendfsync="everysec") as nodes:
         yield nodes

@@ -1,4 +1,4 @@
-"""The ``celery-durable`` command: a thin layer over the public client (SPEC §11).
+"""The ``celery-durable`` command: a thin layer over the public client.
 
 ``common`` holds the apps, options and error handling; ``commands`` the
 top-level commands (run, worker, flower); ``runs`` the ``runs`` group

@@ -1,4 +1,4 @@
-"""``celery-durable demo``: the seed's trip, killed mid-booking, finishing by itself.
+"""``celery-durable demo``: a trip booking, its workers killed mid-booking, finishing by itself.
 
 The command only parses options and reports errors; ``celery_durable.demo``
 does the work.

@@ -146,7 +146,7 @@ class PlainView:
         if envelope is None:
             return
         if envelope.status == "completed":
-            # A completed run's last phase is done too (SPEC §3); on any
+            # A completed run's last phase is done too; on any
             # other ending the phase that was active stays active.
             self._done(self.active)
         self.console.print(summary(envelope), soft_wrap=True)

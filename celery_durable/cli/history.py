@@ -1,5 +1,5 @@
 """``celery-durable runs history RUN [--follow] [--json]``: a run's event
-history (SPEC §11), one call of the public client per page."""
+history, one call of the public client per page."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The embedded Redis for ``run`` and ``worker`` (SPEC §10).
+"""The embedded Redis for ``run`` and ``worker``.
 
 ``run`` with no Redis configured and none on localhost:6379 starts a private
 one (``celery_durable.local.embedded``) and a worker process for the command's

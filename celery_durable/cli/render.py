@@ -58,7 +58,7 @@ def phase_seconds(phase: PhaseRow, run: RunEnvelope) -> float | None:
 
 def shown_state(phase: PhaseRow, run: RunEnvelope) -> str:
     """A phase's state as a person reads it: the phase a settled run stopped in
-    is not "active" any more (the API keeps its state, SPEC §3), it stopped."""
+    is not "active" any more (the API keeps its state), it stopped."""
     if phase.state == "active" and run.is_terminal:
         return "stopped"
     return phase.state
@@ -155,7 +155,7 @@ def detail_view(detail: RunDetail) -> RenderableType:
 
 
 def family_view(detail: RunDetail) -> list[RenderableType]:
-    """The run's parent and children (SPEC §5b), each with the command that shows it."""
+    """The run's parent and children, each with the command that shows it."""
     parts: list[RenderableType] = []
     parent = detail.run.parent_run_id
     if parent:

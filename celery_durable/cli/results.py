@@ -1,4 +1,4 @@
-"""What a command prints for scripts goes to stdout alone (SPEC §11).
+"""What a command prints for scripts goes to stdout alone.
 
 The user's ``--app`` module runs in the command's process: a ``print`` at
 import, or a console span exporter (OpenTelemetry's ``ConsoleSpanExporter``

@@ -44,14 +44,15 @@ def runs_start(
         str | None, typer.Option("--idempotency-key", help="Start once per key: again, it prints the first run's id.")
     ] = None,
     throttle: Annotated[
-        str | None, typer.Option("--throttle", help="Hold a slot of this throttle while it runs (SPEC §5e).")
+        str | None,
+        typer.Option("--throttle", help="Hold a slot of this throttle while it runs; wait while every slot is taken."),
     ] = None,
     throttle_key: Annotated[str | None, typer.Option("--throttle-key", help="Its throttle key.")] = None,
     priority: Annotated[int, typer.Option("--priority", help="Among the throttle's waiters: higher first.")] = 0,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start a run and print its id at once, without waiting (SPEC §11).
+    """Start a run and print its id at once, without waiting for it to finish.
 
     For a script: RUN=$(celery-durable runs start order --args '{"id": 7}'),
     then 'runs show', 'runs signal' or 'runs progress --follow' with it.

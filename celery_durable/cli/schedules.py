@@ -1,4 +1,4 @@
-"""``celery-durable schedules ...`` (SPEC §5d): each command is one call on the public client."""
+"""``celery-durable schedules ...``: each command is one call on the public client."""
 
 from __future__ import annotations
 

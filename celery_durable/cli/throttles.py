@@ -1,4 +1,4 @@
-"""``celery-durable throttles list|show|set|delete`` (SPEC §5e): each one
+"""``celery-durable throttles list|show|set|delete``: each one
 call on the public client."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``celery-durable replay-check`` and ``runs export``: deploying code under
-running runs (SPEC §8a, docs/versioning.md)."""
+running runs (docs/versioning.md)."""
 
 from __future__ import annotations
 

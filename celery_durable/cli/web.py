@@ -1,4 +1,4 @@
-"""``celery-durable web``: serve the web view of a namespace's runs (SPEC §13).
+"""``celery-durable web``: serve the web view of a namespace's runs.
 
 The web stack is an optional extra, imported only when this command runs,
 so the rest of the CLI (and every worker) starts without it.

@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: int = Field(
         default=6 * 3600,
         ge=60,
-        description="Redis-broker redelivery delay; keep it above the longest step (SPEC §10).",
+        description="Redis-broker redelivery delay; keep it above the longest step.",
     )
     agent_runner: str | None = Field(default=None, description="Import path 'package.module:attribute'.")
     openai_base_url: str | None = Field(

@@ -1,4 +1,4 @@
-"""The seed's trip, made real: what ``celery-durable demo`` runs.
+"""A trip booking that survives ``kill -9``: what ``celery-durable demo`` runs.
 
 ``providers`` are fake booking services that honour idempotency keys, as real
 ones do; ``trip`` is the workflow (flight, hotel and car booked in parallel,

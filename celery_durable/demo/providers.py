@@ -4,14 +4,14 @@ A provider keeps its state in Redis under ``<key_prefix>:provider:<service>``,
 apart from the journal: every raw call is counted per idempotency key, and the
 first call with a key makes the reservation; a later call with the same key
 returns that reservation again instead of booking twice. That is what makes a
-step that runs twice (at least once, SPEC §8) book once.
+step that runs twice (steps run at least once) book once.
 
 A provider cancels a reservation once per idempotency key, however often it
 is asked, and can be *sold out*: it then refuses every booking.
 
 A provider can be told to *hold* its reply: the reservation is made, but the
 answer does not come back until the hold is released. ``celery-durable demo``
-uses it to kill the workers at the seed's moment — the car is booked at the
+uses it to kill the workers at the worst moment — the car is booked at the
 provider, the workflow has not heard back, nothing is journaled yet. It is a
 slow provider, not a change to the workflow or to the engine.
 """

@@ -1,4 +1,4 @@
-"""``celery-durable demo``: the seed's crash, on real processes and a real Redis.
+"""``celery-durable demo``: a crash mid-booking, on real processes and a real Redis.
 
 What happens, in order, and nothing else:
 

@@ -1,13 +1,13 @@
-"""The seed's trip: book a flight, a hotel and a rental car in parallel, review
+"""A trip: book a flight, a hotel and a rental car in parallel, review
 the bookings, then confirm.
 
-Unlike the workflow in the seed, every booking passes the provider an
+Every booking passes the provider an
 idempotency key derived from the run (``ctx.idempotency_key``). A booking
 step that was in flight when its worker died runs again in the next attempt
 (steps run at least once) — and the provider, seeing the same key, returns
 the reservation it already made instead of booking a second car.
 
-And where the seed leaves a half-booked trip behind, this one is a saga
+A trip never stays half-booked: it is a saga
 (``ctx.saga``): each booking made registers its cancellation, and when one
 fails (no car left) the others are cancelled at their providers, each
 cancellation a journaled step, before the run says the trip was not booked.

@@ -31,7 +31,7 @@ def stamp(seconds: float) -> Text:
 
 def intro(redis_described: str, settings: Settings, workers: int) -> RenderableType:
     lines = Text()
-    lines.append("The seed's trip, killed while the car booking is in flight\n", style="bold")
+    lines.append("A trip, its workers killed while the car booking is in flight\n", style="bold")
     lines.append(
         "A trip books a flight, a hotel and a rental car in parallel against local fake providers\n"
         "that honour idempotency keys, reviews the bookings and confirms. Every worker process is\n"

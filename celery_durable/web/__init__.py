@@ -1,4 +1,4 @@
-"""The web view of runs (SPEC §13): ``celery-durable web``, or ``create_app`` in your own ASGI server.
+"""The web view of runs: ``celery-durable web``, or ``create_app`` in your own ASGI server.
 
 Needs the ``web`` extra (``pip install 'celery-durable[web]'``); nothing
 outside this package imports it, so workers and plain clients never load an

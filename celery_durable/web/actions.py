@@ -75,7 +75,7 @@ def signal(client: Client, run_id: str, name: str, payload: Any) -> Outcome:
 
 
 def approve(client: Client, run_id: str, *, approved: bool, note: str | None) -> Outcome:
-    """SPEC §11's ``approve``: the signal ``approval`` with ``{"approved", "note"}``."""
+    """``approve``, as the CLI's ``runs approve`` sends it: the signal ``approval`` with ``{"approved", "note"}``."""
     signal(client, run_id, APPROVAL_SIGNAL, {"approved": approved, "note": note or None})
     verdict = "Approved" if approved else "Rejected"
     return Outcome(f"{verdict}: the signal {APPROVAL_SIGNAL!r} was sent.", read(client, run_id))

@@ -1,10 +1,10 @@
-"""The JSON API under ``/api/``: the client's methods over HTTP (SPEC §13).
+"""The JSON API under ``/api/``: the client's methods over HTTP.
 
 Reads return the client's own JSON forms (``to_dict()``); errors return
 ``{"error": {"code", "message"}}`` with the client's stable code and an
 HTTP status (``problems``). The POSTs take ``application/json`` bodies and
 are refused on a read-only server, like the page's forms. Each must also
-prove it is no cross-site request (SPEC §13): an ``X-CSRF-Token`` header
+prove it is no cross-site request: an ``X-CSRF-Token`` header
 with the token of ``GET /api/session``, or an ``Origin`` naming this server
 (what a browser sends from the server's own pages); else 403, before the
 body is read.

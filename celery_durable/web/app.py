@@ -79,7 +79,7 @@ def create_app(
         yield
         context.hub.close()
 
-    # The Host check comes first, before auth and routing (SPEC §13): a
+    # The Host check comes first, before auth and routing: a
     # request under a name this server does not serve (a rebound DNS name)
     # is answered 400 "Invalid host header" and nothing else. No "www."
     # redirect: that would answer a name not served with something else.

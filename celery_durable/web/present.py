@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from celery_durable import RunEnvelope
 
 STATUSES = ("pending", "running", "completed", "halted", "paused", "cancelled", "error")
-"""SPEC §8, in the order an operator filters by; the client validates them again."""
+"""Every run status, in the order an operator filters by; the client validates them again."""
 SETTLED_FOR_GOOD = frozenset({"completed", "cancelled"})
 """Statuses no action can change: the run page offers no buttons for them."""
 DASH = "—"

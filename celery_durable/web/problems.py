@@ -1,7 +1,7 @@
 """What a refusal looks like over HTTP: one mapping from the client's errors.
 
-The client already says why it refuses, with a stable code where it has one
-(SPEC §12); the web view adds only the HTTP status. Pages show the message,
+The client already says why it refuses, with a stable code where it has one;
+the web view adds only the HTTP status. Pages show the message,
 the JSON API returns ``{"error": {"code", "message"}}``.
 """
 

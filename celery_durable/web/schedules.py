@@ -1,4 +1,4 @@
-"""The schedules page (SPEC §5d, §13): each schedule's settings, next ticks
+"""The schedules page: each schedule's settings, next ticks
 and recent actions (linked to their runs), with pause, unpause and trigger
 under the same rules as every action: a POST with the page's CSRF token (or,
 for the JSON API, ``X-CSRF-Token``/an ``Origin`` naming this server), and

@@ -107,7 +107,7 @@ def host_name(text: str, *, what: str = "an allowed host") -> str:
 
 
 def served_hosts(bound: str, allowed: Iterable[str] = ()) -> list[str]:
-    """The ``Host`` names a server bound to ``bound`` answers (SPEC §13).
+    """The ``Host`` names a server bound to ``bound`` answers.
 
     The loopback names when bound to loopback, else the bound name; and each
     ``allowed`` name either way (a reverse proxy on the same machine that
@@ -136,7 +136,7 @@ def names_this_server(headers: Headers) -> bool:
     Written by hand: Starlette's CORSMiddleware only decides which origins
     may read answers and refuses no request, and the ASGI CSRF packages
     (asgi-csrf, starlette-csrf) want a cookie beside every token and have
-    no ``Origin`` alternative, which SPEC §13 asks for.
+    no ``Origin`` alternative, which the JSON API accepts.
     """
     origin, host = headers.get("origin"), headers.get("host")
     if not origin or not host:

@@ -1,4 +1,4 @@
-"""The throttles page (SPEC §5e, §13): each throttle's settings, holders,
+"""The throttles page: each throttle's settings, holders,
 waiters (in the order they get slots) and top keys, read when the page
 loads, with set (create or change) and delete under the same rules as every
 action: a POST with the page's CSRF token (or, for the JSON API,

@@ -5,26 +5,18 @@ from __future__ import annotations
 import pytest
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Conflict, Flags, Journal, TaskCall
+from celery_durable.broker.journal import Conflict, Flags, TaskCall
 from celery_durable.broker.schema import Identity, StepRow
 from celery_durable.broker.scripts import now_ms
-from celery_durable.errors import StaleAttemptError, StepFailed
+from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import BackendFactory
-from tests.contract.test_journal import ok
+from tests.support.contract import CALL_RUNNING as RUNNING
+from tests.support.contract import TIMED_OUT, call, ok
+from tests.support.contract import call_failed as failed
+
+pytestmark = pytest.mark.topologies("redis", "cluster")  # the journal on one Redis and on a Redis Cluster
 
 NO_FLAGS = Flags()
-RUNNING = StepRow.running(1, 1000, "m:0").encode()
-
-
-def failed(epoch: int, error_type: str, message: str) -> str:
-    return schema.failure_outcome(epoch, StepFailed("k", error_type, message, found_by_engine=True)).encode()
-
-
-TIMED_OUT = failed(1, "TaskTimeout", "did not finish within 5 s")
-
-
-def call(journal: Journal, key: str, *, due: int | None = None) -> TaskCall | Conflict:
-    return journal.call("m", 0, key, "m", due, None, RUNNING, TIMED_OUT)
 
 
 def test_a_call_is_published_once_per_attempt_then_answered_from_the_journal(make_backend: BackendFactory) -> None:

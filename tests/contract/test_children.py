@@ -12,7 +12,9 @@ from celery_durable.broker.journal import Conflict, Flags, Journal
 from celery_durable.broker.schema import Identity
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import BackendFactory
-from tests.contract.test_waits import started
+from tests.support.contract import started
+
+pytestmark = pytest.mark.topologies("redis", "cluster")  # the journal on one Redis and on a Redis Cluster
 
 NO_FLAGS = Flags()
 DONE = schema.value_outcome({"rooms": 2})

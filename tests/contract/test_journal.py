@@ -1,11 +1,9 @@
 """The ``Journal`` contract: ``RedisJournal``'s typed results for every call, on
 the real scripts on a real redis-server (and on a Redis Cluster:
-``tests/test_cluster.py`` runs these tests again there).
+the ``topologies`` mark runs these tests there too).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
@@ -18,7 +16,6 @@ from celery_durable.broker.journal import (
     Dispatch,
     Flags,
     HeldBranch,
-    Journal,
     PendingCommit,
     Recorded,
     Winner,
@@ -27,42 +24,11 @@ from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import Identity, SequenceHistory, cut_argument, position
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import PHASE_ID, Backend, BackendFactory
+from tests.support.contract import AGENT, OTHER, RUNNING, agent_row, ask, failed, ok, step
 
-RUNNING = schema.StepRow.running(1, 1_000).encode()
+pytestmark = pytest.mark.topologies("redis", "cluster")  # the journal on one Redis and on a Redis Cluster
+
 NO_FLAGS = Flags()
-AGENT, OTHER = "a" * 32, "b" * 32
-REQUEST = '{"label":"reviewer","model":null,"prompt":"Review","schema":null}'
-
-
-def ok(value: Any) -> str:
-    return schema.value_outcome(value).encode()
-
-
-def failed(epoch: int, message: str = "boom", *, fatal: bool = False) -> str:
-    return schema.failure_outcome(epoch, ValueError(message), fatal=fatal).encode()
-
-
-def step(index: int, key: str, outcome: str) -> PendingCommit:
-    """A step's commit as replay builds it: op, outcome, and the row it leaves."""
-    row = schema.StepRow.running(1, 1_000).settled(schema.decode_outcome(outcome), 2_000).encode()
-    return PendingCommit(index, Identity.step(key), schema.step_field(key), outcome, key, row)
-
-
-def agent_row(agent_id: str, attempt: int = 1) -> str:
-    return schema.queued_agent_row(agent_id, "reviewer", None, attempt, 1_000)
-
-
-def ask(journal: Journal, seq: str, index: int, agent_id: str = AGENT, **options: Any) -> AgentCall | Conflict:
-    return journal.agent_call(
-        seq,
-        index,
-        agent_id,
-        REQUEST,
-        options.get("owner", "m"),
-        agent_row(agent_id, journal.epoch),
-        options.get("cut"),
-        options.get("message", "message-id"),
-    )
 
 
 def finish_turn(backend: Backend, agent_id: str, outcome: str) -> None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentCall, Flags
 from tests.contract.conftest import BackendFactory
-from tests.contract.test_calls import call
-from tests.contract.test_journal import AGENT, ask, ok
+from tests.support.contract import AGENT, ask, call, ok
 
 ONE_CREDIT = 1_000_000_000
 NO_FLAGS = Flags()

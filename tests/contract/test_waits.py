@@ -15,8 +15,10 @@ from celery_durable.broker.schema import Identity, cut_argument, position
 from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import Backend, BackendFactory
-from tests.contract.test_journal import RUNNING, failed, ok, step
-from tests.index_check import disagreements
+from tests.support.contract import RUNNING, failed, ok, started, step
+from tests.support.index_check import disagreements
+
+pytestmark = pytest.mark.topologies("redis", "cluster")  # the journal on one Redis and on a Redis Cluster
 
 NO_FLAGS = Flags()
 HOUR = 3_600_000
@@ -36,13 +38,6 @@ def wait_for(
     journal: Journal, seq: str, index: int, name: str, due: int | None = None, owner: str = "m"
 ) -> WaitResult | Conflict:
     return journal.wait(seq, index, Identity.signal(name), "signal", name, due, owner)
-
-
-def started(make_backend: BackendFactory) -> Backend:
-    """A run its first pass has activated: the sweep fires the timers of running runs only."""
-    backend = make_backend()
-    backend.settle("running")
-    return backend
 
 
 def fire(backend: Backend, prefix: str = "fire") -> list[str]:

@@ -16,7 +16,7 @@ from celery_durable.broker.journal import PendingCommit
 from celery_durable.broker.journal_guard import JOURNAL_CALLS
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows.dry_replay import READS, DryReplayWrite, ReadOnlyJournal, check_run
-from tests.redis_watch import dump_keys, writes_seen
+from tests.support.redis_watch import dump_keys, writes_seen
 from tests.unit.harness import MAX_PAYLOAD, Driver
 
 META = {"name": "order", "description": "Reserves, waits for approval, charges", "phases": []}

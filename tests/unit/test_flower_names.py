@@ -29,7 +29,7 @@ def test_the_readmes_flower_names_are_the_names_flower_shows() -> None:
 
     from celery_durable import Settings
     from celery_durable.tasks.sending import agent_message, branch_messages, coordinator_message
-    from tests.readme import README
+    from tests.support.readme import README
 
     settings = Settings(redis_url="redis://x:6379/0")
     run = "0" * 32

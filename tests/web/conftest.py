@@ -19,7 +19,8 @@ from starlette.testclient import TestClient
 
 from celery_durable import Client, Engine
 from celery_durable.web import create_app
-from tests.web.support import WORKFLOWS, csrf_token, open_all_gates
+from tests.support.poll import RUN_BOUND, poll
+from tests.web.support import WORKFLOWS, csrf_token, new_gate, open_all_gates, serving
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -92,6 +93,36 @@ def site(durable: Any) -> Iterator[SiteFactory]:
             return Site(engine, engine.client(options.get("namespace")), http)
 
         yield make
+
+
+@pytest.fixture
+def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
+    """A site, and the URL of its web view served on a loopback port (for a browser)."""
+    web = site()
+    with serving(create_app(web.engine)) as url:
+        yield web, url
+
+
+def held(web: Site, **extra: str) -> str:
+    """A run of ``web.gated`` whose first step is running, held at its gate."""
+    run_id = web.client.start_workflow("web.gated", args={"first": new_gate(), **extra})
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
+    return run_id
+
+
+def waiting(web: Site, workflow: str) -> str:
+    """A run of ``workflow`` started and waiting (for a signal, a child, a timer)."""
+    run_id = web.client.start_workflow(workflow)
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"),
+        within=RUN_BOUND,
+        what=f"{workflow} to wait",
+    )
+    return run_id
 
 
 needs_signals = pytest.mark.skipif(

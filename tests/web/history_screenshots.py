@@ -1,7 +1,7 @@
 """Pictures of issue 40: ``python -m tests.web.history_screenshots``.
 
 Starts a private Redis, two worker processes of two deploys of ``order``
-(``tests/apps/versioned.py``: v1 and v2, a mixed deploy), an in-process
+(``tests/support/apps/versioned.py``: v1 and v2, a mixed deploy), an in-process
 worker and the web view; runs a workflow that waits for a child and then
 for a signal; and has headless Chromium save ``docs/web-fleet-mixed.png``
 (the fleet page naming the mixed deploy) and ``docs/web-run-waits.png`` (a
@@ -24,11 +24,12 @@ from playwright.sync_api import sync_playwright
 from celery_durable import Engine, Settings, WorkflowContext, workflow
 from celery_durable.local.redis_server import RedisServer
 from celery_durable.web import create_app
-from tests.apps.versioned import ORDER
 from tests.conftest import worker_thread
-from tests.fleet import Fleet
+from tests.support.apps.versioned import ORDER
+from tests.support.fleet import Fleet
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.web.support import serving, wait_until
+from tests.web.support import serving
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SPREAD = 1.5
@@ -72,8 +73,8 @@ def main() -> int:
         )
         fleet = Fleet(settings, Path(logs))
         try:
-            fleet.start("tests.apps.versioned:v1", name="orders-old")
-            fleet.start("tests.apps.versioned:v2", name="orders-new")
+            fleet.start("tests.support.apps.versioned:v1", name="orders-old")
+            fleet.start("tests.support.apps.versioned:v2", name="orders-new")
             engine = Engine([fulfil, packing, ORDER["v2"]], settings)
             shoot(engine, engine.client())
         finally:
@@ -85,14 +86,18 @@ def main() -> int:
 def shoot(engine: Engine, client: Any) -> None:
     with worker_thread(engine), serving(create_app(engine)) as url:
         run_id = client.start_workflow("fulfil")
-        wait_until(lambda: waiting_for(client, run_id, "child"), "the child wait", 30)
+        poll(lambda: waiting_for(client, run_id, "child"), within=RUN_BOUND, what="the child wait")
         child = client.get_workflow_run_detail(run_id).children[0].run_id
-        wait_until(lambda: waiting_for(client, child, "signal"), "the child's own wait", 30)
+        poll(lambda: waiting_for(client, child, "signal"), within=RUN_BOUND, what="the child's own wait")
         time.sleep(SPREAD)
         client.signal_workflow_run(child, "packed")
-        wait_until(lambda: waiting_for(client, run_id, "signal"), "the approval wait", 30)
+        poll(lambda: waiting_for(client, run_id, "signal"), within=RUN_BOUND, what="the approval wait")
         time.sleep(SPREAD)
-        wait_until(lambda: len([w for w in client.list_workers() if w.alive and w.workflows]) >= 3, "reports", 30)
+        poll(
+            lambda: len([w for w in client.list_workers() if w.alive and w.workflows]) >= 3,
+            within=RUN_BOUND,
+            what="reports",
+        )
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})

@@ -21,8 +21,9 @@ from celery_durable import AgentRequest, AgentResult, Engine, FunctionRunner, Se
 from celery_durable.local.redis_server import RedisServer
 from celery_durable.web import create_app
 from tests.conftest import worker_thread
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.web.support import serving, wait_until
+from tests.web.support import serving
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 release = threading.Event()
@@ -91,12 +92,20 @@ def shoot(engine: Engine, client: Any) -> None:
         for files in (["api.py"], ["cli.py", "web.py"], ["a.py", "b.py", "c.py"]):
             client.run_workflow("code-review", args={"files": files}, timeout=60)
         cancelled = client.start_workflow("code-review", args={"files": ["x.py"], "hold": True})
-        wait_until(lambda: client.get_workflow_run(cancelled).snapshot["phase"] == "Summarize", "the hold")
+        poll(
+            lambda: client.get_workflow_run(cancelled).snapshot["phase"] == "Summarize",
+            within=RUN_BOUND,
+            what="the hold",
+        )
         client.cancel_workflow_run(cancelled, timeout=30)
         held = client.start_workflow(
             "code-review", args={"files": ["engine.py", "client.py", "replay.py", "store.py"], "hold": True}
         )
-        wait_until(lambda: client.get_workflow_run(held).snapshot["phase"] == "Summarize", "the held run")
+        poll(
+            lambda: client.get_workflow_run(held).snapshot["phase"] == "Summarize",
+            within=RUN_BOUND,
+            what="the held run",
+        )
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 720})

@@ -14,13 +14,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
 from celery_durable import define_workflow
+from tests.support.poll import RUN_BOUND, poll
 
 GATE_SECONDS = 30
 """How long a held step waits for its test before it fails (a safety net, not a pause)."""
@@ -150,18 +151,6 @@ parent = define_workflow(
 WORKFLOWS = [gated, hostile, quick, approval, waits_for_go, parent]
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 15) -> Any:
-    """Poll ``predicate`` until it is truthy, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 CSRF_PATTERN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
@@ -187,7 +176,7 @@ def serving(app: Starlette) -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn-test")
     thread.start()
     try:
-        wait_until(lambda: server.started or not thread.is_alive(), "uvicorn to start", timeout=10)
+        poll(lambda: server.started or not thread.is_alive(), within=RUN_BOUND, what="uvicorn to start")
         assert thread.is_alive(), "uvicorn stopped while starting"
         yield f"http://127.0.0.1:{port}"
     finally:

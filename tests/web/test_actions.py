@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.web.conftest import Site, SiteFactory, needs_signals
-from tests.web.support import new_gate, wait_until
+from tests.web.conftest import Site, SiteFactory, held, needs_signals, waiting
+from tests.web.support import new_gate
 
 
 def follow(web: Site, response: object) -> str:
@@ -14,11 +14,6 @@ def follow(web: Site, response: object) -> str:
     assert response.status_code == 303, response.text  # type: ignore[attr-defined]
     return web.http.get(response.headers["location"]).text  # type: ignore[attr-defined]
 
-
-def held(web: Site, **extra: str) -> str:
-    run_id = web.client.start_workflow("web.gated", args={"first": new_gate(), **extra})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
-    return run_id
 
 
 def test_cancel_from_the_form_ends_the_run_cancelled(site: SiteFactory) -> None:
@@ -95,8 +90,7 @@ def test_the_api_acts_and_refuses_like_the_forms(site: SiteFactory) -> None:
 @needs_signals
 def test_a_signal_from_the_form_reaches_the_waiting_run(site: SiteFactory) -> None:
     web = site()
-    run_id = web.client.start_workflow("web.waits-for-go")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    run_id = waiting(web, "web.waits-for-go")
     page = web.http.get(web.run_url(run_id)).text
     assert "Waiting for the signal go" in page
     sent = follow(web, web.act(run_id, "signal", name="go", payload='{"n": [1, 2]}'))
@@ -113,8 +107,7 @@ def test_approve_and_reject_send_the_approval_signal(
     site: SiteFactory, decision: str, note: str, expected: dict[str, object]
 ) -> None:
     web = site()
-    run_id = web.client.start_workflow("web.approval")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    run_id = waiting(web, "web.approval")
     page = web.http.get(web.run_url(run_id)).text
     assert 'id="approval"' in page and 'value="approve"' in page and 'value="reject"' in page
     follow(web, web.act(run_id, "approve", decision=decision, note=note))
@@ -124,8 +117,7 @@ def test_approve_and_reject_send_the_approval_signal(
 @needs_signals
 def test_the_api_signals_and_approves(site: SiteFactory) -> None:
     web = site()
-    run_id = web.client.start_workflow("web.approval")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    run_id = waiting(web, "web.approval")
     bad = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": "yes"})
     assert bad.status_code == 400
     sent = web.api_post(f"/api/runs/{run_id}/approve", json={"approved": True, "note": "ok"})

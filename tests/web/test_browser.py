@@ -7,25 +7,18 @@ end: what it saw arrived without a reload.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_durable.web import create_app
-from tests.web.conftest import Site, SiteFactory
-from tests.web.support import XSS, gate, new_gate, serving, wait_until
+from tests.support.poll import RUN_BOUND, poll
+from tests.web.conftest import Site
+from tests.web.support import XSS, gate, new_gate
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 # A loaded 2-core CI machine can take more than the default 5 s to run a step and push it to the page.
 expect.set_options(timeout=15_000)
 
-
-@pytest.fixture
-def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
 
 
 def mark(page: Any) -> None:
@@ -59,7 +52,11 @@ def test_the_run_page_shows_a_phase_change_and_a_log_line_live(live: tuple[Site,
     run_id = web.client.start_workflow(
         "web.gated", args={"first": first, "second": second, "line": "through the gate, live"}
     )
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     page.goto(f"{url}/ns/default/runs/{run_id}")
     expect(page.locator('[data-phase-id="phase-1"]')).to_have_attribute("data-state", "active")
     expect(page.locator('[data-phase-id="phase-2"]')).to_have_attribute("data-state", "pending")
@@ -81,7 +78,11 @@ def test_the_run_page_shows_a_phase_change_and_a_log_line_live(live: tuple[Site,
 def test_cancel_from_the_page_ends_the_run_cancelled(live: tuple[Site, str], page: Any) -> None:
     web, url = live
     run_id = web.client.start_workflow("web.gated", args={"first": new_gate()})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     page.goto(f"{url}/ns/default/runs/{run_id}")
     page.locator("#cancel-button").click()
     expect(page.locator(".notice-ok")).to_be_visible()
@@ -94,7 +95,11 @@ def test_markup_in_a_log_line_renders_as_text(live: tuple[Site, str], page: Any)
     web, url = live
     held = new_gate()
     run_id = web.client.start_workflow("web.hostile", args={"hold": held})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     page.goto(f"{url}/ns/default/runs/{run_id}")
     expect(page.locator("#records .message", has_text=XSS).first).to_be_visible()  # rendered by the server
     wait_live(page)

@@ -3,30 +3,16 @@ Chromium against a real uvicorn server, worker and Redis."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_durable.web import create_app
-from tests.web.conftest import Site, SiteFactory
-from tests.web.support import new_gate, serving, wait_until
+from tests.web.conftest import Site, held
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 expect.set_options(timeout=15_000)
 
 
-@pytest.fixture
-def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
-
-
-def held(web: Site) -> str:
-    run_id = web.client.start_workflow("web.gated", args={"first": new_gate()})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
-    return run_id
 
 
 def test_search_by_workflow_and_status_from_the_form(live: tuple[Site, str], page: Any) -> None:

@@ -16,12 +16,12 @@ import urllib.request
 import pytest
 
 from celery_durable import Engine, Settings
-from tests.apps.phased import phased
-from tests.fleet import ROOT, settings_env
-from tests.readme import in_section
-from tests.web.support import wait_until
+from tests.support.apps.phased import phased
+from tests.support.fleet import ROOT, settings_env
+from tests.support.poll import RUN_BOUND, poll
+from tests.support.readme import in_section
 
-APP = "tests.apps.phased:make_engine"
+APP = "tests.support.apps.phased:make_engine"
 WEB_MODULES = ("starlette", "uvicorn", "jinja2")
 ENV_ASSIGNMENT = re.compile(r"^[A-Z][A-Z0-9_]*=")
 
@@ -114,7 +114,11 @@ def test_the_command_serves_the_namespace_read_only(settings: Settings) -> None:
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: get(base + "/api/")[0] == 200 or process.poll() is not None, "the server to answer")
+        poll(
+            lambda: get(base + "/api/")[0] == 200 or process.poll() is not None,
+            within=RUN_BOUND,
+            what="the server to answer",
+        )
         status, body = get(base + "/api/")
         assert status == 200, process.stdout.read() if process.stdout else ""
         assert json.loads(body)["namespace"] == "team-a" and json.loads(body)["read_only"] is True

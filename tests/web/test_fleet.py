@@ -10,12 +10,12 @@ from starlette.testclient import TestClient
 
 from celery_durable import Engine, Settings
 from celery_durable.web import create_app
-from tests.apps.trip import trip
-from tests.fleet import Fleet
+from tests.support.apps.trip import trip
+from tests.support.fleet import Fleet
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import SiteFactory
-from tests.web.support import wait_until
 
-TRIP = "tests.apps.trip:engine"
+TRIP = "tests.support.apps.trip:engine"
 
 
 def fleet_json(http: TestClient) -> dict[str, Any]:
@@ -52,14 +52,18 @@ def test_workers_what_they_hold_and_a_take_over(settings: Settings, fleet: Fleet
     with TestClient(create_app(engine), base_url="http://127.0.0.1") as http:
         run_id = client.start_workflow("trip", args={"hold": ["car"]})
         prefix = settings.key_prefix
-        wait_until(lambda: raw_redis.sismember(f"{prefix}:gate:{run_id}:reached", "car"), "the car at its gate", 30)
+        poll(
+            lambda: raw_redis.sismember(f"{prefix}:gate:{run_id}:reached", "car"),
+            within=RUN_BOUND,
+            what="the car at its gate",
+        )
 
         def holding() -> Any:
             data = fleet_json(http)
             mine = workers_named(data, "fleetpage1")
             return data if mine and run_id in mine[0]["runs"] else None
 
-        data = wait_until(holding, "the worker's beat naming the held run", 30)
+        data = poll(holding, within=RUN_BOUND, what="the worker's beat naming the held run")
         (worker,) = workers_named(data, "fleetpage1")
         assert worker["alive"] and worker["held"] >= 1 and worker["elsewhere"] == 0
         page = http.get("/ns/default/fleet").text

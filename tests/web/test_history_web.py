@@ -10,8 +10,9 @@ from starlette.testclient import TestClient
 from celery_durable import WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
 from celery_durable.web import create_app
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import gate, new_gate, serving, wait_until
+from tests.web.support import gate, new_gate
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 expect.set_options(timeout=15_000)
@@ -102,18 +103,16 @@ def test_started_names_the_first_attempt_that_started(site: SiteFactory) -> None
     assert shown.endswith("(attempt 2; no earlier attempt started)"), shown
 
 
-@pytest.fixture
-def live(site: SiteFactory) -> Any:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
-
 
 def test_history_and_timeline_grow_live_in_the_browser(live: tuple[Site, str], page: Any) -> None:
     web, url = live
     first, second = new_gate(), new_gate()
     run_id = web.client.start_workflow("web.gated", args={"first": first, "second": second, "line": "on"})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     page.goto(f"{url}/ns/default/runs/{run_id}")
     expect(page.locator('#history-events tr[data-kind="attempt_started"]')).to_have_count(1)
     expect(page.locator("#live-state")).to_have_attribute("data-state", "on")

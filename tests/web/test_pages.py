@@ -5,8 +5,9 @@ from __future__ import annotations
 import html
 
 from celery_durable.broker.schema import child_run_id
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import SiteFactory
-from tests.web.support import gate, new_gate, wait_until
+from tests.web.support import gate, new_gate
 
 UNKNOWN = "0" * 32
 
@@ -16,7 +17,11 @@ def test_root_redirects_to_the_namespace_and_the_runs_page_lists_runs(site: Site
     done = web.client.run_workflow("web.quick", timeout=20)
     held = new_gate()
     running = web.client.start_workflow("web.gated", args={"first": held})
-    wait_until(lambda: web.client.get_workflow_run(running).status == "running", "the gated run to start")
+    poll(
+        lambda: web.client.get_workflow_run(running).status == "running",
+        within=RUN_BOUND,
+        what="the gated run to start",
+    )
 
     root = web.http.get("/", follow_redirects=False)
     assert root.status_code == 302 and root.headers["location"] == "/ns/default/"
@@ -64,7 +69,11 @@ def test_run_page_says_what_a_running_run_is_doing(site: SiteFactory) -> None:
     web = site()
     held = new_gate()
     run_id = web.client.start_workflow("web.gated", args={"first": held})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     text = web.http.get(web.run_url(run_id)).text
     assert 'data-phase-id="phase-1" data-state="active"' in text
     assert 'data-phase-id="phase-2" data-state="pending"' in text
@@ -78,7 +87,11 @@ def test_a_run_page_links_its_parent_and_its_children(site: SiteFactory) -> None
     web = site()
     parent = web.client.start_workflow("web.parent")
     kid = child_run_id(parent, "kid")
-    wait_until(lambda: web.client.get_workflow_run(parent).snapshot["waiting_for"], "the parent to wait")
+    poll(
+        lambda: web.client.get_workflow_run(parent).snapshot["waiting_for"],
+        within=RUN_BOUND,
+        what="the parent to wait",
+    )
     text = web.http.get(web.run_url(parent)).text
     assert f"Waiting for the child run {kid}" in text
     assert f'href="/ns/default/runs/{kid}">open it</a>' in text
@@ -88,7 +101,11 @@ def test_a_run_page_links_its_parent_and_its_children(site: SiteFactory) -> None
     child_page = web.http.get(web.run_url(kid)).text
     assert f'id="parent-link" href="/ns/default/runs/{parent}"' in child_page
     assert 'id="children"' not in child_page
-    wait_until(lambda: web.client.get_workflow_run(kid).snapshot["waiting_for"], "the child to wait")
+    poll(
+        lambda: web.client.get_workflow_run(kid).snapshot["waiting_for"],
+        within=RUN_BOUND,
+        what="the child to wait",
+    )
     detail = web.http.get(f"/api/runs/{parent}/detail").json()
     assert detail["children"] == [
         {"key": "kid", "run_id": kid, "workflow": "web.waits-for-go", "status": "running", "detached": False}
@@ -157,9 +174,10 @@ def test_the_runs_api_and_page_filter_by_what_runs_wait_for(site: SiteFactory) -
     waiting = [web.client.start_workflow("web.approval") for _ in range(2)]
     done = web.client.run_workflow("web.quick", timeout=20)
     for run_id in waiting:
-        wait_until(
+        poll(
             lambda r=run_id: (web.client.get_workflow_run(r).snapshot["waiting_for"] or {}).get("name") == "approval",
-            "the run to wait for approval",
+            within=RUN_BOUND,
+            what="the run to wait for approval",
         )
     api = web.http.get("/api/runs", params={"waiting": "approval"}).json()
     assert [run["run_id"] for run in api["runs"]] == waiting[::-1]

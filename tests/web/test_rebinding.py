@@ -27,9 +27,10 @@ import pytest
 
 from celery_durable import Settings
 from celery_durable.web import Credential, create_app
-from tests.fleet import ROOT, settings_env
-from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS, Site, SiteFactory, needs_signals
-from tests.web.support import serving, wait_until
+from tests.support.fleet import ROOT, settings_env
+from tests.support.poll import RUN_BOUND, poll
+from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS, Site, SiteFactory, needs_signals, waiting
+from tests.web.support import serving
 from tests.web.test_cli import APP, free_port, one_error_line, web_command
 
 AUTH = Credential("operator", "s3cret pass")
@@ -47,8 +48,7 @@ def basic() -> dict[str, str]:
 
 def waiting_run(web: Site) -> tuple[str, int]:
     """A run waiting for the signal ``approval``, and its newest progress seq."""
-    run_id = web.client.start_workflow("web.approval")
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), "the run to wait")
+    run_id = waiting(web, "web.approval")
     return run_id, web.client.get_workflow_run_progress(run_id).newest_seq
 
 
@@ -162,7 +162,11 @@ def test_allowed_host_admits_a_name_and_refuses_the_others(settings: Settings) -
             return 0
 
     try:
-        wait_until(lambda: status(f"127.0.0.1:{port}") or process.poll() is not None, "the server to answer")
+        poll(
+            lambda: status(f"127.0.0.1:{port}") or process.poll() is not None,
+            within=RUN_BOUND,
+            what="the server to answer",
+        )
         assert status(f"127.0.0.1:{port}") == 200, process.stdout.read() if process.stdout else ""
         assert status(f"ops.example.test:{port}") == 200
         assert status("DASH.example.test") == 200

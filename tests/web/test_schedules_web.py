@@ -4,14 +4,13 @@ read-only rules as every action; the JSON API mirrors it. In Chromium too."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_durable.web import create_app
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import csrf_token, serving, wait_until
+from tests.web.support import csrf_token
 
 expect: Any = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra").expect
 expect.set_options(timeout=15_000)
@@ -69,12 +68,6 @@ def test_the_json_api_mirrors_the_client(site: SiteFactory) -> None:
     assert triggered["run_id"] and triggered["schedule"]["recent"][0]["run_id"] == triggered["run_id"]
 
 
-@pytest.fixture
-def live(site: SiteFactory) -> Iterator[tuple[Site, str]]:
-    web = site()
-    with serving(create_app(web.engine)) as url:
-        yield web, url
-
 
 def test_pause_and_trigger_from_the_page_in_chromium(live: tuple[Site, str], page: Any) -> None:
     web, url = live
@@ -87,6 +80,7 @@ def test_pause_and_trigger_from_the_page_in_chromium(live: tuple[Site, str], pag
     expect(page.locator('section[data-schedule="hourly"]')).to_have_attribute("data-paused", "yes")
     page.locator('section[data-schedule="hourly"] button[value="trigger"]').click()
     expect(page.locator(".notice-ok")).to_contain_text("started")
-    run_id = wait_until(lambda: web.client.get_schedule("hourly").recent, "the trigger's action")[0]["run_id"]
+    recent = poll(lambda: web.client.get_schedule("hourly").recent, within=RUN_BOUND, what="the trigger's action")
+    run_id = recent[0]["run_id"]
     page.locator(f'a[href="/ns/{web.ns}/runs/{run_id}"]').click()
     expect(page.locator("#run-status")).to_be_visible()

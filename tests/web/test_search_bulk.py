@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from tests.web.conftest import Site, SiteFactory
-from tests.web.support import csrf_token, new_gate, wait_until
+from tests.web.conftest import Site, SiteFactory, held, waiting
+from tests.web.support import csrf_token
 
 UNKNOWN = "0" * 32
 
@@ -21,17 +21,6 @@ def listed(web: Site, **params: str) -> set[str]:
     assert page.status_code == 200, page.text
     return set(re.findall(r'<tr data-run-id="([0-9a-f]{32})"', page.text))
 
-
-def held(web: Site) -> str:
-    run_id = web.client.start_workflow("web.gated", args={"first": new_gate()})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
-    return run_id
-
-
-def waiting(web: Site, workflow: str) -> str:
-    run_id = web.client.start_workflow(workflow)
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot.get("waiting_for"), f"{workflow} to wait")
-    return run_id
 
 
 # -- search ---------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import base64
 import pytest
 
 from celery_durable.web import Credential, ExposureError, check_exposure, is_loopback
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import SiteFactory
-from tests.web.support import XSS, gate, new_gate, wait_until
+from tests.web.support import XSS, gate, new_gate
 
 AUTH = Credential("operator", "s3cret pass")
 
@@ -28,7 +29,7 @@ def held_run(web: object) -> tuple[str, str]:
 def test_a_post_without_a_valid_csrf_token_is_refused_and_changes_nothing(site: SiteFactory) -> None:
     web = site()
     run_id, held = held_run(web)
-    wait_until(lambda: web.client.get_workflow_run(run_id).status == "running", "the run to start")
+    poll(lambda: web.client.get_workflow_run(run_id).status == "running", within=RUN_BOUND, what="the run to start")
     token = web.token(run_id)
 
     missing = web.http.post(f"{web.run_url(run_id)}/cancel", data={}, follow_redirects=False)
@@ -48,7 +49,7 @@ def test_a_post_without_a_valid_csrf_token_is_refused_and_changes_nothing(site: 
 def test_read_only_hides_the_actions_and_refuses_every_post(site: SiteFactory) -> None:
     web = site(read_only=True)
     run_id, held = held_run(web)
-    wait_until(lambda: web.client.get_workflow_run(run_id).status == "running", "the run to start")
+    poll(lambda: web.client.get_workflow_run(run_id).status == "running", within=RUN_BOUND, what="the run to start")
     page = web.http.get(web.run_url(run_id))
     assert "read-only" in page.text
     assert "<form method=\"post\"" not in page.text and "Cancel</button>" not in page.text

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from celery_durable.web import create_app
+from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
-from tests.web.support import gate, new_gate, serving, wait_until
+from tests.web.support import gate, new_gate, serving
 
 
 def events(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
@@ -67,7 +68,11 @@ def test_records_arrive_as_they_are_written(base_url: tuple[Site, str]) -> None:
     web, url = base_url
     held = new_gate()
     run_id = web.client.start_workflow("web.gated", args={"first": held, "line": "after the gate"})
-    wait_until(lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"], "the held step")
+    poll(
+        lambda: web.client.get_workflow_run(run_id).snapshot["steps_running"],
+        within=RUN_BOUND,
+        what="the held step",
+    )
     with httpx.stream("GET", f"{url}/api/runs/{run_id}/events", timeout=10) as response:
         seen: list[str] = []
         for name, data, _ in events(response.iter_lines()):

@@ -25,7 +25,7 @@ RUN_FIELDS: dict[str, str] = {
     "limits": "JSON limits in force",
     "has_result": "'1' when result holds the run's JSON result",
     "result": "JSON result",
-    "code_hash": "hash of the workflow's code and meta the run started with (SPEC §8a)",
+    "code_hash": "hash of the workflow's code and meta the run started with (what resume compares)",
     "attempt_code_hash": "hash of the code the run's latest pass ran, written by note_code.lua only when it "
     "differs from what the run has ('' : the code it started with); for a run stopped on nondeterminism, "
     "the code that diverged",

@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from celery_durable import Engine, Settings, WorkflowContext, workflow
-from tests.apps import side_redis
+from tests.support.apps import side_redis
 
 SERVICES = ("flight", "hotel", "car")
 settings = Settings()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from celery_durable import Engine, Settings
-from tests.apps.gpu import make_app
+from tests.support.apps.gpu import make_app
 
 settings = Settings()
 app = make_app(settings.redis_url, os.environ.get("GPU_QUEUE", "gpu"))

@@ -16,7 +16,7 @@ import pytest
 from celery_durable import Settings
 from celery_durable.testing import workers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -60,5 +60,5 @@ def make_approval_engine() -> Engine:
 
 def make_engine() -> Engine:
     """This module's workflows on an engine built when the command runs, from
-    the test's environment (in-process CLI tests: ``--app tests.apps.waits:make_engine``)."""
+    the test's environment (in-process CLI tests: ``--app tests.support.apps.waits:make_engine``)."""
     return Engine(workflows=[await_signal, nap])

@@ -20,24 +20,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 import redis
 from kombu import Connection
 from redis.cluster import RedisCluster
 
+from celery_durable import Settings
 from celery_durable.local.redis_server import RedisServer, find_redis_server, free_port
+from tests.support.poll import START_BOUND, poll
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -127,16 +129,20 @@ class RabbitMQServer:
             self.process = subprocess.Popen(
                 [self.binary], env=env, cwd=self.data_dir, stdout=log, stderr=log, start_new_session=True
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def answers() -> bool:
+            if process.poll() is not None:
                 tail = (self.data_dir / "server.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"rabbitmq-server exited at start (code {self.process.returncode}): {tail}")
-            if amqp_answers(self.url, timeout=0.5):
-                return self
-            time.sleep(0.2)
-        self.kill()
-        raise TimeoutError(f"rabbitmq-server did not answer on port {self.port} within {timeout}s")
+                raise RuntimeError(f"rabbitmq-server exited at start (code {process.returncode}): {tail}")
+            return amqp_answers(self.url, timeout=0.5)
+
+        try:
+            poll(answers, within=timeout, what=f"rabbitmq-server to answer on port {self.port}", every=0.2)
+        except AssertionError:
+            self.kill()
+            raise
+        return self
 
     def _signal_group(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -300,12 +306,9 @@ class RedisClusterNodes:
                 return False
         return True
 
-    def wait_ok(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the Redis Cluster did not reach cluster_state:ok")
-            time.sleep(0.05)
+    def wait_ok(self) -> None:
+        # The nodes learn of one another and of a failure within a few node timeouts.
+        poll(self.healthy, within=START_BOUND, what="the Redis Cluster to reach cluster_state:ok")
 
     def client(self) -> RedisCluster:
         return RedisCluster.from_url(self.url, decode_responses=True)
@@ -364,3 +367,64 @@ def keys_per_node(cluster: RedisClusterNodes, pattern: str) -> list[int]:
             counts.append(sum(1 for _ in client.scan_iter(match=pattern, count=1000)))
     return counts
 
+
+
+# -- the topology a test runs on --------------------------------------------------------
+
+TOPOLOGIES = ("redis", "cluster", "rabbitmq")
+"""One Redis (journal and broker); the journal on a Redis Cluster, the broker on
+the session's single Redis (kombu has no Redis Cluster transport); RabbitMQ as
+the broker, the journal on Redis."""
+
+
+@contextlib.contextmanager
+def deployed(topology: str, settings: Settings, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """``settings`` (a test's own key prefix and queue names) moved onto ``topology``.
+
+    On RabbitMQ the test's queues are deleted after it: durable queues outlive
+    their consumers."""
+    if topology == "redis":
+        yield settings
+    elif topology == "cluster":
+        cluster: RedisClusterNodes = request.getfixturevalue("redis_cluster")
+        yield settings.model_copy(
+            update={"redis_url": cluster.url, "redis_cluster": True, "broker_url": settings.redis_url}
+        )
+    elif topology == "rabbitmq":
+        url: str = request.getfixturevalue("rabbitmq_url")
+        yield settings.model_copy(update={"broker_url": url})
+        queues = [settings.coordinator_queue, settings.steps_queue, settings.agents_queue]
+        delete_queues(url, [*queues, f"{settings.key_prefix}.gpu"])
+    else:
+        raise ValueError(f"no topology {topology!r}: one of {TOPOLOGIES}")
+
+
+def journal_client(settings: Settings) -> redis.Redis:
+    """A client of the journal's store: the cluster's on a Redis Cluster."""
+    if settings.redis_cluster:
+        return RedisCluster.from_url(settings.redis_url, decode_responses=True)  # type: ignore[return-value]
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile``, a file's tests run on one process, except those
+    on a Redis Cluster or on RabbitMQ: each topology's tests run together, on one
+    process, in collection order. So one cluster serves them all, and its last
+    test (test_cluster.py's ``test_every_script_ran_on_the_cluster``, which
+    collection moves to the end) sees every script they ran."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TopologyScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            found = TOPOLOGY_ID.search(nodeid)
+            if found and found.group(1) != "redis":
+                return found.group(1)
+            return str(super()._split_scope(nodeid))
+
+    return TopologyScheduling(config, log)
+
+
+TOPOLOGY_ID = re.compile(r"[\[-](" + "|".join(TOPOLOGIES) + r")[\]-]")

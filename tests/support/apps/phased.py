@@ -53,5 +53,5 @@ engine = Engine(workflows=[phased])
 
 def make_engine() -> Engine:
     """The engine with settings read now: in-process CLI tests (``--app
-    tests.apps.phased:make_engine``) set the environment per test."""
+    tests.support.apps.phased:make_engine``) set the environment per test."""
     return Engine(workflows=[phased])

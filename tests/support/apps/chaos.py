@@ -31,7 +31,7 @@ import redis
 from celery.signals import task_postrun, task_prerun, task_received, worker_ready
 
 from celery_durable import Engine, Settings, WorkflowContext, workflow
-from tests.apps.trip import SERVICES, book
+from tests.support.apps.trip import SERVICES, book
 
 settings = Settings()
 _redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from celery_durable import Engine, Settings, WorkflowContext, define_workflow
-from tests.apps.gpu import make_app
+from tests.support.apps.gpu import make_app
 
 settings = Settings()
 counter = (redis.Redis.from_url(settings.redis_url, decode_responses=True), settings.key_prefix)

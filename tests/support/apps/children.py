@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from celery_durable import Engine, Settings, WorkflowContext, workflow
-from tests.apps import side_redis
+from tests.support.apps import side_redis
 
 settings = Settings()
 _redis = side_redis(settings)

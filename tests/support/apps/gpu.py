@@ -1,6 +1,6 @@
 """A plain Celery app, as a team already has one: nothing of celery-durable.
 
-Its worker process runs only this module (``celery -A tests.apps.gpu worker
+Its worker process runs only this module (``celery -A tests.support.apps.gpu worker
 -Q <queue>``), configured from the environment the tests give it. The tests
 read what it did from Redis: ``gpu:runs:<task id>`` counts how many times a
 task id ran. ``make_app`` builds the same app in the test process, on the
