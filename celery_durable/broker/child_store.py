@@ -25,6 +25,7 @@ from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import Conflict, Flags
 from celery_durable.broker.keys import RunKeys
+from celery_durable.broker.ops import OPS
 from celery_durable.broker.replies import children as parse
 from celery_durable.broker.run_records import RunRecords
 from celery_durable.broker.schema import ChildEntry, Identity, Outcome
@@ -43,28 +44,39 @@ class ChildJournal:
     _clock: Clock
     _look_at: Callable[[int], None]
 
+    def _call(self, name: str, args: Sequence[Any]) -> Any:
+        """Script ``name`` on this run's keys its row names (``ops.OPS``)."""
+        return self._run(name, OPS[name].keys_of(self._keys), args)
+
     def child(
-        self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-        child_run_id: str, workflow: str, *, wait: bool,
+        self,
+        seq: str,
+        index: int,
+        key: str,
+        owner: str,
+        due_ms: int | None,
+        cut: str | None,
+        child_run_id: str,
+        workflow: str,
+        *,
+        wait: bool,
     ) -> ChildCall | Conflict:
-        k = self._keys
         identity = Identity.child(key) if wait else Identity.start_child(key)
         args = [
             *(self._epoch, self._clock(), seq, index, identity, key, owner, "" if due_ms is None else due_ms),
             *(cut or "", child_run_id, workflow, "wait" if wait else "start", self._channel),
         ]
-        reply = self._run("child", [k.run, k.journal, k.waits, k.children, k.progress, k.history], args)
+        reply = self._call("child", args)
         result = parse.child(reply, self._run_id)
         if isinstance(result, ChildCall) and result.verdict is ChildVerdict.PENDING and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
         return result
 
     def child_done(self, key: str, child_run_id: str, outcome: Outcome) -> ChildDone:
-        k = self._keys
         tag, payload = schema.outcome_payload(outcome)
         status = schema.child_status(outcome)
         args = [self._clock(), key, child_run_id, tag, payload, "", self._epoch, self._channel, status]
-        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children, k.history], args)
+        reply = self._call("child_done", args)
         done = parse.child_done(reply, self._run_id)
         if done.verdict is DoneVerdict.MISSING:
             raise StorageCorruptError(f"Run record {self._run_id} is missing")
@@ -73,16 +85,14 @@ class ChildJournal:
         return done
 
     def mark_compensable(self) -> Flags:
-        return parse.compensable(self._run("compensable", [self._keys.run], [self._epoch]), self._run_id)
+        return parse.compensable(self._call("compensable", [self._epoch]), self._run_id)
 
     def step_over(self, seq: str, index: int) -> Flags:
-        k = self._keys
-        reply = self._run("step_over", [k.run, k.journal], [self._epoch, seq, index])
+        reply = self._call("step_over", [self._epoch, seq, index])
         return parse.step_over(reply, self._run_id)
 
     def wake_branches(self, call: str) -> list[int]:
-        k = self._keys
-        reply = self._run("wake_branches", [k.run, k.waits], [self._epoch, call])
+        reply = self._call("wake_branches", [self._epoch, call])
         _, branches = parse.wake_branches(reply, self._run_id)
         return branches
 
@@ -99,7 +109,7 @@ class ChildRuns(RunRecords):
         tag, payload = schema.outcome_payload(outcome)
         status = schema.child_status(outcome)
         args = [self.clock(), key, child_run_id, tag, payload, prefix, "", self.channel(namespace), status]
-        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children, k.history], args)
+        reply = self.call("child_done", k, args)
         return parse.child_done(reply, parent_run_id)
 
     def children(self, run_id: str) -> list[ChildEntry]:

@@ -56,9 +56,9 @@ class RunControl(RunRecords, FleetLiveness):
     ) -> None:
         """Settle the run as its attempt ``epoch``; ``watch``: it is a child
         whose parent must be told, and the sweep looks at it again until then."""
-        reply = self._run(
+        reply = self.call(
             "finish",
-            self.settle_keys(run_id),
+            self.run_keys(run_id),
             [
                 epoch,
                 self.clock(),
@@ -97,9 +97,9 @@ class RunControl(RunRecords, FleetLiveness):
         traceparent of the span that began it ('' clears the old attempt's)."""
         # The script sets each "field=value" pair it is given: the ceilings, and the trace anchor.
         fields = f"{ceilings},trace_attempt={trace_attempt}" if ceilings else f"trace_attempt={trace_attempt}"
-        reply = self._run(
+        reply = self.call(
             "resume",
-            self.settle_keys(record.run_id),
+            self.run_keys(record.run_id),
             [
                 record.epoch,
                 record.status,
@@ -127,9 +127,9 @@ class RunControl(RunRecords, FleetLiveness):
         changed meanwhile. ``forced``: the death is known (a message of the
         attempt came back from a holder that died), not judged by liveness."""
         room = self.queue_room()
-        reply = self._run(
+        reply = self.call(
             "halt",
-            self.settle_keys(record.run_id),
+            self.run_keys(record.run_id),
             [
                 *(record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room),
                 *(stop.status, stop.reason, stop.error, stop.message, stop.recoveries, int(forced)),
@@ -151,11 +151,8 @@ class RunControl(RunRecords, FleetLiveness):
         compensate in. ``CANCELLED``: settled here (a pending run no attempt
         started, or a resumable one with nothing to undo). ``watch``: as
         ``finish``'s, should it settle here."""
-        k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.live, k.waits, k.steps, k.running, k.agents, k.history]
-        keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
         args = [self.clock(), self.channel(namespace), message, self.retention_ms, self.lease_ms]
-        requested = parse.cancel(self._run("cancel", keys, args), run_id)
+        requested = parse.cancel(self.call("cancel", self.run_keys(run_id), args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
             self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
             self._gave_up(run_id)
@@ -170,23 +167,17 @@ class RunControl(RunRecords, FleetLiveness):
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:
         """Request a pause; on ``REQUESTED`` the caller sends coordinator message ``message``."""
-        k = self.run_keys(run_id)
-        keys = [k.run, k.live, k.progress, k.history]
-        reply = self._run("pause", keys, [self.channel(namespace), self.clock(), message])
+        reply = self.call("pause", self.run_keys(run_id), [self.channel(namespace), self.clock(), message])
         return parse.pause(reply, run_id)
 
     def note(self, run_id: str, what: str, message: str) -> bool:
         """Leave ``message`` as a system record of the run, once per ``what`` (``note.lua``)."""
         k = self.run_keys(run_id)
-        reply = self._run("note", [k.run, k.progress, k.history], [self.clock(), message, f"noted:{what}"])
+        reply = self.call("note", k, [self.clock(), message, f"noted:{what}"])
         return parse.note(reply, run_id)
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
         """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
         k = self.run_keys(run_id)
-        reply = self._run(
-            "signal",
-            [k.run, k.signals, k.waits, k.live, k.progress, k.history],
-            [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)],
-        )
+        reply = self.call("signal", k, [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)])
         return parse.signal(reply, run_id)

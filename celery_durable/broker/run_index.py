@@ -47,24 +47,10 @@ from celery_durable.broker.connection import RedisClient, storage_errors
 from celery_durable.broker.keys import KeySpace, NamespaceKeys
 from celery_durable.broker.replies import index as parse
 from celery_durable.broker.replies import run as run_replies
-from celery_durable.broker.scripts import SCRIPT_NAMES, Clock, Scripts, reaches
+from celery_durable.broker.scripts import Clock, Scripts
 from celery_durable.errors import StorageError
 
 logger = logging.getLogger(__name__)
-
-UNINDEXED_WRITERS = {
-    "call": "it only waits for a task call, which has no place in the waiting summary",
-    "call_done": "it only ends a task call's wait, and its activation finds the run running already",
-}
-"""Scripts that reach the status or waiting writers, yet change nothing an
-index holds, and why."""
-
-INDEXED_SCRIPTS = (
-    frozenset(name for name in SCRIPT_NAMES if reaches(name, frozenset({"set_status", "set_waiting"})))
-    - UNINDEXED_WRITERS.keys()
-)
-"""The scripts that may change a run's status or waiting summary (the ones
-that call set_status or set_waiting), each followed by ``index_sync.lua``."""
 
 INTENT_GRACE_MS = 60_000
 RECORD_FIELDS = ("id", "ixv", "status", "workflow", "created_at", "waiting")

@@ -49,7 +49,7 @@ class RunRecords(IndexReads):
             flat.extend((name, value))
         k = self.run_keys(run_id)
         retention_ms = self.settings.run_retention_seconds * 1000
-        reply = self._run("create_run", [k.run, k.live], [message, self.clock(), retention_ms, *flat])
+        reply = self.call("create_run", k, [message, self.clock(), retention_ms, *flat])
         return parse.create_run(reply, run_id)
 
     def create_runs(self, starts: Sequence[tuple[str, dict[str, str], str]]) -> list[bool | StorageCorruptError]:
@@ -59,12 +59,11 @@ class RunRecords(IndexReads):
         the error of a damaged one in its place."""
         retention_ms = self.settings.run_retention_seconds * 1000
         now = self.clock()
-        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        calls: list[tuple[Any, Sequence[Any]]] = []
         for run_id, fields, message in starts:
-            k = self.run_keys(run_id)
             flat = [item for pair in fields.items() for item in pair]
-            calls.append(([k.run, k.live], [message, now, retention_ms, *flat]))
-        replies = self._look_then_run_each("create_run", calls)
+            calls.append((self.run_keys(run_id), [message, now, retention_ms, *flat]))
+        replies = self.call_each("create_run", calls)
         out: list[bool | StorageCorruptError] = []
         for (run_id, _, _), reply in zip(starts, replies, strict=True):
             out.append(reply if isinstance(reply, StorageCorruptError) else parse.create_run(reply, run_id))
@@ -94,12 +93,12 @@ class RunRecords(IndexReads):
 
     def discard_run(self, run_id: str, epoch: int) -> None:
         k = self.run_keys(run_id)
-        parse.discard_run(self._run("discard_run", [k.run, k.live], [epoch]), run_id)
+        parse.discard_run(self.call("discard_run", k, [epoch]), run_id)
 
     def release_idempotency(self, namespace: str, idempotency_key: str, owner: str) -> bool:
         """Free an idempotency key that still names ``owner``, a run that has expired."""
         key = self.keys.namespace(namespace).idempotency(idempotency_key)
-        return parse.release_idempotency(self._run("release_idempotency", [key], [owner]))
+        return parse.release_idempotency(self.call("release_idempotency", None, [owner], key))
 
     def forget_runs(self, namespace: str, run_ids: Sequence[str]) -> None:
         """Drop runs whose keys have expired (run retention) from every index of the namespace."""
@@ -223,5 +222,5 @@ class RunRecords(IndexReads):
         the same snapshot."""
         k = self.run_keys(run_id)
         cursor = min(max(cursor, 0), MAX_SEQ)
-        reply = self._run("read_progress", [k.run, k.progress, k.progress_phases], [phase_id, mode, cursor, count])
+        reply = self.call("read_progress", k, [phase_id, mode, cursor, count])
         return parse.read_progress(reply, run_id)

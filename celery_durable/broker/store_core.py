@@ -19,43 +19,17 @@ from redis.exceptions import NoScriptError
 
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS
 from celery_durable.broker.replies import fleet as parse_fleet
-from celery_durable.broker.run_index import INDEXED_SCRIPTS, IndexWrites
-from celery_durable.broker.scripts import WAKING_SCRIPTS, Clock, Scripts, now_ms
+from celery_durable.broker.run_index import IndexWrites
+from celery_durable.broker.scripts import Clock, Scripts, now_ms
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
 
+__all__ = ["LOOK_FIRST", "WATCHED_CALLERS", "StoreCore"]
+
 ALONE = object()
 """In place of a pipelined reply: run that call again by itself."""
-
-WATCHED_CALLERS = {
-    "activate": "a pass, whose message is counted in flight",
-    "agent_call": "an agent turn's message, counted in flight",
-    "agent_finish": "an agent turn's message, counted in flight",
-    "agent_start": "an agent turn's message, counted in flight",
-    "complete_begin": "a branch task, counted in flight",
-    "complete_branch": "a branch task, counted in flight",
-    "heartbeat": "a task counted in flight",
-    "requeue": "a message counted in flight, which it replaces",
-    "sending": "a pass or a branch task, counted in flight",
-    "task_end": "a task counted in flight, which it ends",
-    "examine": "the sweep, which has claimed the run (claim_due.lua)",
-}
-"""The scripts that count wakes only for a caller the sweep already watches
-the run for, and why: a run with a message counted in flight is never left
-unscheduled (only a run that waits with nothing in flight is), and the sweep
-writes its own verdict (looked.lua)."""
-
-LOOK_FIRST = WAKING_SCRIPTS - WATCHED_CALLERS.keys()
-"""Every other script that may count a wake (create a run, resume it, cancel,
-pause, signal, a child's end, a call's answer: callers from outside the
-run's work, or a new script nobody classed) runs only once the run has a look
-scheduled no later than a lease from now (``_run``). The wake it counts is
-published after it returns; should its caller die before that, the sweep
-finds the counted message gone and the run goes on (liveness in
-_prelude.lua). A script is safe by default: leaving it out of
-``WATCHED_CALLERS`` costs a command, never a run."""
-
 
 class StoreCore:
     """One Redis, or a Redis Cluster, and the scripts registered on it."""
@@ -91,6 +65,20 @@ class StoreCore:
     def ping(self) -> None:
         with storage_errors():
             self.client.ping()
+
+    def call(self, name: str, on: Any, args: Sequence[Any], *more: str) -> Any:
+        """Script ``name`` on the keys of ``on`` (a ``RunKeys``, ``ThrottleKeys``…)
+        its row names (``ops.OPS``), and ``more``, the optional keys it takes:
+        the one way a script is called, so that its row's rules hold."""
+        return self._run(name, [*OPS[name].keys_of(on), *more], args)
+
+    def call_each(self, name: str, calls: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
+        """``call`` of many ``(on, args)``, pipelined (``_run_each``); a script
+        of ``LOOK_FIRST`` once its runs' looks are scheduled."""
+        keyed = [(OPS[name].keys_of(on), args) for on, args in calls]
+        if name in LOOK_FIRST:
+            return self._look_then_run_each(name, keyed)
+        return self._run_each(name, keyed)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Script ``name``'s raw reply, for the parse function of the same name

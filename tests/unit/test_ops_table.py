@@ -1,0 +1,62 @@
+"""The table of storage operations (``broker/ops.py``) against the Lua it
+describes: a script with no row, a row whose column the script belies, or a
+script that carries the fence rule itself fails here."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from celery_durable.broker import ops
+from celery_durable.broker.scripts import LUA, reaches
+
+WRITES = re.compile(
+    r"redis\.call\('(HSET|HSETNX|HDEL|HINCRBY|SET|DEL|ZADD|ZREM\w*|XADD|XTRIM|EXPIRE|PEXPIRE|PERSIST|PUBLISH|SADD|SREM|INCR\w*)'"
+)
+
+
+def body(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def header(name: str) -> str:
+    return "\n".join(line for line in body(name).splitlines() if line.startswith("--"))
+
+
+def test_every_script_has_one_row_and_every_row_a_script() -> None:
+    files = {p.name.removesuffix(".lua") for p in LUA.iterdir() if p.name.endswith(".lua") and p.name[0] != "_"}
+    assert files == set(ops.OPS)
+
+
+def test_the_columns_are_what_the_lua_does() -> None:
+    waking = {name for name in ops.OPS if reaches(name, frozenset({"token_queued"}))}
+    assert waking == ops.WAKING_SCRIPTS
+    writing = {name for name in ops.OPS if reaches(name, frozenset({"set_status", "set_waiting"}))}
+    assert writing - {"call", "call_done"} == ops.INDEXED_SCRIPTS  # the two rows say why not
+    assert set(ops.WATCHED_CALLERS) <= ops.WAKING_SCRIPTS
+    for name in ops.READS:
+        assert not WRITES.search(body(name)), f"{name}.lua writes, yet its row reads only"
+        assert not ops.OPS[name].indexed and not ops.OPS[name].wakes
+
+
+@pytest.mark.parametrize("name", ops.SCRIPT_NAMES)
+def test_the_fence_rule_is_the_preludes_alone(name: str) -> None:
+    """No script fences itself: a fenced row's script starts behind the
+    prelude's rule; any other row names why it is not fenced."""
+    assert "fence(" not in body(name)
+    fenced = ops.OPS[name].fenced
+    assert fenced is True or (isinstance(fenced, str) and fenced)
+
+
+@pytest.mark.parametrize("name", ops.SCRIPT_NAMES)
+def test_a_rows_keys_are_its_headers(name: str) -> None:
+    """As many named roles as the header's KEYS (``*``: KEYS[n..], the rest;
+    ``?``: a key the caller adds when it has one)."""
+    found = [int(n) for n in re.findall(r"KEYS\[(\d+)\]", header(name))]
+    roles = ops.OPS[name].keys
+    if roles == ("*",):
+        assert re.search(r"KEYS\[1\.\.\d*\]", header(name)), name
+        return
+    assert max(found) == len([role for role in roles if role != "*"]), name
+    assert ("*" in roles) == bool(re.search(r"KEYS\[\d+\.\.\]", header(name))), name
