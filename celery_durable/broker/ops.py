@@ -187,7 +187,7 @@ OPS: dict[str, Op] = {
     "claim_dead_workers": Op(fleet.claim_dead_workers, "workers", fenced=_SWEEP),
     # -- a namespace's indexes (run_index.py) --------------------------------
     "index_intent": Op(index.index_intent, "index_intents", fenced=_NAMESPACE),
-    "index_sync": Op(index.index_sync, "index index_state runs index_intents run?", fenced=_NAMESPACE),
+    "index_sync": Op(index.index_sync, "index index_state runs index_intents", fenced=_NAMESPACE),
     "index_forget": Op(index.index_forget, "runs index index_state index_intents", fenced=_NAMESPACE),
     # -- schedules (schedule_store.py) ----------------------------------------
     "schedule_put": Op(schedules.schedule_put, "schedule due ids", fenced=_SCHEDULE),

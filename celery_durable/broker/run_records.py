@@ -14,6 +14,7 @@ from typing import Any, cast
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.index_reads import IndexReads
+from celery_durable.broker.ops import OPS
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import run as parse
@@ -71,25 +72,29 @@ class RunRecords(IndexReads):
 
     def index_runs(self, runs: Sequence[tuple[str, str]]) -> None:
         """``index_run`` of many new runs (namespace, run id), none with an
-        idempotency key: in one MULTI/EXEC on one Redis, each alone on a Cluster."""
-        if not runs:
-            return
-        for namespace, run_id in runs:
-            self.indexes.remember(run_id, namespace)
-        calls = []
-        for namespace, run_id in runs:
-            ns = self.keys.namespace(namespace)
-            calls.append(([ns.runs, ns.counter, ns.index_meta], [run_id, ns.events], namespace, run_id))
-        self.indexes.index_each(calls)
+        idempotency key, pipelined."""
+        for reply in self._index_each([(namespace, run_id, None) for namespace, run_id in runs]):
+            if isinstance(reply, Exception):
+                raise reply
+            parse.index_run(reply)
 
     def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
         """List the run in its namespace (and its indexes, from its record)."""
-        ns = self.keys.namespace(namespace)
-        keys = [ns.runs, ns.counter, ns.index_meta]
-        if idempotency_key is not None:
-            keys.append(ns.idempotency(idempotency_key))
-        self.indexes.remember(run_id, namespace)
-        return self.indexes.index_run(keys, [run_id, ns.events], namespace, run_id)
+        [reply] = self._index_each([(namespace, run_id, idempotency_key)])
+        if isinstance(reply, Exception):
+            raise reply
+        return parse.index_run(reply)
+
+    def _index_each(self, runs: Sequence[tuple[str, str, str | None]]) -> list[Any]:
+        """index_run.lua for each (namespace, run id, idempotency key), then
+        the runs' first index entries from their records (``_indexed_each``)."""
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        for namespace, run_id, idempotency_key in runs:
+            self.indexes.remember(run_id, namespace)
+            ns = self.keys.namespace(namespace)
+            more = [] if idempotency_key is None else [ns.idempotency(idempotency_key)]
+            calls.append(([*OPS["index_run"].keys_of(ns), *more], [run_id, ns.events]))
+        return self._indexed_each("index_run", calls, [run_id for _, run_id, _ in runs])
 
     def discard_run(self, run_id: str, epoch: int) -> None:
         k = self.run_keys(run_id)

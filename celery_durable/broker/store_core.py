@@ -28,6 +28,8 @@ from celery_durable.errors import StorageCorruptError, StorageError
 
 __all__ = ["LOOK_FIRST", "WATCHED_CALLERS", "StoreCore"]
 
+Runner = Callable[[str, Sequence[str], Sequence[Any]], Any]
+
 ALONE = object()
 """In place of a pipelined reply: run that call again by itself."""
 
@@ -90,7 +92,13 @@ class StoreCore:
 
     def _run_alone(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if name in INDEXED_SCRIPTS:
-            return self.indexes.run(name, keys, args)
+            [reply] = self._indexed_each(name, [(keys, args)], [self.keys.run_id_of(keys[0])])
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        return self._run_script(name, keys, args)
+
+    def _run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         with storage_errors():
             return self._scripts[name](keys=list(keys), args=list(args))
 
@@ -183,22 +191,24 @@ class StoreCore:
             return []
         assert looked or name not in LOOK_FIRST, name
         if name in INDEXED_SCRIPTS:
-            # Each call with its index sync (run_index.py): one transaction on
-            # one Redis; on a Cluster each call alone, through ``_run``.
-            if isinstance(self.client, RedisCluster):
-                replies: list[Any] = [ALONE] * len(calls)
-            else:
-                try:
-                    with storage_errors():
-                        replies = self.indexes.run_each_together(name, calls)
-                except StorageCorruptError:  # a reply that cannot be decoded: each again alone, as below
-                    replies = [ALONE] * len(calls)
-            return [
-                self._reply_or_error(name, keys, args, reply)
-                for (keys, args), reply in zip(calls, replies, strict=True)
-            ]
+            return self._indexed_each(name, calls, [self.keys.run_id_of(keys[0]) for keys, _ in calls])
+        return self._run_plain_each(name, calls, self._run)
+
+    def _indexed_each(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], run_ids: Sequence[str]
+    ) -> list[Any]:
+        """``_run_each`` of a script that changes what the indexes hold of
+        ``run_ids``, inside their protocol (run_index.py)."""
+        return self.indexes.run_each(name, calls, run_ids, self._run_plain_each)
+
+    def _run_plain_each(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], again: Runner | None = None
+    ) -> list[Any]:
+        """``_run_each`` itself: ``again`` runs a call alone whose pipelined
+        reply was not had (the script by itself, unless said otherwise)."""
+        again = again or self._run_script
         if isinstance(self.client, RedisCluster):
-            return self._run_each_on_masters(name, calls)
+            return self._run_each_on_masters(name, calls, again)
         script = self._scripts[name]
         try:
             with storage_errors():
@@ -209,10 +219,13 @@ class StoreCore:
         except StorageCorruptError:
             replies = [ALONE] * len(calls)
         return [
-            self._reply_or_error(name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
+            _reply_or_error(again, name, keys, args, reply)
+            for (keys, args), reply in zip(calls, replies, strict=True)
         ]
 
-    def _run_each_on_masters(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def _run_each_on_masters(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], again: Runner
+    ) -> list[Any]:
         """``_run_each`` on a Cluster, whose client pipelines no scripts: a
         pipeline per master, on that master's own connection, for the calls
         whose slot it serves. A call that meets anything but its reply there
@@ -243,21 +256,8 @@ class StoreCore:
             except StorageError:
                 continue  # that master's calls run alone: the cluster client finds their nodes
         return [
-            self._reply_or_error(name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
+            _reply_or_error(again, name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
         ]
-
-    def _reply_or_error(self, name: str, keys: Sequence[str], args: Sequence[Any], reply: Any) -> Any:
-        """One reply of ``_run_each``: run alone again where the script was not
-        loaded (a restarted Redis, a Cluster node not asked before)."""
-        try:
-            if reply is ALONE or isinstance(reply, NoScriptError):
-                return self._run(name, keys, args)
-            if isinstance(reply, Exception):
-                with storage_errors():
-                    raise reply
-        except StorageCorruptError as exc:
-            return exc
-        return reply
 
     def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
         with storage_errors():
@@ -294,3 +294,17 @@ class StoreCore:
     def unschedule(self, run_id: str) -> None:
         with storage_errors():
             self.client.zrem(self.keys.sweep_due, run_id)
+
+
+def _reply_or_error(again: Runner, name: str, keys: Sequence[str], args: Sequence[Any], reply: Any) -> Any:
+    """One reply of ``_run_each``: run alone again (``again``) where the script
+    was not loaded (a restarted Redis, a Cluster node not asked before)."""
+    try:
+        if reply is ALONE or isinstance(reply, NoScriptError):
+            return again(name, keys, args)
+        if isinstance(reply, Exception):
+            with storage_errors():
+                raise reply
+    except StorageCorruptError as exc:
+        return exc
+    return reply
