@@ -49,17 +49,8 @@ class ChildJournal:
         return self._run(name, OPS[name].keys_of(self._keys), args)
 
     def child(
-        self,
-        seq: str,
-        index: int,
-        key: str,
-        owner: str,
-        due_ms: int | None,
-        cut: str | None,
-        child_run_id: str,
-        workflow: str,
-        *,
-        wait: bool,
+        self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+        child_run_id: str, workflow: str, *, wait: bool,
     ) -> ChildCall | Conflict:
         identity = Identity.child(key) if wait else Identity.start_child(key)
         args = [

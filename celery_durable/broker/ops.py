@@ -64,45 +64,24 @@ _THROTTLE = "a throttle's slot, no run's; a holder's epoch is checked against it
 _SCHEDULE = "a schedule's slot, no run's; its rev is checked instead"
 _OUTSIDE = "a caller from outside the run's work (an operator, a sender, the sweep): no epoch to fence with"
 
+# fmt: off
 OPS: dict[str, Op] = {
     # -- a pass, a task's start, beats and end (run_passes.py) ---------------
-    "activate": Op(
-        run.activate,
-        "run progress live history journal",
-        indexed=True,
-        wakes=True,
-        watched="a pass, whose message is counted in flight",
-    ),
+    "activate": Op(run.activate, "run progress live history journal", indexed=True, wakes=True,
+                   watched="a pass, whose message is counted in flight"),
     "release": Op(run.release, "run live", fenced="the lock's token is checked: a settled run's pass releases too"),
-    "requeue": Op(
-        run.requeue,
-        "run live progress history",
-        fenced="its own: a stale or settled run's message is dropped, not refused",
-        wakes=True,
-        watched="a message counted in flight, which it replaces",
-    ),
+    "requeue": Op(run.requeue, "run live progress history",
+                  fenced="its own: a stale or settled run's message is dropped, not refused", wakes=True,
+                  watched="a message counted in flight, which it replaces"),
     "heartbeat": Op(run.heartbeat, "run live", wakes=True, watched="a task counted in flight"),
-    "branch_start": Op(
-        run.branch_start,
-        "run live journal",
-        fenced="its own: a paused run's branch starts; a forged task id is refused",
-    ),
-    "task_end": Op(
-        run.task_end,
-        "run live",
-        fenced="its own: a stale task still ends",
-        wakes=True,
-        watched="a task counted in flight, which it ends",
-    ),
-    "agent_start": Op(
-        run.agent_start, "run journal agents live", wakes=True, watched="an agent turn's message, counted in flight"
-    ),
-    "agent_finish": Op(
-        run.agent_finish,
-        "run journal agents live history",
-        wakes=True,
-        watched="an agent turn's message, counted in flight",
-    ),
+    "branch_start": Op(run.branch_start, "run live journal",
+                       fenced="its own: a paused run's branch starts; a forged task id is refused"),
+    "task_end": Op(run.task_end, "run live", fenced="its own: a stale task still ends", wakes=True,
+                   watched="a task counted in flight, which it ends"),
+    "agent_start": Op(run.agent_start, "run journal agents live", wakes=True,
+                      watched="an agent turn's message, counted in flight"),
+    "agent_finish": Op(run.agent_finish, "run journal agents live history", wakes=True,
+                       watched="an agent turn's message, counted in flight"),
     # call_done.lua only ends a task call's wait, and its activation finds the run running already: not indexed.
     "call_done": Op(run.call_done, "run journal waits live running steps history progress", wakes=True),
     # -- a run's record (run_records.py) --------------------------------------
@@ -114,17 +93,11 @@ OPS: dict[str, Op] = {
     "read_history": Op(history.read_history, "run history", fenced=_OUTSIDE, reads_only=True),
     # -- control (run_control.py) ---------------------------------------------
     "finish": Op(control.finish, _SETTLE, indexed=True),
-    "resume": Op(
-        control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True, wakes=True
-    ),
+    "resume": Op(control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
+                 wakes=True),
     "halt": Op(control.halt, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True),
-    "cancel": Op(
-        control.cancel,
-        "run progress live waits steps running agents history *",
-        fenced=_OUTSIDE,
-        indexed=True,
-        wakes=True,
-    ),
+    "cancel": Op(control.cancel, "run progress live waits steps running agents history *", fenced=_OUTSIDE,
+                 indexed=True, wakes=True),
     "pause": Op(control.pause, "run live progress history", fenced=_OUTSIDE, wakes=True),
     "note": Op(control.note, "run progress history", fenced=_OUTSIDE),
     "signal": Op(control.signal, "run signals waits live progress history", fenced=_OUTSIDE, indexed=True, wakes=True),
@@ -136,49 +109,28 @@ OPS: dict[str, Op] = {
     "commit_begin": Op(journal.commit_begin, "run progress journal running progress_phases steps history"),
     "record_op": Op(journal.record_op, "run journal steps running history"),
     "dispatch": Op(journal.dispatch, "run journal live history"),
-    "sending": Op(
-        journal.sending, "run journal live", wakes=True, watched="a pass or a branch task, counted in flight"
-    ),
+    "sending": Op(journal.sending, "run journal live", wakes=True,
+                  watched="a pass or a branch task, counted in flight"),
     "mark_sent": Op(journal.mark_sent, "run journal"),
     "unsent": Op(journal.unsent, "run journal live"),
-    "complete_branch": Op(
-        journal.complete_branch,
-        "run journal live steps running history",
-        wakes=True,
-        watched="a branch task, counted in flight",
-    ),
-    "complete_begin": Op(
-        journal.complete_begin,
-        "run progress journal running progress_phases steps live history",
-        wakes=True,
-        watched="a branch task, counted in flight",
-    ),
-    "agent_call": Op(
-        journal.agent_call, "run journal agents live", wakes=True, watched="an agent turn's message, counted in flight"
-    ),
+    "complete_branch": Op(journal.complete_branch, "run journal live steps running history", wakes=True,
+                          watched="a branch task, counted in flight"),
+    "complete_begin": Op(journal.complete_begin, "run progress journal running progress_phases steps live history",
+                         wakes=True, watched="a branch task, counted in flight"),
+    "agent_call": Op(journal.agent_call, "run journal agents live", wakes=True,
+                     watched="an agent turn's message, counted in flight"),
     "wait": Op(journal.wait, "run journal waits signals history", indexed=True),
     # call.lua reaches the waiting writers, yet only waits for a task call, which has no place in the summary.
     "call": Op(journal.call, "run journal waits running steps history"),
     "child": Op(children.child, "run journal waits children progress history", indexed=True),
-    "child_done": Op(
-        children.child_done,
-        "run journal waits live children history",
-        fenced="its own: a parent told from outside has no epoch to give",
-        indexed=True,
-        wakes=True,
-    ),
+    "child_done": Op(children.child_done, "run journal waits live children history",
+                     fenced="its own: a parent told from outside has no epoch to give", indexed=True, wakes=True),
     "compensable": Op(children.compensable, "run"),
     "step_over": Op(children.step_over, "run journal"),
     "wake_branches": Op(children.wake_branches, "run waits", indexed=True),
     # -- the recovery sweep (fleet_store.py) ---------------------------------
-    "examine": Op(
-        fleet.examine,
-        "run live waits",
-        fenced=_OUTSIDE,
-        indexed=True,
-        wakes=True,
-        watched="the sweep, which has claimed the run (claim_due.lua)",
-    ),
+    "examine": Op(fleet.examine, "run live waits", fenced=_OUTSIDE, indexed=True, wakes=True,
+                  watched="the sweep, which has claimed the run (claim_due.lua)"),
     "claim_due": Op(fleet.claim_due, "due?", fenced=_SWEEP),
     "look": Op(fleet.look, "due?", fenced=_SWEEP),
     "looked": Op(fleet.looked, "due?", fenced=_SWEEP),
@@ -202,15 +154,11 @@ OPS: dict[str, Op] = {
     "throttle_release": Op(throttles.throttle_release, "*", fenced=_THROTTLE),
     "throttle_enter": Op(throttles.throttle_enter, "run throttles"),
     "throttle_wait": Op(throttles.throttle_wait, "run throttles waits live history", indexed=True),
-    "throttle_granted": Op(
-        throttles.throttle_granted,
-        "run throttles waits live",
-        fenced="its own: the holder's epoch, as the throttle granted it",
-        indexed=True,
-        wakes=True,
-    ),
+    "throttle_granted": Op(throttles.throttle_granted, "run throttles waits live",
+                           fenced="its own: the holder's epoch, as the throttle granted it", indexed=True, wakes=True),
     "throttle_forget": Op(throttles.throttle_forget, "throttles", fenced="the run's intents only, as read"),
 }
+# fmt: on
 
 SCRIPT_NAMES = tuple(sorted(OPS))
 """Every script in ``lua/``: the contract tests hold the files and the rows equal."""

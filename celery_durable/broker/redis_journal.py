@@ -186,18 +186,8 @@ class RedisJournal(ChildJournal):
             self._look_at(result.due)  # the sweep fires the timer then
         return result
 
-    def call(
-        self,
-        seq: str,
-        index: int,
-        key: str,
-        owner: str,
-        due_ms: int | None,
-        cut: str | None,
-        running_row: str,
-        timeout_outcome: str,
-        inputs: str = "",
-    ) -> TaskCall | Conflict:
+    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
         identity = schema.Identity.call(key)
         due = "" if due_ms is None else due_ms
         args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]

@@ -55,7 +55,8 @@ RECORD_FIELDS = ("id", "ixv", "status", "workflow", "created_at", "waiting")
 NAMESPACE_CACHE = 65_536
 
 
-RunEach = Callable[[str, Sequence[tuple[Sequence[str], Sequence[Any]]]], list[Any]]
+Calls = Sequence[tuple[Sequence[str], Sequence[Any]]]
+RunEach = Callable[[str, Calls], list[Any]]
 """Runs a script once per (keys, args), pipelined: the replies in order, a
 call's ``StorageCorruptError`` in its place (``StoreCore._run_plain_each``)."""
 
@@ -90,13 +91,7 @@ class IndexWrites:
                         self.remember(run_id, found)
         return [self._namespaces.get(run_id) for run_id in run_ids]
 
-    def run_each(
-        self,
-        name: str,
-        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
-        run_ids: Sequence[str],
-        run: RunEach,
-    ) -> list[Any]:
+    def run_each(self, name: str, calls: Calls, run_ids: Sequence[str], run: RunEach) -> list[Any]:
         """Script ``name`` once per call, on run ``run_ids[i]``, inside the
         protocol; the replies in order, a call's ``StorageCorruptError`` in
         its place. A run with no record (no namespace) has no index to keep:
@@ -104,31 +99,24 @@ class IndexWrites:
         if not calls:
             return []
         namespaces = self._namespaces_of(run_ids)
+        runs = _grouped(run_ids, namespaces)
         if self._cluster:
-            return self._apart(name, calls, run_ids, namespaces, run)
+            return self._apart(name, calls, runs, run)
         try:
-            replies = self._together(name, calls, run_ids, namespaces)
+            replies = self._together(name, calls, runs)
         except StorageCorruptError:  # a reply that cannot be decoded: each call again, as _apart runs it
-            return self._apart(name, calls, run_ids, namespaces, run)
+            return self._apart(name, calls, runs, run)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:  # a restarted Redis: those calls again, with their intents (their script loads)
-            pick = [calls[i] for i in missing], [run_ids[i] for i in missing], [namespaces[i] for i in missing]
-            for i, reply in zip(missing, self._apart(name, *pick, run), strict=True):
+            again = _grouped([run_ids[i] for i in missing], [namespaces[i] for i in missing])
+            for i, reply in zip(missing, self._apart(name, [calls[i] for i in missing], again, run), strict=True):
                 replies[i] = reply
         return replies
 
-    def _apart(
-        self,
-        name: str,
-        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
-        run_ids: Sequence[str],
-        namespaces: Sequence[str | None],
-        run: RunEach,
-    ) -> list[Any]:
+    def _apart(self, name: str, calls: Calls, by_namespace: dict[str, list[str]], run: RunEach) -> list[Any]:
         """Steps 1 to 3, each pipelined over the calls (a Cluster, or one Redis
         that lost its scripts): a round trip per namespace, per master, per
         namespace again."""
-        by_namespace = _grouped(run_ids, namespaces)
         now = self._clock()
         for namespace, ids in by_namespace.items():
             with storage_errors():
@@ -143,13 +131,7 @@ class IndexWrites:
                 except StorageError as exc:
                     logger.warning("runs %s: their indexes wait for a listing to repair them (%s)", ids, exc)
 
-    def _together(
-        self,
-        name: str,
-        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
-        run_ids: Sequence[str],
-        namespaces: Sequence[str | None],
-    ) -> list[Any]:
+    def _together(self, name: str, calls: Calls, by_namespace: dict[str, list[str]]) -> list[Any]:
         """One Redis: the scripts, then each namespace's sync reading the
         records itself, in one MULTI/EXEC. Redis runs a transaction as one,
         and its AOF replays it whole or not at all (an unfinished MULTI at the
@@ -159,7 +141,6 @@ class IndexWrites:
         three steps apart take 0.30 to 0.54). A script not loaded has its
         ``NoScriptError`` in its place."""
         script, sync = self._scripts[name], self._scripts["index_sync"]
-        by_namespace = _grouped(run_ids, namespaces)
         now = self._clock()
         with storage_errors():
             pipe = self._client.pipeline(transaction=True)

@@ -80,7 +80,9 @@ class RunPasses(StoreCore):
         args = [epoch, token, new, now, kind, due_ms or now, note, base, cap, repr(jitter)]
         return parse.requeue(self.call("requeue", k, args), run_id)
 
-    def heartbeat(self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = "") -> Renewal:
+    def heartbeat(
+        self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
+    ) -> Renewal:
         """Renew the running task ``token``: the flags, and whether a ceiling
         was newly reached and the coordinator must be woken by message ``wake``."""
         k = self.run_keys(run_id)
@@ -114,7 +116,9 @@ class RunPasses(StoreCore):
         k = self.run_keys(run_id)
         return parse.task_end(self.call("task_end", k, [epoch, token, self.clock(), wake]), run_id)
 
-    def agent_start(self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int) -> TurnStart:
+    def agent_start(
+        self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int
+    ) -> TurnStart:
         """The turn of message ``token`` runs now, waits (it comes back as
         message ``resend`` in ``delay_ms``), is done already, or runs already
         (``TurnVerdict``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, cast
 
 from celery_durable.broker import schema
@@ -108,14 +108,6 @@ class RunRecords(IndexReads):
     def forget_runs(self, namespace: str, run_ids: Sequence[str]) -> None:
         """Drop runs whose keys have expired (run retention) from every index of the namespace."""
         self.indexes.forget(namespace, run_ids)
-
-    def settle_keys(self, run_id: str) -> list[str]:
-        """The KEYS of a script that settles the run: the run hash, its progress,
-        steps, running steps, agent rows, live and waits hashes, its history, then every other
-        key of the run, which start their retention clock in the same script."""
-        k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits, k.history]
-        return [*first, *(key for key in astuple(k) if key not in first)]
 
     @property
     def retention_ms(self) -> int:
