@@ -20,7 +20,7 @@ one), its reply's parser (``replies``), and four columns:
   (``store_core.LOOK_FIRST``).
 
 Every list of scripts that do a thing is derived from these rows; the
-contract tests check each column against the Lua (``scripts.reaches``), so
+tests check each column against the Lua (``tests/unit/test_ops_table.py``), so
 a new operation is its row and its script. One call path builds KEYS from
 the row (``StoreCore.call``).
 """

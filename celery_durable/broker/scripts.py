@@ -8,7 +8,6 @@ check exists in one place and runs in the same script as the write it guards.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from functools import cache
@@ -21,44 +20,9 @@ from redis.commands.core import Script
 
 from celery_durable.broker.ops import FENCED, SCRIPT_NAMES, WAKING_SCRIPTS
 
-__all__ = ["SCRIPT_NAMES", "WAKING_SCRIPTS", "Clock", "Scripts", "now_ms", "reaches", "script_source"]
+__all__ = ["SCRIPT_NAMES", "WAKING_SCRIPTS", "Clock", "Scripts", "now_ms", "script_source"]
 
 LUA = resources.files("celery_durable.broker") / "lua"
-
-
-@cache
-def _prelude_calls() -> dict[str, frozenset[str]]:
-    """Each prelude function, and the prelude functions it calls."""
-    bodies: dict[str, str] = {}
-    current = ""
-    for line in (LUA / "_prelude.lua").read_text(encoding="utf-8").splitlines():
-        found = re.match(r"local function (\w+)", line)
-        if found:
-            current = found.group(1)
-            bodies[current] = ""
-        elif line.startswith("-- =="):
-            current = ""
-        elif current:
-            bodies[current] += line + "\n"
-    return {f: frozenset(g for g in bodies if re.search(rf"\b{g}\(", body)) for f, body in bodies.items()}
-
-
-@cache
-def reaches(name: str, targets: frozenset[str]) -> bool:
-    """Whether script ``name`` calls one of the prelude's ``targets``, itself
-    or through other prelude functions: what a script may do, read from its
-    Lua, against which the contract tests check the columns of ``ops.OPS``."""
-    calls = _prelude_calls()
-    reaching = set(targets)
-    grew = True
-    while grew:
-        grew = False
-        for function, called in calls.items():
-            if function not in reaching and called & reaching:
-                reaching.add(function)
-                grew = True
-    body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return any(re.search(rf"\b{f}\(", body) for f in reaching)
 
 
 @cache

@@ -5,15 +5,51 @@ script that carries the fence rule itself fails here."""
 from __future__ import annotations
 
 import re
+from functools import cache
 
 import pytest
 
 from celery_durable.broker import ops
-from celery_durable.broker.scripts import LUA, reaches
+from celery_durable.broker.scripts import LUA
 
 WRITES = re.compile(
     r"redis\.call\('(HSET|HSETNX|HDEL|HINCRBY|SET|DEL|ZADD|ZREM\w*|XADD|XTRIM|EXPIRE|PEXPIRE|PERSIST|PUBLISH|SADD|SREM|INCR\w*)'"
 )
+
+
+@cache
+def _prelude_calls() -> dict[str, frozenset[str]]:
+    """Each prelude function, and the prelude functions it calls."""
+    bodies: dict[str, str] = {}
+    current = ""
+    for line in (LUA / "_prelude.lua").read_text(encoding="utf-8").splitlines():
+        found = re.match(r"local function (\w+)", line)
+        if found:
+            current = found.group(1)
+            bodies[current] = ""
+        elif line.startswith("-- =="):
+            current = ""
+        elif current:
+            bodies[current] += line + "\n"
+    return {f: frozenset(g for g in bodies if re.search(rf"\b{g}\(", body)) for f, body in bodies.items()}
+
+
+@cache
+def reaches(name: str, targets: frozenset[str]) -> bool:
+    """Whether script ``name`` calls one of the prelude's ``targets``, itself
+    or through other prelude functions: what a script may do, read from its
+    Lua, against which the columns of ``ops.OPS`` are checked."""
+    calls = _prelude_calls()
+    reaching = set(targets)
+    grew = True
+    while grew:
+        grew = False
+        for function, called in calls.items():
+            if function not in reaching and called & reaching:
+                reaching.add(function)
+                grew = True
+    body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    return any(re.search(rf"\b{f}\(", body) for f in reaching)
 
 
 def body(name: str) -> str:
