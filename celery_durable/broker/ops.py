@@ -32,6 +32,7 @@ from dataclasses import astuple, dataclass, field
 from typing import Any
 
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
+from celery_durable.broker.requests import Activate, CallDone, Finish, Halt, Request, Resume
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Op:
     reads_only: bool = False
     wakes: bool = False
     watched: str = ""
+    request: type[Request] | None = None
+    """The typed request its callers give in place of an ARGV list (``requests.py``)."""
     keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,7 +71,7 @@ _OUTSIDE = "a caller from outside the run's work (an operator, a sender, the swe
 OPS: dict[str, Op] = {
     # -- a pass, a task's start, beats and end (run_passes.py) ---------------
     "activate": Op(run.activate, "run progress live history journal", indexed=True, wakes=True,
-                   watched="a pass, whose message is counted in flight"),
+                   watched="a pass, whose message is counted in flight", request=Activate),
     "release": Op(run.release, "run live", fenced="the lock's token is checked: a settled run's pass releases too"),
     "requeue": Op(run.requeue, "run live progress history",
                   fenced="its own: a stale or settled run's message is dropped, not refused", wakes=True,
@@ -83,7 +86,8 @@ OPS: dict[str, Op] = {
     "agent_finish": Op(run.agent_finish, "run journal agents live history", wakes=True,
                        watched="an agent turn's message, counted in flight"),
     # call_done.lua only ends a task call's wait, and its activation finds the run running already: not indexed.
-    "call_done": Op(run.call_done, "run journal waits live running steps history progress", wakes=True),
+    "call_done": Op(run.call_done, "run journal waits live running steps history progress", wakes=True,
+                    request=CallDone),
     # -- a run's record (run_records.py) --------------------------------------
     "create_run": Op(run.create_run, "run live", fenced="it makes the run: no epoch yet", wakes=True),
     "discard_run": Op(run.discard_run, "run live", fenced="its own: the epoch it was created with"),
@@ -92,10 +96,11 @@ OPS: dict[str, Op] = {
     "read_progress": Op(run.read_progress, "run progress progress_phases", fenced=_OUTSIDE, reads_only=True),
     "read_history": Op(history.read_history, "run history", fenced=_OUTSIDE, reads_only=True),
     # -- control (run_control.py) ---------------------------------------------
-    "finish": Op(control.finish, _SETTLE, indexed=True),
+    "finish": Op(control.finish, _SETTLE, indexed=True, request=Finish),
     "resume": Op(control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
-                 wakes=True),
-    "halt": Op(control.halt, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True),
+                 wakes=True, request=Resume),
+    "halt": Op(control.halt, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
+               request=Halt),
     "cancel": Op(control.cancel, "run progress live waits steps running agents history *", fenced=_OUTSIDE,
                  indexed=True, wakes=True),
     "pause": Op(control.pause, "run live progress history", fenced=_OUTSIDE, wakes=True),

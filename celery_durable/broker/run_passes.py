@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
@@ -39,12 +40,11 @@ class RunPasses(StoreCore):
         return parse.activate(reply, run_id, (seq, start))
 
     def _activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]) -> Any:
-        args = [epoch, token, self.clock(), *self._lock_args(namespace, resend), *tail]
-        return self.call("activate", self.run_keys(run_id), args)
+        request = request_of.Activate(epoch, token, self.clock(), self._lock(namespace, resend), tail)
+        return self.call("activate", self.run_keys(run_id), request)
 
-    def _lock_args(self, namespace: str, resend: str) -> list[Any]:
-        """activate.lua's ARGV[4] to ARGV[7]: lock ttl, lease ttl, events channel, resend id."""
-        return [self.lease_ms, self.lease_ms, self.channel(namespace), resend]
+    def _lock(self, namespace: str, resend: str) -> request_of.Lock:
+        return request_of.Lock(self.lease_ms, self.lease_ms, self.channel(namespace), resend)
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
@@ -161,13 +161,13 @@ class RunPasses(StoreCore):
         """``call_done``; with ``here``, when the answer wakes the main body
         alone, the same script takes the lock of its pass for the caller (one
         round trip where a wake run in place took two)."""
-        args: list[Any] = [epoch, self.clock(), key, outcome, error, wake_prefix]
+        taken = [] if here is None else [here.token, self._lock(here.namespace, here.resend)]
         if here is not None:
-            lock = self._lock_args(here.namespace, here.resend)
-            args += [here.token, *lock, here.seq, here.start, "1" if here.soft else ""]
+            taken += [here.seq, here.start, "1" if here.soft else ""]
+        request = request_of.CallDone(epoch, self.clock(), key, outcome, error, wake_prefix, taken)
         # The answer may wake a run waiting on nothing else: the look comes
         # first (store_core.LOOK_FIRST), should the wake it counts be lost.
-        reply = self.call("call_done", self.run_keys(run_id), args)
+        reply = self.call("call_done", self.run_keys(run_id), request)
         done = parse.call_done(reply, run_id, None if here is None else (here.seq, here.start))
         if not isinstance(done, Refusal):
             return done

@@ -21,6 +21,7 @@ from celery_durable.broker.connection import RedisClient, connect, storage_error
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS
 from celery_durable.broker.replies import fleet as parse_fleet
+from celery_durable.broker.requests import Request
 from celery_durable.broker.run_index import IndexWrites
 from celery_durable.broker.scripts import Clock, Scripts, now_ms
 from celery_durable.config import Settings
@@ -68,11 +69,16 @@ class StoreCore:
         with storage_errors():
             self.client.ping()
 
-    def call(self, name: str, on: Any, args: Sequence[Any], *more: str) -> Any:
+    def call(self, name: str, on: Any, args: Sequence[Any] | Request, *more: str) -> Any:
         """Script ``name`` on the keys of ``on`` (a ``RunKeys``, ``ThrottleKeys``…)
-        its row names (``ops.OPS``), and ``more``, the optional keys it takes:
-        the one way a script is called, so that its row's rules hold."""
-        return self._run(name, [*OPS[name].keys_of(on), *more], args)
+        its row names (``ops.OPS``), and ``more``, the optional keys it takes,
+        with ``args``, its row's typed request where it has one: the one way
+        a script is called, so that its row's rules hold."""
+        op = OPS[name]
+        if isinstance(args, Request) or op.request is not None:
+            assert type(args) is op.request, f"{name} takes a {op.request}"
+            args = args.argv()
+        return self._run(name, [*op.keys_of(on), *more], args)
 
     def call_each(self, name: str, calls: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
         """``call`` of many ``(on, args)``, pipelined (``_run_each``); a script

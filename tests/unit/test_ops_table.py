@@ -5,11 +5,13 @@ script that carries the fence rule itself fails here."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from functools import cache
 
 import pytest
 
 from celery_durable.broker import ops
+from celery_durable.broker.requests import Activate, CallDone, Finish, Lock
 from celery_durable.broker.scripts import LUA
 
 WRITES = re.compile(
@@ -97,3 +99,26 @@ def test_a_rows_keys_are_its_headers(name: str) -> None:
     assert max(found) == len([role for role in roles if role != "*"]), name
     # index_sync.lua's KEYS[5..] are run hashes, one Redis's only (run_index.py), not one owner's keys.
     assert ("*" in roles) == bool(re.search(r"KEYS\[\d+\.\.\]", header(name))) or name == "index_sync", name
+
+
+@pytest.mark.parametrize("name", sorted(name for name, op in ops.OPS.items() if op.request))
+def test_a_typed_request_names_the_argv_its_header_does(name: str) -> None:
+    """Its fixed fields (a ``Lock`` spreads to four) are the header's ARGV,
+    and a sequence field, its optional tail."""
+    request = ops.OPS[name].request
+    assert request is not None
+    sizes = {"Lock": 4, "Sequence[Any]": 0}
+    fixed = sum(sizes.get(str(field.type), 1) for field in fields(request))
+    tail = any(str(field.type) == "Sequence[Any]" for field in fields(request))
+    last = max(int(n) for n in re.findall(r"ARGV\[(\d+)\]", header(name)))
+    assert fixed == last if not tail else fixed < last
+
+
+def test_a_request_spreads_into_argv() -> None:
+    lock = Lock(30_000, 30_000, "events", "m-2")
+    assert Activate(7, "m-1", 100, lock).argv() == [7, "m-1", 100, 30_000, 30_000, "events", "m-2"]
+    assert Activate(7, "m-1", 100, lock, ("0", 3)).argv()[-2:] == ["0", 3]
+    here = CallDone(7, 100, "k", "o{}", "", "p", ["p-1", lock, "0", 3, "1"]).argv()
+    assert here == [7, 100, "k", "o{}", "", "p", "p-1", 30_000, 30_000, "events", "m-2", "0", 3, "1"]
+    finish = Finish(7, 100, "events", "completed", "", "", False, True, "{}", "done", 0)
+    assert finish.argv() == [7, 100, "events", "completed", "", "", 0, 1, "{}", "done", 0]

@@ -1,0 +1,115 @@
+"""Typed requests: a script's ARGV as named fields, in ARGV order, for the
+scripts whose ARGV is long enough to get wrong by position (``request`` in
+``ops.py``; ``StoreCore.call`` takes one in place of a list and checks it is
+its row's). A field that is itself a request, or a sequence, spreads; a
+bool is sent as 0/1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    def argv(self) -> list[Any]:
+        return _spread([getattr(self, field.name) for field in fields(self)])
+
+
+def _spread(values: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, Request):
+            out += value.argv()
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            out += _spread(value)
+        else:
+            out.append(int(value) if isinstance(value, bool) else value)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Lock(Request):
+    """What taking a pass's lock needs (``activate_run`` in ``_prelude.lua``)."""
+
+    lock_ms: int
+    lease_ms: int
+    channel: str
+    resend: str
+    """The message that comes back if another pass holds the lock."""
+
+
+@dataclass(frozen=True, slots=True)
+class Activate(Request):
+    epoch: int
+    token: str
+    now: int
+    lock: Lock
+    tail: Sequence[Any] = ()
+    """A sequence and the index its tail is read from, or nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallDone(Request):
+    epoch: int
+    now: int
+    key: str
+    outcome: str
+    error: str
+    wake_prefix: str
+    here: Sequence[Any] = ()
+    """The pass taken where the answer came: its token, ``Lock``, sequence,
+    start and soft flag, or nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish(Request):
+    epoch: int
+    now: int
+    channel: str
+    status: str
+    reason: str
+    error: str
+    can_resume: bool
+    has_result: bool
+    result: str
+    message: str
+    retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resume(Request):
+    epoch: int
+    """The epoch the caller read: the script refuses if it changed."""
+    status: str
+    now: int
+    channel: str
+    limits_json: str
+    message: str
+    lease_ms: int
+    code_hash: str
+    recovery: int
+    """0 a resume, 1 a recovery (the old attempt must be dead), 2 a forced one."""
+    run_fields: str
+    message_id: str
+    room: str
+
+
+@dataclass(frozen=True, slots=True)
+class Halt(Request):
+    epoch: int
+    """The epoch the caller read: the script refuses if it changed."""
+    status: str
+    now: int
+    channel: str
+    lease_ms: int
+    room: str
+    new_status: str
+    reason: str
+    error: str
+    message: str
+    recoveries: int
+    forced: bool
+    retention_ms: int
