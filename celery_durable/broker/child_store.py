@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
 from celery_durable.broker.connection import storage_errors
@@ -44,20 +45,23 @@ class ChildJournal:
     _clock: Clock
     _look_at: Callable[[int], None]
 
-    def _call(self, name: str, args: Sequence[Any]) -> Any:
-        """Script ``name`` on this run's keys its row names (``ops.OPS``)."""
-        return self._run(name, OPS[name].keys_of(self._keys), args)
+    def _call(self, name: str, args: Sequence[Any] | request_of.Request) -> Any:
+        """Script ``name`` on this run's keys its row names (``ops.OPS``), with
+        its row's typed request where it has one (as ``StoreCore.call``)."""
+        return self._run(name, OPS[name].keys_of(self._keys), OPS[name].argv(name, args))
+
+    def _at(self, seq: str, index: int, identity: str) -> request_of.OpAt:
+        return request_of.OpAt(self._epoch, self._clock(), seq, index, identity)
 
     def child(
         self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
         child_run_id: str, workflow: str, *, wait: bool,
     ) -> ChildCall | Conflict:
-        identity = Identity.child(key) if wait else Identity.start_child(key)
-        args = [
-            *(self._epoch, self._clock(), seq, index, identity, key, owner, "" if due_ms is None else due_ms),
-            *(cut or "", child_run_id, workflow, "wait" if wait else "start", self._channel),
-        ]
-        reply = self._call("child", args)
+        at = self._at(seq, index, Identity.child(key) if wait else Identity.start_child(key))
+        due = "" if due_ms is None else due_ms
+        mode = "wait" if wait else "start"
+        request = request_of.Child(at, key, owner, due, cut or "", child_run_id, workflow, mode, self._channel)
+        reply = self._call("child", request)
         result = parse.child(reply, self._run_id)
         if isinstance(result, ChildCall) and result.verdict is ChildVerdict.PENDING and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then

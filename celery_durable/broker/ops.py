@@ -27,12 +27,23 @@ the row (``StoreCore.call``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any
 
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
-from celery_durable.broker.requests import Activate, CallDone, Finish, Halt, Request, Resume
+from celery_durable.broker.requests import (
+    Activate,
+    AgentCall,
+    Call,
+    CallDone,
+    Child,
+    Finish,
+    Halt,
+    Request,
+    Resume,
+    Wait,
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,14 @@ class Op:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", tuple(self.roles.split()))
+
+    def argv(self, name: str, args: Sequence[Any] | Request) -> Sequence[Any]:
+        """ARGV of a call: its row's typed request spread, or the list given
+        to a script that has none."""
+        if isinstance(args, Request) or self.request is not None:
+            assert type(args) is self.request, f"{name} takes a {self.request}"
+            return args.argv()
+        return args
 
     def keys_of(self, owner: Any) -> list[str]:
         """KEYS for a call on ``owner`` (a ``RunKeys``, ``ThrottleKeys``…)."""
@@ -123,11 +142,11 @@ OPS: dict[str, Op] = {
     "complete_begin": Op(journal.complete_begin, "run progress journal running progress_phases steps live history",
                          wakes=True, watched="a branch task, counted in flight"),
     "agent_call": Op(journal.agent_call, "run journal agents live", wakes=True,
-                     watched="an agent turn's message, counted in flight"),
-    "wait": Op(journal.wait, "run journal waits signals history", indexed=True),
+                     watched="an agent turn's message, counted in flight", request=AgentCall),
+    "wait": Op(journal.wait, "run journal waits signals history", indexed=True, request=Wait),
     # call.lua reaches the waiting writers, yet only waits for a task call, which has no place in the summary.
-    "call": Op(journal.call, "run journal waits running steps history"),
-    "child": Op(children.child, "run journal waits children progress history", indexed=True),
+    "call": Op(journal.call, "run journal waits running steps history", request=Call),
+    "child": Op(children.child, "run journal waits children progress history", indexed=True, request=Child),
     "child_done": Op(children.child_done, "run journal waits live children history",
                      fenced="its own: a parent told from outside has no epoch to give", indexed=True, wakes=True),
     "compensable": Op(children.compensable, "run"),

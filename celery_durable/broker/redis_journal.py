@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple
 from typing import Any
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_store import ChildJournal
 from celery_durable.broker.journal import (
@@ -166,21 +167,17 @@ class RedisJournal(ChildJournal):
         cut: str | None,
         message: str,
     ) -> AgentCall | Conflict:
-        identity = schema.Identity.agent(agent_id)
-        reply = self._call(
-            "agent_call",
-            [
-                *(self._epoch, self._clock(), seq, index, identity, agent_id),
-                *(request_json, owner, row_json, cut or "", message),
-            ],
-        )
+        at = self._at(seq, index, schema.Identity.agent(agent_id))
+        request = request_of.AgentCall(at, agent_id, request_json, owner, row_json, cut or "", message)
+        reply = self._call("agent_call", request)
         return parse.agent_call(reply, self._run_id)
 
     def wait(
         self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
     ) -> WaitResult | Conflict:
-        args = [self._epoch, self._clock(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
-        reply = self._call("wait", [*args, self._channel])
+        due = "" if due_ms is None else due_ms
+        request = request_of.Wait(self._at(seq, index, identity), kind, name, due, owner, self._channel)
+        reply = self._call("wait", request)
         result = parse.wait(reply, self._run_id)
         if isinstance(result, WaitResult) and not result.done and result.due is not None:
             self._look_at(result.due)  # the sweep fires the timer then
@@ -188,12 +185,13 @@ class RedisJournal(ChildJournal):
 
     def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
              running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
-        identity = schema.Identity.call(key)
+        at = self._at(seq, index, schema.Identity.call(key))
         due = "" if due_ms is None else due_ms
-        args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]
-        error = schema.decode_outcome(timeout_outcome).message
-        args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel, inputs]
-        result = parse.call(self._call("call", args), self._run_id)
+        error = f"TaskTimeout: {schema.decode_outcome(timeout_outcome).message}"
+        request = request_of.Call(
+            at, key, owner, due, cut or "", running_row, timeout_outcome, error, self._channel, inputs
+        )
+        result = parse.call(self._call("call", request), self._run_id)
         if isinstance(result, TaskCall) and result.verdict is not CallVerdict.HIT and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
         return result

@@ -113,3 +113,64 @@ class Halt(Request):
     recoveries: int
     forced: bool
     retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpAt(Request):
+    """Where a journal op is entered (``enter_op`` in ``_prelude.lua``)."""
+
+    epoch: int
+    now: int
+    seq: str
+    index: int
+    identity: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Request):
+    at: OpAt
+    key: str
+    owner: str
+    due: int | str
+    """When the call times out, '' for never."""
+    cut: str
+    running_row: str
+    timeout_outcome: str
+    timeout_error: str
+    channel: str
+    inputs: str
+
+
+@dataclass(frozen=True, slots=True)
+class Child(Request):
+    at: OpAt
+    key: str
+    owner: str
+    due: int | str
+    cut: str
+    child_run_id: str
+    workflow: str
+    mode: str
+    """'wait' (ctx.child) or 'start' (ctx.start_child)."""
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall(Request):
+    at: OpAt
+    agent_id: str
+    request_json: str
+    owner: str
+    row_json: str
+    cut: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait(Request):
+    at: OpAt
+    kind: str
+    name: str
+    due: int | str
+    owner: str
+    channel: str

@@ -75,10 +75,7 @@ class StoreCore:
         with ``args``, its row's typed request where it has one: the one way
         a script is called, so that its row's rules hold."""
         op = OPS[name]
-        if isinstance(args, Request) or op.request is not None:
-            assert type(args) is op.request, f"{name} takes a {op.request}"
-            args = args.argv()
-        return self._run(name, [*op.keys_of(on), *more], args)
+        return self._run(name, [*op.keys_of(on), *more], op.argv(name, args))
 
     def call_each(self, name: str, calls: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
         """``call`` of many ``(on, args)``, pipelined (``_run_each``); a script

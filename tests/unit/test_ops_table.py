@@ -107,7 +107,7 @@ def test_a_typed_request_names_the_argv_its_header_does(name: str) -> None:
     and a sequence field, its optional tail."""
     request = ops.OPS[name].request
     assert request is not None
-    sizes = {"Lock": 4, "Sequence[Any]": 0}
+    sizes = {"Lock": 4, "OpAt": 5, "Sequence[Any]": 0}
     fixed = sum(sizes.get(str(field.type), 1) for field in fields(request))
     tail = any(str(field.type) == "Sequence[Any]" for field in fields(request))
     last = max(int(n) for n in re.findall(r"ARGV\[(\d+)\]", header(name)))
