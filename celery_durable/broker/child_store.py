@@ -100,11 +100,10 @@ class ChildRuns(RunRecords):
     ) -> ChildDone:
         """Journal a settled child's end in its parent (``child_done.lua``): the
         owner it woke, if any, gets message ``<prefix>-1`` (already counted)."""
-        k = self.run_keys(parent_run_id)
         tag, payload = schema.outcome_payload(outcome)
         status = schema.child_status(outcome)
         args = [self.clock(), key, child_run_id, tag, payload, prefix, "", self.channel(namespace), status]
-        reply = self.call("child_done", k, args)
+        reply = self.call("child_done", self.run_keys(parent_run_id), args)
         return parse.child_done(reply, parent_run_id)
 
     def children(self, run_id: str) -> list[ChildEntry]:

@@ -73,9 +73,8 @@ class FleetLiveness(StoreCore):
         """The run's status and liveness (``examine.lua``), or None when it does
         not exist. With ``fire_prefix``, its due timers fire: the owners to wake
         come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
-        k = self.run_keys(run_id)
         args = [self.clock(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
-        return parse.examine(self.call("examine", k, args), run_id)
+        return parse.examine(self.call("examine", self.run_keys(run_id), args), run_id)
 
     def examine_each(
         self, run_ids: Sequence[str], room: str, fire_prefixes: Sequence[str]
@@ -153,8 +152,7 @@ class FleetLiveness(StoreCore):
 
     def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
         """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
-        k = self.run_keys(run_id)
-        return parse.mark_lost(self.call("mark_lost", k, [self.clock(), *task_ids]), run_id)
+        return parse.mark_lost(self.call("mark_lost", self.run_keys(run_id), [self.clock(), *task_ids]), run_id)
 
     def prune_expired(self, now: int, count: int) -> int:
         """Take runs whose retention ran out by ``now`` (at most ``count``) out

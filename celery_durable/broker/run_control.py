@@ -146,8 +146,7 @@ class RunControl(RunRecords, FleetLiveness):
 
     def note(self, run_id: str, what: str, message: str) -> bool:
         """Leave ``message`` as a system record of the run, once per ``what`` (``note.lua``)."""
-        k = self.run_keys(run_id)
-        reply = self.call("note", k, [self.clock(), message, f"noted:{what}"])
+        reply = self.call("note", self.run_keys(run_id), [self.clock(), message, f"noted:{what}"])
         return parse.note(reply, run_id)
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:

@@ -48,8 +48,7 @@ class RunPasses(StoreCore):
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
-        k = self.run_keys(run_id)
-        return parse.release(self.call("release", k, [token, epoch, self.clock()]), run_id)
+        return parse.release(self.call("release", self.run_keys(run_id), [token, epoch, self.clock()]), run_id)
 
     def started(self, run_id: str, task_id: str) -> bool:
         """Whether message ``task_id`` of the run has started (and not ended)."""
@@ -74,11 +73,10 @@ class RunPasses(StoreCore):
         (first delay ms, cap ms, jitter factor), after a delay that doubles with
         each such pass of the run); the first time, ``note`` is a system
         progress record (``requeue.lua``)."""
-        k = self.run_keys(run_id)
         now = self.clock()
         base, cap, jitter = backoff or (0, 0, 1.0)
         args = [epoch, token, new, now, kind, due_ms or now, note, base, cap, repr(jitter)]
-        return parse.requeue(self.call("requeue", k, args), run_id)
+        return parse.requeue(self.call("requeue", self.run_keys(run_id), args), run_id)
 
     def heartbeat(
         self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
@@ -113,8 +111,7 @@ class RunPasses(StoreCore):
     def task_end(self, run_id: str, epoch: int, token: str, wake: str = "") -> bool:
         """A branch task ended; True when a pause waits for it and the
         coordinator must be woken by message ``wake``."""
-        k = self.run_keys(run_id)
-        return parse.task_end(self.call("task_end", k, [epoch, token, self.clock(), wake]), run_id)
+        return parse.task_end(self.call("task_end", self.run_keys(run_id), [epoch, token, self.clock(), wake]), run_id)
 
     def agent_start(
         self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int

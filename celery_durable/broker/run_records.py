@@ -48,9 +48,8 @@ class RunRecords(IndexReads):
         flat: list[str] = []
         for name, value in fields.items():
             flat.extend((name, value))
-        k = self.run_keys(run_id)
         retention_ms = self.settings.run_retention_seconds * 1000
-        reply = self.call("create_run", k, [message, self.clock(), retention_ms, *flat])
+        reply = self.call("create_run", self.run_keys(run_id), [message, self.clock(), retention_ms, *flat])
         return parse.create_run(reply, run_id)
 
     def create_runs(self, starts: Sequence[tuple[str, dict[str, str], str]]) -> list[bool | StorageCorruptError]:
@@ -97,8 +96,7 @@ class RunRecords(IndexReads):
         return self._indexed_each("index_run", calls, [run_id for _, run_id, _ in runs])
 
     def discard_run(self, run_id: str, epoch: int) -> None:
-        k = self.run_keys(run_id)
-        parse.discard_run(self.call("discard_run", k, [epoch]), run_id)
+        parse.discard_run(self.call("discard_run", self.run_keys(run_id), [epoch]), run_id)
 
     def release_idempotency(self, namespace: str, idempotency_key: str, owner: str) -> bool:
         """Free an idempotency key that still names ``owner``, a run that has expired."""
@@ -217,7 +215,6 @@ class RunRecords(IndexReads):
         ``cursor``, the last ``count`` before it, or the newest ``count`` of
         the run (``phase_id`` ''), or of one phase; with its bounds, read in
         the same snapshot."""
-        k = self.run_keys(run_id)
         cursor = min(max(cursor, 0), MAX_SEQ)
-        reply = self.call("read_progress", k, [phase_id, mode, cursor, count])
+        reply = self.call("read_progress", self.run_keys(run_id), [phase_id, mode, cursor, count])
         return parse.read_progress(reply, run_id)

@@ -146,8 +146,7 @@ class ThrottleStore(StoreCore):
 
     def throttle_enter(self, run_id: str, epoch: int, op: str, name: str, key: str) -> bool:
         """Write op's slot intent (fenced); True when the slot is this attempt's already."""
-        k = self.run_keys(run_id)
-        return parse.throttle_enter(self.call("throttle_enter", k, [epoch, op, name, key]), run_id)
+        return parse.throttle_enter(self.call("throttle_enter", self.run_keys(run_id), [epoch, op, name, key]), run_id)
 
     def throttle_wait(self, run_id: str, epoch: int, op: str, owner: str, name: str, token: str = "") -> bool:
         """The owner waits for op's slot (fenced); True when it was given meanwhile."""
@@ -156,9 +155,8 @@ class ThrottleStore(StoreCore):
 
     def throttle_granted(self, run_id: str, op: str, epoch: int, prefix: str) -> Granted:
         """Tell the run its holder was given a slot; the owner woken, if it waited."""
-        k = self.run_keys(run_id)
         args = [op, epoch, prefix, self.clock()]
-        reply = self.call("throttle_granted", k, args)
+        reply = self.call("throttle_granted", self.run_keys(run_id), args)
         return parse.throttle_granted(reply, run_id)
 
     def throttle_holds(self, run_id: str) -> RunHolds:
