@@ -68,10 +68,8 @@ class ChildJournal:
         return result
 
     def child_done(self, key: str, child_run_id: str, outcome: Outcome) -> ChildDone:
-        tag, payload = schema.outcome_payload(outcome)
-        status = schema.child_status(outcome)
-        args = [self._clock(), key, child_run_id, tag, payload, "", self._epoch, self._channel, status]
-        reply = self._call("child_done", args)
+        request = request_of.ChildDone.of(self._clock(), key, child_run_id, outcome, "", self._epoch, self._channel)
+        reply = self._call("child_done", request)
         done = parse.child_done(reply, self._run_id)
         if done.verdict is DoneVerdict.MISSING:
             raise StorageCorruptError(f"Run record {self._run_id} is missing")
@@ -100,10 +98,8 @@ class ChildRuns(RunRecords):
     ) -> ChildDone:
         """Journal a settled child's end in its parent (``child_done.lua``): the
         owner it woke, if any, gets message ``<prefix>-1`` (already counted)."""
-        tag, payload = schema.outcome_payload(outcome)
-        status = schema.child_status(outcome)
-        args = [self.clock(), key, child_run_id, tag, payload, prefix, "", self.channel(namespace), status]
-        reply = self.call("child_done", self.run_keys(parent_run_id), args)
+        request = request_of.ChildDone.of(self.clock(), key, child_run_id, outcome, prefix, "", self.channel(namespace))
+        reply = self.call("child_done", self.run_keys(parent_run_id), request)
         return parse.child_done(reply, parent_run_id)
 
     def children(self, run_id: str) -> list[ChildEntry]:

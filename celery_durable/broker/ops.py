@@ -31,19 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
-from celery_durable.broker.requests import (
-    Activate,
-    AgentCall,
-    Call,
-    CallDone,
-    Child,
-    Finish,
-    Halt,
-    Request,
-    Resume,
-    Wait,
-)
 
 
 @dataclass(frozen=True)
@@ -56,17 +45,17 @@ class Op:
     reads_only: bool = False
     wakes: bool = False
     watched: str = ""
-    request: type[Request] | None = None
+    request: type[request_of.Request] | None = None
     """The typed request its callers give in place of an ARGV list (``requests.py``)."""
     keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", tuple(self.roles.split()))
 
-    def argv(self, name: str, args: Sequence[Any] | Request) -> Sequence[Any]:
+    def argv(self, name: str, args: Sequence[Any] | request_of.Request) -> Sequence[Any]:
         """ARGV of a call: its row's typed request spread, or the list given
         to a script that has none."""
-        if isinstance(args, Request) or self.request is not None:
+        if isinstance(args, request_of.Request) or self.request is not None:
             assert type(args) is self.request, f"{name} takes a {self.request}"
             return args.argv()
         return args
@@ -90,7 +79,7 @@ _OUTSIDE = "a caller from outside the run's work (an operator, a sender, the swe
 OPS: dict[str, Op] = {
     # -- a pass, a task's start, beats and end (run_passes.py) ---------------
     "activate": Op(run.activate, "run progress live history journal", indexed=True, wakes=True,
-                   watched="a pass, whose message is counted in flight", request=Activate),
+                   watched="a pass, whose message is counted in flight", request=request_of.Activate),
     "release": Op(run.release, "run live", fenced="the lock's token is checked: a settled run's pass releases too"),
     "requeue": Op(run.requeue, "run live progress history",
                   fenced="its own: a stale or settled run's message is dropped, not refused", wakes=True,
@@ -106,7 +95,7 @@ OPS: dict[str, Op] = {
                        watched="an agent turn's message, counted in flight"),
     # call_done.lua only ends a task call's wait, and its activation finds the run running already: not indexed.
     "call_done": Op(run.call_done, "run journal waits live running steps history progress", wakes=True,
-                    request=CallDone),
+                    request=request_of.CallDone),
     # -- a run's record (run_records.py) --------------------------------------
     "create_run": Op(run.create_run, "run live", fenced="it makes the run: no epoch yet", wakes=True),
     "discard_run": Op(run.discard_run, "run live", fenced="its own: the epoch it was created with"),
@@ -115,11 +104,11 @@ OPS: dict[str, Op] = {
     "read_progress": Op(run.read_progress, "run progress progress_phases", fenced=_OUTSIDE, reads_only=True),
     "read_history": Op(history.read_history, "run history", fenced=_OUTSIDE, reads_only=True),
     # -- control (run_control.py) ---------------------------------------------
-    "finish": Op(control.finish, _SETTLE, indexed=True, request=Finish),
+    "finish": Op(control.finish, _SETTLE, indexed=True, request=request_of.Finish),
     "resume": Op(control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
-                 wakes=True, request=Resume),
+                 wakes=True, request=request_of.Resume),
     "halt": Op(control.halt, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
-               request=Halt),
+               request=request_of.Halt),
     "cancel": Op(control.cancel, "run progress live waits steps running agents history *", fenced=_OUTSIDE,
                  indexed=True, wakes=True),
     "pause": Op(control.pause, "run live progress history", fenced=_OUTSIDE, wakes=True),
@@ -142,13 +131,14 @@ OPS: dict[str, Op] = {
     "complete_begin": Op(journal.complete_begin, "run progress journal running progress_phases steps live history",
                          wakes=True, watched="a branch task, counted in flight"),
     "agent_call": Op(journal.agent_call, "run journal agents live", wakes=True,
-                     watched="an agent turn's message, counted in flight", request=AgentCall),
-    "wait": Op(journal.wait, "run journal waits signals history", indexed=True, request=Wait),
+                     watched="an agent turn's message, counted in flight", request=request_of.AgentCall),
+    "wait": Op(journal.wait, "run journal waits signals history", indexed=True, request=request_of.Wait),
     # call.lua reaches the waiting writers, yet only waits for a task call, which has no place in the summary.
-    "call": Op(journal.call, "run journal waits running steps history", request=Call),
-    "child": Op(children.child, "run journal waits children progress history", indexed=True, request=Child),
+    "call": Op(journal.call, "run journal waits running steps history", request=request_of.Call),
+    "child": Op(children.child, "run journal waits children progress history", indexed=True, request=request_of.Child),
     "child_done": Op(children.child_done, "run journal waits live children history",
-                     fenced="its own: a parent told from outside has no epoch to give", indexed=True, wakes=True),
+                     fenced="its own: a parent told from outside has no epoch to give", indexed=True, wakes=True,
+                     request=request_of.ChildDone),
     "compensable": Op(children.compensable, "run"),
     "step_over": Op(children.step_over, "run journal"),
     "wake_branches": Op(children.wake_branches, "run waits", indexed=True),

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from celery_durable.broker.schema import Outcome, child_status, outcome_payload
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -174,3 +176,24 @@ class Wait(Request):
     due: int | str
     owner: str
     channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChildDone(Request):
+    now: int
+    key: str
+    child_run_id: str
+    tag: str
+    payload: str
+    wake_prefix: str
+    epoch: int | str
+    """The parent's attempt that tells it, '' for the child's settling."""
+    channel: str
+    status: str
+
+    @classmethod
+    def of(cls, now: int, key: str, child_run_id: str, outcome: Outcome, wake_prefix: str, epoch: int | str,
+           channel: str) -> ChildDone:
+        """The child's end, as its journaled ``outcome`` says it."""
+        tag, payload = outcome_payload(outcome)
+        return cls(now, key, child_run_id, tag, payload, wake_prefix, epoch, channel, child_status(outcome))
