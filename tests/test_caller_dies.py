@@ -99,7 +99,7 @@ def test_every_script_that_counts_a_wake_has_its_look_first_or_a_watched_caller(
 
 
 def _store_methods_running(scripts: frozenset[str]) -> set[str]:
-    """The store's methods that run one of ``scripts`` (``self._run("name", …)``)."""
+    """The store's methods that run one of ``scripts`` (``self.call("name", …)``)."""
     methods: set[str] = set()
     for path in (PACKAGE / "broker").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -109,7 +109,7 @@ def _store_methods_running(scripts: frozenset[str]) -> set[str]:
                 if (
                     isinstance(call, ast.Call)
                     and isinstance(call.func, ast.Attribute)
-                    and call.func.attr in ("_run", "_run_each")
+                    and call.func.attr in ("_run", "_run_each", "call", "call_each", "_call")
                     and call.args
                     and isinstance(call.args[0], ast.Constant)
                     and call.args[0].value in scripts

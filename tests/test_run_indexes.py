@@ -375,8 +375,7 @@ def test_every_script_that_can_change_a_status_or_a_wait_is_followed_by_its_inde
     the run running already."""
     from importlib import resources
 
-    from celery_durable.broker.run_index import INDEXED_SCRIPTS
-    from celery_durable.broker.scripts import SCRIPT_NAMES
+    from celery_durable.broker.ops import INDEXED_SCRIPTS, SCRIPT_NAMES
 
     helpers = re.compile(
         r"\b(set_status|set_waiting|refresh_waiting|summarize_child_wait|end_child_wait|tokens_clear|wake_waits"

@@ -20,11 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import Conflict, Flags
 from celery_durable.broker.keys import RunKeys
+from celery_durable.broker.ops import OPS
 from celery_durable.broker.replies import children as parse
 from celery_durable.broker.run_records import RunRecords
 from celery_durable.broker.schema import ChildEntry, Identity, Outcome
@@ -43,28 +45,31 @@ class ChildJournal:
     _clock: Clock
     _look_at: Callable[[int], None]
 
+    def _call(self, name: str, args: Sequence[Any] | request_of.Request) -> Any:
+        """Script ``name`` on this run's keys its row names (``ops.OPS``), with
+        its row's typed request where it has one (as ``StoreCore.call``)."""
+        return self._run(name, OPS[name].keys_of(self._keys), OPS[name].argv(name, args))
+
+    def _at(self, seq: str, index: int, identity: str) -> request_of.OpAt:
+        return request_of.OpAt(self._epoch, self._clock(), seq, index, identity)
+
     def child(
         self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
         child_run_id: str, workflow: str, *, wait: bool,
     ) -> ChildCall | Conflict:
-        k = self._keys
-        identity = Identity.child(key) if wait else Identity.start_child(key)
-        args = [
-            *(self._epoch, self._clock(), seq, index, identity, key, owner, "" if due_ms is None else due_ms),
-            *(cut or "", child_run_id, workflow, "wait" if wait else "start", self._channel),
-        ]
-        reply = self._run("child", [k.run, k.journal, k.waits, k.children, k.progress, k.history], args)
+        at = self._at(seq, index, Identity.child(key) if wait else Identity.start_child(key))
+        due = "" if due_ms is None else due_ms
+        mode = "wait" if wait else "start"
+        request = request_of.Child(at, key, owner, due, cut or "", child_run_id, workflow, mode, self._channel)
+        reply = self._call("child", request)
         result = parse.child(reply, self._run_id)
         if isinstance(result, ChildCall) and result.verdict is ChildVerdict.PENDING and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
         return result
 
     def child_done(self, key: str, child_run_id: str, outcome: Outcome) -> ChildDone:
-        k = self._keys
-        tag, payload = schema.outcome_payload(outcome)
-        status = schema.child_status(outcome)
-        args = [self._clock(), key, child_run_id, tag, payload, "", self._epoch, self._channel, status]
-        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children, k.history], args)
+        request = request_of.ChildDone.of(self._clock(), key, child_run_id, outcome, "", self._epoch, self._channel)
+        reply = self._call("child_done", request)
         done = parse.child_done(reply, self._run_id)
         if done.verdict is DoneVerdict.MISSING:
             raise StorageCorruptError(f"Run record {self._run_id} is missing")
@@ -73,16 +78,14 @@ class ChildJournal:
         return done
 
     def mark_compensable(self) -> Flags:
-        return parse.compensable(self._run("compensable", [self._keys.run], [self._epoch]), self._run_id)
+        return parse.compensable(self._call("compensable", [self._epoch]), self._run_id)
 
     def step_over(self, seq: str, index: int) -> Flags:
-        k = self._keys
-        reply = self._run("step_over", [k.run, k.journal], [self._epoch, seq, index])
+        reply = self._call("step_over", [self._epoch, seq, index])
         return parse.step_over(reply, self._run_id)
 
     def wake_branches(self, call: str) -> list[int]:
-        k = self._keys
-        reply = self._run("wake_branches", [k.run, k.waits], [self._epoch, call])
+        reply = self._call("wake_branches", [self._epoch, call])
         _, branches = parse.wake_branches(reply, self._run_id)
         return branches
 
@@ -95,11 +98,8 @@ class ChildRuns(RunRecords):
     ) -> ChildDone:
         """Journal a settled child's end in its parent (``child_done.lua``): the
         owner it woke, if any, gets message ``<prefix>-1`` (already counted)."""
-        k = self.run_keys(parent_run_id)
-        tag, payload = schema.outcome_payload(outcome)
-        status = schema.child_status(outcome)
-        args = [self.clock(), key, child_run_id, tag, payload, prefix, "", self.channel(namespace), status]
-        reply = self._run("child_done", [k.run, k.journal, k.waits, k.live, k.children, k.history], args)
+        request = request_of.ChildDone.of(self.clock(), key, child_run_id, outcome, prefix, "", self.channel(namespace))
+        reply = self.call("child_done", self.run_keys(parent_run_id), request)
         return parse.child_done(reply, parent_run_id)
 
     def children(self, run_id: str) -> list[ChildEntry]:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.ops import OPS
 from celery_durable.broker.replies import fleet as parse
 from celery_durable.broker.replies.fleet import DueRuns, Examined
 from celery_durable.broker.store_core import StoreCore
@@ -66,15 +67,14 @@ class FleetLiveness(StoreCore):
     def claim_due(self, now: int, count: int, hold_ms: int) -> DueRuns:
         """Runs due now, each handed to this caller alone for ``hold_ms``; and
         when the next run falls due."""
-        return parse.claim_due(self._run("claim_due", [self.keys.sweep_due], [now, count, hold_ms]))
+        return parse.claim_due(self.call("claim_due", None, [now, count, hold_ms], self.keys.sweep_due))
 
     def examine(self, run_id: str, room: str, *, fire_prefix: str = "") -> Examined | None:
         """The run's status and liveness (``examine.lua``), or None when it does
         not exist. With ``fire_prefix``, its due timers fire: the owners to wake
         come back in ``woken``, the n-th (from 1) by message ``f"{fire_prefix}-{n}"``."""
-        k = self.run_keys(run_id)
         args = [self.clock(), self.lease_ms, room, int(bool(fire_prefix)), fire_prefix]
-        return parse.examine(self._run("examine", [k.run, k.live, k.waits], args), run_id)
+        return parse.examine(self.call("examine", self.run_keys(run_id), args), run_id)
 
     def examine_each(
         self, run_ids: Sequence[str], room: str, fire_prefixes: Sequence[str]
@@ -84,12 +84,12 @@ class FleetLiveness(StoreCore):
         owners by messages ``f"{fire_prefixes[i]}-{n}"``. A run whose record
         is corrupt has its error in its place, so that the others go on."""
         now = self.clock()
-        calls = []
-        for run_id, prefix in zip(run_ids, fire_prefixes, strict=True):
-            k = self.run_keys(run_id)
-            calls.append(([k.run, k.live, k.waits], [now, self.lease_ms, room, int(bool(prefix)), prefix]))
+        calls = [
+            (self.run_keys(run_id), [now, self.lease_ms, room, int(bool(prefix)), prefix])
+            for run_id, prefix in zip(run_ids, fire_prefixes, strict=True)
+        ]
         looks: list[Examined | StorageCorruptError | None] = []
-        for run_id, reply in zip(run_ids, self._run_each("examine", calls), strict=True):
+        for run_id, reply in zip(run_ids, self.call_each("examine", calls), strict=True):
             if isinstance(reply, StorageCorruptError):
                 looks.append(reply)
                 continue
@@ -130,7 +130,8 @@ class FleetLiveness(StoreCore):
             pipe.zadd(self.keys.workers, {worker: at_ms})
             pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
 
-        parse.received(self._run_with("received", [self.run_keys(run_id).live], [at_ms, task_id], beat), run_id)
+        keys = OPS["received"].keys_of(self.run_keys(run_id))
+        parse.received(self._run_with("received", keys, [at_ms, task_id], beat), run_id)
 
     def forget_worker(self, worker: str) -> None:
         """A worker that stops cleanly holds nothing: it is not dead, only gone."""
@@ -146,13 +147,12 @@ class FleetLiveness(StoreCore):
         """Workers silent since before ``silent_since_ms``, claimed by this caller alone:
         worker -> run id -> the task ids of the run it held."""
         return parse.claim_dead_workers(
-            self._run("claim_dead_workers", [self.keys.workers], [silent_since_ms, self.keys.held_prefix])
+            self.call("claim_dead_workers", self.keys, [silent_since_ms, self.keys.held_prefix])
         )
 
     def mark_lost(self, run_id: str, task_ids: Sequence[str]) -> int:
         """The messages ``task_ids`` of the run died with their worker; how many were in flight."""
-        k = self.run_keys(run_id)
-        return parse.mark_lost(self._run("mark_lost", [k.run, k.live], [self.clock(), *task_ids]), run_id)
+        return parse.mark_lost(self.call("mark_lost", self.run_keys(run_id), [self.clock(), *task_ids]), run_id)
 
     def prune_expired(self, now: int, count: int) -> int:
         """Take runs whose retention ran out by ``now`` (at most ``count``) out

@@ -3,7 +3,7 @@
 
 The reads are split from what is made of them (``celery_durable.client.history``)
 so that a client of another kind (asyncio) runs the same decoding on its
-own I/O: ``HISTORY_SCRIPT`` and ``page_request`` say what to send,
+own I/O: ``read_history``'s row in ``ops.py`` says what to send,
 ``parse_page`` what came back.
 """
 
@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from celery_durable.broker.connection import storage_errors
-from celery_durable.broker.keys import RunKeys
 from celery_durable.broker.replies import history as parse
 from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.broker.store_core import StoreCore
@@ -24,16 +23,6 @@ VALUE_HASHES = ("journal", "signals")
 signal's payload and taker (``p:``, ``k:``)."""
 
 
-def page_request(keys: RunKeys, after: int, count: int) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``read_history.lua`` for the events with seq > ``after``."""
-    return [keys.run, keys.history], ["after", after, count]
-
-
-def tail_request(keys: RunKeys, count: int) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``read_history.lua`` for the newest ``count`` events."""
-    return [keys.run, keys.history], ["tail", 0, count]
-
-
 def parse_page(reply: Any, run_id: str) -> tuple[int, list[StoredEvent]] | None:
     """The run's event count and the events read; None for a run that does not exist."""
     return parse.read_history(reply, run_id)
@@ -41,14 +30,12 @@ def parse_page(reply: Any, run_id: str) -> tuple[int, list[StoredEvent]] | None:
 
 def read_events(store: StoreCore, run_id: str, after: int, count: int) -> tuple[int, list[StoredEvent]] | None:
     """Up to ``count`` events with seq > ``after``, oldest first: O(count) whatever the run's size."""
-    keys, args = page_request(store.run_keys(run_id), after, count)
-    return parse_page(store._run(HISTORY_SCRIPT, keys, args), run_id)
+    return parse_page(store.call(HISTORY_SCRIPT, store.run_keys(run_id), ["after", after, count]), run_id)
 
 
 def read_tail(store: StoreCore, run_id: str, count: int) -> tuple[int, list[StoredEvent]] | None:
     """The newest ``count`` events, oldest first."""
-    keys, args = tail_request(store.run_keys(run_id), count)
-    read = parse_page(store._run(HISTORY_SCRIPT, keys, args), run_id)
+    read = parse_page(store.call(HISTORY_SCRIPT, store.run_keys(run_id), ["tail", 0, count]), run_id)
     return None if read is None else (read[0], read[1][::-1])
 
 

@@ -61,7 +61,7 @@ class IndexReads(StoreCore):
 
     def repair_indexes(self, namespace: str, run_ids: Sequence[str] = ()) -> int:
         """Bring in line the runs whose writes are under way or were cut off
-        (a Redis Cluster's intents), and ``run_ids``; how many were looked at."""
+        (their intents, run_index.py), and ``run_ids``; how many were looked at."""
         if run_ids:
             self.indexes.sync_from_records(self.keys.namespace(namespace), run_ids, "")
         return self.indexes.repair(namespace) + len(run_ids)

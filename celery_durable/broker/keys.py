@@ -331,10 +331,7 @@ class KeySpace:
             due=self.schedules_due,
         )
 
-    def schedule_of(self, member: str) -> ScheduleKeys:
-        """The keys of the schedule a ``due`` member names."""
-        namespace, _, schedule_id = member.partition("/")
-        return self.schedule(namespace, schedule_id)
+
     def throttle(self, namespace: str, name: str) -> ThrottleKeys:
         base = f"{self.prefix}:{{throttle:{namespace}:{name}}}"
         return ThrottleKeys(*(f"{base}:{part}" for part in ThrottleKeys.__dataclass_fields__))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple
 from typing import Any
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_store import ChildJournal
 from celery_durable.broker.journal import (
@@ -79,52 +80,44 @@ class RedisJournal(ChildJournal):
         return self._clock()
 
     def note_code(self, code_hash: str) -> None:
-        parse.note_code(self._run("note_code", [self._keys.run], [self._epoch, code_hash]), self._run_id)
+        parse.note_code(self._call("note_code", [self._epoch, code_hash]), self._run_id)
 
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
-        reply = self._run("read_sequence", [self._keys.journal], [seq, start])
+        reply = self._call("read_sequence", [seq, start])
         return parse.read_sequence(reply, self._run_id, seq, start)
 
     def read_sequences(self, seqs: Sequence[str]) -> list[SequenceHistory]:
         if not seqs:
             return []
-        reply = self._run("read_sequences", [self._keys.journal], [READ_ENTRIES_BUDGET, *seqs])
+        reply = self._call("read_sequences", [READ_ENTRIES_BUDGET, *seqs])
         return parse.read_sequences(reply, self._run_id, seqs)
 
     def begin(self, seq: str, call: BeginCall) -> Began:
-        k = self._keys
         args = [self._epoch, self._clock(), self._channel, seq, *_begin_args(call)]
-        reply = self._run("begin_op", [k.run, k.progress, k.journal, k.running, k.progress_phases, k.history], args)
+        reply = self._call("begin_op", args)
         return parse.begin_op(reply, self._run_id)
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
-        k = self._keys
         args = [self._epoch, self._clock(), self._channel, seq, *astuple(commit), *_begin_args(call)]
-        keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.history]
-        reply = self._run("commit_begin", keys, args)
+        reply = self._call("commit_begin", args)
         return parse.commit_begin(reply, self._run_id)
 
     def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
-        k = self._keys
-        keys = [k.run, k.journal, k.steps, k.running, k.history]
-        reply = self._run("record_op", keys, [self._epoch, self._clock(), seq, *astuple(commit)])
+        reply = self._call("record_op", [self._epoch, self._clock(), seq, *astuple(commit)])
         return parse.record_op(reply, self._run_id)
 
     def dispatch(
         self, seq: str, index: int, identity: str, width: int, token: str, position: int
     ) -> Dispatch | Conflict:
-        k = self._keys
         args = [self._epoch, seq, index, identity, width, token, position, self._clock()]
-        return parse.dispatch(self._run("dispatch", [k.run, k.journal, k.live, k.history], args), self._run_id)
+        return parse.dispatch(self._call("dispatch", args), self._run_id)
 
     def sending(self, call: str, messages: Sequence[str]) -> None:
-        k = self._keys
-        reply = self._run("sending", [k.run, k.journal, k.live], [self._epoch, call, "", "", self._clock(), *messages])
+        reply = self._call("sending", [self._epoch, call, "", "", self._clock(), *messages])
         parse.sending(reply, self._run_id)
 
     def mark_sent(self, call: str) -> None:
-        k = self._keys
-        parse.mark_sent(self._run("mark_sent", [k.run, k.journal], [self._epoch, call]), self._run_id)
+        parse.mark_sent(self._call("mark_sent", [self._epoch, call]), self._run_id)
 
     def branch_outcomes(self, call: str, count: int, only: Sequence[int] | None = None) -> list[str | None]:
         indices = range(count) if only is None else only
@@ -133,14 +126,12 @@ class RedisJournal(ChildJournal):
         return self._hmget(self._keys.journal, [schema.branch_field(call, j) for j in indices])
 
     def hand_off(self, call: str, giver: str, branches: Sequence[int], messages: Sequence[str]) -> None:
-        k = self._keys
         args = [self._epoch, call, giver, schema.handoff_value(self._epoch, branches), self._clock(), *messages]
-        parse.sending(self._run("sending", [k.run, k.journal, k.live], args), self._run_id)
+        parse.sending(self._call("sending", args), self._run_id)
 
     def unsent(self, messages: Sequence[str], *, call: str = "", giver: str = "", call_key: str = "") -> None:
-        k = self._keys
         args = [self._epoch, self._clock(), call, giver, call_key, *messages]
-        parse.unsent(self._run("unsent", [k.run, k.journal, k.live], args), self._run_id)
+        parse.unsent(self._call("unsent", args), self._run_id)
 
     def handed_off(self, call: str, giver: str) -> list[int]:
         [raw] = self._hmget(self._keys.journal, [schema.handoff_field(call, giver)])
@@ -156,19 +147,14 @@ class RedisJournal(ChildJournal):
         return parse.complete_branch(reply, self._run_id, held=True)
 
     def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
-        k = self._keys
-        keys = [k.run, k.progress, k.journal, k.running, k.progress_phases, k.steps, k.live, k.history]
         finished = [held.call, held.branch, held.outcome, held.wake, held.seq, *astuple(held.step)]
-        reply = self._run(
-            "complete_begin", keys, [self._epoch, self._clock(), self._channel, seq, *finished, *_begin_args(call)]
-        )
+        args = [self._epoch, self._clock(), self._channel, seq, *finished, *_begin_args(call)]
+        reply = self._call("complete_begin", args)
         return parse.complete_begin(reply, self._run_id)
 
     def _complete(self, call: str, branch: int, outcome: str, wake: str, ending: str, held: list[Any]) -> Any:
-        k = self._keys
-        keys = [k.run, k.journal, k.live, k.steps, k.running, k.history]
         args = [self._epoch, call, branch, outcome, wake, self._clock(), ending, *held]
-        return self._run("complete_branch", keys, args)
+        return self._call("complete_branch", args)
 
     def agent_call(
         self,
@@ -181,24 +167,17 @@ class RedisJournal(ChildJournal):
         cut: str | None,
         message: str,
     ) -> AgentCall | Conflict:
-        k = self._keys
-        identity = schema.Identity.agent(agent_id)
-        reply = self._run(
-            "agent_call",
-            [k.run, k.journal, k.agents, k.live],
-            [
-                *(self._epoch, self._clock(), seq, index, identity, agent_id),
-                *(request_json, owner, row_json, cut or "", message),
-            ],
-        )
+        at = self._at(seq, index, schema.Identity.agent(agent_id))
+        request = request_of.AgentCall(at, agent_id, request_json, owner, row_json, cut or "", message)
+        reply = self._call("agent_call", request)
         return parse.agent_call(reply, self._run_id)
 
     def wait(
         self, seq: str, index: int, identity: str, kind: str, name: str, due_ms: int | None, owner: str
     ) -> WaitResult | Conflict:
-        k = self._keys
-        args = [self._epoch, self._clock(), seq, index, identity, kind, name, "" if due_ms is None else due_ms, owner]
-        reply = self._run("wait", [k.run, k.journal, k.waits, k.signals, k.history], [*args, self._channel])
+        due = "" if due_ms is None else due_ms
+        request = request_of.Wait(self._at(seq, index, identity), kind, name, due, owner, self._channel)
+        reply = self._call("wait", request)
         result = parse.wait(reply, self._run_id)
         if isinstance(result, WaitResult) and not result.done and result.due is not None:
             self._look_at(result.due)  # the sweep fires the timer then
@@ -206,14 +185,13 @@ class RedisJournal(ChildJournal):
 
     def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
              running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
-        k = self._keys
-        identity = schema.Identity.call(key)
+        at = self._at(seq, index, schema.Identity.call(key))
         due = "" if due_ms is None else due_ms
-        args = [self._epoch, self._clock(), seq, index, identity, key, owner, due, cut or ""]
-        error = schema.decode_outcome(timeout_outcome).message
-        args += [running_row, timeout_outcome, f"TaskTimeout: {error}", self._channel, inputs]
-        keys = [k.run, k.journal, k.waits, k.running, k.steps, k.history]
-        result = parse.call(self._run("call", keys, args), self._run_id)
+        error = f"TaskTimeout: {schema.decode_outcome(timeout_outcome).message}"
+        request = request_of.Call(
+            at, key, owner, due, cut or "", running_row, timeout_outcome, error, self._channel, inputs
+        )
+        result = parse.call(self._call("call", request), self._run_id)
         if isinstance(result, TaskCall) and result.verdict is not CallVerdict.HIT and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
         return result

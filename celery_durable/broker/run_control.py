@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker.fleet_store import FleetLiveness
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import control as parse
@@ -56,23 +57,12 @@ class RunControl(RunRecords, FleetLiveness):
     ) -> None:
         """Settle the run as its attempt ``epoch``; ``watch``: it is a child
         whose parent must be told, and the sweep looks at it again until then."""
-        reply = self._run(
-            "finish",
-            self.settle_keys(run_id),
-            [
-                epoch,
-                self.clock(),
-                self.channel(namespace),
-                status,
-                reason,
-                error,
-                int(can_resume),
-                int(result_json is not None),
-                result_json or "",
-                message,
-                self.retention_ms,
-            ],
+        request = request_of.Finish(
+            epoch, self.clock(), self.channel(namespace), status, reason, error, can_resume,
+            has_result=result_json is not None, result=result_json or "", message=message,
+            retention_ms=self.retention_ms,
         )
+        reply = self.call("finish", self.run_keys(run_id), request)
         idempotency_key = parse.finish(reply, run_id)
         self._settled(run_id, namespace, idempotency_key, watch=watch)
         self._gave_up(run_id)
@@ -97,24 +87,12 @@ class RunControl(RunRecords, FleetLiveness):
         traceparent of the span that began it ('' clears the old attempt's)."""
         # The script sets each "field=value" pair it is given: the ceilings, and the trace anchor.
         fields = f"{ceilings},trace_attempt={trace_attempt}" if ceilings else f"trace_attempt={trace_attempt}"
-        reply = self._run(
-            "resume",
-            self.settle_keys(record.run_id),
-            [
-                record.epoch,
-                record.status,
-                self.clock(),
-                self.channel(record.namespace),
-                limits_json,
-                message,
-                self.lease_ms,
-                code_hash,
-                (2 if forced else 1) if recovery else 0,
-                fields,
-                message_id,
-                self.queue_room() if recovery else "",
-            ],
+        request = request_of.Resume(
+            record.epoch, record.status, self.clock(), self.channel(record.namespace), limits_json, message,
+            self.lease_ms, code_hash, recovery=(2 if forced else 1) if recovery else 0, run_fields=fields,
+            message_id=message_id, room=self.queue_room() if recovery else "",
         )
+        reply = self.call("resume", self.run_keys(record.run_id), request)
         epoch = parse.resume(reply, record.run_id)
         if epoch is not None:
             self._persist_idempotency(record)
@@ -127,15 +105,11 @@ class RunControl(RunRecords, FleetLiveness):
         changed meanwhile. ``forced``: the death is known (a message of the
         attempt came back from a holder that died), not judged by liveness."""
         room = self.queue_room()
-        reply = self._run(
-            "halt",
-            self.settle_keys(record.run_id),
-            [
-                *(record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room),
-                *(stop.status, stop.reason, stop.error, stop.message, stop.recoveries, int(forced)),
-                self.retention_ms,
-            ],
+        request = request_of.Halt(
+            record.epoch, record.status, self.clock(), self.channel(record.namespace), self.lease_ms, room,
+            stop.status, stop.reason, stop.error, stop.message, stop.recoveries, forced, self.retention_ms,
         )
+        reply = self.call("halt", self.run_keys(record.run_id), request)
         idempotency_key = parse.halt(reply, record.run_id)
         if idempotency_key is None:
             return False
@@ -151,11 +125,8 @@ class RunControl(RunRecords, FleetLiveness):
         compensate in. ``CANCELLED``: settled here (a pending run no attempt
         started, or a resumable one with nothing to undo). ``watch``: as
         ``finish``'s, should it settle here."""
-        k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.live, k.waits, k.steps, k.running, k.agents, k.history]
-        keys = [*first, *(key for key in self.settle_keys(run_id) if key not in first)]
         args = [self.clock(), self.channel(namespace), message, self.retention_ms, self.lease_ms]
-        requested = parse.cancel(self._run("cancel", keys, args), run_id)
+        requested = parse.cancel(self.call("cancel", self.run_keys(run_id), args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
             self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
             self._gave_up(run_id)
@@ -170,23 +141,16 @@ class RunControl(RunRecords, FleetLiveness):
 
     def pause(self, run_id: str, namespace: str, message: str) -> Requested:
         """Request a pause; on ``REQUESTED`` the caller sends coordinator message ``message``."""
-        k = self.run_keys(run_id)
-        keys = [k.run, k.live, k.progress, k.history]
-        reply = self._run("pause", keys, [self.channel(namespace), self.clock(), message])
+        reply = self.call("pause", self.run_keys(run_id), [self.channel(namespace), self.clock(), message])
         return parse.pause(reply, run_id)
 
     def note(self, run_id: str, what: str, message: str) -> bool:
         """Leave ``message`` as a system record of the run, once per ``what`` (``note.lua``)."""
-        k = self.run_keys(run_id)
-        reply = self._run("note", [k.run, k.progress, k.history], [self.clock(), message, f"noted:{what}"])
+        reply = self.call("note", self.run_keys(run_id), [self.clock(), message, f"noted:{what}"])
         return parse.note(reply, run_id)
 
     def signal(self, run_id: str, namespace: str, name: str, payload_json: str, wake_prefix: str) -> Signalled:
         """Keep a signal for the run and wake what waits for it (``signal.lua``)."""
         k = self.run_keys(run_id)
-        reply = self._run(
-            "signal",
-            [k.run, k.signals, k.waits, k.live, k.progress, k.history],
-            [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)],
-        )
+        reply = self.call("signal", k, [self.clock(), name, payload_json, wake_prefix, self.channel(namespace)])
         return parse.signal(reply, run_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from celery_durable.broker import requests as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
@@ -39,19 +40,15 @@ class RunPasses(StoreCore):
         return parse.activate(reply, run_id, (seq, start))
 
     def _activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]) -> Any:
-        k = self.run_keys(run_id)
-        keys = [k.run, k.progress, k.live, k.history, *([k.journal] if tail else [])]
-        args = [epoch, token, self.clock(), *self._lock_args(namespace, resend), *tail]
-        return self._run("activate", keys, args)
+        request = request_of.Activate(epoch, token, self.clock(), self._lock(namespace, resend), tail)
+        return self.call("activate", self.run_keys(run_id), request)
 
-    def _lock_args(self, namespace: str, resend: str) -> list[Any]:
-        """activate.lua's ARGV[4] to ARGV[7]: lock ttl, lease ttl, events channel, resend id."""
-        return [self.lease_ms, self.lease_ms, self.channel(namespace), resend]
+    def _lock(self, namespace: str, resend: str) -> request_of.Lock:
+        return request_of.Lock(self.lease_ms, self.lease_ms, self.channel(namespace), resend)
 
     def release(self, run_id: str, token: str, epoch: int) -> bool:
         """Release the lock; True when another activation arrived and the caller must run again."""
-        k = self.run_keys(run_id)
-        return parse.release(self._run("release", [k.run, k.live], [token, epoch, self.clock()]), run_id)
+        return parse.release(self.call("release", self.run_keys(run_id), [token, epoch, self.clock()]), run_id)
 
     def started(self, run_id: str, task_id: str) -> bool:
         """Whether message ``task_id`` of the run has started (and not ended)."""
@@ -76,11 +73,10 @@ class RunPasses(StoreCore):
         (first delay ms, cap ms, jitter factor), after a delay that doubles with
         each such pass of the run); the first time, ``note`` is a system
         progress record (``requeue.lua``)."""
-        k = self.run_keys(run_id)
         now = self.clock()
         base, cap, jitter = backoff or (0, 0, 1.0)
         args = [epoch, token, new, now, kind, due_ms or now, note, base, cap, repr(jitter)]
-        return parse.requeue(self._run("requeue", [k.run, k.live, k.progress, k.history], args), run_id)
+        return parse.requeue(self.call("requeue", self.run_keys(run_id), args), run_id)
 
     def heartbeat(
         self, run_id: str, epoch: int, token: str, *, coordinator: bool = False, wake: str = ""
@@ -88,10 +84,8 @@ class RunPasses(StoreCore):
         """Renew the running task ``token``: the flags, and whether a ceiling
         was newly reached and the coordinator must be woken by message ``wake``."""
         k = self.run_keys(run_id)
-        reply = self._run(
-            "heartbeat",
-            [k.run, k.live],
-            [epoch, token, self.clock(), self.lease_ms, self.lease_ms, wake, int(coordinator)],
+        reply = self.call(
+            "heartbeat", k, [epoch, token, self.clock(), self.lease_ms, self.lease_ms, wake, int(coordinator)]
         )
         return parse.heartbeat(reply, run_id)
 
@@ -111,15 +105,13 @@ class RunPasses(StoreCore):
         k = self.run_keys(run_id)
         fields = [schema.branch_field(call, j) for j in indices]
         args = [epoch, workflow, token, self.clock(), self.lease_ms, schema.handoff_field(call, token)]
-        reply = self._run("branch_start", [k.run, k.live, k.journal],
-                          [*args, READ_ENTRIES_BUDGET, len(fields), *fields, *seqs])
+        reply = self.call("branch_start", k, [*args, READ_ENTRIES_BUDGET, len(fields), *fields, *seqs])
         return parse.branch_start(reply, run_id, epoch, seqs)
 
     def task_end(self, run_id: str, epoch: int, token: str, wake: str = "") -> bool:
         """A branch task ended; True when a pause waits for it and the
         coordinator must be woken by message ``wake``."""
-        k = self.run_keys(run_id)
-        return parse.task_end(self._run("task_end", [k.run, k.live], [epoch, token, self.clock(), wake]), run_id)
+        return parse.task_end(self.call("task_end", self.run_keys(run_id), [epoch, token, self.clock(), wake]), run_id)
 
     def agent_start(
         self, run_id: str, epoch: int, agent_id: str, token: str, resend: str, delay_ms: int
@@ -128,11 +120,7 @@ class RunPasses(StoreCore):
         message ``resend`` in ``delay_ms``), is done already, or runs already
         (``TurnVerdict``)."""
         k = self.run_keys(run_id)
-        reply = self._run(
-            "agent_start",
-            [k.run, k.journal, k.agents, k.live],
-            [epoch, self.clock(), agent_id, token, self.lease_ms, resend, delay_ms],
-        )
+        reply = self.call("agent_start", k, [epoch, self.clock(), agent_id, token, self.lease_ms, resend, delay_ms])
         return parse.agent_start(reply, run_id)
 
     def agent_finish(
@@ -150,10 +138,8 @@ class RunPasses(StoreCore):
         completion tokens); returns the owners to wake, the n-th (from 1) by
         message ``f"{wake_prefix}-{n}"``."""
         k = self.run_keys(run_id)
-        reply = self._run(
-            "agent_finish",
-            [k.run, k.journal, k.agents, k.live, k.history],
-            [epoch, self.clock(), agent_id, outcome, row_json, *usage, token, wake_prefix],
+        reply = self.call(
+            "agent_finish", k, [epoch, self.clock(), agent_id, outcome, row_json, *usage, token, wake_prefix]
         )
         return parse.agent_finish(reply, run_id)
 
@@ -172,17 +158,13 @@ class RunPasses(StoreCore):
         """``call_done``; with ``here``, when the answer wakes the main body
         alone, the same script takes the lock of its pass for the caller (one
         round trip where a wake run in place took two)."""
-        k = self.run_keys(run_id)
-        now = self.clock()
-        keys = [k.run, k.journal, k.waits, k.live, k.running, k.steps, k.history]
-        args: list[Any] = [epoch, now, key, outcome, error, wake_prefix]
+        taken = [] if here is None else [here.token, self._lock(here.namespace, here.resend)]
         if here is not None:
-            keys.append(k.progress)
-            lock = self._lock_args(here.namespace, here.resend)
-            args += [here.token, *lock, here.seq, here.start, "1" if here.soft else ""]
+            taken += [here.seq, here.start, "1" if here.soft else ""]
+        request = request_of.CallDone(epoch, self.clock(), key, outcome, error, wake_prefix, taken)
         # The answer may wake a run waiting on nothing else: the look comes
         # first (store_core.LOOK_FIRST), should the wake it counts be lost.
-        reply = self._run("call_done", keys, args)
+        reply = self.call("call_done", self.run_keys(run_id), request)
         done = parse.call_done(reply, run_id, None if here is None else (here.seq, here.start))
         if not isinstance(done, Refusal):
             return done

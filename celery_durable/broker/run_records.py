@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, cast
 
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.index_reads import IndexReads
+from celery_durable.broker.ops import OPS
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import run as parse
@@ -47,9 +48,8 @@ class RunRecords(IndexReads):
         flat: list[str] = []
         for name, value in fields.items():
             flat.extend((name, value))
-        k = self.run_keys(run_id)
         retention_ms = self.settings.run_retention_seconds * 1000
-        reply = self._run("create_run", [k.run, k.live], [message, self.clock(), retention_ms, *flat])
+        reply = self.call("create_run", self.run_keys(run_id), [message, self.clock(), retention_ms, *flat])
         return parse.create_run(reply, run_id)
 
     def create_runs(self, starts: Sequence[tuple[str, dict[str, str], str]]) -> list[bool | StorageCorruptError]:
@@ -59,12 +59,11 @@ class RunRecords(IndexReads):
         the error of a damaged one in its place."""
         retention_ms = self.settings.run_retention_seconds * 1000
         now = self.clock()
-        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        calls: list[tuple[Any, Sequence[Any]]] = []
         for run_id, fields, message in starts:
-            k = self.run_keys(run_id)
             flat = [item for pair in fields.items() for item in pair]
-            calls.append(([k.run, k.live], [message, now, retention_ms, *flat]))
-        replies = self._look_then_run_each("create_run", calls)
+            calls.append((self.run_keys(run_id), [message, now, retention_ms, *flat]))
+        replies = self.call_each("create_run", calls)
         out: list[bool | StorageCorruptError] = []
         for (run_id, _, _), reply in zip(starts, replies, strict=True):
             out.append(reply if isinstance(reply, StorageCorruptError) else parse.create_run(reply, run_id))
@@ -72,46 +71,41 @@ class RunRecords(IndexReads):
 
     def index_runs(self, runs: Sequence[tuple[str, str]]) -> None:
         """``index_run`` of many new runs (namespace, run id), none with an
-        idempotency key: in one MULTI/EXEC on one Redis, each alone on a Cluster."""
-        if not runs:
-            return
-        for namespace, run_id in runs:
-            self.indexes.remember(run_id, namespace)
-        calls = []
-        for namespace, run_id in runs:
-            ns = self.keys.namespace(namespace)
-            calls.append(([ns.runs, ns.counter, ns.index_meta], [run_id, ns.events], namespace, run_id))
-        self.indexes.index_each(calls)
+        idempotency key, pipelined."""
+        for reply in self._index_each([(namespace, run_id, None) for namespace, run_id in runs]):
+            if isinstance(reply, Exception):
+                raise reply
+            parse.index_run(reply)
 
     def index_run(self, namespace: str, run_id: str, idempotency_key: str | None) -> str:
         """List the run in its namespace (and its indexes, from its record)."""
-        ns = self.keys.namespace(namespace)
-        keys = [ns.runs, ns.counter, ns.index_meta]
-        if idempotency_key is not None:
-            keys.append(ns.idempotency(idempotency_key))
-        self.indexes.remember(run_id, namespace)
-        return self.indexes.index_run(keys, [run_id, ns.events], namespace, run_id)
+        [reply] = self._index_each([(namespace, run_id, idempotency_key)])
+        if isinstance(reply, Exception):
+            raise reply
+        return parse.index_run(reply)
+
+    def _index_each(self, runs: Sequence[tuple[str, str, str | None]]) -> list[Any]:
+        """index_run.lua for each (namespace, run id, idempotency key), then
+        the runs' first index entries from their records (``_indexed_each``)."""
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        for namespace, run_id, idempotency_key in runs:
+            self.indexes.remember(run_id, namespace)
+            ns = self.keys.namespace(namespace)
+            more = [] if idempotency_key is None else [ns.idempotency(idempotency_key)]
+            calls.append(([*OPS["index_run"].keys_of(ns), *more], [run_id, ns.events]))
+        return self._indexed_each("index_run", calls, [run_id for _, run_id, _ in runs])
 
     def discard_run(self, run_id: str, epoch: int) -> None:
-        k = self.run_keys(run_id)
-        parse.discard_run(self._run("discard_run", [k.run, k.live], [epoch]), run_id)
+        parse.discard_run(self.call("discard_run", self.run_keys(run_id), [epoch]), run_id)
 
     def release_idempotency(self, namespace: str, idempotency_key: str, owner: str) -> bool:
         """Free an idempotency key that still names ``owner``, a run that has expired."""
         key = self.keys.namespace(namespace).idempotency(idempotency_key)
-        return parse.release_idempotency(self._run("release_idempotency", [key], [owner]))
+        return parse.release_idempotency(self.call("release_idempotency", None, [owner], key))
 
     def forget_runs(self, namespace: str, run_ids: Sequence[str]) -> None:
         """Drop runs whose keys have expired (run retention) from every index of the namespace."""
         self.indexes.forget(namespace, run_ids)
-
-    def settle_keys(self, run_id: str) -> list[str]:
-        """The KEYS of a script that settles the run: the run hash, its progress,
-        steps, running steps, agent rows, live and waits hashes, its history, then every other
-        key of the run, which start their retention clock in the same script."""
-        k = self.run_keys(run_id)
-        first = [k.run, k.progress, k.steps, k.running, k.agents, k.live, k.waits, k.history]
-        return [*first, *(key for key in astuple(k) if key not in first)]
 
     @property
     def retention_ms(self) -> int:
@@ -221,7 +215,6 @@ class RunRecords(IndexReads):
         ``cursor``, the last ``count`` before it, or the newest ``count`` of
         the run (``phase_id`` ''), or of one phase; with its bounds, read in
         the same snapshot."""
-        k = self.run_keys(run_id)
         cursor = min(max(cursor, 0), MAX_SEQ)
-        reply = self._run("read_progress", [k.run, k.progress, k.progress_phases], [phase_id, mode, cursor, count])
+        reply = self.call("read_progress", self.run_keys(run_id), [phase_id, mode, cursor, count])
         return parse.read_progress(reply, run_id)

@@ -84,7 +84,7 @@ class ScheduleStore(StoreCore):
         mode = "create" if rev is None else "update"
         state = "" if paused is None else ("1" if paused else "0")
         args = [mode, k.member, schedule_id, now_ms, _text(next_ms), _text(rev), state, *flat]
-        return parse.schedule_put(self._run("schedule_put", [k.schedule, k.due, k.ids], args))
+        return parse.schedule_put(self.call("schedule_put", k, args))
 
     def pause_schedule(
         self, namespace: str, schedule_id: str, paused: bool, next_ms: int | None, note: str | None
@@ -93,13 +93,12 @@ class ScheduleStore(StoreCore):
         k = self.schedule_keys(namespace, schedule_id)
         told = "0" if note is None else "1"
         args = [k.member, "1" if paused else "0", self.clock(), _text(next_ms), told, note or ""]
-        return parse.schedule_pause(self._run("schedule_pause", [k.schedule, k.due], args))
+        return parse.schedule_pause(self.call("schedule_pause", k, args))
 
     def delete_schedule(self, namespace: str, schedule_id: str) -> bool:
         k = self.schedule_keys(namespace, schedule_id)
-        keys = [k.schedule, k.due, k.ids, k.recent, k.runs]
         retention_ms = self.settings.run_retention_seconds * 1000
-        return parse.schedule_delete(self._run("schedule_delete", keys, [k.member, schedule_id, retention_ms]))
+        return parse.schedule_delete(self.call("schedule_delete", k, [k.member, schedule_id, retention_ms]))
 
     def read_schedule(self, namespace: str, schedule_id: str, *, recent: int = 0) -> StoredRaw | None:
         """The schedule and its ``recent`` latest actions, in one round trip; None when it does not exist."""
@@ -134,7 +133,8 @@ class ScheduleStore(StoreCore):
 
     def claim_schedules(self, now_ms: int, most: int, claim_ms: int) -> DueSchedules:
         """The schedules due now, this sweeper's alone for ``claim_ms`` (``schedule_claim.lua``)."""
-        return parse.schedule_claim(self._run("schedule_claim", [self.keys.schedules_due], [now_ms, most, claim_ms]))
+        reply = self.call("schedule_claim", None, [now_ms, most, claim_ms], self.keys.schedules_due)
+        return parse.schedule_claim(reply)
 
     def record_ticks(self, namespace: str, schedule_id: str, record: TickRecord) -> RecordVerdict:
         return self.record_ticks_each([(namespace, schedule_id, record)])[0]
@@ -163,8 +163,8 @@ class ScheduleStore(StoreCore):
                 *record.actions,
                 *(item for run_id, tick in record.runs for item in (run_id, tick)),
             ]
-            calls.append(([k.schedule, k.due, k.recent, k.runs], args))
-        replies = self._run_each("schedule_record", calls)
+            calls.append((k, args))
+        replies = self.call_each("schedule_record", calls)
         out = []
         for reply in replies:
             if isinstance(reply, Exception):

@@ -1,13 +1,13 @@
 """Loads the Lua scripts from ``lua/`` once per Redis client.
 
-Each script file opens with a header naming its KEYS and ARGV; ``_prelude.lua``
-is prepended to every script so the fencing check exists in one place and
-runs in the same script as the write it guards.
+Each script file opens with a header naming its KEYS and ARGV, and has its
+row in ``ops.py``; ``_prelude.lua`` is prepended to every script, after the
+line that tells its fence rule whether the row is fenced, so the fencing
+check exists in one place and runs in the same script as the write it guards.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from functools import cache
@@ -18,63 +18,19 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
+from celery_durable.broker.ops import FENCED, SCRIPT_NAMES, WAKING_SCRIPTS
+
+__all__ = ["SCRIPT_NAMES", "WAKING_SCRIPTS", "Clock", "Scripts", "now_ms", "script_source"]
+
 LUA = resources.files("celery_durable.broker") / "lua"
-
-
-def _script_names() -> tuple[str, ...]:
-    return tuple(
-        sorted(p.name.removesuffix(".lua") for p in LUA.iterdir() if p.name.endswith(".lua") and p.name[0] != "_")
-    )
-
-
-SCRIPT_NAMES = _script_names()
-"""Every script in ``lua/`` (``_prelude.lua`` is prepended to each): a new
-file is a new script, registered with no list to keep."""
-
-
-@cache
-def _prelude_calls() -> dict[str, frozenset[str]]:
-    """Each prelude function, and the prelude functions it calls."""
-    bodies: dict[str, str] = {}
-    current = ""
-    for line in (LUA / "_prelude.lua").read_text(encoding="utf-8").splitlines():
-        found = re.match(r"local function (\w+)", line)
-        if found:
-            current = found.group(1)
-            bodies[current] = ""
-        elif current:
-            bodies[current] += line + "\n"
-    return {f: frozenset(g for g in bodies if re.search(rf"\b{g}\(", body)) for f, body in bodies.items()}
-
-
-@cache
-def reaches(name: str, targets: frozenset[str]) -> bool:
-    """Whether script ``name`` calls one of the prelude's ``targets``, itself
-    or through other prelude functions: what a script may do, read from its
-    Lua, so that every list of scripts that do a thing is derived, not kept."""
-    calls = _prelude_calls()
-    reaching = set(targets)
-    grew = True
-    while grew:
-        grew = False
-        for function, called in calls.items():
-            if function not in reaching and called & reaching:
-                reaching.add(function)
-                grew = True
-    body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return any(re.search(rf"\b{f}\(", body) for f in reaching)
-
-
-WAKING_SCRIPTS = frozenset(name for name in SCRIPT_NAMES if reaches(name, frozenset({"token_queued"})))
-"""The scripts that may count a wake: a message of a run in flight before it
-is published (``token_queued``), which their caller publishes after them."""
 
 
 @cache
 def script_source(name: str) -> str:
     prelude = (LUA / "_prelude.lua").read_text(encoding="utf-8")
     body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{prelude}\n{body}"
+    fenced = "true" if name in FENCED else "false"
+    return f"local FENCED = {fenced}\n{prelude}\n{body}"
 
 
 class Scripts:

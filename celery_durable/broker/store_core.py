@@ -19,43 +19,20 @@ from redis.exceptions import NoScriptError
 
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.keys import KeySpace, RunKeys
+from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS
 from celery_durable.broker.replies import fleet as parse_fleet
-from celery_durable.broker.run_index import INDEXED_SCRIPTS, IndexWrites
-from celery_durable.broker.scripts import WAKING_SCRIPTS, Clock, Scripts, now_ms
+from celery_durable.broker.requests import Request
+from celery_durable.broker.run_index import IndexWrites
+from celery_durable.broker.scripts import Clock, Scripts, now_ms
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
 
+__all__ = ["LOOK_FIRST", "WATCHED_CALLERS", "StoreCore"]
+
+Runner = Callable[[str, Sequence[str], Sequence[Any]], Any]
+
 ALONE = object()
 """In place of a pipelined reply: run that call again by itself."""
-
-WATCHED_CALLERS = {
-    "activate": "a pass, whose message is counted in flight",
-    "agent_call": "an agent turn's message, counted in flight",
-    "agent_finish": "an agent turn's message, counted in flight",
-    "agent_start": "an agent turn's message, counted in flight",
-    "complete_begin": "a branch task, counted in flight",
-    "complete_branch": "a branch task, counted in flight",
-    "heartbeat": "a task counted in flight",
-    "requeue": "a message counted in flight, which it replaces",
-    "sending": "a pass or a branch task, counted in flight",
-    "task_end": "a task counted in flight, which it ends",
-    "examine": "the sweep, which has claimed the run (claim_due.lua)",
-}
-"""The scripts that count wakes only for a caller the sweep already watches
-the run for, and why: a run with a message counted in flight is never left
-unscheduled (only a run that waits with nothing in flight is), and the sweep
-writes its own verdict (looked.lua)."""
-
-LOOK_FIRST = WAKING_SCRIPTS - WATCHED_CALLERS.keys()
-"""Every other script that may count a wake (create a run, resume it, cancel,
-pause, signal, a child's end, a call's answer: callers from outside the
-run's work, or a new script nobody classed) runs only once the run has a look
-scheduled no later than a lease from now (``_run``). The wake it counts is
-published after it returns; should its caller die before that, the sweep
-finds the counted message gone and the run goes on (liveness in
-_prelude.lua). A script is safe by default: leaving it out of
-``WATCHED_CALLERS`` costs a command, never a run."""
-
 
 class StoreCore:
     """One Redis, or a Redis Cluster, and the scripts registered on it."""
@@ -92,6 +69,22 @@ class StoreCore:
         with storage_errors():
             self.client.ping()
 
+    def call(self, name: str, on: Any, args: Sequence[Any] | Request, *more: str) -> Any:
+        """Script ``name`` on the keys of ``on`` (a ``RunKeys``, ``ThrottleKeys``…)
+        its row names (``ops.OPS``), and ``more``, the optional keys it takes,
+        with ``args``, its row's typed request where it has one: the one way
+        a script is called, so that its row's rules hold."""
+        op = OPS[name]
+        return self._run(name, [*op.keys_of(on), *more], op.argv(name, args))
+
+    def call_each(self, name: str, calls: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
+        """``call`` of many ``(on, args)``, pipelined (``_run_each``); a script
+        of ``LOOK_FIRST`` once its runs' looks are scheduled."""
+        keyed = [(OPS[name].keys_of(on), args) for on, args in calls]
+        if name in LOOK_FIRST:
+            return self._look_then_run_each(name, keyed)
+        return self._run_each(name, keyed)
+
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Script ``name``'s raw reply, for the parse function of the same name
         in ``replies``; a script that may change a run's status or waiting
@@ -102,7 +95,13 @@ class StoreCore:
 
     def _run_alone(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if name in INDEXED_SCRIPTS:
-            return self.indexes.run(name, keys, args)
+            [reply] = self._indexed_each(name, [(keys, args)], [self.keys.run_id_of(keys[0])])
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        return self._run_script(name, keys, args)
+
+    def _run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         with storage_errors():
             return self._scripts[name](keys=list(keys), args=list(args))
 
@@ -195,22 +194,24 @@ class StoreCore:
             return []
         assert looked or name not in LOOK_FIRST, name
         if name in INDEXED_SCRIPTS:
-            # Each call with its index sync (run_index.py): one transaction on
-            # one Redis; on a Cluster each call alone, through ``_run``.
-            if isinstance(self.client, RedisCluster):
-                replies: list[Any] = [ALONE] * len(calls)
-            else:
-                try:
-                    with storage_errors():
-                        replies = self.indexes.run_each_together(name, calls)
-                except StorageCorruptError:  # a reply that cannot be decoded: each again alone, as below
-                    replies = [ALONE] * len(calls)
-            return [
-                self._reply_or_error(name, keys, args, reply)
-                for (keys, args), reply in zip(calls, replies, strict=True)
-            ]
+            return self._indexed_each(name, calls, [self.keys.run_id_of(keys[0]) for keys, _ in calls])
+        return self._run_plain_each(name, calls, self._run)
+
+    def _indexed_each(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], run_ids: Sequence[str]
+    ) -> list[Any]:
+        """``_run_each`` of a script that changes what the indexes hold of
+        ``run_ids``, inside their protocol (run_index.py)."""
+        return self.indexes.run_each(name, calls, run_ids, self._run_plain_each)
+
+    def _run_plain_each(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], again: Runner | None = None
+    ) -> list[Any]:
+        """``_run_each`` itself: ``again`` runs a call alone whose pipelined
+        reply was not had (the script by itself, unless said otherwise)."""
+        again = again or self._run_script
         if isinstance(self.client, RedisCluster):
-            return self._run_each_on_masters(name, calls)
+            return self._run_each_on_masters(name, calls, again)
         script = self._scripts[name]
         try:
             with storage_errors():
@@ -221,10 +222,13 @@ class StoreCore:
         except StorageCorruptError:
             replies = [ALONE] * len(calls)
         return [
-            self._reply_or_error(name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
+            _reply_or_error(again, name, keys, args, reply)
+            for (keys, args), reply in zip(calls, replies, strict=True)
         ]
 
-    def _run_each_on_masters(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def _run_each_on_masters(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], again: Runner
+    ) -> list[Any]:
         """``_run_each`` on a Cluster, whose client pipelines no scripts: a
         pipeline per master, on that master's own connection, for the calls
         whose slot it serves. A call that meets anything but its reply there
@@ -255,21 +259,8 @@ class StoreCore:
             except StorageError:
                 continue  # that master's calls run alone: the cluster client finds their nodes
         return [
-            self._reply_or_error(name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
+            _reply_or_error(again, name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
         ]
-
-    def _reply_or_error(self, name: str, keys: Sequence[str], args: Sequence[Any], reply: Any) -> Any:
-        """One reply of ``_run_each``: run alone again where the script was not
-        loaded (a restarted Redis, a Cluster node not asked before)."""
-        try:
-            if reply is ALONE or isinstance(reply, NoScriptError):
-                return self._run(name, keys, args)
-            if isinstance(reply, Exception):
-                with storage_errors():
-                    raise reply
-        except StorageCorruptError as exc:
-            return exc
-        return reply
 
     def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
         with storage_errors():
@@ -306,3 +297,17 @@ class StoreCore:
     def unschedule(self, run_id: str) -> None:
         with storage_errors():
             self.client.zrem(self.keys.sweep_due, run_id)
+
+
+def _reply_or_error(again: Runner, name: str, keys: Sequence[str], args: Sequence[Any], reply: Any) -> Any:
+    """One reply of ``_run_each``: run alone again (``again``) where the script
+    was not loaded (a restarted Redis, a Cluster node not asked before)."""
+    try:
+        if reply is ALONE or isinstance(reply, NoScriptError):
+            return again(name, keys, args)
+        if isinstance(reply, Exception):
+            with storage_errors():
+                raise reply
+    except StorageCorruptError as exc:
+        return exc
+    return reply

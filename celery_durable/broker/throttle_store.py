@@ -74,7 +74,7 @@ class ThrottleStore(StoreCore):
         crash between leaves a name the listing skips, never a throttle unlisted)."""
         with storage_errors():
             self.client.zadd(self.keys.namespace(namespace).throttles, {name: 0})
-        reply = self._run("throttle_set", self.throttle_keys(namespace, name).all(), [self.clock(), *settings])
+        reply = self.call("throttle_set", self.throttle_keys(namespace, name), [self.clock(), *settings])
         return parse.throttle_set(reply)
 
     def throttle_names(self, namespace: str) -> list[str]:
@@ -101,7 +101,7 @@ class ThrottleStore(StoreCore):
 
     def throttle_delete(self, namespace: str, name: str) -> list[tuple[str, int]] | None:
         """Delete a throttle: its waiters (holder, epoch), or None when it did not exist."""
-        waiters = parse.throttle_delete(self._run("throttle_delete", self.throttle_keys(namespace, name).all(), []))
+        waiters = parse.throttle_delete(self.call("throttle_delete", self.throttle_keys(namespace, name), []))
         with storage_errors():
             self.client.zrem(self.keys.namespace(namespace).throttles, name)
         return waiters
@@ -110,18 +110,16 @@ class ThrottleStore(StoreCore):
         """Ask for a slot. The throttle's look is scheduled a lease from now
         first (one round trip on one Redis): a holder whose run never hears
         of its slot, or is gone, is found by the sweep."""
-        keys = self.throttle_keys(namespace, name).all()
         args = [self.clock(), holder, epoch, key, priority]
         self._look_at_throttles([look_member(namespace, name)], self.clock() + self.lease_ms)
-        return parse.throttle_acquire(self._run("throttle_acquire", keys, args))
+        return parse.throttle_acquire(self.call("throttle_acquire", self.throttle_keys(namespace, name), args))
 
     def throttle_release(self, namespace: str, name: str, pairs: Sequence[tuple[str, str]]) -> Admitted:
         """Give back the slots and places of ``(holder, which)`` pairs, ``which``
         being ``=E`` (attempt E's only), ``!E`` (any but attempt E's) or ''
         (any), and admit whoever may go now."""
-        keys = self.throttle_keys(namespace, name).all()
         args: list[Any] = [self.clock(), *(item for pair in pairs for item in pair)]
-        return parse.throttle_release(self._run("throttle_release", keys, args))
+        return parse.throttle_release(self.call("throttle_release", self.throttle_keys(namespace, name), args))
 
     # -- the sweep's looks at throttles ----------------------------------------
 
@@ -148,21 +146,17 @@ class ThrottleStore(StoreCore):
 
     def throttle_enter(self, run_id: str, epoch: int, op: str, name: str, key: str) -> bool:
         """Write op's slot intent (fenced); True when the slot is this attempt's already."""
-        k = self.run_keys(run_id)
-        return parse.throttle_enter(self._run("throttle_enter", [k.run, k.throttles], [epoch, op, name, key]), run_id)
+        return parse.throttle_enter(self.call("throttle_enter", self.run_keys(run_id), [epoch, op, name, key]), run_id)
 
     def throttle_wait(self, run_id: str, epoch: int, op: str, owner: str, name: str, token: str = "") -> bool:
         """The owner waits for op's slot (fenced); True when it was given meanwhile."""
-        k = self.run_keys(run_id)
         args = [epoch, op, owner, name, token, self.clock()]
-        keys = [k.run, k.throttles, k.waits, k.live, k.history]
-        return parse.throttle_wait(self._run("throttle_wait", keys, args), run_id)
+        return parse.throttle_wait(self.call("throttle_wait", self.run_keys(run_id), args), run_id)
 
     def throttle_granted(self, run_id: str, op: str, epoch: int, prefix: str) -> Granted:
         """Tell the run its holder was given a slot; the owner woken, if it waited."""
-        k = self.run_keys(run_id)
         args = [op, epoch, prefix, self.clock()]
-        reply = self._run("throttle_granted", [k.run, k.throttles, k.waits, k.live], args)
+        reply = self.call("throttle_granted", self.run_keys(run_id), args)
         return parse.throttle_granted(reply, run_id)
 
     def throttle_holds(self, run_id: str) -> RunHolds:
@@ -216,4 +210,4 @@ class ThrottleStore(StoreCore):
         """Forget intents whose slots were given back (each only as read)."""
         if intents:
             pairs = [item for op, value in intents.items() for item in (op, value)]
-            parse.throttle_forget(self._run("throttle_forget", [self.run_keys(run_id).throttles], pairs), run_id)
+            parse.throttle_forget(self.call("throttle_forget", self.run_keys(run_id), pairs), run_id)

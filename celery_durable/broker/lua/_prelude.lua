@@ -267,11 +267,10 @@ end
 -- child start do: fenced; the older attempt's failure it re-runs cut first
 -- (<cut>: '' or "<op index>:<position>", see cut_sequence); its identity
 -- recorded, a replaced entry's wait due time cleared. Returns the script's
--- reply when it must stop there ({refusal} or {'conflict', identity}), else
+-- reply when it must stop there ({'conflict', identity}; the fence rule ran
+-- before the script), else
 -- nil and the op's place "<seq>:<index>".
-local function enter_op(run_key, journal_key, epoch, seq, index, ident, cut)
-  local refusal = fence(run_key, epoch)
-  if refusal then return {refusal} end
+local function enter_op(journal_key, epoch, seq, index, ident, cut)
   if cut ~= '' then
     local colon = string.find(cut, ':', 1, true)
     cut_sequence(journal_key, seq, string.sub(cut, 1, colon - 1), epoch, string.sub(cut, colon + 1))
@@ -1091,4 +1090,17 @@ local function throttle_reply(verdict, granted, next_due)
   local out = {verdict, next_due and tostring(next_due) or ''}
   for _, item in ipairs(granted) do table.insert(out, item) end
   return out
+end
+
+-- == The fence rule (ops.py: the `fenced` column) ========================
+-- The one fencing rule: a script whose row is fenced runs only for the
+-- attempt whose epoch (ARGV[1]) owns the run (KEYS[1]) while the run accepts
+-- work; the loader sets FENCED from the row (scripts.py), so no script
+-- carries the check itself, and it runs before the script's first line, in
+-- the same script as the writes it guards. Scripts whose row says why not
+-- check their own condition (an expected epoch and status, a lock token, a
+-- holder's epoch), in their own header.
+if FENCED then
+  local refusal = fence(KEYS[1], ARGV[1])
+  if refusal then return {refusal} end
 end

@@ -11,8 +11,6 @@
 -- Returns {'hit', cancel, pause, limit, outcome}, {'pending', ...flags},
 -- {'dispatch', ...flags}, {'limit', ...flags}, {'conflict', identity} or
 -- {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 if ARGV[10] ~= '' then
   local colon = string.find(ARGV[10], ':', 1, true)
   cut_sequence(KEYS[2], ARGV[3], string.sub(ARGV[10], 1, colon - 1), ARGV[1], string.sub(ARGV[10], colon + 1))

@@ -9,8 +9,6 @@
 -- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated)} or
 -- {refusal}; run again with the same prefix (its reply was lost), the same
 -- answer, and nothing counted twice (woken_before).
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local before = woken_before(KEYS[2], ARGV[10])
 if before then return {'ok', before} end
 local id = ARGV[3]

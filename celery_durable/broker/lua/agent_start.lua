@@ -10,8 +10,6 @@
 -- Returns {'go', request json}, {'wait'}, {'done'} (already journaled),
 -- {'running'} (this very message runs the turn already), {'stale'} (the turn
 -- was not asked for by this attempt), or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local now = tonumber(ARGV[2])
 local id = ARGV[3]
 local outcome = redis.call('HGET', KEYS[2], 'a:' .. id)

@@ -4,7 +4,7 @@
 -- what waits for the call is woken.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] live,
 -- KEYS[5] running steps, KEYS[6] steps, KEYS[7] history, KEYS[8] progress
--- stream (only with ARGV[7])
+-- stream (written only with ARGV[7])
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] key, ARGV[4] outcome
 -- ("o<json>" or "e<epoch>|<json>"), ARGV[5] the step row's error ('' for a
 -- result), ARGV[6] prefix of the task ids that wake the waiters ("<prefix>-<n>")
@@ -20,8 +20,6 @@
 -- the caller, or it was told to look again; {'late'} (the call already has a
 -- live outcome) or {refusal}. Run again with the same prefix (its reply was
 -- lost): {'ok', the same owners}, and nothing journaled or counted twice.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local before = woken_before(KEYS[2], ARGV[6])
 if before then
   -- The same answer again, its reply lost: the same owners, woken by message

@@ -21,7 +21,7 @@
 -- cancels the child and journals the time-out); or {'conflict', identity}
 -- or {refusal}.
 local seq, index, key, now = ARGV[3], ARGV[4], ARGV[6], tonumber(ARGV[2])
-local stop, at = enter_op(KEYS[1], KEYS[2], ARGV[1], seq, index, ARGV[5], ARGV[9])
+local stop, at = enter_op(KEYS[2], ARGV[1], seq, index, ARGV[5], ARGV[9])
 if stop then return stop end
 local entry = nil
 local raw = redis.call('HGET', KEYS[4], key)

@@ -5,8 +5,6 @@
 -- KEYS[1] run hash
 -- ARGV[1] epoch
 -- Returns {'ok', cancel, pause, limit} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 redis.call('HSET', KEYS[1], 'compensates', '1')
 local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3]}

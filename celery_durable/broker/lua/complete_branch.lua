@@ -20,8 +20,6 @@
 -- ARGV[4..9]: ARGV[9] op index, ARGV[10] identity, ARGV[11] value field,
 -- ARGV[12] value, ARGV[13] step key, ARGV[14] row to leave
 -- Returns {'ok', wake}, {'winner', value}, {'conflict', identity} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 if not dispatched_in(KEYS[2], ARGV[2], ARGV[1]) then return {'stale'} end
 if (ARGV[8] or '') ~= '' then
   local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[4], KEYS[5], ARGV[1], ARGV[8], ARGV[9], ARGV[10],

@@ -11,8 +11,6 @@
 -- is 1 when branches that failed in an older attempt run again, which cuts
 -- the sequence here), {'pending', messages of the run in flight (the
 -- caller's own included)}, {'conflict', identity}, or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local conflict, replaced, fresh = record_op(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[1])
 if conflict then return {'conflict', conflict} end
 local call = ARGV[2] .. ':' .. ARGV[3]

@@ -9,8 +9,6 @@
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message,
 -- ARGV[11] retention (ms; 0 keeps the run for ever)
 -- Returns {'ok', idempotency key or ''} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
 set_status(KEYS[1], ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
   'can_resume', ARGV[7], 'has_result', ARGV[8], 'result', ARGV[9],

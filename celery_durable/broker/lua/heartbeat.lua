@@ -8,8 +8,6 @@
 -- coordinator message to send if a ceiling was newly reached, ARGV[7] '1'
 -- when the task is a coordinator pass (it may hold the lock)
 -- Returns {'ok', cancel, pause, limit, wake (0/1)} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local now = tonumber(ARGV[3])
 -- Only a task still in flight is renewed: a run that settled (a pause) or
 -- was taken over cleared the entries, and they must not come back.

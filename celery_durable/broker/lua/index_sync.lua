@@ -1,14 +1,14 @@
 -- Brings runs' entries in their namespace's indexes in line with their
 -- records (what the indexes hold of a run: run_index.py).
 -- KEYS[1] namespace index (lex zset), KEYS[2] index state hash, KEYS[3]
--- namespace runs zset, KEYS[4] index intents hash, KEYS[5] (one Redis only)
--- the run hash of the one run, read here: the caller runs this script in one
--- MULTI with the script that changed the run
+-- namespace runs zset, KEYS[4] index intents hash, KEYS[5..] (one Redis
+-- only) the run hashes, read here: the caller runs this script in one MULTI
+-- with the scripts that changed the runs
 -- ARGV[1] 'w' the sync of a writer that counted an intent (index_intent.lua),
 -- 'r' a repair, '' neither; ARGV[2] now (ms), ARGV[3] grace (ms): a repair
--- forgets an intent older than that; then with KEYS[5], ARGV[4] the run id;
--- without, 7 values per run, its record as the caller read it after its
--- change: run id, '1' if it exists, its 'ixv', status, workflow, created_at
+-- forgets an intent older than that; then with KEYS[5..], ARGV[4..] their
+-- run ids; without, 7 values per run, its record as the caller read it after
+-- its change: run id, '1' if it exists, its 'ixv', status, workflow, created_at
 -- (ms), waiting summary ('' or JSON)
 -- Returns one verdict per run: 'applied', 'same', 'older' (the indexes hold
 -- a newer version), 'unlisted' (not in its namespace's runs: index_run.lua
@@ -38,11 +38,14 @@ local function sync(run_id, exists, version, status, workflow, created, waiting)
     workflow or '', waiting or '')
 end
 
-if KEYS[5] then
-  local f = redis.call('HMGET', KEYS[5], 'ixv', 'status', 'workflow', 'created_at', 'waiting', 'id')
-  return {sync(ARGV[4], f[6] ~= false, f[1] or '0', f[2], f[3], f[4], f[5])}
-end
 local verdicts = {}
+if KEYS[5] then
+  for i = 5, #KEYS do
+    local f = redis.call('HMGET', KEYS[i], 'ixv', 'status', 'workflow', 'created_at', 'waiting', 'id')
+    table.insert(verdicts, sync(ARGV[i - 1], f[6] ~= false, f[1] or '0', f[2], f[3], f[4], f[5]))
+  end
+  return verdicts
+end
 for i = 4, #ARGV, 7 do
   table.insert(verdicts, sync(ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
     ARGV[i + 6]))

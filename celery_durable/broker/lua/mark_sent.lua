@@ -5,7 +5,5 @@
 -- KEYS[1] run hash, KEYS[2] journal
 -- ARGV[1] epoch, ARGV[2] call ("<seq>:<i>")
 -- Returns {'ok'} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 redis.call('HSET', KEYS[2], 's:' .. ARGV[2], ARGV[1])
 return {'ok'}

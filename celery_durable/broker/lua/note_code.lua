@@ -6,7 +6,5 @@
 -- KEYS[1] run hash
 -- ARGV[1] epoch, ARGV[2] code hash
 -- Returns {'ok'} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 redis.call('HSET', KEYS[1], 'attempt_code_hash', ARGV[2])
 return {'ok'}

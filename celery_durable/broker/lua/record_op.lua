@@ -11,8 +11,6 @@
 -- value} when the value field already held a live outcome (first write
 -- wins, and the caller must use that one); {'conflict', identity} for
 -- non-determinism; {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[3], ARGV[4], ARGV[5],
                                     ARGV[6], ARGV[7], ARGV[8], ARGV[9], KEYS[5], ARGV[2])
 if verdict == 'conflict' then return {'conflict', detail} end

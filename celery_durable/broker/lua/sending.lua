@@ -11,8 +11,6 @@
 -- ('' for the dispatch), ARGV[4] what it gave ("<epoch>|<j>,<j>,...",
 -- schema.handoff_value), ARGV[5] now (ms), ARGV[6..] the messages' task ids
 -- Returns {'ok'} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 if not dispatched_in(KEYS[2], ARGV[2], ARGV[1]) then return {'stale'} end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'g:' .. ARGV[2] .. ':' .. ARGV[3], ARGV[4]) end
 local now = tonumber(ARGV[5])

@@ -11,8 +11,6 @@
 -- KEYS[1] run hash, KEYS[2] journal
 -- ARGV[1] epoch, ARGV[2] sequence, ARGV[3] op index
 -- Returns {'ok', cancel, pause, limit} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local entry = redis.call('HGET', KEYS[2], 'o:' .. ARGV[2] .. ':' .. ARGV[3])
 if entry then
   local field = value_field(ARGV[2], ARGV[3], entry)

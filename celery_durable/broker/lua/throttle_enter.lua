@@ -5,8 +5,6 @@
 -- ARGV[1] epoch, ARGV[2] op, ARGV[3] throttle, ARGV[4] throttle key
 -- Returns {'granted'} when this attempt was given the slot already (its
 -- pass was woken for it), {'entered'}, or {refusal} (fence in _prelude.lua).
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local current = redis.call('HGET', KEYS[2], ARGV[2])
 if current and current == ARGV[1] .. '|g|' .. ARGV[3] .. '|' .. ARGV[4] then return {'granted'} end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[1] .. '|w|' .. ARGV[3] .. '|' .. ARGV[4])

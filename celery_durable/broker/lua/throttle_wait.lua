@@ -12,8 +12,6 @@
 -- pass's message ('' for none), ARGV[6] now (ms)
 -- Returns {'granted'} (the slot is this attempt's: go on), {'waiting'}, or
 -- {refusal} (fence in _prelude.lua).
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local op = ARGV[2]
 if op == 'run' then
   local slot = redis.call('HGET', KEYS[1], 'slot')

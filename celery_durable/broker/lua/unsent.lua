@@ -14,8 +14,6 @@
 -- ARGV[4] the giver's task id or '', ARGV[5] a task call's key or '',
 -- ARGV[6..] the messages' task ids
 -- Returns {'ok', how many were forgotten} or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local forgotten = 0
 for i = 6, #ARGV do
   local value = redis.call('HGET', KEYS[3], ARGV[i])

@@ -12,8 +12,6 @@
 -- History: timer_set when a timer's due time is fixed, timer_fired when it
 -- fires, wait_started the first time the wait is registered (not for a
 -- wait that ends as it is reached: a signal already there).
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local conflict, replaced = record_op(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[1])
 if conflict then return {'conflict', conflict} end
 local at = ARGV[3] .. ':' .. ARGV[4]

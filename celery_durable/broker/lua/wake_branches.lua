@@ -6,8 +6,6 @@
 -- ARGV[1] epoch, ARGV[2] fan-out call "<seq>:<i>"
 -- Returns {'ok', cancel, pause, limit, j, j, ...} (the branches whose waits
 -- ended) or {refusal}.
-local refusal = fence(KEYS[1], ARGV[1])
-if refusal then return {refusal} end
 local prefix = ARGV[2] .. '/'
 local entries = redis.call('HGETALL', KEYS[2])
 local seen, out, summarized = {}, {}, false

@@ -28,9 +28,11 @@ def index_sync(reply: Any) -> list[Synced]:
 
 
 @script("index_intent")
-def index_intent(reply: Any) -> int:
-    """index_intent.lua: how many writes of the run are under way, this one included."""
-    return count(reply)
+def index_intent(reply: Any) -> list[int]:
+    """index_intent.lua: per run, how many of its writes are under way, this one included."""
+    if not isinstance(reply, list):
+        raise TypeError(f"{type(reply).__name__}, not a list")
+    return [int(item) for item in reply]
 
 
 @script("index_forget")

@@ -1,0 +1,124 @@
+"""The table of storage operations (``broker/ops.py``) against the Lua it
+describes: a script with no row, a row whose column the script belies, or a
+script that carries the fence rule itself fails here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from functools import cache
+
+import pytest
+
+from celery_durable.broker import ops
+from celery_durable.broker.requests import Activate, CallDone, Finish, Lock
+from celery_durable.broker.scripts import LUA
+
+WRITES = re.compile(
+    r"redis\.call\('(HSET|HSETNX|HDEL|HINCRBY|SET|DEL|ZADD|ZREM\w*|XADD|XTRIM|EXPIRE|PEXPIRE|PERSIST|PUBLISH|SADD|SREM|INCR\w*)'"
+)
+
+
+@cache
+def _prelude_calls() -> dict[str, frozenset[str]]:
+    """Each prelude function, and the prelude functions it calls."""
+    bodies: dict[str, str] = {}
+    current = ""
+    for line in (LUA / "_prelude.lua").read_text(encoding="utf-8").splitlines():
+        found = re.match(r"local function (\w+)", line)
+        if found:
+            current = found.group(1)
+            bodies[current] = ""
+        elif line.startswith("-- =="):
+            current = ""
+        elif current:
+            bodies[current] += line + "\n"
+    return {f: frozenset(g for g in bodies if re.search(rf"\b{g}\(", body)) for f, body in bodies.items()}
+
+
+@cache
+def reaches(name: str, targets: frozenset[str]) -> bool:
+    """Whether script ``name`` calls one of the prelude's ``targets``, itself
+    or through other prelude functions: what a script may do, read from its
+    Lua, against which the columns of ``ops.OPS`` are checked."""
+    calls = _prelude_calls()
+    reaching = set(targets)
+    grew = True
+    while grew:
+        grew = False
+        for function, called in calls.items():
+            if function not in reaching and called & reaching:
+                reaching.add(function)
+                grew = True
+    body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    return any(re.search(rf"\b{f}\(", body) for f in reaching)
+
+
+def body(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def header(name: str) -> str:
+    return "\n".join(line for line in body(name).splitlines() if line.startswith("--"))
+
+
+def test_every_script_has_one_row_and_every_row_a_script() -> None:
+    files = {p.name.removesuffix(".lua") for p in LUA.iterdir() if p.name.endswith(".lua") and p.name[0] != "_"}
+    assert files == set(ops.OPS)
+
+
+def test_the_columns_are_what_the_lua_does() -> None:
+    waking = {name for name in ops.OPS if reaches(name, frozenset({"token_queued"}))}
+    assert waking == ops.WAKING_SCRIPTS
+    writing = {name for name in ops.OPS if reaches(name, frozenset({"set_status", "set_waiting"}))}
+    assert writing - {"call", "call_done"} == ops.INDEXED_SCRIPTS  # the two rows say why not
+    assert set(ops.WATCHED_CALLERS) <= ops.WAKING_SCRIPTS
+    for name in ops.READS:
+        assert not WRITES.search(body(name)), f"{name}.lua writes, yet its row reads only"
+        assert not ops.OPS[name].indexed and not ops.OPS[name].wakes
+
+
+@pytest.mark.parametrize("name", ops.SCRIPT_NAMES)
+def test_the_fence_rule_is_the_preludes_alone(name: str) -> None:
+    """No script fences itself: a fenced row's script starts behind the
+    prelude's rule; any other row names why it is not fenced."""
+    assert "fence(" not in body(name)
+    fenced = ops.OPS[name].fenced
+    assert fenced is True or (isinstance(fenced, str) and fenced)
+
+
+@pytest.mark.parametrize("name", ops.SCRIPT_NAMES)
+def test_a_rows_keys_are_its_headers(name: str) -> None:
+    """As many named roles as the header's KEYS (``*``: KEYS[n..], the rest;
+    ``?``: a key the caller adds when it has one)."""
+    found = [int(n) for n in re.findall(r"KEYS\[(\d+)\]", header(name))]
+    roles = ops.OPS[name].keys
+    if roles == ("*",):
+        assert re.search(r"KEYS\[1\.\.\d*\]", header(name)), name
+        return
+    assert max(found) == len([role for role in roles if role != "*"]), name
+    # index_sync.lua's KEYS[5..] are run hashes, one Redis's only (run_index.py), not one owner's keys.
+    assert ("*" in roles) == bool(re.search(r"KEYS\[\d+\.\.\]", header(name))) or name == "index_sync", name
+
+
+@pytest.mark.parametrize("name", sorted(name for name, op in ops.OPS.items() if op.request))
+def test_a_typed_request_names_the_argv_its_header_does(name: str) -> None:
+    """Its fixed fields (a ``Lock`` spreads to four) are the header's ARGV,
+    and a sequence field, its optional tail."""
+    request = ops.OPS[name].request
+    assert request is not None
+    sizes = {"Lock": 4, "OpAt": 5, "Sequence[Any]": 0}
+    fixed = sum(sizes.get(str(field.type), 1) for field in fields(request))
+    tail = any(str(field.type) == "Sequence[Any]" for field in fields(request))
+    last = max(int(n) for n in re.findall(r"ARGV\[(\d+)\]", header(name)))
+    assert fixed == last if not tail else fixed < last
+
+
+def test_a_request_spreads_into_argv() -> None:
+    lock = Lock(30_000, 30_000, "events", "m-2")
+    assert Activate(7, "m-1", 100, lock).argv() == [7, "m-1", 100, 30_000, 30_000, "events", "m-2"]
+    assert Activate(7, "m-1", 100, lock, ("0", 3)).argv()[-2:] == ["0", 3]
+    here = CallDone(7, 100, "k", "o{}", "", "p", ["p-1", lock, "0", 3, "1"]).argv()
+    assert here == [7, 100, "k", "o{}", "", "p", "p-1", 30_000, 30_000, "events", "m-2", "0", 3, "1"]
+    finish = Finish(7, 100, "events", "completed", "", "", False, True, "{}", "done", 0)
+    assert finish.argv() == [7, 100, "events", "completed", "", "", 0, 1, "{}", "done", 0]
