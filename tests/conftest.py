@@ -6,6 +6,7 @@ tests never see each other's runs or messages.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +23,15 @@ from celery_durable.testing.workers import isolated_settings, worker_thread
 
 pytest_plugins = ["tests.support.fleet", "tests.support.topologies", "pytester"]
 __all__ = ["worker_thread"]  # tests import it from here; it lives in celery_durable.testing.workers
+
+
+@pytest.fixture(autouse=True)
+def _no_event_loop_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves an event loop marked running in the main thread
+    fails every later asyncio test of its process, far from the cause: name it here."""
+    yield
+    if asyncio.events._get_running_loop() is not None:
+        pytest.fail(f"{request.node.nodeid} left an event loop running in the main thread")
 
 
 @pytest.fixture(scope="session")

@@ -63,7 +63,7 @@ def test_replay_history_ignores_a_production_cluster_setting(monkeypatch: pytest
     """A Cluster deployment's CI has CELERY_DURABLE_REDIS_CLUSTER=true in its
     environment; the test environment's private server is one Redis all the
     same (testing/server.private_settings decides for every part of it)."""
-    from celery_durable.testing import history as testing_history
+    from celery_durable.testing import replay as testing_history
 
     monkeypatch.setenv("CELERY_DURABLE_REDIS_CLUSTER", "true")
     monkeypatch.setenv("CELERY_DURABLE_BROKER_URL", "redis://127.0.0.1:1/0")  # never used by the environment

@@ -23,8 +23,8 @@ from celery_durable import (
     RunUpdate,
     WorkflowWaitCancelled,
     define_workflow,
-    progress,
 )
+from celery_durable.client import progress
 from celery_durable.tasks.recovery import RecoverySweep
 from tests.conftest import kill_attempt
 from tests.support.poll import RUN_BOUND, poll
