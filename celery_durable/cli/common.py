@@ -89,6 +89,19 @@ def client_for(app_path: str, namespace: str | None) -> Client:
     return load_engine(app_path).client(namespace)
 
 
+def on_client(app_path: str, namespace: str | None, action: Callable[[Client], T]) -> T:
+    """One guarded call on the namespace's client: what most commands are."""
+    return guarded(lambda: action(client_for(app_path, namespace)))
+
+
+def emit(as_json: bool, data: Any, text: str) -> None:
+    """A command's result: ``data`` as JSON with --json, else ``text`` as one plain line."""
+    if as_json:
+        print_json(data)
+    else:
+        out.print(text, markup=False)
+
+
 def fail(message: str, code: str | None = None, exit_code: int = EXIT_FAILED) -> typer.Exit:
     """Print one error line; the caller raises the returned ``Exit``."""
     prefix = f"error [{code}]" if code else "error"

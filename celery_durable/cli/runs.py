@@ -1,8 +1,8 @@
-"""``celery-durable runs ...``: list, show, follow and steer runs; each
-command is one call on the public client."""
+"""``celery-durable runs ...``: list, show, follow and steer runs; each command is one call on the public client."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -18,9 +18,10 @@ from celery_durable.cli.common import (
     RunArgument,
     TimeoutOption,
     UserError,
-    client_for,
+    emit,
     fail,
     guarded,
+    on_client,
     out,
     parse_json_option,
     print_json,
@@ -58,20 +59,19 @@ def runs_start(
     then 'runs show', 'runs signal' or 'runs progress --follow' with it.
     """
     parsed = guarded(lambda: parse_json_option("--args", args))
-    run_id = guarded(
-        lambda: client_for(app_path, namespace).start_workflow(
+    run_id = on_client(
+        app_path,
+        namespace,
+        lambda client: client.start_workflow(
             workflow_name,
             args=parsed,
             idempotency_key=idempotency_key,
             throttle=throttle,
             throttle_key=throttle_key,
             priority=priority,
-        )
+        ),
     )
-    if as_json:
-        print_json({"run_id": run_id})
-    else:
-        out.print(run_id, markup=False)
+    emit(as_json, {"run_id": run_id}, run_id)
 
 
 class _WaitingNameOptional(TyperCommand):
@@ -113,8 +113,10 @@ def runs_list(
     as_json: JsonOption = False,
 ) -> None:
     """List runs, newest first (by id with --prefix, by tick with --schedule)."""
-    page = guarded(
-        lambda: client_for(app_path, namespace).list_workflow_runs(
+    page = on_client(
+        app_path,
+        namespace,
+        lambda client: client.list_workflow_runs(
             status=status,
             workflow=workflow_name,
             limit=limit,
@@ -124,7 +126,7 @@ def runs_list(
             created_after=time_param("--since", since),
             created_before=time_param("--until", until),
             schedule_id=schedule,
-        )
+        ),
     )
     if as_json:
         print_json({"runs": [envelope.to_dict() for envelope in page.runs], "next_cursor": page.next_cursor})
@@ -141,11 +143,8 @@ def runs_list(
 def runs_reindex(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
     """Rebuild the namespace's run indexes from the run records (a store
     written before they existed lists by status, workflow or wait only after)."""
-    count = guarded(lambda: client_for(app_path, namespace).reindex_runs())
-    if as_json:
-        print_json({"runs": count})
-        return
-    out.print(f"indexed {count} runs", markup=False)
+    count = on_client(app_path, namespace, lambda client: client.reindex_runs())
+    emit(as_json, {"runs": count}, f"indexed {count} runs")
 
 
 @runs_app.command("show")
@@ -153,7 +152,7 @@ def runs_show(
     run_id: RunArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Show a run: its envelope, phases, agents, steps and recent progress."""
-    detail = guarded(lambda: client_for(app_path, namespace).get_workflow_run_detail(run_id))
+    detail = on_client(app_path, namespace, lambda client: client.get_workflow_run_detail(run_id))
     if as_json:
         print_json(detail.to_dict())
         return
@@ -183,7 +182,7 @@ def runs_progress(
             run_id, phase_id=phase_id, after_seq=after_seq, before_seq=before_seq, limit=limit
         )
 
-    client = guarded(lambda: client_for(app_path, namespace))
+    client = on_client(app_path, namespace, lambda client: client)
     if not follow:
         page = guarded(lambda: page_of(client))
         if as_json:
@@ -217,16 +216,28 @@ def _phase_id(client: Client, run_id: str, phase: str) -> str:
     raise UserError(f"--phase {phase!r} is not a phase of this run's workflow; its phases: {known}")
 
 
-@runs_app.command("cancel")
-def runs_cancel(
-    run_id: RunArgument,
-    app_path: AppOption,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to settle.")] = 30,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Cancel a run and wait until it has settled."""
-    _print(guarded(lambda: client_for(app_path, namespace).cancel_workflow_run(run_id, timeout=timeout)), as_json)
+def _settling(method: str, waits_for: str, doc: str) -> Callable[..., None]:
+    """``runs cancel`` and ``runs pause``: ask, then wait (30 s by default) until the run has done so."""
+
+    def command(
+        run_id: RunArgument,
+        app_path: AppOption,
+        timeout: float = 30,
+        namespace: NamespaceOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        envelope = on_client(app_path, namespace, lambda client: getattr(client, method)(run_id, timeout=timeout))
+        _print(envelope, as_json)
+
+    help_text = f"Seconds to wait for {waits_for}."
+    command.__annotations__["timeout"] = Annotated[float, typer.Option("--timeout", help=help_text)]
+    command.__doc__ = doc
+    return command
+
+
+runs_app.command("cancel")(
+    _settling("cancel_workflow_run", "the run to settle", "Cancel a run and wait until it has settled.")
+)
 
 
 @runs_app.command("resume")
@@ -250,27 +261,21 @@ def runs_resume(
     as_json: JsonOption = False,
 ) -> None:
     """Resume a run with a new attempt and wait until it settles."""
-    envelope = guarded(
-        lambda: client_for(app_path, namespace).resume_workflow(
+    envelope = on_client(
+        app_path,
+        namespace,
+        lambda client: client.resume_workflow(
             run_id, force=force, allow_code_change=allow_code_change, timeout=timeout
-        )
+        ),
     )
     _print(envelope, as_json)
     if envelope.status != "completed":
         raise typer.Exit(EXIT_FAILED)
 
 
-@runs_app.command("pause")
-def runs_pause(
-    run_id: RunArgument,
-    app_path: AppOption,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to pause.")] = 30,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Stop dispatching new work; wait until the run is paused."""
-    client = guarded(lambda: client_for(app_path, namespace))
-    _print(guarded(lambda: client.pause_workflow_run(run_id, timeout=timeout)), as_json)
+runs_app.command("pause")(
+    _settling("pause_workflow_run", "the run to pause", "Stop dispatching new work; wait until the run is paused.")
+)
 
 
 @runs_app.command("signal")
@@ -283,10 +288,9 @@ def runs_signal(
     as_json: JsonOption = False,
 ) -> None:
     """Deliver an external event to a run: its ctx.wait_for_signal(NAME) returns it."""
-    client = guarded(lambda: client_for(app_path, namespace))
+    client = on_client(app_path, namespace, lambda client: client)
     parsed = guarded(lambda: parse_json_option("JSON", payload))
-    guarded(lambda: client.signal_workflow_run(run_id, name, parsed))
-    _delivered(run_id, name, parsed, as_json)
+    _signal(client, run_id, name, parsed, as_json)
 
 
 @runs_app.command("approve")
@@ -299,17 +303,14 @@ def runs_approve(
     as_json: JsonOption = False,
 ) -> None:
     """Approve (or --reject) a run waiting for a person: the signal 'approval'."""
-    client = guarded(lambda: client_for(app_path, namespace))
-    decision = {"approved": not reject, "note": note}
-    guarded(lambda: client.signal_workflow_run(run_id, APPROVAL_SIGNAL, decision))
-    _delivered(run_id, APPROVAL_SIGNAL, decision, as_json)
+    client = on_client(app_path, namespace, lambda client: client)
+    _signal(client, run_id, APPROVAL_SIGNAL, {"approved": not reject, "note": note}, as_json)
 
 
-def _delivered(run_id: str, name: str, payload: Any, as_json: bool) -> None:
-    if as_json:
-        print_json({"run_id": run_id, "signal": name, "payload": payload, "delivered": True})
-    else:
-        out.print(f"signal {name!r} delivered to run {run_id}", markup=False)
+def _signal(client: Client, run_id: str, name: str, payload: Any, as_json: bool) -> None:
+    guarded(lambda: client.signal_workflow_run(run_id, name, payload))
+    data = {"run_id": run_id, "signal": name, "payload": payload, "delivered": True}
+    emit(as_json, data, f"signal {name!r} delivered to run {run_id}")
 
 
 def _print(envelope: RunEnvelope, as_json: bool) -> None:

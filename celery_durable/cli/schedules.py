@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -15,8 +16,9 @@ from celery_durable.cli.common import (
     NamespaceOption,
     UserError,
     app,
-    client_for,
+    emit,
     guarded,
+    on_client,
     out,
     parse_json_option,
     print_json,
@@ -77,7 +79,7 @@ def _show(info: ScheduleInfo, as_json: bool) -> None:
 @schedules_app.command("list")
 def schedules_list(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
     """The namespace's schedules, by id."""
-    infos = guarded(lambda: client_for(app_path, namespace).list_schedules())
+    infos = on_client(app_path, namespace, lambda client: client.list_schedules())
     if as_json:
         print_json({"schedules": [info.to_dict() for info in infos]})
         return
@@ -94,7 +96,7 @@ def schedules_show(
     schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """A schedule: its specification, next ticks and recent actions."""
-    _show(guarded(lambda: client_for(app_path, namespace).get_schedule(schedule_id)), as_json)
+    _show(on_client(app_path, namespace, lambda client: client.get_schedule(schedule_id)), as_json)
 
 
 @schedules_app.command("create")
@@ -122,12 +124,8 @@ def schedules_create(
             catchup_window=catchup_window, note=note,
         )
     )
-    info = guarded(
-        lambda: client_for(app_path, namespace).create_schedule(
-            schedule_id, workflow_name, paused=paused, replace=replace, **fields
-        )
-    )
-    _show(info, as_json)
+    create = lambda client: client.create_schedule(schedule_id, workflow_name, paused=paused, replace=replace, **fields)  # noqa: E731
+    _show(on_client(app_path, namespace, create), as_json)
 
 
 @schedules_app.command("update")
@@ -153,31 +151,27 @@ def schedules_update(
             overlap=overlap, catchup_window=catchup_window, note=note,
         )
     )
-    _show(guarded(lambda: client_for(app_path, namespace).update_schedule(schedule_id, **fields)), as_json)
+    _show(on_client(app_path, namespace, lambda client: client.update_schedule(schedule_id, **fields)), as_json)
 
 
-@schedules_app.command("pause")
-def schedules_pause(
-    schedule_id: ScheduleArgument,
-    app_path: AppOption,
-    note: NoteOption = None,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Fire nothing until unpaused (the ticks passed meanwhile are not caught up)."""
-    _show(guarded(lambda: client_for(app_path, namespace).pause_schedule(schedule_id, note=note)), as_json)
+def _pausing(method: str, doc: str) -> Callable[..., None]:
+    def command(
+        schedule_id: ScheduleArgument,
+        app_path: AppOption,
+        note: NoteOption = None,
+        namespace: NamespaceOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        _show(on_client(app_path, namespace, lambda client: getattr(client, method)(schedule_id, note=note)), as_json)
+
+    command.__doc__ = doc
+    return command
 
 
-@schedules_app.command("unpause")
-def schedules_unpause(
-    schedule_id: ScheduleArgument,
-    app_path: AppOption,
-    note: NoteOption = None,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Fire again, from the next tick."""
-    _show(guarded(lambda: client_for(app_path, namespace).unpause_schedule(schedule_id, note=note)), as_json)
+schedules_app.command("pause")(
+    _pausing("pause_schedule", "Fire nothing until unpaused (the ticks passed meanwhile are not caught up).")
+)
+schedules_app.command("unpause")(_pausing("unpause_schedule", "Fire again, from the next tick."))
 
 
 @schedules_app.command("trigger")
@@ -185,11 +179,8 @@ def schedules_trigger(
     schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Start a run now, as a tick at the current time (overlap applies): prints its id, or that it was skipped."""
-    run_id = guarded(lambda: client_for(app_path, namespace).trigger_schedule(schedule_id))
-    if as_json:
-        print_json({"run_id": run_id})
-    else:
-        out.print(run_id or "skipped (overlap)", markup=False)
+    run_id = on_client(app_path, namespace, lambda client: client.trigger_schedule(schedule_id))
+    emit(as_json, {"run_id": run_id}, run_id or "skipped (overlap)")
 
 
 @schedules_app.command("backfill")
@@ -203,7 +194,7 @@ def schedules_backfill(
 ) -> None:
     """Start a run for every tick in [START, END); again, the same runs, nothing new."""
     start_at, end_at = guarded(lambda: (_time("START", start), _time("END", end)))
-    run_ids = guarded(lambda: client_for(app_path, namespace).backfill_schedule(schedule_id, start_at, end_at))
+    run_ids = on_client(app_path, namespace, lambda client: client.backfill_schedule(schedule_id, start_at, end_at))
     if as_json:
         print_json({"run_ids": run_ids})
         return
@@ -216,8 +207,5 @@ def schedules_delete(
     schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Stop its ticks; the runs it started are untouched."""
-    guarded(lambda: client_for(app_path, namespace).delete_schedule(schedule_id))
-    if as_json:
-        print_json({"deleted": schedule_id})
-    else:
-        out.print(f"deleted {schedule_id}", markup=False)
+    on_client(app_path, namespace, lambda client: client.delete_schedule(schedule_id))
+    emit(as_json, {"deleted": schedule_id}, f"deleted {schedule_id}")
