@@ -13,12 +13,12 @@ from celery_durable.cli.common import (
     NamespaceOption,
     UserError,
     app,
+    client_for,
     emit,
-    on_client,
+    guarded,
     out,
     print_json,
 )
-from celery_durable.client.client import Client
 
 throttles_app = typer.Typer(no_args_is_help=True, help="Fleet-wide concurrency and rate limits.")
 app.add_typer(throttles_app, name="throttles")
@@ -55,7 +55,7 @@ def _line(info: ThrottleInfo) -> str:
 @throttles_app.command("list")
 def throttles_list(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
     """The namespace's throttles: settings, slots held, waiters."""
-    found = on_client(app_path, namespace, lambda client: client.list_throttles())
+    found = guarded(lambda: client_for(app_path, namespace).list_throttles())
     if as_json:
         print_json([info.to_dict() for info in found])
         return
@@ -70,7 +70,7 @@ def throttles_show(
     name: NameArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """One throttle: its settings, its holders, its waiters in the order they get slots, its top keys."""
-    info = on_client(app_path, namespace, lambda client: client.get_throttle(name))
+    info = guarded(lambda: client_for(app_path, namespace).get_throttle(name))
     if as_json:
         print_json(info.to_dict())
         return
@@ -99,8 +99,8 @@ def throttles_set(
 ) -> None:
     """Create or replace a throttle; it applies at once to what waits."""
 
-    def body(client: Client) -> ThrottleInfo:
-        return client.set_throttle(
+    def body() -> ThrottleInfo:
+        return client_for(app_path, namespace).set_throttle(
             name,
             concurrency=concurrency,
             rate=parse_rate("--rate", rate),
@@ -108,7 +108,7 @@ def throttles_set(
             per_key_rate=parse_rate("--per-key-rate", per_key_rate),
         )
 
-    info = on_client(app_path, namespace, body)
+    info = guarded(body)
     emit(as_json, info.to_dict(), _line(info))
 
 
@@ -117,5 +117,5 @@ def throttles_delete(
     name: NameArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Delete a throttle: whatever waits on it goes on unthrottled."""
-    on_client(app_path, namespace, lambda client: client.delete_throttle(name))
+    guarded(lambda: client_for(app_path, namespace).delete_throttle(name))
     emit(as_json, {"deleted": name}, f"deleted {name}")

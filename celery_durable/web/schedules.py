@@ -14,12 +14,12 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_durable import Client
-from celery_durable.web.api import _proven
+from celery_durable.web.api import _json, _proven
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
-from celery_durable.web.problems import Forbidden, problem
+from celery_durable.web.problems import Forbidden
 
 ACTIONS = ("pause", "unpause", "trigger")
 
@@ -58,28 +58,19 @@ async def act(request: Request) -> Response:
     if action not in ACTIONS:
         raise HTTPException(404, f"No action {action!r}")
     back = RedirectResponse(schedules_url(context.namespace), status_code=303)
-    try:
-        message = await context.call(perform, context.client, schedule_id, action)
-    except Exception as exc:
-        refusal = problem(exc)
-        if refusal is None:
-            raise
-        context.session.leave_notice(back, "error", f"Refused [{refusal.code}]: {refusal.message}")
-        return back
-    context.session.leave_notice(back, "ok", message)
-    return back
+    return await context.acted(back, lambda: perform(context.client, schedule_id, action))
 
 
 async def list_api(request: Request) -> Response:
     context = web(request)
     schedules = await context.call(context.client.list_schedules)
-    return JSONResponse({"schedules": [info.to_dict() for info in schedules]}, headers={"Cache-Control": "no-store"})
+    return _json({"schedules": [info.to_dict() for info in schedules]})
 
 
 async def get_api(request: Request) -> Response:
     context = web(request)
     info = await context.call(context.client.get_schedule, request.path_params["schedule_id"])
-    return JSONResponse(info.to_dict(), headers={"Cache-Control": "no-store"})
+    return _json(info.to_dict())
 
 
 async def act_api(request: Request) -> Response:

@@ -20,12 +20,12 @@ from starlette.routing import Route
 
 from celery_durable import ThrottleInfo
 from celery_durable.client.client import Client
-from celery_durable.web.api import _proven
+from celery_durable.web.api import _json, _proven
 from celery_durable.web.bodies import read_json
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
-from celery_durable.web.problems import BadRequest, Forbidden, problem
+from celery_durable.web.problems import BadRequest, Forbidden
 
 LIMITS = ("concurrency", "rate", "per_key_concurrency", "per_key_rate")
 """``set_throttle``'s keywords: the form's fields and the API body's keys."""
@@ -98,30 +98,22 @@ async def act(request: Request) -> Response:
     if action not in ("set", "delete"):
         raise HTTPException(404, f"No action {action!r}")
     back = RedirectResponse(throttles_url(context.namespace), status_code=303)
-    try:
-        limits = form_limits(form) if action == "set" else {}
-        message = await context.call(perform, context.client, name, action, limits)
-    except Exception as exc:
-        refusal = problem(exc)
-        if refusal is None:
-            raise
-        context.session.leave_notice(back, "error", f"Refused [{refusal.code}]: {refusal.message}")
-        return back
-    context.session.leave_notice(back, "ok", message)
-    return back
+    return await context.acted(
+        back, lambda: perform(context.client, name, action, form_limits(form) if action == "set" else {})
+    )
 
 
 async def throttles_api(request: Request) -> Response:
     context = web(request)
     found = await context.call(_read, context.client)
-    return JSONResponse([info.to_dict() for info in found], headers={"Cache-Control": "no-store"})
+    return _json([info.to_dict() for info in found])
 
 
 async def throttle_api(request: Request) -> Response:
     context = web(request)
     name = request.path_params["name"]
     info = await context.call(context.client.get_throttle, name)
-    return JSONResponse(info.to_dict(), headers={"Cache-Control": "no-store"})
+    return _json(info.to_dict())
 
 
 async def act_api(request: Request) -> Response:
