@@ -412,7 +412,3 @@ def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
 def next_tick(stored_calendar: Calendar, now_ms: int) -> int | None:
     """The first tick after now: where a new, changed or unpaused schedule starts."""
     return stored_calendar.next_after(now_ms)
-
-
-def backfill_ticks(calendar: Calendar, start_ms: int, end_ms: int, most: int) -> Sequence[int]:
-    return calendar.between(start_ms, end_ms, most)
