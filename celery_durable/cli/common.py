@@ -56,6 +56,7 @@ AppOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (JSON lines when following).")]
 NamespaceOption = Annotated[str | None, typer.Option("--namespace", "-n", help="Namespace of the runs.")]
 TimeoutOption = Annotated[float | None, typer.Option("--timeout", help="Seconds to wait at most.")]
+FollowOption = Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")]
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
 
 

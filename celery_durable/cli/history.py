@@ -12,6 +12,7 @@ from rich.table import Table
 from celery_durable import is_terminal_status
 from celery_durable.cli.common import (
     AppOption,
+    FollowOption,
     JsonOption,
     NamespaceOption,
     RunArgument,
@@ -36,7 +37,7 @@ QUIET_SECONDS = 1.0
 def runs_history(
     run_id: RunArgument,
     app_path: AppOption,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")] = False,
+    follow: FollowOption = False,
     after: Annotated[int | None, typer.Option("--after", help="Events after this seq (a page's next).")] = None,
     limit: Annotated[int, typer.Option("--limit", help="Events per page, 1 to 500.")] = 200,
     timeout: TimeoutOption = None,

@@ -13,11 +13,13 @@ from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     AppOption,
+    FollowOption,
     JsonOption,
     NamespaceOption,
     RunArgument,
     TimeoutOption,
     UserError,
+    client_for,
     emit,
     fail,
     guarded,
@@ -59,17 +61,15 @@ def runs_start(
     then 'runs show', 'runs signal' or 'runs progress --follow' with it.
     """
     parsed = guarded(lambda: parse_json_option("--args", args))
-    run_id = on_client(
-        app_path,
-        namespace,
-        lambda client: client.start_workflow(
+    run_id = guarded(
+        lambda: client_for(app_path, namespace).start_workflow(
             workflow_name,
             args=parsed,
             idempotency_key=idempotency_key,
             throttle=throttle,
             throttle_key=throttle_key,
             priority=priority,
-        ),
+        )
     )
     emit(as_json, {"run_id": run_id}, run_id)
 
@@ -113,10 +113,8 @@ def runs_list(
     as_json: JsonOption = False,
 ) -> None:
     """List runs, newest first (by id with --prefix, by tick with --schedule)."""
-    page = on_client(
-        app_path,
-        namespace,
-        lambda client: client.list_workflow_runs(
+    page = guarded(
+        lambda: client_for(app_path, namespace).list_workflow_runs(
             status=status,
             workflow=workflow_name,
             limit=limit,
@@ -126,7 +124,7 @@ def runs_list(
             created_after=time_param("--since", since),
             created_before=time_param("--until", until),
             schedule_id=schedule,
-        ),
+        )
     )
     if as_json:
         print_json({"runs": [envelope.to_dict() for envelope in page.runs], "next_cursor": page.next_cursor})
@@ -163,7 +161,7 @@ def runs_show(
 def runs_progress(
     run_id: RunArgument,
     app_path: AppOption,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")] = False,
+    follow: FollowOption = False,
     phase: Annotated[str | None, typer.Option("--phase", help="Only this phase (its id or title).")] = None,
     after_seq: Annotated[int | None, typer.Option("--after-seq", help="Records after this seq.")] = None,
     before_seq: Annotated[int | None, typer.Option("--before-seq", help="Records before this seq.")] = None,
@@ -261,12 +259,10 @@ def runs_resume(
     as_json: JsonOption = False,
 ) -> None:
     """Resume a run with a new attempt and wait until it settles."""
-    envelope = on_client(
-        app_path,
-        namespace,
-        lambda client: client.resume_workflow(
+    envelope = guarded(
+        lambda: client_for(app_path, namespace).resume_workflow(
             run_id, force=force, allow_code_change=allow_code_change, timeout=timeout
-        ),
+        )
     )
     _print(envelope, as_json)
     if envelope.status != "completed":

@@ -14,8 +14,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_durable import Client
-from celery_durable.web.api import _json, _proven
-from celery_durable.web.bodies import read_json
+from celery_durable.web.api import _json, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
@@ -67,17 +66,12 @@ async def list_api(request: Request) -> Response:
     return _json({"schedules": [info.to_dict() for info in schedules]})
 
 
-async def get_api(request: Request) -> Response:
-    context = web(request)
-    info = await context.call(context.client.get_schedule, request.path_params["schedule_id"])
-    return _json(info.to_dict())
+get_api = reader("get_schedule", "schedule_id")
 
 
 async def act_api(request: Request) -> Response:
     """``POST /api/schedules/<id>/{pause|unpause|trigger}``: ``{"message", "schedule", "run_id"?}``."""
-    context = web(request)
-    _proven(request, context)
-    await read_json(request, context.body_limit)
+    context, _ = await proven_body(request)
     schedule_id, action = request.path_params["schedule_id"], request.path_params["action"]
     if action not in ACTIONS:
         raise HTTPException(404, f"No action {action!r}")

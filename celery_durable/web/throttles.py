@@ -20,8 +20,7 @@ from starlette.routing import Route
 
 from celery_durable import ThrottleInfo
 from celery_durable.client.client import Client
-from celery_durable.web.api import _json, _proven
-from celery_durable.web.bodies import read_json
+from celery_durable.web.api import _json, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
@@ -109,18 +108,12 @@ async def throttles_api(request: Request) -> Response:
     return _json([info.to_dict() for info in found])
 
 
-async def throttle_api(request: Request) -> Response:
-    context = web(request)
-    name = request.path_params["name"]
-    info = await context.call(context.client.get_throttle, name)
-    return _json(info.to_dict())
+throttle_api = reader("get_throttle", "name")
 
 
 async def act_api(request: Request) -> Response:
     """``{"message", "throttle"}`` (``throttle`` None once deleted)."""
-    context = web(request)
-    _proven(request, context)
-    body = await read_json(request, context.body_limit)
+    context, body = await proven_body(request)
     name, action = request.path_params["name"], request.path_params["action"]
     if action not in ("set", "delete"):
         raise HTTPException(404, f"No action {action!r}")
