@@ -19,6 +19,7 @@ from celery_durable.cli.common import (
     out,
     print_json,
 )
+from celery_durable.throttles import rate_of
 
 throttles_app = typer.Typer(no_args_is_help=True, help="Fleet-wide concurrency and rate limits.")
 app.add_typer(throttles_app, name="throttles")
@@ -31,11 +32,8 @@ def parse_rate(option: str, text: str | None) -> tuple[int, float] | None:
     """``N/SECONDS`` as ``(n, period_seconds)``; the client checks the numbers."""
     if text is None:
         return None
-    n, sep, period = text.partition("/")
     try:
-        if not sep:
-            raise ValueError
-        return int(n), float(period)
+        return rate_of(text)
     except ValueError:
         raise UserError(f"{option} takes N/SECONDS (e.g. 500/60), got {text!r}") from None
 

@@ -1,9 +1,7 @@
-"""The schedules page: each schedule's settings, next ticks
-and recent actions (linked to their runs), with pause, unpause and trigger
-under the same rules as every action: a POST with the page's CSRF token (or,
-for the JSON API, ``X-CSRF-Token``/an ``Origin`` naming this server), and
-none at all on a ``--read-only`` server. ``GET /api/schedules`` and
-``/api/schedules/<id>`` are the same as JSON.
+"""The schedules page: each schedule's settings, next ticks and recent
+actions (linked to their runs), with pause, unpause and trigger under the
+rules of every action (``forms``, ``api``); ``GET /api/schedules[/<id>]``
+as JSON.
 """
 
 from __future__ import annotations

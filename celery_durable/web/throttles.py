@@ -1,12 +1,8 @@
-"""The throttles page: each throttle's settings, holders,
-waiters (in the order they get slots) and top keys, read when the page
-loads, with set (create or change) and delete under the same rules as every
-action: a POST with the page's CSRF token (or, for the JSON API,
-``X-CSRF-Token``/an ``Origin`` naming this server), and none at all on a
-``--read-only`` server. ``GET /api/throttles`` and ``/api/throttles/<name>``
-are the same as JSON; ``POST /api/throttles/<name>/set`` (the client's
-keywords as a JSON object, a rate as ``[n, period_seconds]``) and
-``POST /api/throttles/<name>/delete`` act.
+"""The throttles page: each throttle's settings, holders, waiters (in the
+order they get slots) and top keys, with set (create or change) and delete
+under the rules of every action (``forms``, ``api``). ``GET
+/api/throttles[/<name>]`` as JSON; ``POST /api/throttles/<name>/set`` (the
+client's keywords, a rate as ``[n, period_seconds]``) and ``/delete``.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from starlette.routing import Route
 
 from celery_durable import ThrottleInfo
 from celery_durable.client.client import Client
+from celery_durable.throttles import rate_of
 from celery_durable.web.api import _json, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
@@ -49,13 +46,7 @@ def form_limits(form: dict[str, str]) -> dict[str, Any]:
         if not text:
             continue
         try:
-            if name.endswith("rate"):
-                n, sep, period = text.partition("/")
-                if not sep:
-                    raise ValueError
-                limits[name] = (int(n), float(period))
-            else:
-                limits[name] = int(text)
+            limits[name] = rate_of(text) if name.endswith("rate") else int(text)
         except ValueError:
             shape = "N/SECONDS (e.g. 500/60)" if name.endswith("rate") else "a whole number"
             raise BadRequest(f"{name} takes {shape}, got {text!r}") from None
