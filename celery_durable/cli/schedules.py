@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
@@ -29,17 +31,20 @@ app.add_typer(schedules_app, name="schedules")
 
 ScheduleArgument = Annotated[str, typer.Argument(metavar="SCHEDULE", help="A schedule id.")]
 NoteOption = Annotated[str | None, typer.Option("--note", help="A note for the operators.")]
-CronOption = Annotated[str | None, typer.Option("--cron", help="5 cron fields, or 6 with seconds first.")]
-EveryOption = Annotated[float | None, typer.Option("--every", help="Seconds between ticks (>= 1).")]
-TimezoneOption = Annotated[str | None, typer.Option("--timezone", help="IANA time zone of the cron (UTC).")]
-ArgsOption = Annotated[str | None, typer.Option("--args", help="JSON args of the runs it starts.")]
-LimitsOption = Annotated[str | None, typer.Option("--limits", help="JSON limits of the runs it starts.")]
-OverlapOption = Annotated[
-    str | None, typer.Option("--overlap", help="skip, buffer_one, allow_all or cancel_other (skip).")
-]
-CatchupOption = Annotated[
-    float | None, typer.Option("--catchup-window", help="Seconds a tick missed in an outage may start late (60).")
-]
+SPEC_OPTIONS: dict[str, Any] = {
+    "cron": Annotated[str | None, typer.Option("--cron", help="5 cron fields, or 6 with seconds first.")],
+    "every": Annotated[float | None, typer.Option("--every", help="Seconds between ticks (>= 1).")],
+    "timezone": Annotated[str | None, typer.Option("--timezone", help="IANA time zone of the cron (UTC).")],
+    "args": Annotated[str | None, typer.Option("--args", help="JSON args of the runs it starts.")],
+    "limits": Annotated[str | None, typer.Option("--limits", help="JSON limits of the runs it starts.")],
+    "overlap": Annotated[
+        str | None, typer.Option("--overlap", help="skip, buffer_one, allow_all or cancel_other (skip).")
+    ],
+    "catchup_window": Annotated[
+        float | None, typer.Option("--catchup-window", help="Seconds a tick missed in an outage may start late (60).")
+    ],
+}
+"""The options of a schedule's specification: create and update take the same (``_spec_options``)."""
 
 
 def _fields(**given: Any) -> dict[str, Any]:
@@ -99,18 +104,35 @@ def schedules_show(
     _show(on_client(app_path, namespace, lambda client: client.get_schedule(schedule_id)), as_json)
 
 
+def _spec_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with the options of a schedule's specification, the same for create and update, in place of
+    its ``spec`` parameter, which receives them (None: not given) as a dict."""
+    signature = inspect.signature(command, eval_str=True)
+    parameters: list[inspect.Parameter] = []
+    for parameter in signature.parameters.values():
+        if parameter.name != "spec":
+            parameters.append(parameter)
+            continue
+        for name, option in SPEC_OPTIONS.items():
+            parameters.append(inspect.Parameter(name, parameter.kind, default=None, annotation=option))
+
+    @functools.wraps(command)
+    def with_spec(**given: Any) -> None:
+        spec = {name: given.pop(name) for name in SPEC_OPTIONS}
+        command(**given, spec=spec)
+
+    setattr(with_spec, "__signature__", signature.replace(parameters=parameters))  # noqa: B010
+    with_spec.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    return with_spec
+
+
 @schedules_app.command("create")
+@_spec_options
 def schedules_create(
     schedule_id: ScheduleArgument,
     workflow_name: Annotated[str, typer.Argument(metavar="WORKFLOW", help="A registered workflow's name.")],
     app_path: AppOption,
-    cron: CronOption = None,
-    every: EveryOption = None,
-    timezone: TimezoneOption = None,
-    args: ArgsOption = None,
-    limits: LimitsOption = None,
-    overlap: OverlapOption = None,
-    catchup_window: CatchupOption = None,
+    spec: dict[str, Any],
     paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
     note: NoteOption = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace a schedule of this id.")] = False,
@@ -118,39 +140,28 @@ def schedules_create(
     as_json: JsonOption = False,
 ) -> None:
     """Create a schedule (--cron or --every)."""
-    fields = guarded(
-        lambda: _fields(
-            cron=cron, every=every, timezone=timezone, args=args, limits=limits, overlap=overlap,
-            catchup_window=catchup_window, note=note,
-        )
+    fields = guarded(lambda: _fields(**spec, note=note))
+    info = on_client(
+        app_path,
+        namespace,
+        lambda client: client.create_schedule(schedule_id, workflow_name, paused=paused, replace=replace, **fields),
     )
-    create = lambda client: client.create_schedule(schedule_id, workflow_name, paused=paused, replace=replace, **fields)  # noqa: E731
-    _show(on_client(app_path, namespace, create), as_json)
+    _show(info, as_json)
 
 
 @schedules_app.command("update")
+@_spec_options
 def schedules_update(
     schedule_id: ScheduleArgument,
     app_path: AppOption,
     workflow_name: Annotated[str | None, typer.Option("--workflow", help="The workflow its ticks start.")] = None,
-    cron: CronOption = None,
-    every: EveryOption = None,
-    timezone: TimezoneOption = None,
-    args: ArgsOption = None,
-    limits: LimitsOption = None,
-    overlap: OverlapOption = None,
-    catchup_window: CatchupOption = None,
+    spec: dict[str, Any] | None = None,
     note: NoteOption = None,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Change the options given; the rest stay."""
-    fields = guarded(
-        lambda: _fields(
-            workflow=workflow_name, cron=cron, every=every, timezone=timezone, args=args, limits=limits,
-            overlap=overlap, catchup_window=catchup_window, note=note,
-        )
-    )
+    fields = guarded(lambda: _fields(workflow=workflow_name, **(spec or {}), note=note))
     _show(on_client(app_path, namespace, lambda client: client.update_schedule(schedule_id, **fields)), as_json)
 
 
