@@ -1,14 +1,17 @@
-"""``celery-durable runs ...``: list, show, follow and steer runs; each command is one call on the public client."""
+"""``celery-durable runs ...``: list, show, follow and steer runs, and read their history; each command is one call
+on the public client."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 from typer.core import TyperCommand
 
-from celery_durable import PhaseRow, ProgressPage, RunEnvelope
+from celery_durable import PhaseRow, ProgressPage, RunEnvelope, is_terminal_status
 from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -27,15 +30,109 @@ from celery_durable.cli.common import (
     out,
     parse_json_option,
     print_json,
+    print_json_line,
     runs_app,
 )
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
 from celery_durable.client.client import Client
+from celery_durable.client.history import HistoryEvent, HistoryPage
+from celery_durable.client.history_text import event_summary
 from celery_durable.client.listing import ANY_WAIT, time_param, waiting_param
 
 # The signal `runs approve` sends: the one ctx.wait_for_approval waits for (as the web view's Approve button).
 APPROVAL_SIGNAL = "approval"
+
+
+QUIET_SECONDS = 1.0
+"""A follower reads again after this much silence: run updates are pub/sub, at most once."""
+
+
+@runs_app.command("history")
+def runs_history(
+    run_id: RunArgument,
+    app_path: AppOption,
+    follow: FollowOption = False,
+    after: Annotated[int | None, typer.Option("--after", help="Events after this seq (a page's next).")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Events per page, 1 to 500.")] = 200,
+    timeout: TimeoutOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print a run's event history, oldest first: attempts, steps, calls, waits, signals, how it settled."""
+    client = guarded(lambda: client_for(app_path, namespace))
+    if not follow:
+        page = guarded(lambda: client.get_workflow_run_history(run_id, after=after, limit=limit))
+        if as_json:
+            print_json(page.to_dict())
+            return
+        out.print(history_table(page.events))
+        if page.next is not None:
+            out.print(f"next page: --after {page.next}", style="dim", markup=False)
+        return
+    guarded(lambda: _follow_history(client, run_id, after, limit, timeout, as_json))
+
+
+FOLLOW_WIDTHS = (6, 12, 7, 20, 24)
+"""Columns of a followed history: seq, at, attempt, kind, key (then the detail): fixed, so the
+header is printed once and every later line lines up under it."""
+
+
+def follow_header() -> str:
+    names = ("seq", "at", "attempt", "kind", "key")
+    return " ".join(name.ljust(width) for name, width in zip(names, FOLLOW_WIDTHS, strict=True)) + " detail"
+
+
+def _cells(event: HistoryEvent) -> tuple[str, str, str, str, str]:
+    """seq, at, attempt, kind, key: the columns before the detail."""
+    at = event.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
+    return str(event.seq), at, str(event.attempt), event.kind, event.key or ""
+
+
+def follow_line(event: HistoryEvent) -> str:
+    padded = (cell.ljust(width) for cell, width in zip(_cells(event), FOLLOW_WIDTHS, strict=True))
+    return " ".join(padded) + " " + event_summary(event)
+
+
+def _follow_history(
+    client: Client, run_id: str, after: int | None, limit: int, timeout: float | None, as_json: bool
+) -> None:
+    """Every event from ``after`` on, then each new one as it comes, until the run settles:
+    each event once, the header once."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not as_json:
+        out.print(follow_header(), markup=False, highlight=False)
+    with client.watch_runs([run_id]) as watch:
+        while True:
+            settled = is_terminal_status(client.get_workflow_run(run_id).status)
+            page: HistoryPage = client.get_workflow_run_history(run_id, after=after, limit=limit)
+            _print_events(page.events, as_json)
+            if page.events:
+                after = page.events[-1].seq
+            if page.next is not None:
+                continue
+            if settled:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise fail(f"Run {run_id} is still going after {timeout:g}s")
+            watch.get(timeout=QUIET_SECONDS)
+
+
+def _print_events(events: list[HistoryEvent], as_json: bool) -> None:
+    for event in events:
+        if as_json:
+            print_json_line(event.to_dict())
+        else:
+            out.print(follow_line(event), markup=False, highlight=False, soft_wrap=True)
+
+
+def history_table(events: list[HistoryEvent]) -> Table:
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for name in ("seq", "at", "attempt", "kind", "key", "detail"):
+        table.add_column(name, overflow="fold")
+    for event in events:
+        table.add_row(*_cells(event), event_summary(event))
+    return table
 
 
 @runs_app.command("start")
