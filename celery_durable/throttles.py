@@ -223,6 +223,15 @@ def _when(ms: str | None) -> datetime | None:
     return datetime.fromtimestamp(int(ms) / 1000, UTC) if ms else None
 
 
+def rate_of(text: str) -> tuple[int, float]:
+    """``N/SECONDS`` as typed by an operator, as ``(n, period_seconds)``; a ValueError if it is not that shape
+    (``validate_settings`` checks the numbers)."""
+    n, sep, period = text.partition("/")
+    if not sep:
+        raise ValueError(f"not N/SECONDS: {text!r}")
+    return int(n), float(period)
+
+
 def _positive_int(name: str, value: object) -> int | None:
     if value is None:
         return None

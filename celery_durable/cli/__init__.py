@@ -1,8 +1,8 @@
 """The ``celery-durable`` command: a thin layer over the public client.
 
 ``common`` holds the apps, options and error handling; ``commands`` the
-top-level commands (run, worker, flower); ``runs`` the ``runs`` group
-(``history`` its ``runs history``); ``schedules`` the ``schedules`` group;
+top-level commands (run, worker, flower); ``runs`` the ``runs`` group,
+``runs history`` included; ``schedules`` the ``schedules`` group;
 ``versioning`` the replay check and history export;
 ``follow`` the live view of ``--follow``; ``render`` tables and lines.
 """
@@ -14,13 +14,13 @@ from typing import Any
 
 import typer
 
-from celery_durable.cli import commands, demo, history, results, runs, schedules, throttles, versioning, web
+from celery_durable.cli import commands, demo, results, runs, schedules, throttles, versioning, web
 from celery_durable.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, app, err, load_engine
 
 __all__ = ["app", "load_engine", "main"]
 
 # Imported for the commands they register on ``app``.
-_COMMAND_MODULES = (commands, demo, history, runs, schedules, throttles, versioning, web)
+_COMMAND_MODULES = (commands, demo, runs, schedules, throttles, versioning, web)
 
 # Recent Typer vendors its own copy of Click, older Typer uses Click itself:
 # take Click's exception classes from wherever Typer's come from.

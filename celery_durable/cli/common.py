@@ -56,6 +56,7 @@ AppOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (JSON lines when following).")]
 NamespaceOption = Annotated[str | None, typer.Option("--namespace", "-n", help="Namespace of the runs.")]
 TimeoutOption = Annotated[float | None, typer.Option("--timeout", help="Seconds to wait at most.")]
+FollowOption = Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")]
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
 
 
@@ -87,6 +88,19 @@ def load_engine(path: str) -> Engine:
 
 def client_for(app_path: str, namespace: str | None) -> Client:
     return load_engine(app_path).client(namespace)
+
+
+def on_client(app_path: str, namespace: str | None, action: Callable[[Client], T]) -> T:
+    """One guarded call on the namespace's client: what most commands are."""
+    return guarded(lambda: action(client_for(app_path, namespace)))
+
+
+def emit(as_json: bool, data: Any, text: str) -> None:
+    """A command's result: ``data`` as JSON with --json, else ``text`` as one plain line."""
+    if as_json:
+        print_json(data)
+    else:
+        out.print(text, markup=False)
 
 
 def fail(message: str, code: str | None = None, exit_code: int = EXIT_FAILED) -> typer.Exit:

@@ -1,38 +1,138 @@
-"""``celery-durable runs ...``: list, show, follow and steer runs; each
-command is one call on the public client."""
+"""``celery-durable runs ...``: list, show, follow and steer runs, and read their history; each command is one call
+on the public client."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 from typer.core import TyperCommand
 
-from celery_durable import PhaseRow, ProgressPage, RunEnvelope
+from celery_durable import PhaseRow, ProgressPage, RunEnvelope, is_terminal_status
 from celery_durable.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     AppOption,
+    FollowOption,
     JsonOption,
     NamespaceOption,
     RunArgument,
     TimeoutOption,
     UserError,
     client_for,
+    emit,
     fail,
     guarded,
+    on_client,
     out,
     parse_json_option,
     print_json,
+    print_json_line,
     runs_app,
 )
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
 from celery_durable.client.client import Client
+from celery_durable.client.history import HistoryEvent, HistoryPage
+from celery_durable.client.history_text import event_summary
 from celery_durable.client.listing import ANY_WAIT, time_param, waiting_param
 
 # The signal `runs approve` sends: the one ctx.wait_for_approval waits for (as the web view's Approve button).
 APPROVAL_SIGNAL = "approval"
+
+
+QUIET_SECONDS = 1.0
+"""A follower reads again after this much silence: run updates are pub/sub, at most once."""
+
+
+@runs_app.command("history")
+def runs_history(
+    run_id: RunArgument,
+    app_path: AppOption,
+    follow: FollowOption = False,
+    after: Annotated[int | None, typer.Option("--after", help="Events after this seq (a page's next).")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Events per page, 1 to 500.")] = 200,
+    timeout: TimeoutOption = None,
+    namespace: NamespaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print a run's event history, oldest first: attempts, steps, calls, waits, signals, how it settled."""
+    client = guarded(lambda: client_for(app_path, namespace))
+    if not follow:
+        page = guarded(lambda: client.get_workflow_run_history(run_id, after=after, limit=limit))
+        if as_json:
+            print_json(page.to_dict())
+            return
+        out.print(history_table(page.events))
+        if page.next is not None:
+            out.print(f"next page: --after {page.next}", style="dim", markup=False)
+        return
+    guarded(lambda: _follow_history(client, run_id, after, limit, timeout, as_json))
+
+
+FOLLOW_WIDTHS = (6, 12, 7, 20, 24)
+"""Columns of a followed history: seq, at, attempt, kind, key (then the detail): fixed, so the
+header is printed once and every later line lines up under it."""
+
+
+def follow_header() -> str:
+    names = ("seq", "at", "attempt", "kind", "key")
+    return " ".join(name.ljust(width) for name, width in zip(names, FOLLOW_WIDTHS, strict=True)) + " detail"
+
+
+def _cells(event: HistoryEvent) -> tuple[str, str, str, str, str]:
+    """seq, at, attempt, kind, key: the columns before the detail."""
+    at = event.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
+    return str(event.seq), at, str(event.attempt), event.kind, event.key or ""
+
+
+def follow_line(event: HistoryEvent) -> str:
+    padded = (cell.ljust(width) for cell, width in zip(_cells(event), FOLLOW_WIDTHS, strict=True))
+    return " ".join(padded) + " " + event_summary(event)
+
+
+def _follow_history(
+    client: Client, run_id: str, after: int | None, limit: int, timeout: float | None, as_json: bool
+) -> None:
+    """Every event from ``after`` on, then each new one as it comes, until the run settles:
+    each event once, the header once."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not as_json:
+        out.print(follow_header(), markup=False, highlight=False)
+    with client.watch_runs([run_id]) as watch:
+        while True:
+            settled = is_terminal_status(client.get_workflow_run(run_id).status)
+            page: HistoryPage = client.get_workflow_run_history(run_id, after=after, limit=limit)
+            _print_events(page.events, as_json)
+            if page.events:
+                after = page.events[-1].seq
+            if page.next is not None:
+                continue
+            if settled:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise fail(f"Run {run_id} is still going after {timeout:g}s")
+            watch.get(timeout=QUIET_SECONDS)
+
+
+def _print_events(events: list[HistoryEvent], as_json: bool) -> None:
+    for event in events:
+        if as_json:
+            print_json_line(event.to_dict())
+        else:
+            out.print(follow_line(event), markup=False, highlight=False, soft_wrap=True)
+
+
+def history_table(events: list[HistoryEvent]) -> Table:
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for name in ("seq", "at", "attempt", "kind", "key", "detail"):
+        table.add_column(name, overflow="fold")
+    for event in events:
+        table.add_row(*_cells(event), event_summary(event))
+    return table
 
 
 @runs_app.command("start")
@@ -68,10 +168,7 @@ def runs_start(
             priority=priority,
         )
     )
-    if as_json:
-        print_json({"run_id": run_id})
-    else:
-        out.print(run_id, markup=False)
+    emit(as_json, {"run_id": run_id}, run_id)
 
 
 class _WaitingNameOptional(TyperCommand):
@@ -141,11 +238,8 @@ def runs_list(
 def runs_reindex(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
     """Rebuild the namespace's run indexes from the run records (a store
     written before they existed lists by status, workflow or wait only after)."""
-    count = guarded(lambda: client_for(app_path, namespace).reindex_runs())
-    if as_json:
-        print_json({"runs": count})
-        return
-    out.print(f"indexed {count} runs", markup=False)
+    count = on_client(app_path, namespace, lambda client: client.reindex_runs())
+    emit(as_json, {"runs": count}, f"indexed {count} runs")
 
 
 @runs_app.command("show")
@@ -153,7 +247,7 @@ def runs_show(
     run_id: RunArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Show a run: its envelope, phases, agents, steps and recent progress."""
-    detail = guarded(lambda: client_for(app_path, namespace).get_workflow_run_detail(run_id))
+    detail = on_client(app_path, namespace, lambda client: client.get_workflow_run_detail(run_id))
     if as_json:
         print_json(detail.to_dict())
         return
@@ -164,7 +258,7 @@ def runs_show(
 def runs_progress(
     run_id: RunArgument,
     app_path: AppOption,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")] = False,
+    follow: FollowOption = False,
     phase: Annotated[str | None, typer.Option("--phase", help="Only this phase (its id or title).")] = None,
     after_seq: Annotated[int | None, typer.Option("--after-seq", help="Records after this seq.")] = None,
     before_seq: Annotated[int | None, typer.Option("--before-seq", help="Records before this seq.")] = None,
@@ -183,7 +277,7 @@ def runs_progress(
             run_id, phase_id=phase_id, after_seq=after_seq, before_seq=before_seq, limit=limit
         )
 
-    client = guarded(lambda: client_for(app_path, namespace))
+    client = on_client(app_path, namespace, lambda client: client)
     if not follow:
         page = guarded(lambda: page_of(client))
         if as_json:
@@ -217,16 +311,28 @@ def _phase_id(client: Client, run_id: str, phase: str) -> str:
     raise UserError(f"--phase {phase!r} is not a phase of this run's workflow; its phases: {known}")
 
 
-@runs_app.command("cancel")
-def runs_cancel(
-    run_id: RunArgument,
-    app_path: AppOption,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to settle.")] = 30,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Cancel a run and wait until it has settled."""
-    _print(guarded(lambda: client_for(app_path, namespace).cancel_workflow_run(run_id, timeout=timeout)), as_json)
+def _settling(method: str, waits_for: str, doc: str) -> Callable[..., None]:
+    """``runs cancel`` and ``runs pause``: ask, then wait (30 s by default) until the run has done so."""
+
+    def command(
+        run_id: RunArgument,
+        app_path: AppOption,
+        timeout: float = 30,
+        namespace: NamespaceOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        envelope = on_client(app_path, namespace, lambda client: getattr(client, method)(run_id, timeout=timeout))
+        _print(envelope, as_json)
+
+    help_text = f"Seconds to wait for {waits_for}."
+    command.__annotations__["timeout"] = Annotated[float, typer.Option("--timeout", help=help_text)]
+    command.__doc__ = doc
+    return command
+
+
+runs_app.command("cancel")(
+    _settling("cancel_workflow_run", "the run to settle", "Cancel a run and wait until it has settled.")
+)
 
 
 @runs_app.command("resume")
@@ -260,17 +366,9 @@ def runs_resume(
         raise typer.Exit(EXIT_FAILED)
 
 
-@runs_app.command("pause")
-def runs_pause(
-    run_id: RunArgument,
-    app_path: AppOption,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the run to pause.")] = 30,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Stop dispatching new work; wait until the run is paused."""
-    client = guarded(lambda: client_for(app_path, namespace))
-    _print(guarded(lambda: client.pause_workflow_run(run_id, timeout=timeout)), as_json)
+runs_app.command("pause")(
+    _settling("pause_workflow_run", "the run to pause", "Stop dispatching new work; wait until the run is paused.")
+)
 
 
 @runs_app.command("signal")
@@ -283,10 +381,9 @@ def runs_signal(
     as_json: JsonOption = False,
 ) -> None:
     """Deliver an external event to a run: its ctx.wait_for_signal(NAME) returns it."""
-    client = guarded(lambda: client_for(app_path, namespace))
+    client = on_client(app_path, namespace, lambda client: client)
     parsed = guarded(lambda: parse_json_option("JSON", payload))
-    guarded(lambda: client.signal_workflow_run(run_id, name, parsed))
-    _delivered(run_id, name, parsed, as_json)
+    _signal(client, run_id, name, parsed, as_json)
 
 
 @runs_app.command("approve")
@@ -299,17 +396,14 @@ def runs_approve(
     as_json: JsonOption = False,
 ) -> None:
     """Approve (or --reject) a run waiting for a person: the signal 'approval'."""
-    client = guarded(lambda: client_for(app_path, namespace))
-    decision = {"approved": not reject, "note": note}
-    guarded(lambda: client.signal_workflow_run(run_id, APPROVAL_SIGNAL, decision))
-    _delivered(run_id, APPROVAL_SIGNAL, decision, as_json)
+    client = on_client(app_path, namespace, lambda client: client)
+    _signal(client, run_id, APPROVAL_SIGNAL, {"approved": not reject, "note": note}, as_json)
 
 
-def _delivered(run_id: str, name: str, payload: Any, as_json: bool) -> None:
-    if as_json:
-        print_json({"run_id": run_id, "signal": name, "payload": payload, "delivered": True})
-    else:
-        out.print(f"signal {name!r} delivered to run {run_id}", markup=False)
+def _signal(client: Client, run_id: str, name: str, payload: Any, as_json: bool) -> None:
+    guarded(lambda: client.signal_workflow_run(run_id, name, payload))
+    data = {"run_id": run_id, "signal": name, "payload": payload, "delivered": True}
+    emit(as_json, data, f"signal {name!r} delivered to run {run_id}")
 
 
 def _print(envelope: RunEnvelope, as_json: bool) -> None:

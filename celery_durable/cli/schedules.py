@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -15,8 +18,9 @@ from celery_durable.cli.common import (
     NamespaceOption,
     UserError,
     app,
-    client_for,
+    emit,
     guarded,
+    on_client,
     out,
     parse_json_option,
     print_json,
@@ -27,17 +31,20 @@ app.add_typer(schedules_app, name="schedules")
 
 ScheduleArgument = Annotated[str, typer.Argument(metavar="SCHEDULE", help="A schedule id.")]
 NoteOption = Annotated[str | None, typer.Option("--note", help="A note for the operators.")]
-CronOption = Annotated[str | None, typer.Option("--cron", help="5 cron fields, or 6 with seconds first.")]
-EveryOption = Annotated[float | None, typer.Option("--every", help="Seconds between ticks (>= 1).")]
-TimezoneOption = Annotated[str | None, typer.Option("--timezone", help="IANA time zone of the cron (UTC).")]
-ArgsOption = Annotated[str | None, typer.Option("--args", help="JSON args of the runs it starts.")]
-LimitsOption = Annotated[str | None, typer.Option("--limits", help="JSON limits of the runs it starts.")]
-OverlapOption = Annotated[
-    str | None, typer.Option("--overlap", help="skip, buffer_one, allow_all or cancel_other (skip).")
-]
-CatchupOption = Annotated[
-    float | None, typer.Option("--catchup-window", help="Seconds a tick missed in an outage may start late (60).")
-]
+SPEC_OPTIONS: dict[str, Any] = {
+    "cron": Annotated[str | None, typer.Option("--cron", help="5 cron fields, or 6 with seconds first.")],
+    "every": Annotated[float | None, typer.Option("--every", help="Seconds between ticks (>= 1).")],
+    "timezone": Annotated[str | None, typer.Option("--timezone", help="IANA time zone of the cron (UTC).")],
+    "args": Annotated[str | None, typer.Option("--args", help="JSON args of the runs it starts.")],
+    "limits": Annotated[str | None, typer.Option("--limits", help="JSON limits of the runs it starts.")],
+    "overlap": Annotated[
+        str | None, typer.Option("--overlap", help="skip, buffer_one, allow_all or cancel_other (skip).")
+    ],
+    "catchup_window": Annotated[
+        float | None, typer.Option("--catchup-window", help="Seconds a tick missed in an outage may start late (60).")
+    ],
+}
+"""The options of a schedule's specification: create and update take the same (``_spec_options``)."""
 
 
 def _fields(**given: Any) -> dict[str, Any]:
@@ -77,7 +84,7 @@ def _show(info: ScheduleInfo, as_json: bool) -> None:
 @schedules_app.command("list")
 def schedules_list(app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False) -> None:
     """The namespace's schedules, by id."""
-    infos = guarded(lambda: client_for(app_path, namespace).list_schedules())
+    infos = on_client(app_path, namespace, lambda client: client.list_schedules())
     if as_json:
         print_json({"schedules": [info.to_dict() for info in infos]})
         return
@@ -94,21 +101,38 @@ def schedules_show(
     schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """A schedule: its specification, next ticks and recent actions."""
-    _show(guarded(lambda: client_for(app_path, namespace).get_schedule(schedule_id)), as_json)
+    _show(on_client(app_path, namespace, lambda client: client.get_schedule(schedule_id)), as_json)
+
+
+def _spec_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with the options of a schedule's specification, the same for create and update, in place of
+    its ``spec`` parameter, which receives them (None: not given) as a dict."""
+    signature = inspect.signature(command, eval_str=True)
+    parameters: list[inspect.Parameter] = []
+    for parameter in signature.parameters.values():
+        if parameter.name != "spec":
+            parameters.append(parameter)
+            continue
+        for name, option in SPEC_OPTIONS.items():
+            parameters.append(inspect.Parameter(name, parameter.kind, default=None, annotation=option))
+
+    @functools.wraps(command)
+    def with_spec(**given: Any) -> None:
+        spec = {name: given.pop(name) for name in SPEC_OPTIONS}
+        command(**given, spec=spec)
+
+    setattr(with_spec, "__signature__", signature.replace(parameters=parameters))  # noqa: B010
+    with_spec.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    return with_spec
 
 
 @schedules_app.command("create")
+@_spec_options
 def schedules_create(
     schedule_id: ScheduleArgument,
     workflow_name: Annotated[str, typer.Argument(metavar="WORKFLOW", help="A registered workflow's name.")],
     app_path: AppOption,
-    cron: CronOption = None,
-    every: EveryOption = None,
-    timezone: TimezoneOption = None,
-    args: ArgsOption = None,
-    limits: LimitsOption = None,
-    overlap: OverlapOption = None,
-    catchup_window: CatchupOption = None,
+    spec: dict[str, Any],
     paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
     note: NoteOption = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace a schedule of this id.")] = False,
@@ -116,68 +140,49 @@ def schedules_create(
     as_json: JsonOption = False,
 ) -> None:
     """Create a schedule (--cron or --every)."""
-    fields = guarded(
-        lambda: _fields(
-            cron=cron, every=every, timezone=timezone, args=args, limits=limits, overlap=overlap,
-            catchup_window=catchup_window, note=note,
-        )
-    )
-    info = guarded(
-        lambda: client_for(app_path, namespace).create_schedule(
-            schedule_id, workflow_name, paused=paused, replace=replace, **fields
-        )
+    fields = guarded(lambda: _fields(**spec, note=note))
+    info = on_client(
+        app_path,
+        namespace,
+        lambda client: client.create_schedule(schedule_id, workflow_name, paused=paused, replace=replace, **fields),
     )
     _show(info, as_json)
 
 
 @schedules_app.command("update")
+@_spec_options
 def schedules_update(
     schedule_id: ScheduleArgument,
     app_path: AppOption,
     workflow_name: Annotated[str | None, typer.Option("--workflow", help="The workflow its ticks start.")] = None,
-    cron: CronOption = None,
-    every: EveryOption = None,
-    timezone: TimezoneOption = None,
-    args: ArgsOption = None,
-    limits: LimitsOption = None,
-    overlap: OverlapOption = None,
-    catchup_window: CatchupOption = None,
+    spec: dict[str, Any] | None = None,
     note: NoteOption = None,
     namespace: NamespaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Change the options given; the rest stay."""
-    fields = guarded(
-        lambda: _fields(
-            workflow=workflow_name, cron=cron, every=every, timezone=timezone, args=args, limits=limits,
-            overlap=overlap, catchup_window=catchup_window, note=note,
-        )
-    )
-    _show(guarded(lambda: client_for(app_path, namespace).update_schedule(schedule_id, **fields)), as_json)
+    fields = guarded(lambda: _fields(workflow=workflow_name, **(spec or {}), note=note))
+    _show(on_client(app_path, namespace, lambda client: client.update_schedule(schedule_id, **fields)), as_json)
 
 
-@schedules_app.command("pause")
-def schedules_pause(
-    schedule_id: ScheduleArgument,
-    app_path: AppOption,
-    note: NoteOption = None,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Fire nothing until unpaused (the ticks passed meanwhile are not caught up)."""
-    _show(guarded(lambda: client_for(app_path, namespace).pause_schedule(schedule_id, note=note)), as_json)
+def _pausing(method: str, doc: str) -> Callable[..., None]:
+    def command(
+        schedule_id: ScheduleArgument,
+        app_path: AppOption,
+        note: NoteOption = None,
+        namespace: NamespaceOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        _show(on_client(app_path, namespace, lambda client: getattr(client, method)(schedule_id, note=note)), as_json)
+
+    command.__doc__ = doc
+    return command
 
 
-@schedules_app.command("unpause")
-def schedules_unpause(
-    schedule_id: ScheduleArgument,
-    app_path: AppOption,
-    note: NoteOption = None,
-    namespace: NamespaceOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Fire again, from the next tick."""
-    _show(guarded(lambda: client_for(app_path, namespace).unpause_schedule(schedule_id, note=note)), as_json)
+schedules_app.command("pause")(
+    _pausing("pause_schedule", "Fire nothing until unpaused (the ticks passed meanwhile are not caught up).")
+)
+schedules_app.command("unpause")(_pausing("unpause_schedule", "Fire again, from the next tick."))
 
 
 @schedules_app.command("trigger")
@@ -185,11 +190,8 @@ def schedules_trigger(
     schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Start a run now, as a tick at the current time (overlap applies): prints its id, or that it was skipped."""
-    run_id = guarded(lambda: client_for(app_path, namespace).trigger_schedule(schedule_id))
-    if as_json:
-        print_json({"run_id": run_id})
-    else:
-        out.print(run_id or "skipped (overlap)", markup=False)
+    run_id = on_client(app_path, namespace, lambda client: client.trigger_schedule(schedule_id))
+    emit(as_json, {"run_id": run_id}, run_id or "skipped (overlap)")
 
 
 @schedules_app.command("backfill")
@@ -203,7 +205,7 @@ def schedules_backfill(
 ) -> None:
     """Start a run for every tick in [START, END); again, the same runs, nothing new."""
     start_at, end_at = guarded(lambda: (_time("START", start), _time("END", end)))
-    run_ids = guarded(lambda: client_for(app_path, namespace).backfill_schedule(schedule_id, start_at, end_at))
+    run_ids = on_client(app_path, namespace, lambda client: client.backfill_schedule(schedule_id, start_at, end_at))
     if as_json:
         print_json({"run_ids": run_ids})
         return
@@ -216,8 +218,5 @@ def schedules_delete(
     schedule_id: ScheduleArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
 ) -> None:
     """Stop its ticks; the runs it started are untouched."""
-    guarded(lambda: client_for(app_path, namespace).delete_schedule(schedule_id))
-    if as_json:
-        print_json({"deleted": schedule_id})
-    else:
-        out.print(f"deleted {schedule_id}", markup=False)
+    on_client(app_path, namespace, lambda client: client.delete_schedule(schedule_id))
+    emit(as_json, {"deleted": schedule_id}, f"deleted {schedule_id}")

@@ -1,5 +1,4 @@
-"""``celery-durable throttles list|show|set|delete``: each one
-call on the public client."""
+"""``celery-durable throttles list|show|set|delete``: each one call on the public client."""
 
 from __future__ import annotations
 
@@ -15,10 +14,12 @@ from celery_durable.cli.common import (
     UserError,
     app,
     client_for,
+    emit,
     guarded,
     out,
     print_json,
 )
+from celery_durable.throttles import rate_of
 
 throttles_app = typer.Typer(no_args_is_help=True, help="Fleet-wide concurrency and rate limits.")
 app.add_typer(throttles_app, name="throttles")
@@ -31,11 +32,8 @@ def parse_rate(option: str, text: str | None) -> tuple[int, float] | None:
     """``N/SECONDS`` as ``(n, period_seconds)``; the client checks the numbers."""
     if text is None:
         return None
-    n, sep, period = text.partition("/")
     try:
-        if not sep:
-            raise ValueError
-        return int(n), float(period)
+        return rate_of(text)
     except ValueError:
         raise UserError(f"{option} takes N/SECONDS (e.g. 500/60), got {text!r}") from None
 
@@ -109,10 +107,7 @@ def throttles_set(
         )
 
     info = guarded(body)
-    if as_json:
-        print_json(info.to_dict())
-    else:
-        out.print(_line(info), markup=False)
+    emit(as_json, info.to_dict(), _line(info))
 
 
 @throttles_app.command("delete")
@@ -121,7 +116,4 @@ def throttles_delete(
 ) -> None:
     """Delete a throttle: whatever waits on it goes on unthrottled."""
     guarded(lambda: client_for(app_path, namespace).delete_throttle(name))
-    if as_json:
-        print_json({"deleted": name})
-    else:
-        out.print(f"deleted {name}", markup=False)
+    emit(as_json, {"deleted": name}, f"deleted {name}")

@@ -28,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
 from celery_durable.broker import RunStore
 from celery_durable.broker.aio_bridge import BridgedRedis, await_only, greenlet_spawn
@@ -48,28 +47,36 @@ R = TypeVar("R")
 W = TypeVar("W")
 
 
-def _mirror(
-    method: Callable[Concatenate[Client, P], R],
-) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
-    """``Client.<method>`` as a coroutine method of ``AsyncClient``: same signature, docstring and behaviour."""
-
-    async def mirrored(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await greenlet_spawn(method, self._client(), *args, **kwargs)
-
-    functools.update_wrapper(mirrored, method)
-    return mirrored
-
-
 def _mirror_then(
     method: Callable[Concatenate[Client, P], R], wrap: Callable[[R], W]
 ) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, W]]:
-    """As ``_mirror``, for a method whose result reads Redis as it is used: ``wrap`` makes it awaitable."""
+    """``Client.<method>`` as a coroutine method of ``AsyncClient`` (same signature, docstring and
+    behaviour), its result passed through ``wrap``: a result that reads Redis as it is used is made awaitable."""
 
     async def mirrored(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> W:
         return wrap(await greenlet_spawn(method, self._client(), *args, **kwargs))
 
     functools.update_wrapper(mirrored, method)
     return mirrored
+
+
+def _mirror(
+    method: Callable[Concatenate[Client, P], R],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
+    return _mirror_then(method, lambda result: result)
+
+
+class _Closing:
+    """``async with`` closes it: ``aclose()`` on the way out."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class _LoopEngine:
@@ -100,7 +107,7 @@ class _LoopClient(Client):
         return self._hub.watch(self.engine.store.channel(self.namespace), run_ids)
 
 
-class AsyncClient:
+class AsyncClient(_Closing):
     """One namespace's view of the runs, for asyncio code: ``Client``'s methods, awaited.
 
     Made by ``engine.async_client(namespace)``. Its Redis connections belong
@@ -138,14 +145,6 @@ class AsyncClient:
             _, _, redis_client = self._bound
             self._bound = None
             await redis_client.asyncio_client.aclose()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     # -- starting ------------------------------------------------------------
     start_workflow = _mirror(Client.start_workflow)
@@ -201,7 +200,7 @@ class AsyncClient:
     )
 
 
-class AsyncRunWatch:
+class AsyncRunWatch(_Closing):
     """``RunWatch`` for asyncio: ``await watch.get(timeout)``, ``async for``, ``async with``."""
 
     def __init__(self, watch: RunWatch) -> None:
@@ -226,14 +225,6 @@ class AsyncRunWatch:
 
     async def aclose(self) -> None:
         await greenlet_spawn(self._watch.close)
-
-    async def __aenter__(self) -> AsyncRunWatch:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 _DONE = object()

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 HISTORY_FORMAT = "celery-durable-history"
 HISTORY_VERSION = 1
-VERDICTS = ("ok", "diverges", "failed", "unknown_workflow")
 CONTINUABLE = ("pending", "running", "paused", "halted", "error")
 """Statuses of the runs that can still continue (an ``error`` only with ``can_resume``)."""
 MAX_LIMIT = 1_000_000

@@ -13,9 +13,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 
 class LocalWorker:
@@ -31,6 +31,7 @@ class LocalWorker:
         concurrency: int = 8,
         log_path: Path | None = None,
         cwd: Path | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         self.app = app
         self.name = name
@@ -39,14 +40,15 @@ class LocalWorker:
         self.concurrency = concurrency
         self.log_path = log_path
         self.cwd = cwd
+        self.args = list(args)
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
-    def start(self) -> LocalWorker:
+    def start(self) -> Self:
         command = [
             sys.executable, "-m", "celery_durable", "worker", "--app", self.app,
             "-P", self.pool, "-c", str(self.concurrency), "--quiet", "--loglevel", "WARNING",
-            "--hostname", f"{self.hostname_prefix}@%h",
+            "--hostname", f"{self.hostname_prefix}@%h", *self.args,
         ]
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

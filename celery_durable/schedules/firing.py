@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from celery_durable import telemetry
@@ -328,19 +328,8 @@ class Firing:
     def record_as_is(self) -> TickRecord:
         """A trigger's or a backfill's record: no compare on the next tick
         (the sweep's own), the buffered tick set only where none was."""
-        buffered_read: int | str | None = ANY if self.buffered == self.stored.buffered else self.stored.buffered
-        return TickRecord(
-            rev=None,
-            next_read=ANY,
-            next_ms=None,
-            due_at=None,
-            buffered_read=buffered_read,
-            buffered=self.buffered,
-            last_run=self.last_run,
-            last_tick=self.last_tick,
-            actions=self.actions[-RECENT_MAX:],
-            runs=self.runs,
-        )
+        record = self.record(rev=None, next_read=ANY, next_ms=None, due_at=None)
+        return replace(record, buffered_read=ANY) if self.buffered == self.stored.buffered else record
 
 
 def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
@@ -412,7 +401,3 @@ def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:
 def next_tick(stored_calendar: Calendar, now_ms: int) -> int | None:
     """The first tick after now: where a new, changed or unpaused schedule starts."""
     return stored_calendar.next_after(now_ms)
-
-
-def backfill_ticks(calendar: Calendar, start_ms: int, end_ms: int, most: int) -> Sequence[int]:
-    return calendar.between(start_ms, end_ms, most)

@@ -144,9 +144,7 @@ class ScheduleMethods:
         """Change any of ``create_schedule``'s fields, checked as it checks them."""
         store = self.engine.store
         for _ in range(TRIES):
-            stored = self._stored(schedule_id)
-            if stored is None:
-                raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
+            stored = self._existing(schedule_id)
             spec = check_spec(
                 self.engine.workflows,
                 **merged_update(stored, fields),
@@ -177,9 +175,7 @@ class ScheduleMethods:
     def unpause_schedule(self, schedule_id: str, note: str | None = None) -> ScheduleInfo:
         """Fire again, from the first tick after now."""
         self._check_note(note)
-        stored = self._stored(schedule_id)
-        if stored is None:
-            raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
+        stored = self._existing(schedule_id)
         store = self.engine.store
         next_ms = stored.calendar.next_after(store.now_ms())
         if store.pause_schedule(self.namespace, schedule_id, False, next_ms, note) is None:
@@ -190,12 +186,9 @@ class ScheduleMethods:
         """Start a run now, as a tick at the current time, overlap applied (a
         paused schedule too): its run id, or None when the tick was skipped
         (or buffered: it starts when the schedule's last run settles)."""
-        stored = self._stored(schedule_id)
-        if stored is None:
-            raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
-        definition = registered_workflow(self.engine.workflows, stored.workflow)
+        stored = self._existing(schedule_id)
         store = self.engine.store
-        firing = Firing(self.engine, stored, definition, store.now_ms())
+        firing = self._firing(stored)
         run_id = firing.tick(firing.now_ms, stored.overlap)
         record = firing.record_as_is()
         if store.record_ticks(self.namespace, schedule_id, record) is RecordVerdict.STALE:
@@ -209,15 +202,12 @@ class ScheduleMethods:
         ``allow_all`` (a paused schedule too); their run ids. A range backfilled
         (or fired) before gives the same ids and starts nothing more."""
         start_ms, end_ms = check_range(start, end)
-        stored = self._stored(schedule_id)
-        if stored is None:
-            raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
+        stored = self._existing(schedule_id)
         ticks = stored.calendar.between(start_ms, end_ms, MAX_BACKFILL)
         if len(ticks) > MAX_BACKFILL:
             raise ValueError(f"backfill covers more than {MAX_BACKFILL} ticks: split the range")
-        definition = registered_workflow(self.engine.workflows, stored.workflow)
         store = self.engine.store
-        firing = Firing(self.engine, stored, definition, store.now_ms())
+        firing = self._firing(stored)
         run_ids = [firing.start(tick) for tick in ticks]
         if run_ids:
             store.record_ticks(self.namespace, schedule_id, firing.record_as_is())
@@ -236,6 +226,16 @@ class ScheduleMethods:
             return check_schedule_id(schedule_id)
         except ValueError:
             raise ScheduleNotFoundError(f"Schedule not found: {short_repr(schedule_id)}") from None
+
+    def _firing(self, stored: StoredSchedule) -> Firing:
+        definition = registered_workflow(self.engine.workflows, stored.workflow)
+        return Firing(self.engine, stored, definition, self.engine.store.now_ms())
+
+    def _existing(self, schedule_id: str) -> StoredSchedule:
+        stored = self._stored(schedule_id)
+        if stored is None:
+            raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
+        return stored
 
     def _stored(self, schedule_id: str) -> StoredSchedule | None:
         raw = self.engine.store.read_schedule(self.namespace, self._known_id(schedule_id))

@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.config import Settings
+from celery_durable.local.fleet import LocalWorker
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -54,8 +53,8 @@ def settings_env(settings: Settings, root: Path | None = None) -> dict[str, str]
     return env
 
 
-class WorkerProcess:
-    """One ``celery-durable worker`` process (and its children), run from ``root``."""
+class WorkerProcess(LocalWorker):
+    """One ``celery-durable worker`` process (and its children), run from ``root`` with ``settings``."""
 
     def __init__(
         self,
@@ -71,74 +70,34 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
     ) -> None:
-        self.settings = settings
-        self.app = app
-        self.root = root
-        self.pool = pool
-        self.concurrency = concurrency
-        self.name = name
-        self.log_dir = log_dir
-        self.queues = queues
-        self.env = env or {}
-        self.args = args or []
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> WorkerProcess:
-        command = [
-            sys.executable, "-m", "celery_durable", "worker", "--app", self.app,
-            "-P", self.pool, "-c", str(self.concurrency), "--quiet", "--loglevel", "WARNING",
-            "--hostname", f"{self.name}-{os.getpid()}-{id(self)}@%h",
-        ]  # fmt: skip
-        if self.queues:
-            command += ["--queues", ",".join(self.queues)]
-        command += self.args
-        log = open(self.log_dir / f"{self.name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            command,
-            env={**settings_env(self.settings, self.root), **self.env},
-            cwd=self.root,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
+        super().__init__(
+            app,
+            name=name,
+            env={**settings_env(settings, root), **(env or {})},
+            pool=pool,
+            concurrency=concurrency,
+            log_path=log_dir / f"{name}.log" if log_dir else None,
+            cwd=root,
+            args=(["--queues", ",".join(queues)] if queues else []) + (args or []),
         )
-        return self
+        self.settings = settings
+        self.root = root
+        self.queues = queues
 
     @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def signal(self, signum: int) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signum)
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: what a crash looks like."""
-        self.signal(signal.SIGKILL)
-        if self.process is not None:
-            self.process.wait()
+    def hostname_prefix(self) -> str:
+        return f"{super().hostname_prefix}-{id(self)}"
 
     def freeze(self) -> None:
-        self.signal(signal.SIGSTOP)
+        self.signal_group(signal.SIGSTOP)
 
     def thaw(self) -> None:
-        self.signal(signal.SIGCONT)
+        self.signal_group(signal.SIGCONT)
 
     def stop(self, timeout: float = 20) -> None:
-        """SIGTERM (a warm shutdown: tasks in hand finish), SIGKILL past ``timeout``."""
-        if not self.alive():
-            return
+        """A frozen worker is thawed first, or it would never see the SIGTERM."""
         self.thaw()
-        self.signal(signal.SIGTERM)
-        assert self.process is not None
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        super().stop(timeout)
 
 
 class WorkerFleet:

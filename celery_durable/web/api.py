@@ -12,6 +12,7 @@ body is read.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -81,16 +82,19 @@ async def list_runs(request: Request) -> Response:
     )
 
 
-async def get_run(request: Request) -> Response:
-    context = web(request)
-    run = await context.call(context.client.get_workflow_run, request.path_params["run_id"])
-    return _json(run.to_dict())
+def reader(method: str, param: str) -> Callable[[Request], Awaitable[Response]]:
+    """``GET`` of one thing: the client's ``method`` of the path's ``param``, as JSON."""
+
+    async def read(request: Request) -> Response:
+        context = web(request)
+        found = await context.call(getattr(context.client, method), request.path_params[param])
+        return _json(found.to_dict())
+
+    return read
 
 
-async def get_detail(request: Request) -> Response:
-    context = web(request)
-    detail = await context.call(context.client.get_workflow_run_detail, request.path_params["run_id"])
-    return _json(detail.to_dict())
+get_run = reader("get_workflow_run", "run_id")
+get_detail = reader("get_workflow_run_detail", "run_id")
 
 
 async def get_progress(request: Request) -> Response:
@@ -169,10 +173,15 @@ def _proven(request: Request, context: WebContext) -> None:
         raise Forbidden(UNPROVEN)
 
 
-async def act(request: Request) -> Response:
+async def proven_body(request: Request) -> tuple[WebContext, dict[str, Any]]:
+    """A POST to the API past its gates (``_proven``), and its JSON body."""
     context = web(request)
     _proven(request, context)
-    body = await read_json(request, context.body_limit)
+    return context, await read_json(request, context.body_limit)
+
+
+async def act(request: Request) -> Response:
+    context, body = await proven_body(request)
     outcome = await context.call(
         _plan, context, request.path_params["run_id"], request.path_params["action"], body
     )

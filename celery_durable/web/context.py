@@ -19,13 +19,14 @@ from typing import Any, ParamSpec, TypeVar
 import jinja2
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from celery_durable import Client, is_terminal_status
 from celery_durable.client.history_text import event_summary
 from celery_durable.web import present
 from celery_durable.web.hub import RunHub
+from celery_durable.web.problems import problem
 from celery_durable.web.session import CSRF_FIELD, BrowserSession
 
 HERE = Path(__file__).resolve().parent
@@ -135,6 +136,19 @@ class WebContext:
     async def call(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """A blocking client call, off the event loop: Redis I/O must not stall other pages."""
         return await run_in_threadpool(function, *args, **kwargs)
+
+    async def acted(self, back: RedirectResponse, action: Callable[[], str]) -> RedirectResponse:
+        """Carry out a form's action; what it says it did, or why it was refused, is the notice ``back`` shows."""
+        try:
+            message = await self.call(action)
+        except Exception as exc:
+            refusal = problem(exc)
+            if refusal is None:
+                raise
+            self.session.leave_notice(back, "error", f"Refused [{refusal.code}]: {refusal.message}")
+            return back
+        self.session.leave_notice(back, "ok", message)
+        return back
 
 
 def web(request: Request) -> WebContext:

@@ -23,7 +23,7 @@ from celery_durable.client.history import HistoryTail
 from celery_durable.client.listing import ANY_WAIT
 from celery_durable.web import search
 from celery_durable.web.context import WebContext, web
-from celery_durable.web.problems import BadRequest
+from celery_durable.web.problems import whole_number
 from celery_durable.web.search import RunsQuery
 from celery_durable.web.session import Notice
 from celery_durable.web.timeline import timeline_svg
@@ -114,18 +114,15 @@ TIMELINE_EVENTS = 2000
 """Events the timeline reads its waits and fan-outs from (the newest)."""
 
 
-def _before_seq(request: Request) -> int | None:
-    text = request.query_params.get("before_seq")
-    if not text:
-        return None
-    if not text.isdigit():
-        raise BadRequest(f"before_seq must be a whole number, got {text[:40]!r}")
-    return int(text)
+def _query_number(request: Request, name: str) -> int | None:
+    text = request.query_params.get(name)
+    return whole_number(name, text) if text else None
 
 
 async def run_page(request: Request) -> Response:
     context = served(request)
-    return await render_run(request, context, request.path_params["run_id"], before_seq=_before_seq(request))
+    before_seq = _query_number(request, "before_seq")
+    return await render_run(request, context, request.path_params["run_id"], before_seq=before_seq)
 
 
 async def render_run(
@@ -159,20 +156,11 @@ async def run_fragment(request: Request) -> Response:
     return context.render(request, "run_live.html", view.live(), fragment=True)
 
 
-def _after(request: Request) -> int | None:
-    text = request.query_params.get("after")
-    if not text:
-        return None
-    if not text.isdigit():
-        raise BadRequest(f"after must be a whole number, got {text[:40]!r}")
-    return int(text)
-
-
 async def history_page(request: Request) -> Response:
     """The whole history, a page at a time (the run page shows the newest events)."""
     context = served(request)
     run_id = request.path_params["run_id"]
-    page = await context.call(context.client.get_workflow_run_history, run_id, after=_after(request))
+    page = await context.call(context.client.get_workflow_run_history, run_id, after=_query_number(request, "after"))
     run = await context.call(context.client.get_workflow_run, run_id)
     return context.render(request, "history.html", {"run": run, "events": page.events, "next": page.next})
 

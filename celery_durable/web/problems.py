@@ -47,6 +47,13 @@ class Forbidden(Exception):
     """A POST without a valid CSRF token, or any POST to a read-only server."""
 
 
+def whole_number(name: str, text: str) -> int:
+    """A query option that counts: digits only, else ``BadRequest``."""
+    if not text.isdigit():
+        raise BadRequest(f"{name} must be a whole number, got {text[:40]!r}")
+    return int(text)
+
+
 def problem(exc: BaseException) -> Problem | None:
     """The HTTP form of an error the client raises on purpose; None for a bug."""
     code = getattr(exc, "code", None)

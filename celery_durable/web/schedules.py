@@ -1,9 +1,7 @@
-"""The schedules page: each schedule's settings, next ticks
-and recent actions (linked to their runs), with pause, unpause and trigger
-under the same rules as every action: a POST with the page's CSRF token (or,
-for the JSON API, ``X-CSRF-Token``/an ``Origin`` naming this server), and
-none at all on a ``--read-only`` server. ``GET /api/schedules`` and
-``/api/schedules/<id>`` are the same as JSON.
+"""The schedules page: each schedule's settings, next ticks and recent
+actions (linked to their runs), with pause, unpause and trigger under the
+rules of every action (``forms``, ``api``); ``GET /api/schedules[/<id>]``
+as JSON.
 """
 
 from __future__ import annotations
@@ -14,12 +12,11 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_durable import Client
-from celery_durable.web.api import _proven
-from celery_durable.web.bodies import read_json
+from celery_durable.web.api import _json, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
-from celery_durable.web.problems import Forbidden, problem
+from celery_durable.web.problems import Forbidden
 
 ACTIONS = ("pause", "unpause", "trigger")
 
@@ -58,35 +55,21 @@ async def act(request: Request) -> Response:
     if action not in ACTIONS:
         raise HTTPException(404, f"No action {action!r}")
     back = RedirectResponse(schedules_url(context.namespace), status_code=303)
-    try:
-        message = await context.call(perform, context.client, schedule_id, action)
-    except Exception as exc:
-        refusal = problem(exc)
-        if refusal is None:
-            raise
-        context.session.leave_notice(back, "error", f"Refused [{refusal.code}]: {refusal.message}")
-        return back
-    context.session.leave_notice(back, "ok", message)
-    return back
+    return await context.acted(back, lambda: perform(context.client, schedule_id, action))
 
 
 async def list_api(request: Request) -> Response:
     context = web(request)
     schedules = await context.call(context.client.list_schedules)
-    return JSONResponse({"schedules": [info.to_dict() for info in schedules]}, headers={"Cache-Control": "no-store"})
+    return _json({"schedules": [info.to_dict() for info in schedules]})
 
 
-async def get_api(request: Request) -> Response:
-    context = web(request)
-    info = await context.call(context.client.get_schedule, request.path_params["schedule_id"])
-    return JSONResponse(info.to_dict(), headers={"Cache-Control": "no-store"})
+get_api = reader("get_schedule", "schedule_id")
 
 
 async def act_api(request: Request) -> Response:
     """``POST /api/schedules/<id>/{pause|unpause|trigger}``: ``{"message", "schedule", "run_id"?}``."""
-    context = web(request)
-    _proven(request, context)
-    await read_json(request, context.body_limit)
+    context, _ = await proven_body(request)
     schedule_id, action = request.path_params["schedule_id"], request.path_params["action"]
     if action not in ACTIONS:
         raise HTTPException(404, f"No action {action!r}")

@@ -28,9 +28,6 @@ from celery_durable.web.problems import BadRequest
 PREFIX = re.compile(r"[0-9a-f]{1,32}")
 MAX_TEXT = 200
 
-SEARCH_OPTIONS = ("run_id_prefix", "created_after", "created_before", "waiting")
-"""The keywords of ``list_workflow_runs`` beyond status and workflow, as the page and the API name them."""
-
 
 @dataclass(frozen=True, slots=True)
 class RunsQuery:

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from celery_durable import Client, ProgressEntry, RunEnvelope, StorageUnavailableError
 from celery_durable.web.context import web
-from celery_durable.web.problems import BadRequest
+from celery_durable.web.problems import whole_number
 
 QUIET_SECONDS = 5.0
 KEEPALIVE_SECONDS = 15.0
@@ -87,9 +87,7 @@ def _read(client: Client, run_id: str, after_seq: int) -> Reading:
 def _after_seq(request: Request) -> int:
     """Where to start: the browser's ``Last-Event-ID`` on a reconnection, else ``?after_seq``."""
     text = request.headers.get("last-event-id") or request.query_params.get("after_seq") or "0"
-    if not text.isdigit():
-        raise BadRequest(f"after_seq must be a whole number, got {text[:40]!r}")
-    return int(text)
+    return whole_number("after_seq", text)
 
 
 async def run_events(request: Request) -> Response:

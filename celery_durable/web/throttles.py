@@ -1,12 +1,8 @@
-"""The throttles page: each throttle's settings, holders,
-waiters (in the order they get slots) and top keys, read when the page
-loads, with set (create or change) and delete under the same rules as every
-action: a POST with the page's CSRF token (or, for the JSON API,
-``X-CSRF-Token``/an ``Origin`` naming this server), and none at all on a
-``--read-only`` server. ``GET /api/throttles`` and ``/api/throttles/<name>``
-are the same as JSON; ``POST /api/throttles/<name>/set`` (the client's
-keywords as a JSON object, a rate as ``[n, period_seconds]``) and
-``POST /api/throttles/<name>/delete`` act.
+"""The throttles page: each throttle's settings, holders, waiters (in the
+order they get slots) and top keys, with set (create or change) and delete
+under the rules of every action (``forms``, ``api``). ``GET
+/api/throttles[/<name>]`` as JSON; ``POST /api/throttles/<name>/set`` (the
+client's keywords, a rate as ``[n, period_seconds]``) and ``/delete``.
 """
 
 from __future__ import annotations
@@ -20,12 +16,12 @@ from starlette.routing import Route
 
 from celery_durable import ThrottleInfo
 from celery_durable.client.client import Client
-from celery_durable.web.api import _proven
-from celery_durable.web.bodies import read_json
+from celery_durable.throttles import rate_of
+from celery_durable.web.api import _json, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
-from celery_durable.web.problems import BadRequest, Forbidden, problem
+from celery_durable.web.problems import BadRequest, Forbidden
 
 LIMITS = ("concurrency", "rate", "per_key_concurrency", "per_key_rate")
 """``set_throttle``'s keywords: the form's fields and the API body's keys."""
@@ -50,13 +46,7 @@ def form_limits(form: dict[str, str]) -> dict[str, Any]:
         if not text:
             continue
         try:
-            if name.endswith("rate"):
-                n, sep, period = text.partition("/")
-                if not sep:
-                    raise ValueError
-                limits[name] = (int(n), float(period))
-            else:
-                limits[name] = int(text)
+            limits[name] = rate_of(text) if name.endswith("rate") else int(text)
         except ValueError:
             shape = "N/SECONDS (e.g. 500/60)" if name.endswith("rate") else "a whole number"
             raise BadRequest(f"{name} takes {shape}, got {text!r}") from None
@@ -98,37 +88,23 @@ async def act(request: Request) -> Response:
     if action not in ("set", "delete"):
         raise HTTPException(404, f"No action {action!r}")
     back = RedirectResponse(throttles_url(context.namespace), status_code=303)
-    try:
-        limits = form_limits(form) if action == "set" else {}
-        message = await context.call(perform, context.client, name, action, limits)
-    except Exception as exc:
-        refusal = problem(exc)
-        if refusal is None:
-            raise
-        context.session.leave_notice(back, "error", f"Refused [{refusal.code}]: {refusal.message}")
-        return back
-    context.session.leave_notice(back, "ok", message)
-    return back
+    return await context.acted(
+        back, lambda: perform(context.client, name, action, form_limits(form) if action == "set" else {})
+    )
 
 
 async def throttles_api(request: Request) -> Response:
     context = web(request)
     found = await context.call(_read, context.client)
-    return JSONResponse([info.to_dict() for info in found], headers={"Cache-Control": "no-store"})
+    return _json([info.to_dict() for info in found])
 
 
-async def throttle_api(request: Request) -> Response:
-    context = web(request)
-    name = request.path_params["name"]
-    info = await context.call(context.client.get_throttle, name)
-    return JSONResponse(info.to_dict(), headers={"Cache-Control": "no-store"})
+throttle_api = reader("get_throttle", "name")
 
 
 async def act_api(request: Request) -> Response:
     """``{"message", "throttle"}`` (``throttle`` None once deleted)."""
-    context = web(request)
-    _proven(request, context)
-    body = await read_json(request, context.body_limit)
+    context, body = await proven_body(request)
     name, action = request.path_params["name"], request.path_params["action"]
     if action not in ("set", "delete"):
         raise HTTPException(404, f"No action {action!r}")
