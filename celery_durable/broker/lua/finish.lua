@@ -36,4 +36,4 @@ if ARGV[10] ~= '' then
 end
 redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id') .. ' status')
 if ARGV[4] == 'paused' then return {'ok', ''} end
-return {'ok', retain_run(KEYS[1], ARGV[11])}
+return {'ok', retain_run(KEYS[1], ARGV[11], {KEYS[2], KEYS[8]})}
