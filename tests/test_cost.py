@@ -142,3 +142,54 @@ def scripts(raw_redis: Any) -> int:
     """Lua scripts Redis has run so far."""
     stats = raw_redis.info("commandstats")
     return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+
+def logged(ctx: WorkflowContext) -> Any:
+    for i in range(5):
+        ctx.step(f"s{i}", lambda i=i: i)
+        ctx.log(f"step {i} done")
+    return 5
+
+
+LOGGED = define_workflow({"name": "logged-cost", "description": "steps and records", "phases": []}, logged)
+
+
+def test_a_settled_runs_streams_keep_no_room_for_appends(durable, raw_redis) -> None:
+    """Redis sets up to 4 KB aside in a stream's last node for appends, which
+    a settled run never makes: the settle compacts its progress and history
+    (``retain_run``), every record still there to read."""
+    d = durable([LOGGED])
+    envelope = d.client.run_workflow("logged-cost", timeout=60)
+    assert envelope.status == "completed"
+    keys = d.engine.store.run_keys(envelope.run_id)
+    for key in (keys.progress, keys.history):
+        assert raw_redis.memory_usage(key, samples=0) < 2048, key
+    messages = [entry["message"] for _, entry in raw_redis.xrange(keys.progress)]
+    assert [m for m in messages if m.startswith("step")] == [f"step {i} done" for i in range(5)]
+    assert raw_redis.pttl(keys.progress) > 0 and raw_redis.pttl(keys.history) > 0
+
+
+def test_only_a_run_that_asked_a_throttle_for_a_slot_has_its_slots_looked_for_when_it_settles(durable) -> None:
+    """Giving slots back reads the run's holds (a round trip); ``finish.lua``
+    says whether the run ever asked for one, so an unthrottled settle skips it."""
+    d = durable([LOGGED])
+    d.client.set_throttle("cost-t", concurrency=1)
+    looked: list[str] = []
+    gave_back = threading.Event()
+    give_back = d.engine.store.after_settle
+    assert give_back is not None
+
+    def recording(run_id: str) -> None:
+        give_back(run_id)
+        looked.append(run_id)
+        gave_back.set()
+
+    d.engine.store.after_settle = recording
+    plain = d.client.run_workflow("logged-cost", timeout=60)
+    throttled_id = d.client.start_workflow("logged-cost", throttle="cost-t")
+    throttled = d.client.wait_for_workflow_run(throttled_id, timeout=60)
+    assert plain.status == throttled.status == "completed"
+    # The settling pass gives back after the record says completed: waited for, in its thread.
+    assert gave_back.wait(30)
+    assert looked == [throttled_id]
+    assert d.client.get_throttle("cost-t").holding == 0

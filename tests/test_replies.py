@@ -32,7 +32,7 @@ from celery_durable.broker.journal import (
     Winner,
 )
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
-from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled, SignalVerdict
+from celery_durable.broker.replies.control import Finished, Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
 from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
@@ -99,7 +99,8 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("agent_start", (), ["go", "{}"], TurnStart(TurnVerdict.GO, "{}")),
     ("call_done", (None,), ["late"], None),
     ("call_done", (None,), ["settled"], Refusal.SETTLED),
-    ("finish", (), ["ok", "order-42"], "order-42"),
+    ("finish", (), ["ok", "order-42", "0"], Finished("order-42", throttled=False)),
+    ("finish", (), ["ok", "", "1"], Finished("", throttled=True)),
     ("halt", (), ["changed"], None),
     ("cancel", (), ["cancelled", ""], Requested(RequestVerdict.CANCELLED)),
     ("requeue", (), [1, 0, 750], Requeued(sent=True, first=False, delay_ms=750)),
@@ -154,6 +155,7 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("create_run", (), "1"),
     ("index_run", (), None),
     ("finish", (), ["ok"]),  # no idempotency key said
+    ("finish", (), ["ok", "order-42"]),  # whether it was throttled not said
     ("requeue", (), [1]),
     ("read_progress", (), ["3", "", "", ["1-0", ["kind"]]]),
     ("resume", (), ["ok", "two", 2]),

@@ -63,9 +63,10 @@ class RunControl(RunRecords, FleetLiveness):
             retention_ms=self.retention_ms,
         )
         reply = self.call("finish", self.run_keys(run_id), request)
-        idempotency_key = parse.finish(reply, run_id)
-        self._settled(run_id, namespace, idempotency_key, watch=watch)
-        self._gave_up(run_id)
+        finished = parse.finish(reply, run_id)
+        self._settled(run_id, namespace, finished.idempotency_key, watch=watch)
+        if finished.throttled:  # a run that never asked for a slot holds none: no round trip to find that out
+            self._gave_up(run_id)
 
     def resume(
         self,

@@ -23,7 +23,7 @@ from celery_durable.broker.journal import (
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import Identity, SequenceHistory, cut_argument, position
 from celery_durable.errors import StaleAttemptError
-from tests.contract.conftest import PHASE_ID, Backend, BackendFactory
+from tests.contract.conftest import PHASE_ID, Backend, BackendFactory, RedisBackend
 from tests.support.contract import AGENT, OTHER, RUNNING, agent_row, ask, failed, ok, step
 
 pytestmark = pytest.mark.topologies("redis", "cluster")  # the journal on one Redis and on a Redis Cluster
@@ -576,3 +576,21 @@ def test_reading_sequences_ahead_stops_once_its_budget_of_entries_is_spent(
     read = journal.read_sequences(["m.0.0", "m.0.1", "m.0.2"])
     assert read == [journal.read_sequence("m.0.0"), journal.read_sequence("m.0.1")], "2 + 2 entries spend 3"
     assert len(journal.read_sequences(["m.0.2", "m.0.3", "m.0.0", "m.0.1"])) == 4, "empty ones cost nothing"
+
+
+def test_a_fanout_journaled_afresh_reads_no_branch_outcome(make_backend: BackendFactory) -> None:
+    """Its outcomes cannot be there yet (a replaced op's go with it): the
+    script reads none of them, so a fan-out of n costs n reads less."""
+    backend = make_backend()
+    assert isinstance(backend, RedisBackend)
+    journal = backend.journal(1)
+    raw = backend.store.client
+
+    def hgets() -> int:
+        return int(raw.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+    before = hgets()
+    assert journal.dispatch("m", 0, "p|64", 64, "x1", position(0, 0)) == Dispatch(indices=list(range(64)))
+    assert hgets() - before < 8
+    # Dispatched again by the same execution: read, and found dispatched already.
+    assert journal.dispatch("m", 0, "p|64", 64, "x1", position(0, 0)).pending

@@ -36,10 +36,13 @@ local function active_ms(run_key, now)
 end
 
 -- Marks the first ceiling the run has reached (SPEC 6). Ceilings live in the
--- run hash as lim_* fields, written at start and resume.
+-- run hash as lim_* fields, written at start and resume. Returns the ceiling
+-- reached ('' for none) and the run's flags as flags() gives them, read in
+-- the same HMGET: a step's script ends with both, one read instead of two.
 local function check_limits(run_key, now)
-  local f = redis.call('HMGET', run_key, 'limit', 'lim_timeout_ms', 'lim_credits_nano', 'credits_nano')
-  if f[1] and f[1] ~= '' then return f[1] end
+  local f = redis.call('HMGET', run_key, 'limit', 'lim_timeout_ms', 'lim_credits_nano', 'credits_nano', 'cancel',
+    'pause')
+  if f[1] and f[1] ~= '' then return f[1], {f[5] or '0', f[6] or '0', f[1]} end
   local reached = ''
   if f[2] and f[2] ~= '' and active_ms(run_key, now) > tonumber(f[2]) then
     reached = 'timeout_seconds'
@@ -47,7 +50,7 @@ local function check_limits(run_key, now)
     reached = 'max_ai_credits'
   end
   if reached ~= '' then redis.call('HSET', run_key, 'limit', reached) end
-  return reached
+  return reached, {f[5] or '0', f[6] or '0', reached}
 end
 
 -- Keeps the newest 'progress_max' records of a run (a run hash field set at
@@ -174,9 +177,9 @@ local function stepped_over(journal_key, field, entry)
   return redis.call('HGET', journal_key, 'so:' .. field) == entry
 end
 
-local function sequence_reply(journal_key, seq, start)
+local function sequence_reply(journal_key, seq, start, any_stepped)
   local count = tonumber(redis.call('HGET', journal_key, 'n:' .. seq) or '0')
-  local any_stepped = redis.call('HEXISTS', journal_key, 'stepped') == 1
+  if any_stepped == nil then any_stepped = redis.call('HEXISTS', journal_key, 'stepped') == 1 end
   local out = {redis.call('HGET', journal_key, 'k:' .. seq) or '', redis.call('HGET', journal_key, 'h:' .. seq) or ''}
   for i = tonumber(start or '0'), count - 1 do
     local entry = redis.call('HGET', journal_key, 'o:' .. seq .. ':' .. i) or '0:'
@@ -197,8 +200,9 @@ end
 -- one read (read_sequences.lua, branch_start.lua).
 local function sequence_replies(journal_key, args, first, budget)
   local out = {}
+  local any_stepped = redis.call('HEXISTS', journal_key, 'stepped') == 1  -- once for them all
   for i = first, #args do
-    local reply = sequence_reply(journal_key, args[i], 0)
+    local reply = sequence_reply(journal_key, args[i], 0, any_stepped)
     out[#out + 1] = reply
     budget = budget - (#reply - 2) / 2
     if budget <= 0 then break end
@@ -446,7 +450,20 @@ end
 -- after <ttl> ms (0: kept for ever). resume.lua persists them again. Returns
 -- the run's idempotency key ('' for none), which lives in its namespace's
 -- slot and is expired by the caller.
-local function retain_run(run_key, ttl)
+-- <streams> (the run's progress and history) are compacted first: a
+-- stream's last node keeps the room Redis sets aside for appends (up to
+-- stream-node-max-bytes, 4 KB a stream), which a settled run never uses, so
+-- DUMP and RESTORE write the same entries, ids and counters back at their
+-- size (a 22-record stream: 4.7 KB -> 1.7 KB). A long stream is left as it
+-- is: that room is a small part of it, and its copy would hold Redis longer.
+local COMPACT_MAX_ENTRIES = 512
+local function retain_run(run_key, ttl, streams)
+  for _, key in ipairs(streams) do
+    if redis.call('XLEN', key) <= COMPACT_MAX_ENTRIES then
+      local dumped = redis.call('DUMP', key)
+      if dumped then redis.call('RESTORE', key, 0, dumped, 'REPLACE') end
+    end
+  end
   if tonumber(ttl) > 0 then
     for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
   end
@@ -719,7 +736,8 @@ end
 -- of commit_begin.lua's second half.
 -- Returns the step's live journaled outcome when another sequence (or an
 -- attempt that died before recording this op) already journaled the key,
--- else '' (also when a pause holds the main body's step back).
+-- else '' (also when a pause holds the main body's step back); and the run's
+-- flags, as flags() gives them (read with the ceilings, check_limits).
 local function begin_call(run_key, progress_key, journal_key, running_key, phases_key, epoch, now, channel,
                           seq, cut, step_key, step_row, records, first, count, history_key)
   if cut ~= '' then
@@ -749,9 +767,10 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
     end
   end
   if hwm ~= start then redis.call('HSET', journal_key, hwm_field, hwm) end
+  local _, f = check_limits(run_key, tonumber(now))
   -- A pause stops the main body before its next step: that step does not
   -- show as running (the attempt sees the flag and settles as paused).
-  if seq == 'm' and step_key ~= '' and redis.call('HGET', run_key, 'pause') == '1' then step_key = '' end
+  if seq == 'm' and step_key ~= '' and f[2] == '1' then step_key = '' end
   local outcome = ''
   if step_key ~= '' then
     local current = redis.call('HGET', journal_key, 'v:' .. step_key)
@@ -765,8 +784,7 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
   if wrote then
     redis.call('PUBLISH', channel, redis.call('HGET', run_key, 'id') .. ' progress')
   end
-  check_limits(run_key, tonumber(now))
-  return outcome
+  return outcome, f
 end
 
 -- == Durable waits: timers and signals ====================================

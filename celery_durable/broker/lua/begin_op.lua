@@ -12,7 +12,6 @@
 -- Returns {'ok', cancel, pause, limit, outcome}: outcome is the step's live
 -- journaled outcome when another sequence (or an attempt that died before
 -- recording this op) already journaled the key, else ''. Or {refusal}.
-local outcome = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
+local outcome, f = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
                            ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV, 9, tonumber(ARGV[8]), KEYS[6])
-local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3], outcome}

@@ -68,4 +68,4 @@ set_status(KEYS[1], 'cancelled', 'reason', 'cancelled',
 tokens_clear(KEYS[1], KEYS[3], KEYS[4], ARGV[1])
 append_progress(KEYS[1], KEYS[2], 'system', '', 'Run cancelled', epoch, ARGV[1], nil, KEYS[8])
 redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
-return {'cancelled', retain_run(KEYS[1], ARGV[4])}
+return {'cancelled', retain_run(KEYS[1], ARGV[4], {KEYS[2], KEYS[8]})}

@@ -29,7 +29,6 @@ if branch_outcome(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7], ARGV[1]) then
   token_queued(KEYS[1], KEYS[7], ARGV[8], 'c', ARGV[2], ARGV[2])
   wake = 1
 end
-local outcome = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
+local outcome, f = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
                            ARGV[4], ARGV[16], ARGV[17], ARGV[18], ARGV, 20, tonumber(ARGV[19]), KEYS[8])
-local f = flags(KEYS[1])
 return {'ok', f[1], f[2], f[3], outcome, wake}

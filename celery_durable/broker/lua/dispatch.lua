@@ -27,17 +27,24 @@ if replaced then
   end
 end
 local stamp = ARGV[1] .. ':' .. ARGV[6]
-local previous = redis.call('HGET', KEYS[2], 'd:' .. call)
-if previous == stamp or (previous and string.sub(previous, 1, #ARGV[1] + 1) == ARGV[1] .. ':'
-    and redis.call('HGET', KEYS[2], 's:' .. call) == ARGV[1]) then
-  return {'pending', redis.call('HLEN', KEYS[3])}
-end
 local missing = {'dispatch', 0}
-for j = 0, width - 1 do
-  local outcome = redis.call('HGET', KEYS[2], 'r:' .. call .. ':' .. j)
-  if is_stale_failure(outcome, ARGV[1]) then
-    table.insert(missing, j)
-    if outcome then missing[2] = 1 end
+if fresh then
+  -- The op is journaled here and now: no stamp or outcome of this call can
+  -- be there yet (a replaced op's went with it), so every branch is
+  -- missing, and none is read (a fan-out of n costs n reads less).
+  for j = 0, width - 1 do table.insert(missing, j) end
+else
+  local previous = redis.call('HGET', KEYS[2], 'd:' .. call)
+  if previous == stamp or (previous and string.sub(previous, 1, #ARGV[1] + 1) == ARGV[1] .. ':'
+      and redis.call('HGET', KEYS[2], 's:' .. call) == ARGV[1]) then
+    return {'pending', redis.call('HLEN', KEYS[3])}
+  end
+  for j = 0, width - 1 do
+    local outcome = redis.call('HGET', KEYS[2], 'r:' .. call .. ':' .. j)
+    if is_stale_failure(outcome, ARGV[1]) then
+      table.insert(missing, j)
+      if outcome then missing[2] = 1 end
+    end
   end
 end
 if missing[2] == 1 then cut_sequence(KEYS[2], ARGV[2], ARGV[3], ARGV[1], ARGV[7]) end

@@ -8,7 +8,8 @@
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message,
 -- ARGV[11] retention (ms; 0 keeps the run for ever)
--- Returns {'ok', idempotency key or ''} or {refusal}.
+-- Returns {'ok', idempotency key or '', '1' if the run ever asked a throttle
+-- for a slot else '0'} or {refusal}.
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
 set_status(KEYS[1], ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
   'can_resume', ARGV[7], 'has_result', ARGV[8], 'result', ARGV[9],
@@ -32,6 +33,10 @@ end
 if ARGV[10] ~= '' then
   append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2], nil, KEYS[8])
 end
-redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id') .. ' status')
-if ARGV[4] == 'paused' then return {'ok', ''} end
-return {'ok', retain_run(KEYS[1], ARGV[11])}
+local f = redis.call('HMGET', KEYS[1], 'id', 'throttle', 'throttled')
+redis.call('PUBLISH', ARGV[3], f[1] .. ' status')
+-- Whether the run ever asked a throttle for a slot (its own, or an op's):
+-- only then has its caller slots to give back (tasks/throttling.give_back).
+local throttled = ((f[2] and f[2] ~= '') or f[3] == '1') and '1' or '0'
+if ARGV[4] == 'paused' then return {'ok', '', throttled} end
+return {'ok', retain_run(KEYS[1], ARGV[11], {KEYS[2], KEYS[8]}), throttled}

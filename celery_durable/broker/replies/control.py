@@ -11,12 +11,23 @@ from typing import Any
 from celery_durable.broker.replies.shape import script, verdict
 
 
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """``finish.lua``'s answer: the run's idempotency key ('' for none; its
+    keys now expire, unless it paused), and whether the run ever asked a
+    throttle for a slot: only then are slots to be given back."""
+
+    idempotency_key: str
+    throttled: bool
+
+
 @script("finish")
-def finish(reply: Any, run_id: str) -> str:
-    """finish.lua: {'ok', the run's idempotency key or ''} (its keys now
-    expire, unless it paused), or {refusal}, raised."""
+def finish(reply: Any, run_id: str) -> Finished:
+    """finish.lua: {'ok', idempotency key or '', '1'/'0' throttled}, or {refusal}, raised."""
     verdict(reply, run_id, "ok")
-    return str(reply[1])
+    if reply[2] not in ("0", "1"):
+        raise ValueError(f"throttled {reply[2]!r}")
+    return Finished(str(reply[1]), reply[2] == "1")
 
 
 @script("resume")
