@@ -130,9 +130,13 @@ needs_signals = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    """Playwright's Chromium launcher, to start Debian's package (never one Playwright would download)."""
+    """Playwright's Chromium launcher, to start Debian's package (never one Playwright would download).
+
+    A module's, not the session's: while Playwright's sync API is open it
+    marks its own event loop running in the main thread, and every asyncio
+    test that process ran later (``asyncio.run``, anyio) failed."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra")
@@ -140,9 +144,9 @@ def chromium() -> Iterator[Any]:
         yield playwright.chromium
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium: Any) -> Iterator[Any]:
-    """Headless Chromium, shared by the tests of a session."""
+    """Headless Chromium, shared by the tests of a module."""
     launched = chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
     try:
         yield launched
