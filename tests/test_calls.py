@@ -28,7 +28,7 @@ from tests.conftest import worker_thread
 from tests.support.apps.gpu import make_app
 from tests.support.fleet import ROOT, settings_env
 from tests.support.gpu_workers import Gpu
-from tests.support.poll import RUN_BOUND, poll
+from tests.support.poll import RUN_BOUND, START_BOUND, poll
 from tests.support.workflows import refusal_of, wf
 
 TIMEOUT = 40
@@ -249,7 +249,9 @@ def test_a_calls_worker_killed_mid_task_is_redelivered_and_one_result_journaled(
         poll(lambda: gpu.runs(task_id) == 1, within=RUN_BOUND, what="the task to start")
         gpu.kill(gpu.processes[0])
         gpu.start()
-        envelope = client.wait_for_workflow_run(run_id, timeout=60)
+        # A new worker process starts, its transport restores the unacked
+        # message (visibility 4 s, tests/support/apps/gpu.py), and the run ends.
+        envelope = client.wait_for_workflow_run(run_id, timeout=START_BOUND + RUN_BOUND)
     assert envelope.status == "completed" and envelope.attempt == 1
     assert envelope.result["runs"] == 2, "delivered again after its worker died"
     assert gpu.runs(task_id) == 2
