@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
 
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
 from celery_durable.broker.keys import KeySpace, RunKeys
@@ -33,6 +33,14 @@ Runner = Callable[[str, Sequence[str], Sequence[Any]], Any]
 
 ALONE = object()
 """In place of a pipelined reply: run that call again by itself."""
+
+NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
+"""The error replies of a script that did not run (not loaded there, its
+slot elsewhere — ``MovedError`` is an ``AskError`` — or the cluster not
+serving it): only those are run again alone. Any other error reply may
+follow writes the script made, so it stays in the call's place rather than
+run the script twice."""
+
 
 class StoreCore:
     """One Redis, or a Redis Cluster, and the scripts registered on it."""
@@ -222,8 +230,7 @@ class StoreCore:
         except StorageCorruptError:
             replies = [ALONE] * len(calls)
         return [
-            _reply_or_error(again, name, keys, args, reply)
-            for (keys, args), reply in zip(calls, replies, strict=True)
+            _reply_or_error(again, name, keys, args, reply) for (keys, args), reply in zip(calls, replies, strict=True)
         ]
 
     def _run_each_on_masters(
@@ -235,6 +242,9 @@ class StoreCore:
         (a slot moved meanwhile, the script not loaded on that master) runs
         again alone, through the cluster client, which follows the slot."""
         assert isinstance(self.client, RedisCluster)
+        if len(calls) == 1:  # nothing to pipeline: the cluster client's own call, run once
+            ((keys, args),) = calls
+            return [_reply_or_error(again, name, keys, args, ALONE)]
         script = self._scripts[name]
         replies: list[Any] = [ALONE] * len(calls)
         by_node: dict[str, list[int]] = {}
@@ -255,7 +265,7 @@ class StoreCore:
                         keys, args = calls[i]
                         pipe.evalsha(script.sha, len(keys), *keys, *args)
                     for i, reply in zip(indices, pipe.execute(raise_on_error=False), strict=True):
-                        replies[i] = ALONE if isinstance(reply, Exception) else reply
+                        replies[i] = ALONE if isinstance(reply, NOT_RUN) else reply
             except StorageError:
                 continue  # that master's calls run alone: the cluster client finds their nodes
         return [
