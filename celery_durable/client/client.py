@@ -8,17 +8,13 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis.exceptions
-from kombu.exceptions import KombuError
-
 from celery_durable import telemetry, throttles
 from celery_durable.broker import RunRecord, schema
 from celery_durable.broker.events import RunWatch
-from celery_durable.broker.replies.control import Requested, RequestVerdict, SignalVerdict
-from celery_durable.broker.schema import MAIN
 from celery_durable.broker.schema.profiles import ServedWorkflow
-from celery_durable.client import fleet_registry, history, resuming, versioning
+from celery_durable.client import fleet_registry, history, versioning
 from celery_durable.client import progress as paging
+from celery_durable.client.control_methods import ControlMethods
 from celery_durable.client.fleet_registry import WorkerInfo
 from celery_durable.client.history import HistoryPage
 from celery_durable.client.listing import list_runs
@@ -33,16 +29,12 @@ from celery_durable.client.versioning import ReplayCheck
 from celery_durable.errors import (
     RunNotFoundError,
     StorageError,
-    StorageUnavailableError,
-    WorkflowDefinitionError,
-    WorkflowResumeError,
 )
 from celery_durable.names import NAMESPACE_MAX, NAMESPACE_PATTERN, name_rule
 from celery_durable.schedules.methods import ScheduleMethods
-from celery_durable.tasks import children, throttling
+from celery_durable.tasks import throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.sending import CelerySender
-from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
 from celery_durable.workflows.envelope import (
@@ -55,7 +47,6 @@ from celery_durable.workflows.envelope import (
 from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
 from celery_durable.workflows.versions import last_code_hash
-from celery_durable.workflows.waits import check_signal_name
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -68,7 +59,7 @@ MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 
 
-class Client(ScheduleMethods, ThrottleMethods):
+class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
     """One namespace's view of the runs and schedules; every call validates before it writes."""
 
     def __init__(self, engine: Engine, namespace: str) -> None:
@@ -405,111 +396,6 @@ class Client(ScheduleMethods, ThrottleMethods):
         """The run and its journal as a history document, for ``testing.replay_history``."""
         return versioning.export_history(self, run_id)
 
-    # -- changing ----------------------------------------------------------------
-
-    def cancel_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
-        """Request cancellation and wait until the run has settled."""
-        paging.check_wait(timeout)
-        self._ask_cancel(run_id)
-        return self.wait_for_workflow_run(run_id, timeout=timeout)
-
-    def pause_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
-        """Stop dispatching new work and wait until the run has settled as paused.
-
-        Work in flight (a fan-out's branches, agent turns) finishes and is
-        journaled; the main body stops at its next new call. ``resume_workflow``
-        continues the run.
-        """
-        paging.check_wait(timeout)
-        self._ask_pause(run_id)
-        return self.wait_for_workflow_run(run_id, timeout=timeout)
-
-    def _ask_cancel(self, run_id: str) -> None:
-        store = self.engine.store
-        # A child settled here stays watched until its parent is told (tasks/children.py).
-        self._request(
-            run_id,
-            lambda record, message: store.cancel(
-                record.run_id, record.namespace, message, watch=record.parent_run_id is not None
-            ),
-        )
-
-    def _ask_pause(self, run_id: str) -> None:
-        store = self.engine.store
-        self._request(run_id, lambda record, message: store.pause(record.run_id, record.namespace, message))
-
-    def _request(self, run_id: str, request: Callable[[RunRecord, str], Requested]) -> None:
-        """Ask for a cancellation or a pause (``RunStore.cancel``/``pause``) and
-        wake the coordinator to act on it: a run waiting on branches, a timer
-        or a signal has no pass running."""
-        record = self._record(run_id)
-        message = new_task_id()
-        answer = request(record, message)
-        if answer.verdict is RequestVerdict.REQUESTED:
-            self._dispatch(record.run_id, answer.epoch, record.workflow, message)
-        elif answer.verdict is RequestVerdict.CANCELLED:
-            # Settled here (it was paused, halted or in error): its children and
-            # parent hear of it as from a pass that settled it (tasks/children.py).
-            children.cancel_waited_children(self.engine, record)
-            error = f"Cancelled while {record.status}"
-            children.tell_parent(self.engine, record, "cancelled", "cancelled", error, None)
-
-    def signal_workflow_run(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver signal ``name`` with a JSON ``payload`` to the run (SPEC §5).
-
-        Signals are kept per run and per name in arrival order: one sent
-        before the run reaches its ``ctx.wait_for_signal`` is kept for it, and
-        one sent while no attempt is alive (paused, halted, between a crash
-        and its recovery) is never lost. A completed, cancelled or
-        non-resumable run refuses it with a ``ValueError`` naming its status.
-        """
-        check_signal_name(name)
-        payload_json = jsonvalue.encode_payload(payload, self.engine.settings.max_payload_bytes, noun="Signal payload")
-        record = self._record(run_id)
-        prefix = new_task_id()
-        answer = self.engine.store.signal(record.run_id, record.namespace, name, payload_json, prefix)
-        if answer.verdict is SignalVerdict.MISSING:
-            raise RunNotFoundError(f"Run not found: {run_id}")
-        if answer.verdict is SignalVerdict.REFUSED:
-            detail = " and cannot be resumed" if answer.status == "error" else ""
-            raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
-        self._deliver(woken(record.run_id, answer.epoch, record.workflow, answer.owners, prefix))
-
-    def resume_workflow(
-        self,
-        run_id: str,
-        limits: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        force: bool = False,
-        allow_code_change: bool = False,
-    ) -> RunEnvelope:
-        """Take execution authority of a run with a new attempt and block until it settles."""
-        paging.check_wait(timeout)
-        self._resume(run_id, limits, force=force, allow_code_change=allow_code_change)
-        return self.wait_for_workflow_run(run_id, timeout=timeout)
-
-    def _resume(self, run_id: str, limits: dict[str, Any] | None, *, force: bool, allow_code_change: bool) -> None:
-        """Give the run a new attempt and send its first coordinator message."""
-        if limits is not None:
-            try:
-                validate_limits(limits, allow_none=True)
-            except WorkflowDefinitionError as exc:
-                raise WorkflowResumeError(str(exc), code="workflow_limits_invalid") from None
-        with resuming.resume_errors():
-            record = self._record(run_id)
-            message = new_task_id()
-            epoch = resuming.take_authority(
-                self.engine,
-                record,
-                limits,
-                message,
-                force=force,
-                allow_code_change=allow_code_change,
-                reload=self._record,
-                alive=self._attempt_alive,
-            )
-            self._dispatch(record.run_id, epoch, record.workflow, message)
-
     # -- helpers ---------------------------------------------------------------------
 
     def _workflow(self, name_or_handle: str | Workflow) -> Workflow:
@@ -522,38 +408,6 @@ class Client(ScheduleMethods, ThrottleMethods):
         if record is None or record.namespace != self.namespace:
             raise RunNotFoundError(f"Run not found: {run_id}")
         return record
-
-    def _attempt_alive(self, record: RunRecord) -> bool:
-        """Whether the run's attempt is alive, as the recovery sweep judges it:
-        work in flight, or waits for the outside world (SPEC §5)."""
-        examined = self.engine.store.examine(record.run_id, self.engine.store.queue_room())
-        return examined is not None and examined.alive
-
-    def _deliver(self, wakes: list[Wake]) -> None:
-        try:
-            self.engine.deliver(wakes)
-        except (KombuError, OSError, redis.exceptions.RedisError) as exc:
-            run_id = wakes[0].run_id
-            raise StorageUnavailableError(
-                f"The broker refused a message of run {run_id} ({type(exc).__name__}: {exc}); "
-                "the signal is kept and the run is woken again within lease_seconds once the broker is back"
-            ) from None
-
-    def _dispatch(self, run_id: str, epoch: int, workflow: str, task_id: str | None = None) -> None:
-        """Send a coordinator message for a run whose state is already written.
-
-        A broker that refuses it is ``StorageUnavailableError``; nothing is
-        lost: the run is in the recovery sweep's schedule and is sent again
-        once its lease has run out (a start can also be retried with its
-        idempotency key).
-        """
-        try:
-            self.engine.deliver([Wake(run_id, epoch, workflow, MAIN, task_id or new_task_id())])
-        except (KombuError, OSError, redis.exceptions.RedisError) as exc:
-            raise StorageUnavailableError(
-                f"The broker refused the coordinator message of run {run_id} ({type(exc).__name__}: {exc}); "
-                "the run is kept and is sent again within lease_seconds once the broker is back"
-            ) from None
 
 
 def plausible_run_id(run_id: str) -> bool:
