@@ -18,6 +18,17 @@ of a worker's busy time in a fan-out of task calls. A ``redis.Redis`` is
 safe to share between threads (each command takes a connection from the
 pool), so the channel keeps one per pool, as kombu already does for its
 asynchronous client.
+
+And a worker survives its Redis broker restarting while it runs a task.
+Celery 5.7's consumer, on a lost connection, first ``collect()``s the
+connection (which drops the transport's connection info) and then
+``close()``s it; closing the channel restores the unacknowledged messages,
+which builds a new pool from that connection info, and the AttributeError
+that gives stops the worker ("Unrecoverable error"). A channel whose
+connection is gone raises a connection error instead, which Celery ignores
+while closing and answers by reconnecting; the unacknowledged messages stay
+in Redis's unacked set, restored after the visibility timeout as after any
+worker's death.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from typing import Any
 
 from kombu.transport import redis as redis_transport
 from kombu.transport.virtual import Empty
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +57,8 @@ class Channel(redis_transport.Channel):
     _sync_client: Any = None
 
     def _create_client(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            raise RedisConnectionError("the broker connection was closed")
         if asynchronous:
             return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
         pool = self.pool
