@@ -70,9 +70,9 @@ def test_a_deploy_keeps_old_runs_on_their_branch_and_new_runs_on_the_new_one(
     assert "expected wait_for_signal('approval'), got fraud-check" in broken.message
     assert "changed since the run started" in broken.message
     assert passed.returncode == 0, passed.stderr
-    assert passed.stdout.splitlines() == [f"{old}  order  running  ok", "1 run checked: 1 ok, 0 diverge, 0 failed"]
+    assert passed.stdout.splitlines() == [f"{old}  order  running  ok", "1 runs checked: 1 ok, 0 diverge, 0 failed"]
     assert failed.returncode == 1, failed.stderr
-    assert failed.stdout.splitlines()[-1] == "1 run checked: 0 ok, 1 diverge, 0 failed"
+    assert failed.stdout.splitlines()[-1] == "1 runs checked: 0 ok, 1 diverge, 0 failed"
     assert f"{old}  order  running  diverges  Workflow 'order' replayed differently" in failed.stdout
     assert as_json.returncode == 1
     report = json.loads(as_json.stdout)
@@ -81,7 +81,7 @@ def test_a_deploy_keeps_old_runs_on_their_branch_and_new_runs_on_the_new_one(
     assert unknown.returncode == 1
     assert unknown.stdout.splitlines() == [
         f"{old}  order  running  unknown_workflow  Workflow 'order' is not registered with this engine",
-        "1 run checked: 0 ok, 0 diverge, 1 failed",
+        "1 runs checked: 0 ok, 0 diverge, 1 failed",
     ]
 
     worker = deploy(fleet, worker, "v2")
