@@ -38,7 +38,7 @@ class DurableError(Exception):
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.message, self.__dict__.copy()))
+        return (_rebuild, (type(self), str(self.args[0]) if self.args else "", self.__dict__.copy()))
 
 
 def _rebuild(cls: type[DurableError], message: str, state: dict[str, Any]) -> DurableError:
@@ -123,11 +123,11 @@ class WorkflowLimitReached(DurableError):
 class StepFailed(DurableError):
     """A step's producer (or a called task) raised, or its result broke a rule.
 
-    ``error_type`` and ``error_message`` are the original exception's. A
-    failure the engine itself found (a result that is not JSON, too large, a
-    call that timed out) already names the step in its message, which is then
-    the whole text: SPEC §4 gives it verbatim ("Step result must be a JSON
-    value: <key>").
+    ``error_type`` and ``message`` are the original exception's (the text
+    says which step, too). A failure the engine itself found (a result that
+    is not JSON, too large, a call that timed out) already names the step in
+    its message, which is then the whole text: the contract gives it
+    verbatim ("Step result must be a JSON value: <key>").
     """
 
     code = "step_failed"
@@ -138,6 +138,10 @@ class StepFailed(DurableError):
         self.error_type = error_type
         self.error_message = message
         self.found_by_engine = found_by_engine
+
+    @property
+    def message(self) -> str:
+        return self.error_message
 
 
 class ChildWorkflowFailed(StepFailed):

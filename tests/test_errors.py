@@ -139,10 +139,12 @@ def test_resume_error_requires_a_code() -> None:
 
 def test_step_failed_carries_key_type_and_original_message() -> None:
     error = StepFailed("fetch-users", "KeyError", "'id'")
-    assert (error.key, error.error_type, error.error_message) == ("fetch-users", "KeyError", "'id'")
+    assert (error.key, error.error_type, error.message) == ("fetch-users", "KeyError", "'id'")
+    assert error.error_message == error.message
     assert error.code == "step_failed"
-    for part in ("fetch-users", "KeyError", "'id'"):
-        assert part in str(error)
+    assert str(error) == "Step 'fetch-users' failed: KeyError: 'id'"
+    found = StepFailed("k", "TypeError", "Step result must be a JSON value: k", found_by_engine=True)
+    assert found.message == str(found) == "Step result must be a JSON value: k"
 
 
 # --- pickling (Celery moves exceptions between processes) ------------------------------------
