@@ -114,6 +114,15 @@ def test_workflow_decorator_validates_meta() -> None:
         decorate(run_fn)
 
 
+def test_workflow_decorator_names_a_missing_key_as_define_workflow_does() -> None:
+    with pytest.raises(WorkflowDefinitionError) as info:
+
+        @workflow(name="backfill", description="d")
+        def backfill(ctx: Any, args: Any) -> None: ...
+
+    assert str(info.value) == "Workflow meta is missing required key: phases"
+
+
 def test_workflow_decorator_refuses_an_unknown_keyword_by_name() -> None:
     decorate = workflow(name="backfill", description="d", phases=[], retries=3)
     with pytest.raises(WorkflowDefinitionError) as info:

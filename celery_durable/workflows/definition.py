@@ -183,29 +183,14 @@ def check_meta(meta: Any) -> WorkflowMeta:
     return checked
 
 
-def workflow(
-    *,
-    name: str,
-    description: str,
-    phases: Iterable[Mapping[str, Any]],
-    limits: Mapping[str, Any] | None = None,
-    args_schema: Mapping[str, Any] | None = None,
-    version: str | None = None,
-    **unknown: Any,
-) -> Callable[[RunFunction], Workflow]:
+def workflow(**meta: Any) -> Callable[[RunFunction], Workflow]:
     """Decorator form of ``define_workflow``: ``@workflow(name=..., ...)``.
 
-    ``unknown`` takes any other keyword so that it is refused as meta is, by
-    name and as a ``WorkflowDefinitionError`` (SPEC §2), not as a
-    ``TypeError`` about a function signature.
+    Every keyword is meta, checked when the function is decorated, so a key
+    that is missing, unknown or invalid is a ``WorkflowDefinitionError``
+    naming it, as in ``define_workflow``, never a ``TypeError`` about this
+    function's signature.
     """
-    meta: dict[str, Any] = {"name": name, "description": description, "phases": phases, **unknown}
-    if limits is not None:
-        meta["limits"] = limits
-    if args_schema is not None:
-        meta["args_schema"] = args_schema
-    if version is not None:
-        meta["version"] = version
 
     def decorate(run: RunFunction) -> Workflow:
         return define_workflow(meta, run)
