@@ -47,10 +47,9 @@ class ThrottleMethods:
 
     def get_throttle(self, name: str) -> ThrottleInfo:
         """A throttle's settings and state: slots held, waiters, top keys."""
-        throttles.check_throttle_name(name)
-        state = self.engine.store.throttle_read(self.namespace, name, detail=True)
+        state = self.engine.store.throttle_read(self.namespace, self._existing_name(name), detail=True)
         if state is None:
-            raise ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")
+            raise self._not_found(name)
         return throttles.decode_info(
             name,
             self.namespace,
@@ -73,8 +72,19 @@ class ThrottleMethods:
 
     def delete_throttle(self, name: str) -> None:
         """Delete a throttle: whatever waits on it goes on unthrottled."""
-        throttles.check_throttle_name(name)
-        waiters = self.engine.store.throttle_delete(self.namespace, name)
+        waiters = self.engine.store.throttle_delete(self.namespace, self._existing_name(name))
         if waiters is None:
-            raise ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")
+            raise self._not_found(name)
         throttling.after_admission(self.engine, self.namespace, name, Admitted(Admission.DELETED, waiters))
+
+    def _existing_name(self, name: str) -> str:
+        """``name``, where a throttle could have it: a name no throttle can
+        have (``"no such!"``) is one that is not found, as a malformed run or
+        schedule id is."""
+        try:
+            return throttles.check_throttle_name(name)
+        except ValueError:
+            raise self._not_found(name) from None
+
+    def _not_found(self, name: object) -> ThrottleNotFoundError:
+        return ThrottleNotFoundError(f"No throttle named {name!r} in namespace {self.namespace!r}")

@@ -50,6 +50,11 @@ def test_settings_are_checked_and_stored() -> None:
     with pytest.raises(ThrottleNotFoundError) as raised:
         env.client.get_throttle("nope")
     assert raised.value.code == "not_found"
+    for cannot_exist in ("no such!", ""):  # a name no throttle can have is not found either
+        with pytest.raises(ThrottleNotFoundError, match="No throttle named"):
+            env.client.get_throttle(cannot_exist)
+        with pytest.raises(ThrottleNotFoundError, match="No throttle named"):
+            env.client.delete_throttle(cannot_exist)
     with pytest.raises(ThrottleNotFoundError):
         env.client.start_workflow(quick, throttle="nope")
     env.client.delete_throttle("openai")
