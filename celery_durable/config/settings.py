@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -201,8 +203,22 @@ class Settings(BaseSettings):
                 "redis_cluster needs broker_url: kombu has no Redis Cluster transport, "
                 "so the broker must be a single Redis or a RabbitMQ"
             )
+        if self.broker_url is None:
+            object.__setattr__(self, "broker_url", self.redis_url)
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Settings:
+        """A copy with ``update``; a broker that defaulted to ``redis_url``
+        follows a new ``redis_url`` (validators do not run on a copy)."""
+        follows = "broker_url" not in self.model_fields_set
+        if update and "redis_url" in update and "broker_url" not in update and follows:
+            update = {**update, "broker_url": update["redis_url"]}
+            copied = super().model_copy(update=update, deep=deep)
+            copied.model_fields_set.discard("broker_url")
+            return copied
+        return super().model_copy(update=update, deep=deep)
 
     @property
     def effective_broker_url(self) -> str:
+        """The broker Celery uses: ``broker_url`` (a copy may have cleared it)."""
         return self.broker_url or self.redis_url
