@@ -18,7 +18,7 @@ ran: Counter[str] = Counter()
 
 
 class Refused(Exception):
-    """A type of the user's: never imported by name, so a slot names it."""
+    """A type of the user's, from a module the worker has loaded: a slot gives it back."""
 
 
 def count(key: str, value: Any) -> Any:
@@ -73,11 +73,27 @@ def test_return_puts_each_failure_in_its_slot_the_same_on_every_replay() -> None
     assert isinstance(boom, StepFailed) and boom.key == "boom" and boom.error_type == "ZeroDivisionError"
     assert isinstance(first[2], ValueError) and str(first[2]) == "bad thunk"
     refused = first[3]
-    assert isinstance(refused, StepFailed) and refused.error_type == "Refused" and refused.error_message == "no stock"
+    assert type(refused) is Refused and str(refused) == "no stock"
     kid = first[4]
     assert isinstance(kid, ChildWorkflowFailed) and kid.key == "kid" and kid.child_status == "error"
     shape = [(type(slot).__name__, str(slot)) for slot in first]
     assert [(type(slot).__name__, str(slot)) for slot in last] == shape
+
+
+def test_a_type_no_loaded_module_names_comes_back_as_step_failed_naming_it() -> None:
+    class Local(Exception):  # its qualname has "<locals>": no module attribute leads to it
+        pass
+
+    @workflow(name="err-local", description="a thunk raising a type defined in a function", phases=[])
+    def local(ctx: WorkflowContext) -> Any:
+        (slot,) = ctx.parallel([lambda: fail(Local("gone"))], errors="return")
+        assert isinstance(slot, StepFailed)
+        return [slot.key, slot.error_type, slot.message]
+
+    env = WorkflowTestEnvironment([local])
+    run = env.run(local)
+    assert run.status == "completed", run.error
+    assert run.result == ["m:0/0", "Local", "gone"]  # keyed by the fan-out call and the slot
 
 
 def test_raise_lets_every_branch_finish_then_raises_the_first_failure_and_a_saga_compensates() -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -123,22 +124,32 @@ def child_status(outcome: Outcome) -> str:
 
 def slot_error(outcome: Outcome, slot: str) -> Exception:
     """The exception a failed ``parallel``/``pipeline`` slot stands for
-    (``errors="return"``/``"raise"``, SPEC §4), the same on every replay: a
-    step's failure as ``StepFailed`` (a child's as ``ChildWorkflowFailed``);
-    the thunk's own exception as its builtin type with its message, or, for
-    a type of the user's (never imported by name), ``StepFailed`` keyed
-    ``slot`` that names it."""
+    (``errors="return"``/``"raise"``), the same on every replay: a step's
+    failure as ``StepFailed`` (a child's as ``ChildWorkflowFailed``); the
+    thunk's own exception as its own type with its message, where that type
+    is a builtin or defined in a module this process has loaded (the
+    workflow's code raised it, so its module is; nothing is imported by
+    name); else ``StepFailed`` keyed ``slot`` that names the type."""
     if outcome.key:
         if outcome.error_type == CHILD_FAILED and outcome.detail:
             return child_error(outcome.key, outcome)
         return StepFailed(outcome.key, outcome.error_type, outcome.message, found_by_engine=outcome.found_by_engine)
-    builtin = getattr(builtins, outcome.error_type, None)
-    if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin.__module__ == "builtins":
+    own = _loaded_type(outcome.origin) if outcome.origin else getattr(builtins, outcome.error_type, None)
+    if isinstance(own, type) and issubclass(own, Exception):
         try:
-            return builtin(outcome.message)
-        except Exception:  # a builtin whose constructor wants more than a message
+            return own(outcome.message)
+        except Exception:  # a type whose constructor wants more than a message
             pass
     return StepFailed(slot, outcome.error_type, outcome.message, found_by_engine=outcome.found_by_engine)
+
+
+def _loaded_type(origin: str) -> object:
+    """The object ``module:qualname`` names, looked up in loaded modules only."""
+    module_name, _, qualname = origin.partition(":")
+    found: object = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 def child_error(key: str, outcome: Outcome) -> StepFailed:

@@ -46,6 +46,10 @@ class Outcome:
     key: str = ""
     """For a failure that was a ``StepFailed`` (a branch's too): the step's key,
     so a fan-out slot can give the failure back as it was raised."""
+    origin: str = ""
+    """For any other failure of a type that is not a builtin: where the type
+    is defined (``module:qualname``), so a fan-out slot can give back the
+    thunk's own exception."""
 
     def is_live(self, epoch: int) -> bool:
         """A value always is; a failure only within the attempt that saw it."""
@@ -61,6 +65,8 @@ class Outcome:
             body["detail"] = self.detail
         if self.key:
             body["key"] = self.key
+        if self.origin:
+            body["class"] = self.origin
         return f"{self.kind}{self.epoch}|{_dumps(body)}"
 
     def step_result(self, key: str) -> Any:
@@ -102,7 +108,9 @@ def failure_outcome(epoch: int, error: BaseException, *, fatal: bool = False) ->
             "e", epoch, error_type=error.error_type, message=error.error_message, found_by_engine=error.found_by_engine,
             key=error.key,
         )
-    return Outcome("e", epoch, error_type=type(error).__name__, message=str(error))
+    kind = type(error)
+    origin = "" if kind.__module__ == "builtins" else f"{kind.__module__}:{kind.__qualname__}"
+    return Outcome("e", epoch, error_type=kind.__name__, message=str(error), origin=origin)
 
 
 def decode_outcome(raw: str) -> Outcome:
@@ -121,6 +129,7 @@ def decode_outcome(raw: str) -> Outcome:
                 found_by_engine=bool(data.get("engine", False)),
                 detail=str(data.get("detail", "")),
                 key=str(data.get("key", "")),
+                origin=str(data.get("class", "")),
             )
     except (IndexError, ValueError, KeyError, TypeError):
         pass
