@@ -39,6 +39,12 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         # above the longest step. Liveness, not this, decides crash recovery.
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
         broker_connection_retry_on_startup=True,
+        # A task running when the broker drops goes on and journals what it
+        # did (its writes are fenced and idempotent); its message, never
+        # acknowledged, comes back after the visibility timeout and finds that.
+        # Said here because Celery warns while it is left to its default,
+        # which Celery 6 turns the other way.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         # No task-sent events (Celery's default): each is a second publish,
         # on the path of every wake and call, and Flower follows a task from
