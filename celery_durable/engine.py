@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Concatenate, ParamSpec
 
 from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
@@ -42,10 +42,20 @@ from celery_durable.tasks.wakes import Wake
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.definition import Workflow, check_unique_names
 
-if TYPE_CHECKING:
-    from celery_durable.tasks.coordinator import TakenPass
-
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+
+
+def _publishes(build: Callable[Concatenate[Settings, P], Outgoing]) -> Callable[Concatenate[Engine, P], str]:
+    """An engine method that publishes the message ``build`` makes and
+    answers its task id: what the message takes is said once, where it is built."""
+
+    def send(engine: Engine, /, *args: P.args, **kwargs: P.kwargs) -> str:
+        message = build(engine.settings, *args, **kwargs)
+        engine._publish([message])
+        return message.task_id
+
+    return send
 
 
 class Engine:
@@ -135,32 +145,8 @@ class Engine:
         """``client``'s methods as coroutines, for asyncio applications (SPEC §3)."""
         return AsyncClient(self, namespace or self.settings.namespace)
 
-    def send_coordinator(
-        self,
-        run_id: str,
-        epoch: int,
-        workflow: str,
-        countdown: float | None = None,
-        task_id: str | None = None,
-        queue: Queue | None = None,
-    ) -> str:
-        message = coordinator_message(self.settings, run_id, epoch, workflow, countdown, task_id, queue)
-        self._publish([message])
-        return message.task_id
-
-    def send_agent(
-        self,
-        run_id: str,
-        epoch: int,
-        workflow: str,
-        agent: str,
-        owner: str,
-        countdown: float | None = None,
-        task_id: str | None = None,
-    ) -> str:
-        message = agent_message(self.settings, run_id, epoch, workflow, agent, owner, countdown, task_id)
-        self._publish([message])
-        return message.task_id
+    send_coordinator = _publishes(coordinator_message)
+    send_agent = _publishes(agent_message)
 
     def send_branches(
         self,
@@ -210,23 +196,12 @@ class Engine:
     def send_call(self, record: RunRecord, request: CallRequest) -> None:
         self.sender.send_call(self, record, request)
 
-    def run_here(
-        self,
-        task: str,
-        task_id: str,
-        kwargs: dict[str, Any],
-        args: tuple[Any, ...] = (),
-        *,
-        home: Any = None,
-        called: Any = None,
-        taken: TakenPass | None = None,
-    ) -> None:
-        """Run durable task ``task``'s body here, as its message would have (a
-        wake continued in place, a call answered where its task ran), through
-        the one task entry: reached through the engine, so that the task
-        modules that continue work in place need not import the entry that
-        dispatches to them."""
-        run_durable_task(self, task, task_id, kwargs, args, home=home, called=called, taken=taken)
+    run_here = run_durable_task
+    """Run durable task ``task``'s body here, as its message would have (a
+    wake continued in place, a call answered where its task ran), through
+    the one task entry: reached through the engine, so that the task
+    modules that continue work in place need not import the entry that
+    dispatches to them."""
 
     def deliver(self, wakes: Sequence[Wake]) -> None:
         """Send the messages of ``wakes``, the one way a counted wake is sent:

@@ -19,23 +19,25 @@ import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.journal import CallVerdict, Conflict
-from celery_durable.broker.schema import Identity
+from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import DurableError, StepFailed, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.cursor import MAX_KEY_LENGTH
+from celery_durable.workflows.cursor import check_key
 from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor
-    from celery_durable.workflows.replay import Replay
+    from celery_durable.workflows.replay import Recalled, Replay
 
 MAX_TASK_NAME = 256
 MAX_TIMEOUT_SECONDS = 10 * 365 * 86_400
+R = TypeVar("R")
 TASK_ID_NAMESPACE = uuid.UUID("6f1c2a52-4b8e-4c1f-9d3a-0c8f3e6b2d71")
 """The namespace of call task ids: uuid5 of "<run_id>:<key>" in it."""
 
@@ -80,29 +82,16 @@ class CallOps:
     ) -> Any:
         replay = self._replay
         throttled = check_throttle(throttle, throttle_key)
-        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-            raise ValueError(f"Call key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
-        due_from = _due(key, timeout)
+        check_key("Call", key)
+        due_from = due_after("ctx.call", key, timeout)
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.call(key)
-        # A call the journal already holds at this point passed these checks
-        # when it was first made: a replay skips them and the JSON copy of the
-        # arguments, most of a replayed call's cost (a long run replays every
-        # call it made). Any other call is checked first, so a bad one raises
-        # its ValueError before the journal is consulted, on every replay.
-        journaled_here = cursor.journaled()
-        request = None
-        if journaled_here is None or journaled_here[0] != identity:
-            request = self._request(key, task, args, kwargs, queue)
-        found = replay.recall(cursor, identity, f"call {key!r}", answered_elsewhere=True)
-        if found.outcome is not None:
-            return found.outcome.step_result(key)
-        if request is None:
-            request = self._request(key, task, args, kwargs, queue)
-        replay.flush(cursor)
-        if not found.journaled:
-            replay.check_pause(cursor)
+        making = partial(self._request, key, task, args, kwargs, queue)
+        reached = reach(replay, cursor, identity, f"call {key!r}", making)
+        if isinstance(reached, Outcome):
+            return reached.step_result(key)
+        request, found = reached
         # Its slot goes back when the task's answer is journaled (tasks/calls.py).
         replay.throttles.gate(cursor, f"c/{key}", throttled, f"call {key!r}")
         within = f"within {timeout:g} s" if timeout is not None else "in time"
@@ -254,14 +243,37 @@ def _is_signature(task: Any) -> bool:
     return isinstance(task, dict) and isinstance(task.get("task"), str) and hasattr(task, "options")
 
 
-def _due(key: str, timeout: float | None) -> Callable[[int], int | None]:
+def due_after(op: str, key: str, timeout: float | None) -> Callable[[int], int | None]:
+    """A call's or child's due time from when it is journaled, ``timeout`` checked now."""
     if timeout is None:
         return lambda now: None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-        raise ValueError(f"ctx.call {key!r}: timeout must be a finite number of seconds or None, got {timeout!r}")
+        raise ValueError(f"{op} {key!r}: timeout must be a finite number of seconds or None, got {timeout!r}")
     if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
-        raise ValueError(f"ctx.call {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
+        raise ValueError(f"{op} {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
     return lambda now: now + math.ceil(timeout * 1000)
+
+
+def reach(
+    replay: Replay, cursor: Cursor, identity: str, what: str, request: Callable[[], R], *, check_first: bool = True
+) -> Outcome | tuple[R, Recalled]:
+    """Where a call or a child stands: its live outcome, else its request and
+    the journal's ``Recalled``. An op the journal holds here passed its checks
+    when first made: a replay skips them and the JSON copy of the arguments,
+    most of a replayed op's cost. Any other is checked first (``check_first``),
+    so a bad one raises its ``ValueError`` before the journal is consulted."""
+    journaled_here = cursor.journaled()
+    made: R | None = None
+    if check_first and (journaled_here is None or journaled_here[0] != identity):
+        made = request()
+    found = replay.recall(cursor, identity, what, answered_elsewhere=True)
+    if found.outcome is not None:
+        return found.outcome
+    checked = request() if made is None else made
+    replay.flush(cursor)
+    if not found.journaled:
+        replay.check_pause(cursor)
+    return checked, found
 
 
 def failure_error(outcome: schema.Outcome) -> str:

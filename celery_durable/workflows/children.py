@@ -27,9 +27,9 @@ and cancelling runs, sending their messages) is a ``ChildPort``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.broker import schema
@@ -38,7 +38,8 @@ from celery_durable.broker.journal import Conflict, PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.cursor import MAX_KEY_LENGTH
+from celery_durable.workflows.calls import due_after, reach
+from celery_durable.workflows.cursor import check_key
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
 from celery_durable.workflows.throttles import check_throttle
 
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor
     from celery_durable.workflows.definition import Workflow
     from celery_durable.workflows.replay import Replay
-
-MAX_TIMEOUT_SECONDS = 10 * 365 * 86_400
-
 
 @dataclass(frozen=True, slots=True)
 class ChildRequest:
@@ -112,24 +110,17 @@ class ChildOps:
     ) -> Any:
         replay = self._replay
         throttled = check_throttle(throttle, throttle_key)
-        _check_key(key)
-        due_from = _due(key, timeout)
+        check_key("Child", key)
+        due_from = due_after("ctx.child", key, timeout)
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.child(key)
-        # A call journaled here passed these checks when it was first made.
-        journaled_here = cursor.journaled()
-        request = None
-        if self._port is not None and (journaled_here is None or journaled_here[0] != identity):
-            request = self._request(key, workflow, args, limits)  # (a replay check has no port: it starts nothing)
-        found = replay.recall(cursor, identity, f"child {key!r}", answered_elsewhere=True)
-        if found.outcome is not None:
-            return _returned(key, found.outcome)
-        if request is None:
-            request = self._request(key, workflow, args, limits)
-        replay.flush(cursor)
-        if not found.journaled:
-            replay.check_pause(cursor)
+        # (A replay check has no port: it starts nothing, and checks no child first.)
+        making = partial(self._request, key, workflow, args, limits)
+        reached = reach(replay, cursor, identity, f"child {key!r}", making, check_first=self._port is not None)
+        if isinstance(reached, Outcome):
+            return _returned(key, reached)
+        request, found = reached
         # Its slot goes back when the child's end is journaled (here, or tasks/children.py).
         slot = replay.throttles.gate(cursor, f"k/{key}", throttled, f"child {key!r}")
         now = replay.journal.now_ms()
@@ -156,7 +147,7 @@ class ChildOps:
 
     def start_child(self, key: str, workflow: Any, args: Any, limits: Mapping[str, Any] | None) -> str:
         replay = self._replay
-        _check_key(key)
+        check_key("Child", key)
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.start_child(key)
@@ -280,18 +271,3 @@ def _returned(key: str, outcome: Outcome) -> Any:
     if outcome.kind == "f":
         raise outcome.fatal_error()
     raise schema.child_error(key, outcome)
-
-
-def _check_key(key: object) -> None:
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise ValueError(f"Child key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
-
-
-def _due(key: str, timeout: float | None) -> Any:
-    if timeout is None:
-        return lambda now: None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-        raise ValueError(f"ctx.child {key!r}: timeout must be a finite number of seconds or None, got {timeout!r}")
-    if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
-        raise ValueError(f"ctx.child {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
-    return lambda now: now + math.ceil(timeout * 1000)

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 MAX_KEY_LENGTH = 1024
 
 
+def check_key(noun: str, key: object) -> None:
+    """A step's, call's or child's key, before anything is journaled under it."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"{noun} key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
+
+
 @dataclass(slots=True)
 class Cursor:
     """Where one sequence stands in this execution."""

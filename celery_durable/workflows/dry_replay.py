@@ -48,7 +48,6 @@ from celery_durable.workflows.unwind import BranchSuspended, unwound
 
 if TYPE_CHECKING:
     from celery_durable.workflows.definition import Workflow
-    from celery_durable.workflows.retry import RetryPolicy
 
 READS = frozenset({"now_ms", "read_sequence", "read_sequences", "branch_outcomes", "handed_off"})
 """The ``Journal`` methods that only read: the rest write, and a check refuses them."""
@@ -143,20 +142,9 @@ class _DrySteps(StepOps):
         super().__init__(replay)
         self._dry = replay
 
-    def step(
-        self,
-        key: str,
-        producer: Callable[[], Any],
-        *,
-        volatile: bool,
-        retry: RetryPolicy | None,
-        throttle: str | None = None,
-        throttle_key: str | None = None,
-    ) -> Any:
-        if not volatile:
-            return super().step(
-                key, producer, volatile=False, retry=retry, throttle=throttle, throttle_key=throttle_key
-            )
+    def step(self, key: str, producer: Callable[[], Any], **options: Any) -> Any:
+        if not options["volatile"]:  # the other options are the step's, passed on as they are
+            return super().step(key, producer, **options)
         replay = self._dry
         cursor = replay.current()
         replay.check_cancelled()

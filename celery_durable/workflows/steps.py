@@ -21,7 +21,7 @@ from celery_durable.broker.journal import PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.cursor import MAX_KEY_LENGTH
+from celery_durable.workflows.cursor import check_key
 from celery_durable.workflows.throttles import check_throttle
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ class StepOps:
         replay = self._replay
         # An unthrottled step, nearly every one, never reaches the throttles' modules.
         throttled = None if throttle is None and throttle_key is None else check_throttle(throttle, throttle_key)
-        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-            raise ValueError(f"Step key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
+        check_key("Step", key)
         if not callable(producer):
             raise ValueError(f"Step {key!r} producer must be callable, got {type(producer).__name__}")
         cursor = replay.current()

@@ -22,7 +22,7 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
-from celery_durable.broker.replies.shape import count, flags, script, verdict, wake_flag
+from celery_durable.broker.replies.shape import count, flags, ok_only, script, verdict, wake_flag
 from celery_durable.broker.schema import SequenceHistory
 
 
@@ -78,12 +78,6 @@ def dispatch(reply: Any, run_id: str) -> Dispatch | Conflict:
     return Dispatch(cut=reply[1] == 1, indices=[int(j) for j in reply[2:]])
 
 
-@script("sending")
-def sending(reply: Any, run_id: str) -> None:
-    """sending.lua: {'ok'}."""
-    verdict(reply, run_id, "ok")
-
-
 @script("unsent")
 def unsent(reply: Any, run_id: str) -> int:
     """unsent.lua: {'ok', how many messages were forgotten}."""
@@ -91,16 +85,9 @@ def unsent(reply: Any, run_id: str) -> int:
     return count(reply[1])
 
 
-@script("mark_sent")
-def mark_sent(reply: Any, run_id: str) -> None:
-    """mark_sent.lua: {'ok'}."""
-    verdict(reply, run_id, "ok")
-
-
-@script("note_code")
-def note_code(reply: Any, run_id: str) -> None:
-    """note_code.lua: {'ok'}."""
-    verdict(reply, run_id, "ok")
+sending = ok_only("sending")
+mark_sent = ok_only("mark_sent")
+note_code = ok_only("note_code")
 
 
 @overload

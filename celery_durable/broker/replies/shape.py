@@ -64,6 +64,17 @@ def script(name: str) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[C
     return parses
 
 
+def ok_only(name: str) -> Callable[[Any, str], None]:
+    """The parse function of fenced script ``name``, whose one answer is
+    {'ok'}: the scripts that only mark something have nothing else to say."""
+
+    def parse(reply: Any, run_id: str) -> None:
+        verdict(reply, run_id, "ok")
+
+    parse.__doc__ = f"{name}.lua: {{'ok'}}."
+    return script(name)(parse)
+
+
 def verdict(reply: Any, run_id: str | None, *expected: str) -> str:
     """The verdict ``reply`` opens with, one of ``expected``. With ``run_id``
     (a fenced script) a refusal is raised first, as ``Refusal.raise_for``."""

@@ -3,7 +3,7 @@ run's signals hash: field names built here, and the history replay reads."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,12 +129,15 @@ def cut_argument(index: int, at_position: int) -> str:
     return f"{index}:{at_position}"
 
 
+def _op(letter: str) -> Callable[[str], str]:
+    """The identities of one kind of op: its letter, then what names it (``describe`` reads them back)."""
+    return lambda name: f"{letter}|{name}"
+
+
 class Identity:
     """Op identities as the journal keeps them (``o:`` fields)."""
 
-    @staticmethod
-    def step(key: str) -> str:
-        return f"s|{key}"
+    step = staticmethod(_op("s"))
 
     @staticmethod
     def fanout(kind: str, width: int) -> str:
@@ -143,33 +146,15 @@ class Identity:
     NOW = "t|"
     UUID = "u|"
     SLEEP = "z|"
-
-    @staticmethod
-    def agent(agent_id: str) -> str:
-        return f"a|{agent_id}"
-
-    @staticmethod
-    def signal(name: str) -> str:
-        return f"g|{name}"
-
-    @staticmethod
-    def call(key: str) -> str:
-        return f"c|{key}"
-
-    @staticmethod
-    def child(key: str) -> str:
-        """``ctx.child``: a child run waited for (schema.children)."""
-        return f"k|{key}"
-
-    @staticmethod
-    def start_child(key: str) -> str:
-        """``ctx.start_child``: a child run started, not waited for."""
-        return f"d|{key}"
-
-    @staticmethod
-    def patch(patch_id: str) -> str:
-        """A patch marker (``ctx.patched``): journaled where new code took the new branch."""
-        return f"v|{patch_id}"
+    agent = staticmethod(_op("a"))
+    signal = staticmethod(_op("g"))
+    call = staticmethod(_op("c"))
+    child = staticmethod(_op("k"))
+    """``ctx.child``: a child run waited for (schema.children)."""
+    start_child = staticmethod(_op("d"))
+    """``ctx.start_child``: a child run started, not waited for."""
+    patch = staticmethod(_op("v"))
+    """A patch marker (``ctx.patched``): journaled where new code took the new branch."""
 
 
 def describe(identity: str) -> str:
