@@ -540,6 +540,15 @@ def test_nondeterminism_stops_the_run_and_only_a_code_change_resumes_it(durable)
     assert resumed.reason is None
 
 
+def test_a_completed_run_is_non_resumable_under_changed_code_too(durable) -> None:
+    old = durable([make_workflow("settled", lambda ctx: "v1")])
+    run_id = old.client.run_workflow("settled", timeout=20).run_id
+    new = durable([make_workflow("settled", lambda ctx: "v2")], worker=False)
+    for allow_code_change in (False, True):
+        refused = resume_error(lambda: new.client.resume_workflow(run_id, allow_code_change=allow_code_change))
+        assert refused.code == "non_resumable", refused
+
+
 # -- resume ------------------------------------------------------------------------
 
 

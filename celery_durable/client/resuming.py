@@ -50,14 +50,16 @@ def take_authority(
                 f"Workflow {record.workflow!r} is not registered with this engine", code="non_resumable"
             )
         refuse_same_divergence(record, definition.code_hash)
+        # The run's state first: a completed run is non_resumable whatever
+        # its code, and allow_code_change=True must not be suggested for it.
+        running = record.status in ("pending", "running") and alive(record)
+        note = resume_verdict(record, alive=running, force=force)
         if definition.code_hash != record.code_hash and not allow_code_change:
             raise WorkflowResumeError(
                 f"Workflow {record.workflow!r} code changed since run {record.run_id} started "
                 "(pass allow_code_change=True to resume it with the new code)",
                 code="workflow_code_changed",
             )
-        running = record.status in ("pending", "running") and alive(record)
-        note = resume_verdict(record, alive=running, force=force)
         merged = merge_limits(record.limits, limits)
         epoch = engine.store.resume(
             record,
