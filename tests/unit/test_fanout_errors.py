@@ -96,6 +96,26 @@ def test_a_type_no_loaded_module_names_comes_back_as_step_failed_naming_it() -> 
     assert run.result == ["m:0/0", "Local", "gone"]  # keyed by the fan-out call and the slot
 
 
+def test_a_slot_exception_is_built_with_the_arguments_it_was_raised_with() -> None:
+    @workflow(name="err-args", description="thunks raising exceptions whose args are not their message", phases=[])
+    def with_args(ctx: WorkflowContext) -> Any:
+        slots = ctx.parallel(
+            [lambda: fail(KeyError("k2")), lambda: fail(OSError(2, "No such file")), lambda: fail(Refused("a", 1))],
+            errors="return",
+        )
+        ctx.wait_for_signal("go")  # the next pass gives the slots back from the journal
+        return [[type(slot).__name__, str(slot), list(slot.args)] for slot in slots]
+
+    env = WorkflowTestEnvironment([with_args])
+    run = env.signal(env.start(with_args), "go")
+    assert run.status == "completed", run.error
+    assert run.result == [
+        ["KeyError", "'k2'", ["k2"]],
+        ["FileNotFoundError", "[Errno 2] No such file", [2, "No such file"]],
+        ["Refused", "('a', 1)", ["a", 1]],
+    ]
+
+
 def test_raise_lets_every_branch_finish_then_raises_the_first_failure_and_a_saga_compensates() -> None:
     @workflow(name="err-raise", description="a saga around a fan-out that fails", phases=[])
     def raises(ctx: WorkflowContext) -> Any:

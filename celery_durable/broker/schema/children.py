@@ -137,8 +137,8 @@ def slot_error(outcome: Outcome, slot: str) -> Exception:
     own = _loaded_type(outcome.origin) if outcome.origin else getattr(builtins, outcome.error_type, None)
     if isinstance(own, type) and issubclass(own, Exception):
         try:
-            return own(outcome.message)
-        except Exception:  # a type whose constructor wants more than a message
+            return own(*outcome.args) if outcome.args is not None else own(outcome.message)
+        except Exception:  # a type whose constructor wants other arguments
             pass
     return StepFailed(slot, outcome.error_type, outcome.message, found_by_engine=outcome.found_by_engine)
 

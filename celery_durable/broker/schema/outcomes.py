@@ -50,6 +50,10 @@ class Outcome:
     """For any other failure of a type that is not a builtin: where the type
     is defined (``module:qualname``), so a fan-out slot can give back the
     thunk's own exception."""
+    args: tuple[Any, ...] | None = None
+    """For any other failure: the exception's arguments, where they are JSON
+    values and say more than its message (``KeyError('k')``, two arguments),
+    so the exception a slot gives back is built as it was raised."""
 
     def is_live(self, epoch: int) -> bool:
         """A value always is; a failure only within the attempt that saw it."""
@@ -67,6 +71,8 @@ class Outcome:
             body["key"] = self.key
         if self.origin:
             body["class"] = self.origin
+        if self.args is not None:
+            body["args"] = list(self.args)
         return f"{self.kind}{self.epoch}|{_dumps(body)}"
 
     def step_result(self, key: str) -> Any:
@@ -110,7 +116,19 @@ def failure_outcome(epoch: int, error: BaseException, *, fatal: bool = False) ->
         )
     kind = type(error)
     origin = "" if kind.__module__ == "builtins" else f"{kind.__module__}:{kind.__qualname__}"
-    return Outcome("e", epoch, error_type=kind.__name__, message=str(error), origin=origin)
+    message = str(error)
+    return Outcome("e", epoch, error_type=kind.__name__, message=message, origin=origin, args=_own_args(error, message))
+
+
+def _own_args(error: BaseException, message: str) -> tuple[Any, ...] | None:
+    """``error.args`` where rebuilding from the message alone would change them."""
+    if error.args == (message,):
+        return None
+    try:
+        _dumps(list(error.args))
+    except (TypeError, ValueError):
+        return None
+    return tuple(error.args)
 
 
 def decode_outcome(raw: str) -> Outcome:
@@ -130,6 +148,7 @@ def decode_outcome(raw: str) -> Outcome:
                 detail=str(data.get("detail", "")),
                 key=str(data.get("key", "")),
                 origin=str(data.get("class", "")),
+                args=tuple(data["args"]) if isinstance(data.get("args"), list) else None,
             )
     except (IndexError, ValueError, KeyError, TypeError):
         pass
