@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[CaseResult] = []
     what_if: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
+    if plan.quick:
+        os.environ["BENCH_NO_MINGLE"] = "1"  # every worker it starts skips Celery's mingle (benchmarks.app)
     if args.gc_freeze:
         os.environ["BENCH_GC_FREEZE"] = "1"
         what_if["gc_freeze"] = True
