@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[CaseResult] = []
     what_if: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
+    if plan.quick:
+        os.environ["BENCH_NO_MINGLE"] = "1"  # every worker it starts skips Celery's mingle (benchmarks.app)
     if args.gc_freeze:
         os.environ["BENCH_GC_FREEZE"] = "1"
         what_if["gc_freeze"] = True
@@ -89,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     with bench_session(setup, max_fanout=plan.max_fanout, overrides=overrides) as bench:
         redis_version = str(bench.raw.info("server")["redis_version"])
         bench.start_workers()
-        for key in args.cases.split(","):
+        for key in _run_order(args.cases.split(","), plan.quick):
             case_started = time.perf_counter()
             case_load = round(os.getloadavg()[0], 2)
             print(f"[benchmarks] {key} ...", file=sys.stderr, flush=True)
             try:
-                if not getattr(sys.modules[CASES[key].__module__], "OWN_FLEET", False):
+                if not _owns_fleet(key):
                     bench.use_fleet()  # a case before it may have left another fleet running
                 result = _run_case(key, bench, plan, args.py_spy)
             except Exception as exc:
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             result.load = [case_load, round(os.getloadavg()[0], 2)]
             print(f"[benchmarks] {key} done in {result.seconds:.1f} s", file=sys.stderr, flush=True)
             results.append(result)
+    order = args.cases.split(",")
+    results.sort(key=lambda case: order.index(case.key))  # reported in the order asked for, whatever the run order
     load["end"] = [round(x, 2) for x in os.getloadavg()]
     seconds = time.perf_counter() - started
     env = environment(redis_version, setup, plan, load, what_if)
@@ -120,6 +124,30 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.case:14} {row.figure:55} {row.value:12.4g} {row.unit}{ratio}{verdict}")
     print(f"wrote {output / 'RESULTS.md'} and {output / 'results.json'} in {seconds:.0f} s")
     return 1 if any(case.error for case in results) else 0
+
+
+def _owns_fleet(key: str) -> bool:
+    return bool(getattr(sys.modules[CASES[key].__module__], "OWN_FLEET", False))
+
+
+def _run_order(keys: list[str], quick: bool) -> list[str]:
+    """The order the cases run in: as asked, but with ``--quick`` every case on the session's fleet first.
+
+    Each case that starts a fleet of its own made the next one start the
+    session's again: in the smoke run, four fleet starts of a few seconds
+    each, as long as its cases together. Run after the others, the cases
+    with their own fleets also share one when theirs match: timers, many
+    and soak; bursts, run after schedules (which stops the fleet it finds
+    for its in-process part, then starts the same 2 x -c 8 fleet bursts
+    uses). Every case still asks for the fleet it needs, so the order
+    changes no case; full runs keep the issue's order.
+    """
+    if not quick:
+        return keys
+    return sorted(keys, key=lambda key: (_owns_fleet(key), key in QUICK_LAST))  # stable: else the issue's order
+
+
+QUICK_LAST = frozenset({"bursts"})
 
 
 def _plan(args: argparse.Namespace) -> Plan:

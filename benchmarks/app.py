@@ -73,6 +73,14 @@ if os.environ.get("BENCH_GC_FREEZE") == "1":
         gc.collect()
         gc.freeze()
 
+if os.environ.get("BENCH_NO_MINGLE") == "1":
+    # The smoke run (``--quick``) starts a dozen fleets: each worker's Celery
+    # "mingle" (a broadcast to neighbours, then a one-second wait for their
+    # replies) is most of its start-up. The engine needs nothing of it.
+    from celery.worker.consumer.mingle import Mingle
+
+    Mingle.compatible_transport = lambda self, app: False  # type: ignore[method-assign]
+
 
 def process_stats(types: bool = False) -> dict[str, Any]:
     """CPU seconds and GC seconds of this process so far; with ``types``, how many objects

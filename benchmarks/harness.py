@@ -209,10 +209,18 @@ class Bench:
         ``setup`` starts another fleet than the session's (a case that measures
         1 and 2 worker processes); ``env`` is added to every worker's environment.
         """
-        self.stop_workers()
+        # The old fleet's warm shutdown (about a second: its event loop notices
+        # the signal at its next poll) overlaps the new processes' start-up
+        # (imports, before they connect); the old fleet has stopped before
+        # the new one is asked to run anything, as if stopped first.
+        stopping, self.workers, self.fleet = self.workers, [], ()
+        for worker in stopping:
+            worker.terminate()
         setup = setup or self.setup
         for i in range(setup.workers):
             self.workers.append(Worker(settings or self.settings, setup, self.log_dir, f"w{i}", env).start())
+        for worker in stopping:
+            worker.wait_stopped()
         self.fleet = (setup, settings or self.settings, dict(env or {}))
         self.wait_ready(timeout, settings)
 

@@ -44,6 +44,8 @@ class Plan:
     """What-if (``--external-sweep``): the timers case's fleets run no sweep; one in the benchmark process does."""
     burst_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)
     """Timers due at one instant in the timer-burst case (issue 28); the claim rate is compared first to last."""
+    burst_small_slack: float = 2.0
+    """Seconds of slack before T of a burst under 1,000 timers (the full sizes leave ``bursts.SLACK_S``)."""
     capacity_runs: int = 300
     """Typical runs on the fleet whose Redis commands the capacity case counts."""
     capacity_stored: int = 100_000
@@ -141,18 +143,20 @@ def quick_plan(repeat: int) -> Plan:
         web_runs=300,
         web_requests=10,
         fleets=(1,),
-        timer_runs=40,
-        timer_idle_points=(0, 10, 40),
+        timer_runs=24,
+        timer_idle_points=(0, 8, 24),
         timer_passes=5,
         timer_pilot=10,
         burst_sizes=(20, 60),
+        # Its runs are built in-process and at T as soon as built: 2 s of slack was only waiting.
+        burst_small_slack=0.75,
         capacity_runs=10,
         capacity_stored=200,
         many_runs=20,
-        sweep_stored=200,
+        sweep_stored=100,
         sweep_live=10,
         sweep_passes=5,
-        sweep_window=0.3,
+        sweep_window=0.2,
         soak_runs=24,
         soak_window=8,
         calls_sequential=20,
@@ -165,7 +169,8 @@ def quick_plan(repeat: int) -> Plan:
         listing_runs=3_000,
         listing_requests=5,
         schedule_count=40,
-        schedule_period=2,
+        # Every schedule ticks each second: two periods are still each one's tick twice, in 2 s not 4.
+        schedule_period=1,
         schedule_periods=2,
         schedule_cost_sizes=(50, 200),
         async_runs=40,

@@ -97,7 +97,7 @@ def _all_at(bench: Bench, at_ms: int, wanted: int) -> bool:
 def _burst(bench: Bench, plan: Plan, builder: tuple[Engine, KeptSender], n: int, rate: float) -> dict[str, Any]:
     # A run's wait puts it at T at once (T comes before the sweep's first look
     # at it, a build lease after its start): every run is at T before T, which is checked.
-    slack = SLACK_S if n >= 1_000 else 2.0
+    slack = SLACK_S if n >= 1_000 else plan.burst_small_slack
     at_ms = int((time.time() + n / rate * MARGIN + slack) * 1000)
     built = time.perf_counter()
     run_ids = build(*builder, n, at_ms)
