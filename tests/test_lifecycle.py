@@ -545,7 +545,7 @@ def test_a_completed_run_is_non_resumable_under_changed_code_too(durable) -> Non
     run_id = old.client.run_workflow("settled", timeout=20).run_id
     new = durable([make_workflow("settled", lambda ctx: "v2")], worker=False)
     for allow_code_change in (False, True):
-        refused = resume_error(lambda: new.client.resume_workflow(run_id, allow_code_change=allow_code_change))
+        refused = resume_error(lambda a=allow_code_change: new.client.resume_workflow(run_id, allow_code_change=a))
         assert refused.code == "non_resumable", refused
 
 
