@@ -42,8 +42,8 @@ def build_celery_app(settings: Settings, main: str = "celery_durable") -> Celery
         # A task running when the broker drops goes on and journals what it
         # did (its writes are fenced and idempotent); its message, never
         # acknowledged, comes back after the visibility timeout and finds that.
-        # Said here because Celery warns while it is left to its default,
-        # which Celery 6 turns the other way.
+        # Said here rather than left to Celery's default, which Celery 6
+        # turns the other way (Celery 5 warns of that at each reconnect).
         worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         # No task-sent events (Celery's default): each is a second publish,
