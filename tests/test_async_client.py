@@ -114,6 +114,13 @@ async def test_reads_and_writes_give_what_the_sync_client_gives(durable, raw_red
         assert d.client.get_workflow_run(run_id) == cancelled
         with pytest.raises(ValueError, match="cancelled"):
             await client.signal_workflow_run(run_id, "go")
+        # Cancelled here, it was archived by the async client's own cancel (issue 42): read as the sync client reads it.
+        assert raw_redis.exists(d.engine.store.run_keys(run_id).archive)
+        assert await client.get_workflow_run_detail(run_id) == d.client.get_workflow_run_detail(run_id)
+        assert await client.get_workflow_run_progress(run_id) == d.client.get_workflow_run_progress(run_id)
+        assert await client.get_workflow_run_history(run_id) == d.client.get_workflow_run_history(run_id)
+        assert await client.export_history(run_id) == d.client.export_history(run_id)
+        assert await client.check_replay([run_id]) == d.client.check_replay([run_id])
 
 
 async def test_errors_are_the_sync_clients(durable) -> None:

@@ -65,6 +65,11 @@ ON_THE_CLUSTER = (
 # -- where the keys live -------------------------------------------------------------------
 
 
+@workflow(name="waits-for-go", description="Waits for a signal that never comes", phases=[])
+def waits_for_go(ctx: WorkflowContext) -> Any:
+    return ctx.wait_for_signal("go").payload
+
+
 @workflow(name="two-steps", description="Two quick steps", phases=[])
 def two_steps(ctx: WorkflowContext) -> Any:
     return [ctx.step("one", lambda: 1), ctx.step("two", lambda: 2)]
@@ -77,7 +82,7 @@ def test_runs_spread_over_the_masters_and_every_script_touches_one_slot(
     master and one run's keys all on one. The cluster refuses any script that
     touches keys of two slots, so these runs completing, like every other test
     in this module passing, proves the scripts they ran touch one slot each."""
-    d = durable([two_steps])
+    d = durable([two_steps, waits_for_go])
     run_ids = [d.client.start_workflow("two-steps") for _ in range(40)]
     for run_id in run_ids:
         envelope = d.client.wait_for_workflow_run(run_id, timeout=30)
@@ -96,10 +101,17 @@ def test_runs_spread_over_the_masters_and_every_script_touches_one_slot(
     story = d.client.get_workflow_run_history(run_ids[0]).events  # read_history.lua, in the run's slot
     assert [e.key for e in story if e.kind == "step_completed"] == ["one", "two"]
     assert [e.seq for e in story] == list(range(1, len(story) + 1))
-    # note.lua (start_workflow's "no live worker serves it"), once, in the run's slot.
-    assert d.engine.store.note(run_ids[0], "unserved", "a note") is True
+    # The runs are archived (archive_run.lua, in the run's slot): each is its hash and its archive.
+    poll(lambda: d.engine.store.archive(run_ids[0]) is not None, within=RUN_BOUND, what="the archive")
+    assert story == d.client.get_workflow_run_history(run_ids[0]).events
+    assert redis_cluster.node_of(keys.archive).port == owner.port
+    # note.lua (start_workflow's "no live worker serves it"), once, in the run's slot;
+    # a completed run takes none (it is archived: nothing may split its records).
     assert d.engine.store.note(run_ids[0], "unserved", "a note") is False
-    assert d.client.get_workflow_run_history(run_ids[0]).events[-1].data == {"message": "a note"}
+    waiting = d.client.start_workflow("waits-for-go")  # never completes here
+    assert d.engine.store.note(waiting, "unserved", "a note") is True
+    assert d.engine.store.note(waiting, "unserved", "a note") is False
+    assert [e.data for e in d.client.get_workflow_run_history(waiting).events].count({"message": "a note"}) == 1
 
 
 def test_the_sweep_reads_the_fleet_and_halts_runs_across_slots(

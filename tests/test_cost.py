@@ -8,6 +8,7 @@ from typing import Any
 
 from celery_durable import WorkflowContext, define_workflow
 from tests.conftest import worker_thread
+from tests.support.poll import RUN_BOUND, poll
 
 CALLS: Counter[str] = Counter()
 LOCK = threading.Lock()
@@ -154,19 +155,42 @@ def logged(ctx: WorkflowContext) -> Any:
 LOGGED = define_workflow({"name": "logged-cost", "description": "steps and records", "phases": []}, logged)
 
 
+def logged_then_fails(ctx: WorkflowContext) -> Any:
+    logged(ctx)
+    raise RuntimeError("after the records")
+
+
+FAILS_AFTER_LOGS = define_workflow(
+    {"name": "logged-fails", "description": "steps and records, then fails", "phases": []}, logged_then_fails
+)
+
+
 def test_a_settled_runs_streams_keep_no_room_for_appends(durable, raw_redis) -> None:
     """Redis sets up to 4 KB aside in a stream's last node for appends, which
     a settled run never makes: the settle compacts its progress and history
-    (``retain_run``), every record still there to read."""
-    d = durable([LOGGED])
-    envelope = d.client.run_workflow("logged-cost", timeout=60)
-    assert envelope.status == "completed"
-    keys = d.engine.store.run_keys(envelope.run_id)
+    (``retain_run``), every record still there to read. A run that can resume
+    (here, an error) keeps them so; a completed one folds them into its
+    archive (issue 42), smaller still."""
+    d = durable([LOGGED, FAILS_AFTER_LOGS])
+    failed = d.client.run_workflow("logged-fails", timeout=60)
+    assert (failed.status, failed.can_resume) == ("error", True)
+    keys = d.engine.store.run_keys(failed.run_id)
+    poll(lambda: raw_redis.pttl(keys.progress) > 0, within=RUN_BOUND, what="the retention clock")
     for key in (keys.progress, keys.history):
         assert raw_redis.memory_usage(key, samples=0) < 2048, key
     messages = [entry["message"] for _, entry in raw_redis.xrange(keys.progress)]
     assert [m for m in messages if m.startswith("step")] == [f"step {i} done" for i in range(5)]
     assert raw_redis.pttl(keys.progress) > 0 and raw_redis.pttl(keys.history) > 0
+
+    envelope = d.client.run_workflow("logged-cost", timeout=60)
+    assert envelope.status == "completed"
+    keys = d.engine.store.run_keys(envelope.run_id)
+    poll(lambda: raw_redis.exists(keys.archive), within=RUN_BOUND, what="the archive")
+    assert raw_redis.memory_usage(keys.archive, samples=0) < 2048
+    assert not raw_redis.exists(keys.progress, keys.history)
+    messages = [r.message for r in d.client.get_workflow_run_progress(envelope.run_id).records]
+    assert [m for m in messages if m.startswith("step")] == [f"step {i} done" for i in range(5)]
+    assert raw_redis.pttl(keys.archive) > 0
 
 
 def test_only_a_run_that_asked_a_throttle_for_a_slot_has_its_slots_looked_for_when_it_settles(durable) -> None:

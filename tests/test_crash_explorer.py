@@ -327,6 +327,25 @@ def compare_tick(clean: Execution, crashed: Execution, racing: frozenset[str] = 
 COMPARES = {"schedule-tick": compare_tick}
 
 
+def archived_whole(execution: Execution) -> list[str]:
+    """A run settled for good is archived whole or not at all (issue 42): its
+    archive and none of the keys folded into it, or those keys and no archive
+    (a death before ``archive_run`` ends it so, and it reads the same); any
+    other run has no archive."""
+    store = execution.env.engine.store
+    k, status = store.run_keys(execution.run_id), execution.env.status(execution.run_id)
+    archived, folded = store.client.exists(k.archive), store.client.exists(k.history, k.journal, k.progress)
+    if archived and (folded or status not in ("completed", "cancelled")):
+        return [f"archived half: a {status} run with its archive and {folded} of the keys folded into it"]
+    if not archived and status in ("completed", "cancelled") and folded == 0:
+        return [f"a {status} run with neither its archive nor its keys"]
+    return []
+
+
+def judged(judge: Any, clean: Execution, crashed: Execution, racing: frozenset[str]) -> list[str]:
+    return judge(clean, crashed, racing) + archived_whole(crashed)
+
+
 def table_path(tmp: Path) -> Path:
     return Path(os.environ.get("CRASH_EXPLORER_TABLE", str(tmp / "crash_explorer.txt")))
 
@@ -334,9 +353,17 @@ def table_path(tmp: Path) -> Path:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_every_crash_point_settles_as_the_clean_run(scenario: Scenario, tmp_path_factory: Any) -> None:
     judge = COMPARES.get(scenario.name, compare)
-    clean, exploration = explore(scenario, TRACER, partial(judge, racing=RACING.get(scenario.name, frozenset())))
+    racing = RACING.get(scenario.name, frozenset())
+    clean, exploration = explore(scenario, TRACER, lambda clean, crashed: judged(judge, clean, crashed, racing))
     EXPLORATIONS[scenario.name] = exploration
     assert clean.tracer.trace.boundaries, "the clean run crossed no boundary: the explorer traced nothing"
+    # Every scenario's run settles completed or cancelled: its settle archives it,
+    # and a death on either side of archive_run.lua is one of the points explored.
+    assert clean.env.engine.store.archive(clean.run_id) is not None, "the clean run was not archived"
+    assert {p.boundary.moment for p in exploration.points if p.boundary.label.startswith("archive_run#")} == {
+        "before",
+        "after",
+    }
     path = table_path(tmp_path_factory.getbasetemp())
     text = table([EXPLORATIONS[s.name] for s in SCENARIOS if s.name in EXPLORATIONS])
     path.write_text(text + "\n")

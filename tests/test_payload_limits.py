@@ -48,6 +48,8 @@ def largest_value(raw: Any, prefix: str) -> int:
             values = raw.hvals(key)
         elif kind == "stream":
             values = [v for _id, fields in raw.xrange(key) for v in fields.values()]
+        elif kind == "string" and key.endswith(":archive"):
+            values = [str(value) for value in raw.execute_command("GET", key, NEVER_DECODE=True)]  # zlib bytes
         elif kind == "string":
             values = [raw.get(key)]
         else:

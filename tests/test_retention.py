@@ -69,7 +69,12 @@ def test_progress_keeps_the_newest_records_and_pages_stay_consistent(durable, ra
     # last, "Run completed", written by a script without the phase index) may
     # stand one over the cap until the next record of a phase is written.
     assert KEEP <= len(newest.records) <= KEEP + 1
-    assert raw_redis.xlen(keys.progress) == len(newest.records)
+    # Completed, the run is archived (issue 42): its stream and phase index
+    # are folded into the archive, which keeps exactly the records kept.
+    poll(lambda: d.engine.store.archive(envelope.run_id) is not None, within=RUN_BOUND, what="the archive")
+    archive = d.engine.store.archive(envelope.run_id)
+    assert archive is not None and not raw_redis.exists(keys.progress, keys.progress_phases)
+    assert len(archive.progress) == len(newest.records)
     seqs = [record.seq for record in newest.records]
     assert seqs == list(range(newest.oldest_seq, revision + 1)), "what is kept is dense and the newest"
     assert not newest.has_more_older and not newest.has_more_newer
@@ -81,10 +86,7 @@ def test_progress_keeps_the_newest_records_and_pages_stay_consistent(durable, ra
     assert before_oldest.records == [] and not before_oldest.has_more_older
     assert client.get_workflow_run_progress(envelope.run_id, before_seq=seqs[2], limit=5).records[0].seq == seqs[0]
 
-    # The phase index holds exactly the phase records that are kept.
-    members = raw_redis.zrange(keys.progress_phases, 0, -1)
-    kept = {(record.phase_id, record.seq) for record in newest.records if record.phase_id}
-    assert {(m.split("|")[0], int(m.split("|")[1])) for m in members} == kept
+    # A phase's pages come from the records kept, as the phase index gave them.
     for phase_id in ("phase-1", "phase-2"):
         scoped = client.get_workflow_run_progress(envelope.run_id, phase_id=phase_id, limit=500)
         expected = [record.seq for record in newest.records if record.phase_id == phase_id]
@@ -120,13 +122,15 @@ def test_a_settled_run_expires_after_the_retention_and_a_resume_keeps_it(durable
     retention = 3600
     d = durable([chatty, fails_once], run_retention_seconds=retention)
     done = d.client.run_workflow("chatty", timeout=TIMEOUT)
+    poll(lambda: d.engine.store.archive(done.run_id) is not None, within=RUN_BOUND, what="the archive")
     poll(
         lambda: all(ttl > 0 for ttl in ttls(d, raw_redis, done.run_id).values()),
         within=RUN_BOUND,
         what="the retention clock to start",
     )
     left = ttls(d, raw_redis, done.run_id)
-    assert {"run", "journal", "progress", "progress:phases", "steps"} <= {k.rsplit("}:", 1)[1] for k in left}
+    # Completed, the run is its hash and its archive (issue 42), both on the clock.
+    assert {k.rsplit("}:", 1)[1] for k in left} == {"run", "archive"}
     assert all(0 < ttl <= retention * 1000 for ttl in left.values()), left
 
     # A run in error expires too, unless it is resumed: the resume persists every key.
@@ -137,6 +141,8 @@ def test_a_settled_run_expires_after_the_retention_and_a_resume_keeps_it(durable
         within=RUN_BOUND,
         what="the failed run's clock",
     )
+    kept = {k.rsplit("}:", 1)[1] for k in ttls(d, raw_redis, failed.run_id)}
+    assert {"run", "journal", "progress", "steps"} <= kept and "archive" not in kept, "an error run is not archived"
     resumed = d.client.resume_workflow(failed.run_id, timeout=TIMEOUT)
     assert (resumed.status, resumed.result) == ("completed", "second")
     poll(

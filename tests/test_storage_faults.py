@@ -150,10 +150,24 @@ def test_a_corrupt_run_record_is_reported_as_such_to_every_caller(durable, raw_r
     assert resume.value.code == "workflow_storage_corrupt"
 
     raw_redis.hset(run_key, "epoch", "1")
-    raw_redis.hset(d.engine.store.run_keys(run_id).steps, "only", "garbage")
+    # Completed, its settled rows are in its archive (issue 42): one running row corrupt, then the archive.
+    poll(lambda: raw_redis.exists(d.engine.store.run_keys(run_id).archive), within=RUN_BOUND, what="the archive")
+    raw_redis.hset(d.engine.store.run_keys(run_id).running, "only", "garbage")
     with pytest.raises(StorageCorruptError, match="only"):
         d.client.get_workflow_run_detail(run_id)
-    raw_redis.hset(d.engine.store.run_keys(run_id).steps, "only", StepRow("completed", 1, 0, 1, None).encode())
+    raw_redis.hset(d.engine.store.run_keys(run_id).running, "only", StepRow("completed", 1, 0, 1, None).encode())
+    archive = d.engine.store.run_keys(run_id).archive
+    saved = raw_redis.dump(archive)
+    raw_redis.set(archive, "not zlib")
+    for call in (
+        lambda: d.client.get_workflow_run_detail(run_id),
+        lambda: d.client.get_workflow_run_history(run_id),
+        lambda: d.client.get_workflow_run_progress(run_id),
+        lambda: d.client.export_history(run_id),
+    ):
+        with pytest.raises(StorageCorruptError, match=run_id):
+            call()
+    raw_redis.restore(archive, 0, saved, replace=True)
     raw_redis.hset(d.engine.store.run_keys(run_id).agents, "x@1", "{not json")
     with pytest.raises(StorageCorruptError, match="agent row"):
         d.client.get_workflow_run_detail(run_id)

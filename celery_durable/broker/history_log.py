@@ -14,6 +14,8 @@ from typing import Any, cast
 
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.replies import history as parse
+from celery_durable.broker.run_records import EMPTY, archive_of, get_archive, read_archive
+from celery_durable.broker.schema.archive import Archived, history_reply
 from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.broker.store_core import StoreCore
 
@@ -23,24 +25,39 @@ VALUE_HASHES = ("journal", "signals")
 signal's payload and taker (``p:``, ``k:``)."""
 
 
-def parse_page(reply: Any, run_id: str) -> tuple[int, list[StoredEvent]] | None:
-    """The run's event count and the events read; None for a run that does not exist."""
+def parse_page(reply: Any, run_id: str) -> tuple[int, list[StoredEvent]] | Archived | None:
+    """The run's event count and the events read; None for a run that does
+    not exist; ``Archived`` for a run whose history is in its archive."""
     return parse.read_history(reply, run_id)
+
+
+def _page(store: StoreCore, run_id: str, mode: str, after: int, count: int) -> tuple[int, list[StoredEvent]] | None:
+    """read_history.lua's page; for an archived run, the same page from its
+    archive (which never changes, so the count read with it still holds)."""
+    read = parse_page(store.call(HISTORY_SCRIPT, store.run_keys(run_id), [mode, after, count]), run_id)
+    if not isinstance(read, Archived):
+        return read
+    archive = read_archive(store, run_id) or EMPTY
+    page = parse_page(history_reply(archive, read.counter, mode, after, count), run_id)
+    assert not isinstance(page, Archived)
+    return page
 
 
 def read_events(store: StoreCore, run_id: str, after: int, count: int) -> tuple[int, list[StoredEvent]] | None:
     """Up to ``count`` events with seq > ``after``, oldest first: O(count) whatever the run's size."""
-    return parse_page(store.call(HISTORY_SCRIPT, store.run_keys(run_id), ["after", after, count]), run_id)
+    return _page(store, run_id, "after", after, count)
 
 
 def read_tail(store: StoreCore, run_id: str, count: int) -> tuple[int, list[StoredEvent]] | None:
     """The newest ``count`` events, oldest first."""
-    read = parse_page(store.call(HISTORY_SCRIPT, store.run_keys(run_id), ["tail", 0, count]), run_id)
+    read = _page(store, run_id, "tail", 0, count)
     return None if read is None else (read[0], read[1][::-1])
 
 
 def read_values(store: StoreCore, run_id: str, refs: Sequence[tuple[str, str]]) -> list[str | None]:
-    """The raw values at ``refs``, each (hash, field) with hash one of ``VALUE_HASHES``."""
+    """The raw values at ``refs``, each (hash, field) with hash one of
+    ``VALUE_HASHES``; an archived run's journal values from its archive, read
+    in the same round trip."""
     if not refs:
         return []
     k = store.run_keys(run_id)
@@ -48,4 +65,12 @@ def read_values(store: StoreCore, run_id: str, refs: Sequence[tuple[str, str]]) 
         pipe = store.client.pipeline(transaction=False)
         for hash_name, field in refs:
             pipe.hget(getattr(k, hash_name), field)
-        return cast(list[str | None], pipe.execute())
+        get_archive(pipe, k)
+        *values, blob = pipe.execute()
+    archive = archive_of(run_id, blob)
+    if archive is None:
+        return cast(list[str | None], values)
+    return [
+        archive.journal.get(field) if hash_name == "journal" else value
+        for (hash_name, field), value in zip(refs, values, strict=True)
+    ]

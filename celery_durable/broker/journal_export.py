@@ -11,13 +11,21 @@ from __future__ import annotations
 from typing import cast
 
 from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.run_records import archive_of, get_archive
 from celery_durable.broker.store_core import StoreCore
 
 
 def read_journal(store: StoreCore, run_id: str) -> dict[str, str]:
-    """Every field of the run's journal hash, as stored."""
+    """Every field of the run's journal hash, as stored: an archived run's
+    from its archive (read in the same round trip)."""
+    k = store.run_keys(run_id)
     with storage_errors():
-        return cast(dict[str, str], store.client.hgetall(store.run_keys(run_id).journal))
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hgetall(k.journal)
+        get_archive(pipe, k)
+        journal, blob = pipe.execute()
+    archive = archive_of(run_id, blob)
+    return cast(dict[str, str], journal if archive is None else archive.journal)
 
 
 def write_journal(store: StoreCore, run_id: str, fields: dict[str, str], ttl_ms: int) -> None:

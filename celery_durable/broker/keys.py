@@ -35,6 +35,11 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                              event (record_event in _prelude.lua; entry
                              fields: schema.history), so a page is one
                              XRANGE by number
+    P:{R}:archive    string  a run settled completed or cancelled, once
+                             archived (archive_run.lua): its history, steps,
+                             progress and journal as one compressed document
+                             (schema/archive.py), those keys (and the phase
+                             index) deleted; kept as long as the run hash
 
     P:{ns:N}:runs    zset    run ids of namespace N, scored by start order
     P:{ns:N}:counter string  the start-order counter
@@ -195,6 +200,7 @@ class RunKeys:
     children: str
     history: str
     throttles: str
+    archive: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +272,7 @@ class KeySpace:
             children=f"{base}:children",
             history=f"{base}:history",
             throttles=f"{base}:throttles",
+            archive=f"{base}:archive",
         )
 
     @property

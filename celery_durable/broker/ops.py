@@ -101,8 +101,8 @@ OPS: dict[str, Op] = {
     "discard_run": Op(run.discard_run, "run live", fenced="its own: the epoch it was created with"),
     "index_run": Op(run.index_run, "runs counter index_meta idempotency?", fenced=_NAMESPACE),
     "release_idempotency": Op(run.release_idempotency, "idempotency?", fenced="the key's slot; its owner is checked"),
-    "read_progress": Op(run.read_progress, "run progress progress_phases", fenced=_OUTSIDE, reads_only=True),
-    "read_history": Op(history.read_history, "run history", fenced=_OUTSIDE, reads_only=True),
+    "read_progress": Op(run.read_progress, "run progress progress_phases archive", fenced=_OUTSIDE, reads_only=True),
+    "read_history": Op(history.read_history, "run history archive", fenced=_OUTSIDE, reads_only=True),
     # -- control (run_control.py) ---------------------------------------------
     "finish": Op(control.finish, _SETTLE, indexed=True, request=request_of.Finish),
     "resume": Op(control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
@@ -113,6 +113,9 @@ OPS: dict[str, Op] = {
                  indexed=True, wakes=True),
     "pause": Op(control.pause, "run live progress history", fenced=_OUTSIDE, wakes=True),
     "note": Op(control.note, "run progress history", fenced=_OUTSIDE),
+    # After a settle for good (run_control.py): the run's history, steps, progress and journal folded into one key.
+    "archive_run": Op(control.archive_run, "run history steps progress journal progress_phases archive",
+                      fenced="its own: the run is completed or cancelled, its keys as the caller read them"),
     "signal": Op(control.signal, "run signals waits live progress history", fenced=_OUTSIDE, indexed=True, wakes=True),
     # -- the journal of one attempt (redis_journal.py, child_store.py) --------
     "note_code": Op(journal.note_code, "run"),

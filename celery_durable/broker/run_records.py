@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from celery_durable.broker import schema
@@ -18,11 +18,44 @@ from celery_durable.broker.ops import OPS
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import run as parse
+from celery_durable.broker.schema.archive import Archive, Archived, parse_archive, progress_reply
+from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageCorruptError, StorageError
 
 logger = logging.getLogger(__name__)
 
 HASHES = ("run", "journal", "steps", "running", "agents", "live", "waits", "signals")
+
+NEVER_DECODE = {"NEVER_DECODE": True}
+"""redis-py's option for a reply kept as bytes on a decoding client: an archive is zlib."""
+
+
+def get_archive(pipe: Any, keys: Any) -> None:
+    """Queue the GET of the run's archive (``keys``: its ``RunKeys``) on ``pipe``
+    (a pipeline or the client itself), its reply kept as bytes."""
+    cast(Any, pipe).execute_command("GET", keys.archive, **NEVER_DECODE)
+
+
+def read_archive(store: StoreCore, run_id: str) -> Archive | None:
+    """The run's archive (``schema/archive.py``), or None: unarchived, or gone."""
+    with storage_errors():
+        blob = cast(Any, store.client).execute_command("GET", store.run_keys(run_id).archive, **NEVER_DECODE)
+    return archive_of(run_id, blob)
+
+
+EMPTY = Archive([], {}, [], {})
+"""What an archive gone with its run (its retention ran out between two reads) holds."""
+
+
+def archive_of(run_id: str, blob: Any) -> Archive | None:
+    """The archive a GET of ``get_archive`` read, parsed; None for a run that
+    has none (unarchived, or gone)."""
+    if blob is None:
+        return None
+    try:
+        return parse_archive(bytes(blob))
+    except ValueError as exc:
+        raise StorageCorruptError(f"Run {run_id}: its archive is unreadable ({exc})") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +183,20 @@ class RunRecords(IndexReads):
         return record
 
     def hashes(self, run_id: str) -> RunHashes:
-        """The run's hashes as they are now (one round trip; all empty for an unknown run)."""
+        """The run's hashes as they are now (one round trip; all empty for an
+        unknown run); an archived run's journal and steps from its archive."""
         k = self.run_keys(run_id)
         with storage_errors():
             pipe = self.client.pipeline(transaction=False)
             for name in HASHES:
                 pipe.hgetall(getattr(k, name))
-            return RunHashes(*pipe.execute())
+            get_archive(pipe, k)
+            *read, blob = pipe.execute()
+        hashes = RunHashes(*read)
+        archive = archive_of(run_id, blob)
+        if archive is None:
+            return hashes
+        return replace(hashes, journal=archive.journal, steps=archive.steps)
 
     def load_runs(self, run_ids: Sequence[str]) -> tuple[list[RunRecord], dict[str, StorageCorruptError]]:
         """The runs that exist, in order, and apart from them the ones whose
@@ -192,14 +232,17 @@ class RunRecords(IndexReads):
             return exc
 
     def step_rows(self, run_id: str) -> dict[str, str]:
-        """Every step row: settled ones, then the ones running now."""
+        """Every step row: settled ones, then the ones running now (an
+        archived run's settled ones from its archive, read in the same round trip)."""
         k = self.run_keys(run_id)
         with storage_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(k.steps)
             pipe.hgetall(k.running)
-            settled, running = pipe.execute()
-        return {**settled, **running}
+            get_archive(pipe, k)
+            settled, running, blob = pipe.execute()
+        archive = archive_of(run_id, blob)
+        return {**(settled if archive is None else archive.steps), **running}
 
     def agent_rows(self, run_id: str) -> dict[str, str]:
         with storage_errors():
@@ -216,5 +259,18 @@ class RunRecords(IndexReads):
         the run (``phase_id`` ''), or of one phase; with its bounds, read in
         the same snapshot."""
         cursor = min(max(cursor, 0), MAX_SEQ)
-        reply = self.call("read_progress", self.run_keys(run_id), [phase_id, mode, cursor, count])
-        return parse.read_progress(reply, run_id)
+        k = self.run_keys(run_id)
+        read = parse.read_progress(self.call("read_progress", k, [phase_id, mode, cursor, count]), run_id)
+        if not isinstance(read, Archived):
+            return read
+        # Archived: the same page from the archive, as the script pages the
+        # stream (the archive is never changed, so its snapshot holds).
+        archive = self.archive(run_id) or EMPTY
+        reply = progress_reply(archive, read.counter, phase_id, mode, cursor, count)
+        page = parse.read_progress(reply, run_id)
+        assert not isinstance(page, Archived)
+        return page
+
+    def archive(self, run_id: str) -> Archive | None:
+        """The run's archive (``schema/archive.py``), or None: unarchived, or gone."""
+        return read_archive(self, run_id)

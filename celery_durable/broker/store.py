@@ -16,12 +16,15 @@ Every script's reply is parsed in ``replies``.
 
 from __future__ import annotations
 
+from celery_durable.broker.archived_journal import ArchivedJournal
 from celery_durable.broker.child_store import ChildRuns
 from celery_durable.broker.journal import Journal
+from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.broker.run_control import RunControl
 from celery_durable.broker.run_passes import RunPasses
 from celery_durable.broker.schedule_store import ScheduleStore
+from celery_durable.broker.schema.archive import ARCHIVABLE
 from celery_durable.broker.throttle_store import ThrottleStore
 
 
@@ -40,3 +43,13 @@ class RunStore(RunControl, RunPasses, ChildRuns, ScheduleStore, ThrottleStore):
             look_at=lambda at_ms: self.schedule_check(run_id, at_ms, sooner_only=True),
             clock=self.clock,
         )
+
+    def replay_journal(self, record: RunRecord) -> Journal:
+        """The journal a replay that only reads sees for ``record`` (the replay
+        check): a run archived completed or cancelled has it in its archive
+        (``ArchivedJournal``), any other run in its journal hash."""
+        if record.status in ARCHIVABLE:
+            archive = self.archive(record.run_id)
+            if archive is not None:
+                return ArchivedJournal(archive.journal, run_id=record.run_id, epoch=record.epoch, clock=self.clock)
+        return self.journal(record.run_id, record.epoch, record.namespace)

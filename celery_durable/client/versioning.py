@@ -100,7 +100,7 @@ def check_record(store: RunStore, record: RunRecord, workflow: Workflow | None, 
     if workflow is None:
         message = f"Workflow {record.workflow!r} is not registered with this engine"
         return ReplayCheck(record.run_id, record.workflow, record.status, "unknown_workflow", message)
-    journal = store.journal(record.run_id, record.epoch, record.namespace)
+    journal = store.replay_journal(record)  # an archived run's from its archive
     verdict, message = check_run(
         journal,
         record,

@@ -196,6 +196,8 @@ def snapshot(client: redis.Redis, prefix: str, *, skip: Iterable[str] = ()) -> d
             value = sorted(client.smembers(key))
         elif kind == "none":
             continue  # expired between the scan and the read
+        elif key.endswith(":archive"):
+            value = client.execute_command("GET", key, NEVER_DECODE=True)  # a run's archive is zlib
         else:
             value = client.get(key)
         state[key] = value

@@ -139,7 +139,8 @@ class Driver:
         return self.record().epoch
 
     def journal(self) -> Journal:
-        return self.store.journal(self.run_id, self.epoch, self.namespace)
+        """The run's journal: a completed or cancelled run's from its archive (``replay_journal``)."""
+        return self.store.replay_journal(self.record())
 
     def replay(
         self, target: BranchTarget | None = None, send_call: Callable[[CallRequest], None] | None = None

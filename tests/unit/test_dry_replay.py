@@ -64,7 +64,7 @@ def check(driver: Driver, workflow: Any) -> tuple[str, str]:
     ran = Counter(RAN)
     with writes_seen(url, prefix) as writes:
         verdict = check_run(
-            driver.store.journal(driver.run_id, record.epoch, driver.namespace),
+            driver.store.replay_journal(record),
             record,
             workflow,
             max_fanout=4096,

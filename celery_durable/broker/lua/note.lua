@@ -4,10 +4,14 @@
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] history
 -- ARGV[1] now (ms), ARGV[2] the message, ARGV[3] the run hash field that
 -- marks it said ('noted:<what>')
--- Returns {'ok'} when written, {'said'} when it was already, {'missing'}.
-local f = redis.call('HMGET', KEYS[1], 'epoch', ARGV[3])
+-- Returns {'ok'} when written, {'said'} when it was already, {'missing'},
+-- or {'closed'} for a run settled for good (completed or cancelled): its
+-- records are final, and may be archived (archive_run.lua), which a record
+-- written after would split in two.
+local f = redis.call('HMGET', KEYS[1], 'epoch', ARGV[3], 'status')
 if not f[1] then return {'missing'} end
 if f[2] then return {'said'} end
+if f[3] == 'completed' or f[3] == 'cancelled' then return {'closed'} end
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[1])
 append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[2], f[1], ARGV[1], nil, KEYS[3])
 return {'ok'}

@@ -2,14 +2,19 @@
 -- the revision it is relative to, in one atomic snapshot, so a page and its
 -- has_more flags never disagree. A phase's records come from the phase
 -- index (see append_progress): O(log n + page), never a scan of the run.
--- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] progress phase index
+-- A run archived (archive_run.lua) has neither: its records are in the
+-- archive, which the caller pages as this script would (schema/archive.py).
+-- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] progress phase index,
+-- KEYS[4] archive
 -- ARGV[1] phase id, '' for the whole run, ARGV[2] 'after', 'before' or
 -- 'newest', ARGV[3] cursor seq (0 <= seq < 10^15; unused for 'newest'),
 -- ARGV[4] page size
 -- Returns {revision, oldest seq or '', newest seq or '', entry, entry, ...}
 -- with entries as XRANGE gives them ({"<seq>-0", {field, value, ...}}), in
--- ascending seq; oldest and newest are the run's, or the phase's.
+-- ascending seq; oldest and newest are the run's, or the phase's; or
+-- {revision, 'archived'} for an archived run.
 local revision = redis.call('HGET', KEYS[1], 'next_seq') or '0'
+if redis.call('EXISTS', KEYS[4]) == 1 then return {revision, 'archived'} end
 local phase, mode, cursor, count = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local out = {revision, '', ''}
 

@@ -128,5 +128,21 @@ def signal(reply: Any, run_id: str) -> Signalled:
 
 @script("note")
 def note(reply: Any, run_id: str) -> bool:
-    """note.lua: {'ok'} (written), {'said'} (it was already) or {'missing'}: whether it was written now."""
-    return verdict(reply, None, "ok", "said", "missing") == "ok"
+    """note.lua: {'ok'} (written), {'said'} (it was already), {'closed'} (the
+    run is completed or cancelled) or {'missing'}: whether it was written now."""
+    return verdict(reply, None, "ok", "said", "closed", "missing") == "ok"
+
+
+class ArchiveVerdict(StrEnum):
+    """``archive_run.lua``'s verdicts."""
+
+    OK = "ok"  # archived now
+    ARCHIVED = "archived"  # it was already
+    CHANGED = "changed"  # no longer completed or cancelled, or its keys are not what was read
+    MISSING = "missing"  # no such run (its retention ran out)
+
+
+@script("archive_run")
+def archive_run(reply: Any, run_id: str) -> ArchiveVerdict:
+    """archive_run.lua: {'ok'}, {'archived'}, {'changed', status} or {'missing'}."""
+    return ArchiveVerdict(verdict(reply, None, "ok", "archived", "changed", "missing"))

@@ -16,6 +16,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import Activation, BranchStart, CallDone, Flags
 from celery_durable.broker.progress import ProgressRecord, ProgressSlice
 from celery_durable.broker.replies.shape import FENCED, Refusal, count, flags, script, verdict, wake_flag
+from celery_durable.broker.schema.archive import ARCHIVED, Archived
 
 
 @script("create_run")
@@ -46,9 +47,12 @@ def release_idempotency(reply: Any) -> bool:
 
 
 @script("read_progress")
-def read_progress(reply: Any, run_id: str) -> ProgressSlice:
+def read_progress(reply: Any, run_id: str) -> ProgressSlice | Archived:
     """read_progress.lua: {revision, oldest seq or '', newest seq or '', entry,
-    entry, ...}, each entry as XRANGE gives it ({"<seq>-0", {field, value, ...}})."""
+    entry, ...}, each entry as XRANGE gives it ({"<seq>-0", {field, value, ...}});
+    {revision, 'archived'} for a run whose records are in its archive."""
+    if len(reply) == 2 and reply[1] == ARCHIVED:
+        return Archived(str(int(reply[0])))
     return ProgressSlice(
         records=[_progress_record(str(entry_id), fields) for entry_id, fields in reply[3:]],
         oldest=int(reply[1]) if reply[1] not in ("", None) else None,
