@@ -35,7 +35,6 @@ import redis
 
 from celery_durable import Client, Engine, Settings, is_terminal_status
 from celery_durable.broker import now_ms
-from celery_durable.broker.schema import StepRow
 from tests.support.apps.chaos import busy_key, chaos_trip, ready_key, trace_key
 from tests.support.apps.trip import SERVICES, provider_key
 from tests.support.fleet import Fleet, WorkerProcess
@@ -153,21 +152,24 @@ def step_rows(raw: redis.Redis, prefix: str, run_id: str) -> dict[str, str]:
     return {**raw.hgetall(run_key(prefix, run_id, "steps")), **raw.hgetall(run_key(prefix, run_id, "running"))}
 
 
-def recovery_times(chaos: Chaos, raw: redis.Redis, prefix: str) -> tuple[list[float], list[float]]:
-    """(kill to interrupted step journaled again, kill to take-over recorded), seconds, per interrupted step."""
+def recovery_times(chaos: Chaos, client: Client) -> tuple[list[float], list[float]]:
+    """(kill to interrupted step journaled again, kill to take-over recorded), seconds, per interrupted step.
+
+    Read through the client: a completed run's rows and records are in its archive by now."""
     journaled: list[float] = []
     taken_over: list[float] = []
     for kill in chaos.kills:
         for run_id, step in kill.interrupted:
-            raw_row = raw.hget(run_key(prefix, run_id, "steps"), step)
-            row = StepRow.parse(step, raw_row) if raw_row else None
-            at = row.finished_at if row is not None else None
+            rows = {row.key: row for row in client.get_workflow_run_detail(run_id).steps}
+            row = rows.get(step)
+            at = int(row.finished_at.timestamp() * 1000) if row is not None and row.finished_at is not None else None
             if row is not None and row.status == "completed" and at is not None and at >= kill.at_ms:
                 journaled.append((at - kill.at_ms) / 1000)
             takeovers = [
-                int(fields["at"])
-                for _, fields in raw.xrange(run_key(prefix, run_id, "progress"))
-                if fields["kind"] == "system" and "recovered" in fields["message"] and int(fields["at"]) >= kill.at_ms
+                int(record.at.timestamp() * 1000)
+                for record in client.get_workflow_run_progress(run_id, after_seq=0, limit=500).records
+                if record.kind == "system" and "recovered" in record.message
+                and int(record.at.timestamp() * 1000) >= kill.at_ms
             ]
             if takeovers:
                 taken_over.append((min(takeovers) - kill.at_ms) / 1000)
@@ -244,11 +246,11 @@ def test_trips_complete_exactly_once_while_workers_are_killed(
     for run_id, envelope in envelopes.items():
         assert envelope.result["confirmed"] is True, (seed, run_id)
         assert envelope.snapshot["steps_running"] == 0, (seed, run_id)
-        rows = step_rows(raw_redis, prefix, run_id)
-        assert {StepRow.parse(key, row).status for key, row in rows.items()} == {"completed"}, (seed, run_id, rows)
+        rows = client.get_workflow_run_detail(run_id).steps
+        assert {row.status for row in rows} == {"completed"}, (seed, run_id, rows)
 
     interrupted = chaos.interrupted()
-    journaled, taken_over = recovery_times(chaos, raw_redis, prefix)
+    journaled, taken_over = recovery_times(chaos, client)
     taken = sum(1 for envelope in envelopes.values() if envelope.attempt > 1)
     report = (
         f"chaos: seed {seed}, {len(run_ids)} runs, {len(chaos.kills)} kills, "

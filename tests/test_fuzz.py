@@ -134,13 +134,26 @@ def held_canary(d: Any, gate: Gate) -> str:
 
 
 def quiet(d: Any, raw: Any, *keep: str) -> None:
-    """Wait until the recovery schedule holds only ``keep``: settled runs have left it."""
+    """Wait until the recovery schedule holds only ``keep``: settled runs have
+    left it, and each run settled for good is archived (which follows its
+    settle: a later call's snapshot must not see it land)."""
     due = d.engine.store.keys.sweep_due
     poll(
-        lambda: set(raw.zrange(due, 0, -1)) <= set(keep),
+        lambda: set(raw.zrange(due, 0, -1)) <= set(keep) and not unarchived(d, raw),
         within=RUN_BOUND,
-        what="settled runs to leave the sweep's schedule",
+        what="settled runs to leave the sweep's schedule and be archived",
     )
+
+
+def unarchived(d: Any, raw: Any) -> list[str]:
+    """The completed or cancelled runs under the engine's prefix not archived yet."""
+    found = []
+    for key in raw.scan_iter(match=f"{d.settings.key_prefix}:{{*}}:run", count=1000):
+        run_id = key.split("{", 1)[1].split("}", 1)[0]
+        settled_for_good = raw.hget(key, "status") in ("completed", "cancelled")
+        if settled_for_good and not raw.exists(d.engine.store.run_keys(run_id).archive):
+            found.append(run_id)
+    return found
 
 
 def canary_completes(d: Any, gate: Gate, run_id: str) -> None:
