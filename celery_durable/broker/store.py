@@ -19,6 +19,7 @@ from __future__ import annotations
 from celery_durable.broker.archived_journal import ArchivedJournal
 from celery_durable.broker.child_store import ChildRuns
 from celery_durable.broker.journal import Journal
+from celery_durable.broker.journal_export import read_journal
 from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.broker.run_control import RunControl
@@ -48,8 +49,9 @@ class RunStore(RunControl, RunPasses, ChildRuns, ScheduleStore, ThrottleStore):
         """The journal a replay that only reads sees for ``record`` (the replay
         check): a run archived completed or cancelled has it in its archive
         (``ArchivedJournal``), any other run in its journal hash."""
-        if record.status in ARCHIVABLE:
-            archive = self.archive(record.run_id)
-            if archive is not None:
-                return ArchivedJournal(archive.journal, run_id=record.run_id, epoch=record.epoch, clock=self.clock)
-        return self.journal(record.run_id, record.epoch, record.namespace)
+        if record.status not in ARCHIVABLE:
+            return self.journal(record.run_id, record.epoch, record.namespace)
+        # Settled for good, its journal no longer changes, but its archive may
+        # fold it away at any moment: both read in one round trip (read_journal).
+        fields = read_journal(self, record.run_id)
+        return ArchivedJournal(fields, run_id=record.run_id, epoch=record.epoch, clock=self.clock)

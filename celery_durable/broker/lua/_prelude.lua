@@ -81,9 +81,7 @@ end
 local KEEPS_FIELDS = {EXISTS = true, PEXPIRE = true, PERSIST = true, PTTL = true, DUMP = true, HLEN = true,
   HGETALL = true, HKEYS = true, HVALS = true, XLEN = true}
 
-local function buffered_call(via, cmd, key, ...)
-  local b = key and buffers[key]
-  if not b then return via(cmd, key, ...) end
+local function buffered(via, b, cmd, key, ...)
   if cmd == 'HGET' then return buffer_read(key, b, ...) end
   local n = select('#', ...)
   if cmd == 'HSET' or cmd == 'HDEL' then buffer_load(key, b) end
@@ -125,6 +123,15 @@ local function buffered_call(via, cmd, key, ...)
   local reply = via(cmd, key, ...)
   if not KEEPS_FIELDS[cmd] then b.known = {} end
   return reply
+end
+
+-- A command on a buffered key goes through its buffer; any other as it is
+-- (with its arguments as given: TIME has no key).
+local function buffered_call(via, cmd, ...)
+  local key = ...
+  local b = key and buffers[key]
+  if not b then return via(cmd, ...) end
+  return buffered(via, b, cmd, ...)
 end
 
 -- Shadows the global for everything below: the prelude's functions and the script's body.
