@@ -18,7 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
-from celery_durable.broker.ops import FENCED, OPS, SCRIPT_NAMES, WAKING_SCRIPTS, Op
+from celery_durable.broker.ops import FENCED, SCRIPT_NAMES, WAKING_SCRIPTS
 
 __all__ = ["SCRIPT_NAMES", "WAKING_SCRIPTS", "Clock", "Scripts", "now_ms", "script_source"]
 
@@ -27,23 +27,10 @@ LUA = resources.files("celery_durable.broker") / "lua"
 
 @cache
 def script_source(name: str) -> str:
-    """The script as Redis runs it: the row's fence rule and buffered keys,
-    the prelude, and the body in a function whose reply passes through
-    ``finish_script``, which sends the buffered writes (``_prelude.lua``)."""
     prelude = (LUA / "_prelude.lua").read_text(encoding="utf-8")
     body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
     fenced = "true" if name in FENCED else "false"
-    run, journal = (_position(OPS[name], role) for role in ("run", "journal"))
-    return (
-        f"local FENCED = {fenced}\nlocal BUFFERED_RUN, BUFFERED_JOURNAL = {run}, {journal}\n{prelude}\n"
-        f"local function script_body()\n{body}\nend\nreturn finish_script(script_body())\n"
-    )
-
-
-def _position(op: Op, role: str) -> str:
-    """The 1-based KEYS index of ``role`` in ``op``'s row, as Lua: ``nil`` when it has none."""
-    named = [r for r in op.keys if r != "*" and not r.endswith("?")]
-    return str(named.index(role) + 1) if role in named else "nil"
+    return f"local FENCED = {fenced}\n{prelude}\n{body}"
 
 
 class Scripts:

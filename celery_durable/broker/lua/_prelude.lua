@@ -1,184 +1,6 @@
 -- Prepended to every script (scripts.py does it at load time), so the fence
 -- and the progress append exist once. Nothing here builds a key name.
 
--- == The run hash and the journal, written once per script ================
--- A script's reads and writes of its run hash and its journal (the keys
--- BUFFERED names, set by scripts.py from the row's roles) go through a
--- buffer: a field is read from Redis once, every write is kept here, and all
--- of them reach Redis as one HSET and one HDEL when the script returns
--- (finish_script; scripts.py wraps the body). A step's script sent about 28
--- commands, most of them the same few fields read again and counters bumped
--- one by one (issue 42). Hand-written: Redis has no write cache for a
--- script, and MULTI/EXEC does not shrink the command count.
--- The run hash's first read takes every field a script may want but the big
--- ones (args, result...) in one HMGET. Any other command on a buffered key
--- first sends what is pending, so it sees what the script wrote.
--- HSET and HDEL on a buffered key answer nil unless the field was read:
--- a script that needs the count reads the field first (HEXISTS).
-local server = redis
-local RUN_FIELDS = {'epoch', 'status', 'attempt', 'id', 'recoveries', 'refused', 'progress_max', 'next_seq',
-  'events', 'steps_done', 'steps_running', 'agents_running', 'agents_done', 'subagents_used', 'credits_nano',
-  'prompt_tokens', 'completion_tokens', 'lim_concurrent', 'lim_total', 'lim_credits_nano', 'lim_timeout_ms',
-  'limit', 'cancel', 'pause', 'active_ms', 'active_since', 'lock', 'lock_until', 'wake', 'lease_until',
-  'unserved_since', 'unserved_passes', 'waiting', 'ixv', 'phase', 'phase_id', 'slot', 'throttled',
-  'compensates', 'children', 'started_at', 'updated_at', 'finished_at', 'namespace', 'workflow', 'created_at'}
-local ABSENT = {}  -- a field known not to exist
-local buffers = {}  -- key -> {known = {field -> value or ABSENT}, dirty = {field -> true}, bulk = fields or nil}
-
-local function as_value(v)
-  if type(v) == 'number' then return string.format('%.17g', v) end
-  return v
-end
-
-local function buffer_flush(key, b)
-  local set, del = {'HSET', key}, {'HDEL', key}
-  for field in pairs(b.dirty) do
-    local v = b.known[field]
-    if v == ABSENT then
-      del[#del + 1] = field
-    else
-      set[#set + 1] = field
-      set[#set + 1] = v
-    end
-  end
-  b.dirty = {}
-  if #set > 2 then server.call(unpack(set)) end
-  if #del > 2 then server.call(unpack(del)) end
-end
-
--- The run hash's first read (or counted write): every field of RUN_FIELDS.
-local function buffer_load(key, b)
-  if not b.bulk then return end
-  local got = server.call('HMGET', key, unpack(b.bulk))
-  for i, f in ipairs(b.bulk) do
-    if b.known[f] == nil then b.known[f] = got[i] or ABSENT end
-  end
-  b.bulk = nil
-end
-
-local function buffer_read(key, b, field)
-  local v = b.known[field]
-  if v == nil then
-    if b.bulk then
-      buffer_load(key, b)
-      v = b.known[field]
-    end
-    if v == nil then
-      v = server.call('HGET', key, field) or ABSENT
-      b.known[field] = v
-    end
-  end
-  if v == ABSENT then return false end
-  return v
-end
-
-local function buffer_write(b, field, v)
-  b.known[field] = v
-  b.dirty[field] = true
-end
-
--- Commands that leave a hash's fields as they are, once what is pending was sent.
-local KEEPS_FIELDS = {EXISTS = true, PEXPIRE = true, PERSIST = true, PTTL = true, DUMP = true, HLEN = true,
-  HGETALL = true, HKEYS = true, HVALS = true, XLEN = true}
-
-local function buffered(via, b, cmd, key, ...)
-  if cmd == 'HGET' then return buffer_read(key, b, ...) end
-  local n = select('#', ...)
-  if cmd == 'HSET' or cmd == 'HDEL' then buffer_load(key, b) end
-  if cmd == 'HMGET' then
-    local out = {}
-    for i = 1, n do out[i] = buffer_read(key, b, (select(i, ...))) end
-    return out
-  elseif cmd == 'HSET' then
-    local new, args = 0, {...}
-    for i = 1, n, 2 do
-      local was = b.known[args[i]]
-      if new and was == nil then new = nil elseif new and was == ABSENT then new = new + 1 end
-      buffer_write(b, args[i], as_value(args[i + 1]))
-    end
-    return new
-  elseif cmd == 'HDEL' then
-    local gone = 0
-    for i = 1, n do
-      local field = (select(i, ...))
-      local was = b.known[field]
-      if gone and was == nil then gone = nil elseif gone and was ~= ABSENT then gone = gone + 1 end
-      buffer_write(b, field, ABSENT)
-    end
-    return gone
-  elseif cmd == 'HINCRBY' then
-    local field, by = ...
-    local v = tonumber(buffer_read(key, b, field) or '0') + tonumber(by)
-    buffer_write(b, field, string.format('%d', v))
-    return v
-  elseif cmd == 'HEXISTS' then
-    return buffer_read(key, b, ...) and 1 or 0
-  elseif cmd == 'HSETNX' then
-    local field, v = ...
-    if buffer_read(key, b, field) then return 0 end
-    buffer_write(b, field, as_value(v))
-    return 1
-  end
-  buffer_flush(key, b)
-  local reply = via(cmd, key, ...)
-  if not KEEPS_FIELDS[cmd] then b.known = {} end
-  return reply
-end
-
--- A command on a buffered key goes through its buffer; any other as it is
--- (with its arguments as given: TIME has no key).
-local function buffered_call(via, cmd, ...)
-  local key = ...
-  local b = key and buffers[key]
-  if not b then return via(cmd, ...) end
-  return buffered(via, b, cmd, ...)
-end
-
--- Shadows the global for everything below: the prelude's functions and the script's body.
-local redis = setmetatable({
-  call = function(...) return buffered_call(server.call, ...) end,
-  pcall = function(...) return buffered_call(server.pcall, ...) end,
-}, {__index = server})
-
-local function buffer_keys(run_index, journal_index)
-  if run_index then buffers[KEYS[run_index]] = {known = {}, dirty = {}, bulk = RUN_FIELDS} end
-  if journal_index and KEYS[journal_index] and not buffers[KEYS[journal_index]] then
-    buffers[KEYS[journal_index]] = {known = {}, dirty = {}}
-  end
-end
-
--- Reads the <fields> of a buffered key not known yet in one HMGET, so the
--- reads that follow are answered here; a key not buffered is left alone.
-local function prefetch(key, fields)
-  local b = buffers[key]
-  if not b then return end
-  local want = {}
-  for _, f in ipairs(fields) do
-    if b.known[f] == nil then want[#want + 1] = f end
-  end
-  for from = 1, #want, 1000 do  -- unpack's stack has room for a few thousand values
-    local to = math.min(from + 999, #want)
-    local got = server.call('HMGET', key, unpack(want, from, to))
-    for i = from, to do b.known[want[i]] = got[i - from + 1] or ABSENT end
-  end
-end
-
--- The fields of several reads' lists (commit_fields, begin_fields...), so a
--- script that does several things reads what they need in one HMGET.
-local function fields_of(...)
-  local all = {}
-  for i = 1, select('#', ...) do
-    for _, f in ipairs((select(i, ...))) do all[#all + 1] = f end
-  end
-  return all
-end
-
--- Sends every buffered write; the script's reply passes through.
-local function finish_script(...)
-  for key, b in pairs(buffers) do buffer_flush(key, b) end
-  return ...
-end
-
 -- The fencing check. Returns nil when the caller's epoch owns the run and the
 -- run still accepts work, else the refusal: 'missing', 'stale' or 'settled'.
 local function fence(run_key, epoch)
@@ -348,38 +170,47 @@ local function value_field(seq, index, entry)
   return nil
 end
 
--- An op a cancelled pass stepped over (step_over.lua) has no answer, ever.
--- Only a journal that has any ('stepped') is looked at for them: a read costs
--- one lookup more per sequence, not per op.
-local function stepped_over(journal_key, field, entry)
-  return redis.call('HGET', journal_key, 'so:' .. field) == entry
+-- <fields> of hash <key> in HMGETs of at most 1000 (unpack's stack has
+-- room for a few thousand values): one round trip into Redis for a whole
+-- sequence's entries, one for their values, instead of one per field.
+local function hash_values(key, fields)
+  local out = {}
+  for from = 1, #fields, 1000 do
+    local got = redis.call('HMGET', key, unpack(fields, from, math.min(from + 999, #fields)))
+    for i = 1, #got do out[from + i - 1] = got[i] end
+  end
+  return out
 end
 
 local function sequence_reply(journal_key, seq, start, any_stepped)
-  prefetch(journal_key, {'n:' .. seq, 'k:' .. seq, 'h:' .. seq, 'stepped'})
-  local count = tonumber(redis.call('HGET', journal_key, 'n:' .. seq) or '0')
-  if any_stepped == nil then any_stepped = redis.call('HEXISTS', journal_key, 'stepped') == 1 end
-  local out = {redis.call('HGET', journal_key, 'k:' .. seq) or '', redis.call('HGET', journal_key, 'h:' .. seq) or ''}
-  -- Every entry in one read, then every value (and its step-over mark) in another.
-  local entries, values = {}, {}
-  for i = tonumber(start or '0'), count - 1 do entries[#entries + 1] = 'o:' .. seq .. ':' .. i end
-  prefetch(journal_key, entries)
-  for i = tonumber(start or '0'), count - 1 do
-    local field = value_field(seq, i, redis.call('HGET', journal_key, 'o:' .. seq .. ':' .. i) or '0:')
+  local head = redis.call('HMGET', journal_key, 'n:' .. seq, 'k:' .. seq, 'h:' .. seq, 'stepped')
+  local count = tonumber(head[1] or '0')
+  if any_stepped == nil then any_stepped = head[4] ~= false end
+  local out = {head[2] or '', head[3] or ''}
+  local first = tonumber(start or '0')
+  local names = {}
+  for i = first, count - 1 do names[#names + 1] = 'o:' .. seq .. ':' .. i end
+  local entries = hash_values(journal_key, names)
+  -- Each op's value field and, in a journal with ops stepped over
+  -- ('stepped'), its mark: an op a cancelled pass stepped over
+  -- (step_over.lua) has no answer, ever.
+  local wanted, at = {}, {}
+  for n = 1, #names do
+    local entry = entries[n] or '0:'
+    entries[n] = entry
+    local field = value_field(seq, first + n - 1, entry)
     if field then
-      values[#values + 1] = field
-      if any_stepped then values[#values + 1] = 'so:' .. field end
+      wanted[#wanted + 1] = field
+      at[n] = #wanted
+      if any_stepped then wanted[#wanted + 1] = 'so:' .. field end
     end
   end
-  prefetch(journal_key, values)
-  for i = tonumber(start or '0'), count - 1 do
-    local entry = redis.call('HGET', journal_key, 'o:' .. seq .. ':' .. i) or '0:'
-    local field = value_field(seq, i, entry)
+  local values = hash_values(journal_key, wanted)
+  for n = 1, #names do
     local value = false
-    if field and not (any_stepped and stepped_over(journal_key, field, entry)) then
-      value = redis.call('HGET', journal_key, field)
-    end
-    table.insert(out, entry)
+    local k = at[n]
+    if k and not (any_stepped and values[k + 1] == entries[n]) then value = values[k] end
+    table.insert(out, entries[n])
     table.insert(out, value)
   end
   return out
@@ -686,10 +517,6 @@ end
 -- == Branch outcomes (complete_branch.lua, complete_begin.lua) ==========
 -- Was fan-out <call> dispatched in attempt <epoch>? Outcomes of any other
 -- attempt's dispatch are refused ('stale').
-local function branch_fields(call, index)
-  return {'d:' .. call, 'r:' .. call .. ':' .. index, 'c:' .. call}
-end
-
 local function dispatched_in(journal_key, call, epoch)
   local stamp = redis.call('HGET', journal_key, 'd:' .. call) or ''
   return string.sub(stamp, 1, #epoch + 1) == epoch .. ':'
@@ -885,13 +712,8 @@ end
 -- Returns ('conflict', live identity) for non-determinism, ('winner', value)
 -- when the value field already held a live outcome (first write wins, and
 -- the caller must use that one), else ('ok', '').
-local function commit_fields(seq, index, value_field)
-  return {'o:' .. seq .. ':' .. index, 'n:' .. seq, 'k:' .. seq, value_field}
-end
-
 local function commit_call(run_key, journal_key, steps_key, running_key, epoch, seq, index, ident,
                            value_field, value, step_key, step_row, history_key, now)
-  prefetch(journal_key, commit_fields(seq, index, value_field))
   local conflict, replaced, fresh = record_op(journal_key, seq, index, ident, epoch)
   if conflict then return 'conflict', conflict end
   if fresh and string.sub(ident, 1, 2) == 'v|' then
@@ -942,13 +764,8 @@ end
 -- attempt that died before recording this op) already journaled the key,
 -- else '' (also when a pause holds the main body's step back); and the run's
 -- flags, as flags() gives them (read with the ceilings, check_limits).
-local function begin_fields(seq, step_key)
-  return {'h:' .. seq, 'k:' .. seq, 'v:' .. step_key}
-end
-
 local function begin_call(run_key, progress_key, journal_key, running_key, phases_key, epoch, now, channel,
                           seq, cut, step_key, step_row, records, first, count, history_key)
-  prefetch(journal_key, begin_fields(seq, step_key))
   if cut ~= '' then
     local colon = string.find(cut, ':', 1, true)
     cut_sequence(journal_key, seq, string.sub(cut, 1, colon - 1), epoch, string.sub(cut, colon + 1))
@@ -1327,8 +1144,7 @@ end
 -- the same script as the writes it guards. Scripts whose row says why not
 -- check their own condition (an expected epoch and status, a lock token, a
 -- holder's epoch), in their own header.
-buffer_keys(BUFFERED_RUN, BUFFERED_JOURNAL)
 if FENCED then
   local refusal = fence(KEYS[1], ARGV[1])
-  if refusal then return finish_script({refusal}) end
+  if refusal then return {refusal} end
 end

@@ -13,7 +13,6 @@
 -- Returns {'ok', cancel, pause, limit, outcome} as begin_op.lua does;
 -- {'conflict', identity} or {'winner', value} when the step could not be
 -- journaled as run (then nothing was begun); or {refusal}.
-prefetch(KEYS[3], fields_of(commit_fields(ARGV[4], ARGV[5], ARGV[7]), begin_fields(ARGV[4], ARGV[12])))
 local verdict, detail = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[4], ARGV[5], ARGV[6],
                                     ARGV[7], ARGV[8], ARGV[9], ARGV[10], KEYS[7], ARGV[2])
 if verdict ~= 'ok' then return {verdict, detail} end

@@ -20,8 +20,6 @@
 -- counted in flight); {'winner', value} or {'conflict', identity} when the
 -- finished branch's step could not be journaled as run (then nothing was
 -- written); or {refusal}.
-prefetch(KEYS[3], fields_of(branch_fields(ARGV[5], ARGV[6]), commit_fields(ARGV[9], ARGV[10], ARGV[12]),
-  begin_fields(ARGV[4], ARGV[17])))
 if not dispatched_in(KEYS[3], ARGV[5], ARGV[1]) then return {'stale'} end
 local verdict, detail = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[9], ARGV[10], ARGV[11],
                                     ARGV[12], ARGV[13], ARGV[14], ARGV[15], KEYS[8], ARGV[2])

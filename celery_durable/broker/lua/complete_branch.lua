@@ -20,10 +20,8 @@
 -- ARGV[4..9]: ARGV[9] op index, ARGV[10] identity, ARGV[11] value field,
 -- ARGV[12] value, ARGV[13] step key, ARGV[14] row to leave
 -- Returns {'ok', wake}, {'winner', value}, {'conflict', identity} or {refusal}.
-local held = (ARGV[8] or '') ~= ''
-prefetch(KEYS[2], fields_of(branch_fields(ARGV[2], ARGV[3]), held and commit_fields(ARGV[8], ARGV[9], ARGV[11]) or {}))
 if not dispatched_in(KEYS[2], ARGV[2], ARGV[1]) then return {'stale'} end
-if held then
+if (ARGV[8] or '') ~= '' then
   local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[4], KEYS[5], ARGV[1], ARGV[8], ARGV[9], ARGV[10],
                                       ARGV[11], ARGV[12], ARGV[13], ARGV[14], KEYS[6], ARGV[6])
   if verdict ~= 'ok' then return {verdict, detail} end
