@@ -21,7 +21,7 @@ from celery_durable.broker.history_log import read_events, read_tail
 from celery_durable.broker.journal_export import read_journal
 from celery_durable.broker.replies.control import ArchiveVerdict, RequestVerdict
 from celery_durable.broker.run_control import RunControl
-from celery_durable.broker.schema.archive import build_archive, digest, parse_archive
+from celery_durable.broker.schema.archive import build_archive, parse_archive, shape
 from celery_durable.client.history import newest
 from celery_durable.testing import WorkflowTestEnvironment
 
@@ -241,7 +241,7 @@ def test_archive_run_refuses_a_run_that_changed_since_it_was_read(
     blob = build_archive(*read)
     assert parse_archive(blob).journal == read[3]
     r.hset(k.journal, "late", "x")  # a write between the read and the archive
-    reply = store.call("archive_run", k, [blob, digest(*read, r.zrange(k.progress_phases, 0, -1))])
+    reply = store.call("archive_run", k, [blob, *shape(*read, r.zrange(k.progress_phases, 0, -1))])
     assert reply[0] == "changed" and "archive" not in suffixes(env, run_id)
     r.hdel(k.journal, "late")
     assert unarchived(env, run_id) is ArchiveVerdict.OK  # read again: archived

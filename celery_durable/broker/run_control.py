@@ -17,7 +17,7 @@ from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import control as parse
 from celery_durable.broker.replies.control import ArchiveVerdict, Requested, RequestVerdict, Signalled
 from celery_durable.broker.run_records import RunRecords
-from celery_durable.broker.schema.archive import ARCHIVABLE, build_archive, digest
+from celery_durable.broker.schema.archive import ARCHIVABLE, build_archive, shape
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class RunControl(RunRecords, FleetLiveness):
                 pipe.zrange(k.progress_phases, 0, -1)
                 history, steps, progress, journal, phases = pipe.execute()
             blob = build_archive(history, steps, progress, journal)
-            args = [blob, digest(history, steps, progress, journal, phases)]
+            args = [blob, *shape(history, steps, progress, journal, phases)]
             return parse.archive_run(self.call("archive_run", k, args), run_id)
         except Exception as exc:
             logger.warning("run %s settled, but could not be archived (it stays as it is): %s", run_id, exc)

@@ -122,3 +122,25 @@ def test_a_request_spreads_into_argv() -> None:
     assert here == [7, 100, "k", "o{}", "", "p", "p-1", 30_000, 30_000, "events", "m-2", "0", 3, "1"]
     finish = Finish(7, 100, "events", "completed", "", "", False, True, "{}", "done", 0)
     assert finish.argv() == [7, 100, "events", "completed", "", "", 0, 1, "{}", "done", 0]
+
+
+ARCHIVED_ROLES = {"history", "steps", "progress", "journal", "progress_phases", "*"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        name
+        for name, op in ops.OPS.items()
+        if op.fenced is not True and not op.reads_only and "run" in op.keys and ARCHIVED_ROLES & set(op.keys)
+    ),
+)
+def test_a_script_the_fence_does_not_guard_refuses_a_run_settled_for_good(name: str) -> None:
+    """A completed or cancelled run is never written again: ``archive_run.lua``
+    folds its keys away on that rule, checking only their shape. The fence
+    refuses every fenced script; any other that may write those keys refuses
+    such a run itself, by name or by naming the statuses it accepts."""
+    if name == "archive_run":
+        return
+    text = "\n".join(line for line in body(name).splitlines() if not line.lstrip().startswith("--"))
+    assert "'completed'" in text or "~= 'running'" in text, f"{name}.lua may write a run settled for good"

@@ -15,7 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
+
 from celery_durable import WorkflowContext, workflow
+from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
 from celery_durable.testing.server import environment_redis_url
 from tests.unit.harness import Driver
 
@@ -49,7 +52,13 @@ def engine_frames_left_to_the_cyclic_gc() -> Iterator[list[str]]:
 
 
 def test_suspended_branches_and_passes_leave_no_frames_in_cycles() -> None:
-    environment_redis_url()  # started outside the count: its start polls a port until it answers
+    # Outside the count: the server's start polls a port until it answers, and
+    # a fresh server's first call of each script meets NOSCRIPT, kept a while
+    # by redis-py's retry (a one-off of each process, not of an execution).
+    server = redis.Redis.from_url(environment_redis_url())
+    for name in SCRIPT_NAMES:
+        server.script_load(script_source(name))
+    server.close()
     with engine_frames_left_to_the_cyclic_gc() as frames:
         driver = Driver.of(nappers)
         assert driver.main() is None  # Suspend: the pass waits for its branches

@@ -18,7 +18,10 @@
 -- coordinator message, ARGV[12] when each queue was last found empty ("c=<ms>,s=<ms>,a=<ms>")
 -- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'changed', f[1] or '', f[2] or ''} end
+-- Settled for good, a run is never written again (archive_run.lua), whatever its caller read.
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or f[2] == 'completed' or f[2] == 'cancelled' then
+  return {'changed', f[1] or '', f[2] or ''}
+end
 local now = tonumber(ARGV[3])
 local recovery = ARGV[9] == '1' or ARGV[9] == '2'
 if ARGV[9] == '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[7]), parse_empty(ARGV[12])) ~= 'dead' then
