@@ -12,7 +12,7 @@ import pytest
 
 from celery_durable.broker import ops
 from celery_durable.broker.requests import Activate, CallDone, Finish, Lock
-from celery_durable.broker.scripts import LUA
+from celery_durable.broker.scripts import LUA, _prelude_parts, script_source
 
 WRITES = re.compile(
     r"redis\.call\('(HSET|HSETNX|HDEL|HINCRBY|SET|DEL|ZADD|ZREM\w*|XADD|XTRIM|EXPIRE|PEXPIRE|PERSIST|PUBLISH|SADD|SREM|INCR\w*)'"
@@ -21,18 +21,13 @@ WRITES = re.compile(
 
 @cache
 def _prelude_calls() -> dict[str, frozenset[str]]:
-    """Each prelude function, and the prelude functions it calls."""
-    bodies: dict[str, str] = {}
-    current = ""
-    for line in (LUA / "_prelude.lua").read_text(encoding="utf-8").splitlines():
-        found = re.match(r"local function (\w+)", line)
-        if found:
-            current = found.group(1)
-            bodies[current] = ""
-        elif line.startswith("-- =="):
-            current = ""
-        elif current:
-            bodies[current] += line + "\n"
+    """Each prelude function, and the prelude functions it calls (the
+    prelude as the loader cuts it, ``scripts._prelude_parts``)."""
+    bodies = {
+        name: text[text.index(f"local function {name}(") :].split("\n", 1)[1]
+        for name, text in _prelude_parts()
+        if name is not None
+    }
     return {f: frozenset(g for g in bodies if re.search(rf"\b{g}\(", body)) for f, body in bodies.items()}
 
 
@@ -144,3 +139,21 @@ def test_a_script_the_fence_does_not_guard_refuses_a_run_settled_for_good(name: 
         return
     text = "\n".join(line for line in body(name).splitlines() if not line.lstrip().startswith("--"))
     assert "'completed'" in text or "~= 'running'" in text, f"{name}.lua may write a run settled for good"
+
+
+def test_a_script_carries_the_prelude_functions_it_needs_and_no_other() -> None:
+    """The loader's cut (``scripts._prelude_for``): every prelude function a
+    script's body calls, through others or itself, is in its source; one it
+    never reaches is not; and a cut that lost a line of the prelude would
+    leave a function out of every script."""
+    named = [name for name, _ in _prelude_parts() if name is not None]
+    assert len(named) == (LUA / "_prelude.lua").read_text(encoding="utf-8").count("\nlocal function ")
+    calls = _prelude_calls()
+    for script in ops.SCRIPT_NAMES:
+        source = script_source(script)
+        for function in named:
+            if reaches(script, frozenset({function})) or (function == "fence" and script in ops.FENCED):
+                assert f"local function {function}(" in source, f"{script}.lua lacks {function}"
+        assert "local function fence(" in source or script not in ops.FENCED
+    assert "local function throttle_admit(" not in script_source("look")
+    assert calls  # the graph the other tests read
