@@ -62,20 +62,25 @@ def _prelude_parts() -> tuple[tuple[str | None, str], ...]:
         else:  # a constant, or the fence rule (from "if FENCED then" to its "end")
             parts.append((None, "\n".join([*pending, line])))
             pending = []
-    if current is not None or (pending and any(not p.startswith("--") and p.strip() for p in pending)):
-        raise RuntimeError("_prelude.lua: a function without its closing 'end' at the start of a line")
+    if current is not None:
+        raise RuntimeError(f"_prelude.lua: function {current} has no closing 'end' at the start of a line")
     return tuple(parts)
+
+
+def _names_in(lua: str) -> set[str]:
+    """The words of ``lua``'s code, its whole-line comments left out (they
+    name functions they do not call)."""
+    return set(re.findall(r"\w+", "\n".join(line for line in lua.splitlines() if not line.lstrip().startswith("--"))))
 
 
 def _prelude_for(body: str, fenced: bool) -> str:
     """The prelude's functions ``body`` needs, with everything they need."""
     parts = _prelude_parts()
     named = {name: text for name, text in parts if name is not None}
-    words = set(re.findall(r"\w+", body)) | ({"fence"} if fenced else set())
-    wanted = {name for name in named if name in words}
+    wanted = (_names_in(body) | ({"fence"} if fenced else set())) & named.keys()
     todo = list(wanted)
     while todo:
-        for used in set(re.findall(r"\w+", named[todo.pop()])) & named.keys() - wanted:
+        for used in _names_in(named[todo.pop()]) & named.keys() - wanted:
             wanted.add(used)
             todo.append(used)
     return "\n".join(text for name, text in parts if name is None or name in wanted)
