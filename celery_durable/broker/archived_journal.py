@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import READ_ENTRIES_BUDGET
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, JournalIdentity
 from celery_durable.broker.journal_guard import JOURNAL_CALLS
 from celery_durable.broker.replies import journal as parse
 from celery_durable.broker.schema import SequenceHistory
@@ -24,25 +24,12 @@ from celery_durable.broker.scripts import Clock
 from celery_durable.errors import StaleAttemptError
 
 
-class ArchivedJournal:
+class ArchivedJournal(JournalIdentity):
     """The reads of ``Journal`` on an archived run's journal fields."""
 
     def __init__(self, fields: Mapping[str, str], *, run_id: str, epoch: int, clock: Clock) -> None:
+        super().__init__(run_id, epoch, clock)
         self._fields = fields
-        self._run_id = run_id
-        self._epoch = epoch
-        self._clock = clock
-
-    @property
-    def run_id(self) -> str:
-        return self._run_id
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def now_ms(self) -> int:
-        return self._clock()
 
     def read_sequence(self, seq: str, start: int = 0) -> SequenceHistory:
         return parse.read_sequence(sequence_reply(self._fields, seq, start), self._run_id, seq, start)

@@ -21,7 +21,7 @@ a private redis-server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -231,6 +231,27 @@ class AgentCall:
     verdict: AgentVerdict
     flags: Flags
     outcome: str | None = None
+
+
+class JournalIdentity:
+    """What every journal answers alike: its run, its attempt's epoch and its
+    clock (a base of ``RedisJournal`` and ``ArchivedJournal``)."""
+
+    def __init__(self, run_id: str, epoch: int, clock: Callable[[], int]) -> None:
+        self._run_id = run_id
+        self._epoch = epoch
+        self._clock = clock
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def now_ms(self) -> int:
+        return self._clock()
 
 
 class Journal(Protocol):

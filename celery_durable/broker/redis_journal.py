@@ -23,6 +23,7 @@ from celery_durable.broker.journal import (
     Conflict,
     Dispatch,
     HeldBranch,
+    JournalIdentity,
     PendingCommit,
     Recorded,
     TaskCall,
@@ -44,7 +45,7 @@ def _begin_args(call: BeginCall) -> list[Any]:
     return [call.cut or "", call.step_key, call.step_row, len(records), *(f for record in records for f in record)]
 
 
-class RedisJournal(ChildJournal):
+class RedisJournal(ChildJournal, JournalIdentity):
     """One attempt's journal of one run, on Redis (its child calls: ``ChildJournal``)."""
 
     def __init__(
@@ -59,25 +60,12 @@ class RedisJournal(ChildJournal):
         look_at: Callable[[int], None],
         clock: Clock,
     ) -> None:
+        super().__init__(run_id, epoch, clock)
         self._run = run
-        self._clock = clock
         self._hmget = read
         self._look_at = look_at
         self._keys = keys
-        self._run_id = run_id
-        self._epoch = epoch
         self._channel = channel
-
-    @property
-    def run_id(self) -> str:
-        return self._run_id
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def now_ms(self) -> int:
-        return self._clock()
 
     def note_code(self, code_hash: str) -> None:
         parse.note_code(self._call("note_code", [self._epoch, code_hash]), self._run_id)

@@ -30,16 +30,16 @@ NEVER_DECODE = {"NEVER_DECODE": True}
 """redis-py's option for a reply kept as bytes on a decoding client: an archive is zlib."""
 
 
-def get_archive(pipe: Any, keys: Any) -> None:
-    """Queue the GET of the run's archive (``keys``: its ``RunKeys``) on ``pipe``
-    (a pipeline or the client itself), its reply kept as bytes."""
-    cast(Any, pipe).execute_command("GET", keys.archive, **NEVER_DECODE)
+def get_archive(pipe: Any, keys: Any) -> Any:
+    """The GET of the run's archive (``keys``: its ``RunKeys``), its reply
+    kept as bytes: queued on a pipeline, or sent at once by the client."""
+    return cast(Any, pipe).execute_command("GET", keys.archive, **NEVER_DECODE)
 
 
 def read_archive(store: StoreCore, run_id: str) -> Archive | None:
     """The run's archive (``schema/archive.py``), or None: unarchived, or gone."""
     with storage_errors():
-        blob = cast(Any, store.client).execute_command("GET", store.run_keys(run_id).archive, **NEVER_DECODE)
+        blob = get_archive(store.client, store.run_keys(run_id))
     return archive_of(run_id, blob)
 
 

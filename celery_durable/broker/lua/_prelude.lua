@@ -478,9 +478,11 @@ end
 -- DUMP and RESTORE write the same entries, ids and counters back at their
 -- size (a 22-record stream: 4.7 KB -> 1.7 KB). A long stream is left as it
 -- is: that room is a small part of it, and its copy would hold Redis longer.
--- A run settled for good (schema/archive.py: ARCHIVABLE) is not compacted:
--- its caller folds both streams into its archive next (archive_run.lua).
+-- A run settled for good is not compacted: its caller folds both streams
+-- into its archive next (archive_run.lua).
 local COMPACT_MAX_ENTRIES = 512
+-- The statuses of a run settled for good (schema/archive.py: ARCHIVABLE):
+-- it can never be resumed, and no script writes it again but its archive.
 local ARCHIVABLE = {completed = true, cancelled = true}
 local function retain_run(run_key, ttl, streams)
   if ARCHIVABLE[redis.call('HGET', run_key, 'status')] then streams = {} end

@@ -18,7 +18,7 @@
 -- completed or cancelled, or its keys are not what was read) or {'missing'}.
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing'} end
-if status ~= 'completed' and status ~= 'cancelled' then return {'changed', status} end
+if not ARCHIVABLE[status] then return {'changed', status} end
 if redis.call('EXISTS', KEYS[7]) == 1 then return {'archived'} end
 local function last_id(key)
   local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]

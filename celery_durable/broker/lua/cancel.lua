@@ -25,7 +25,7 @@
 -- {'settled', status}.
 local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id', 'compensates')
 local status = f[1]
-if status == 'completed' or status == 'cancelled' then return {'settled', status} end
+if ARCHIVABLE[status] then return {'settled', status} end
 if not status then return {'settled'} end
 local first_request = redis.call('HGET', KEYS[1], 'cancel') ~= '1'
 if status == 'running' then

@@ -18,7 +18,7 @@
 -- Returns {'ok', idempotency key or ''} or {'changed'}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'recoveries')
 -- Settled for good, a run is never written again (archive_run.lua), whatever its caller read.
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or f[2] == 'completed' or f[2] == 'cancelled' then return {'changed'} end
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or ARCHIVABLE[f[2]] then return {'changed'} end
 if tonumber(f[3] or '0') < tonumber(ARGV[11]) then return {'changed'} end
 local now = tonumber(ARGV[3])
 if ARGV[12] ~= '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[5]), parse_empty(ARGV[6])) ~= 'dead' then

@@ -11,7 +11,7 @@
 local f = redis.call('HMGET', KEYS[1], 'epoch', ARGV[3], 'status')
 if not f[1] then return {'missing'} end
 if f[2] then return {'said'} end
-if f[3] == 'completed' or f[3] == 'cancelled' then return {'closed'} end
+if ARCHIVABLE[f[3]] then return {'closed'} end
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[1])
 append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[2], f[1], ARGV[1], nil, KEYS[3])
 return {'ok'}

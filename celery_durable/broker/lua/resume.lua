@@ -19,7 +19,7 @@
 -- Returns {'ok', new epoch, attempt} or {'changed', epoch, status}.
 local f = redis.call('HMGET', KEYS[1], 'epoch', 'status')
 -- Settled for good, a run is never written again (archive_run.lua), whatever its caller read.
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or f[2] == 'completed' or f[2] == 'cancelled' then
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or ARCHIVABLE[f[2]] then
   return {'changed', f[1] or '', f[2] or ''}
 end
 local now = tonumber(ARGV[3])

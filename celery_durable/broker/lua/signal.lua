@@ -10,7 +10,7 @@
 local f = redis.call('HMGET', KEYS[1], 'status', 'can_resume', 'epoch', 'id')
 if not f[1] then return {'missing'} end
 local status = f[1]
-if status == 'completed' or status == 'cancelled' or (status == 'error' and f[2] ~= '1') then
+if ARCHIVABLE[status] or (status == 'error' and f[2] ~= '1') then
   return {'refused', status}
 end
 local name, now = ARGV[2], tonumber(ARGV[1])
