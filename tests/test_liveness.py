@@ -115,7 +115,7 @@ def test_a_received_message_is_judged_by_its_workers_beats_not_by_its_queue(dura
     run_id = d.client.start_workflow("load")
     store = d.engine.store
     [message] = store.client.hkeys(store.run_keys(run_id).live)
-    store.hold_message("worker-a", message, run_id, at_ms=int(time.time() * 1000))
+    store.hold_messages("worker-a", [(message, run_id)], int(time.time() * 1000))
     assert "|held " in store.client.hget(store.run_keys(run_id).live, message)
     far = int(time.time() * 1000) + 60_000
     empty = f"c={far},s={far},a={far}"
@@ -133,7 +133,7 @@ def test_a_received_message_that_never_starts_is_dead_a_lease_after(durable) -> 
     [message] = store.client.hkeys(store.run_keys(run_id).live)
     long_ago = int(time.time() * 1000) - store.lease_ms - 1
     store.client.hset(store.run_keys(run_id).live, message, f"q|c|{long_ago}")  # queued and received a lease ago
-    store.hold_message("worker-a", message, run_id, at_ms=long_ago)
+    store.hold_messages("worker-a", [(message, run_id)], long_ago)
     assert store.examine(run_id, "").detail == f"task {message} was received and never started"
 
 

@@ -104,7 +104,7 @@ class FleetLiveness(StoreCore):
     ) -> None:
         """Worker ``worker`` is alive at ``at_ms``, holds these messages (task id
         -> run id) and no longer holds ``gone``. Written as a change, never as
-        a whole new set: a message reported by ``hold_message`` meanwhile stays.
+        a whole new set: a message reported by ``hold_messages`` meanwhile stays.
         ``profile``: what it serves (``schema.profiles``), for ``list_workers``."""
         held_key = self.keys.held_prefix + worker
         with storage_errors():
@@ -119,19 +119,24 @@ class FleetLiveness(StoreCore):
                 pipe.hset(held_key, mapping=held)
             pipe.execute()
 
-    def hold_message(self, worker: str, task_id: str, run_id: str, at_ms: int) -> None:
-        """Worker ``worker`` just received message ``task_id`` of the run: said
-        at once, before the worker can die holding a message nobody knows of,
-        and marked held in the run's live hash (``received.lua``). The
-        fleet's keys and the run's live hash have different hash tags: one
-        round trip on one Redis, two on a Cluster."""
+    def hold_messages(self, worker: str, held: Sequence[tuple[str, str]], at_ms: int) -> None:
+        """Worker ``worker`` received these messages (``(task_id, run_id)``),
+        not yet started: said in its beat's record, and marked held in each
+        run's live hash (``received.lua``, one per run). The fleet's keys and
+        a run's live hash have different hash tags: one round trip on one
+        Redis, more on a Cluster."""
+        by_run: dict[str, list[str]] = {}
+        for task_id, run_id in held:
+            by_run.setdefault(run_id, []).append(task_id)
 
         def beat(pipe: Any) -> None:
             pipe.zadd(self.keys.workers, {worker: at_ms})
-            pipe.hset(self.keys.held_prefix + worker, task_id, run_id)
+            pipe.hset(self.keys.held_prefix + worker, mapping=dict(held))
 
-        keys = OPS["received"].keys_of(self.run_keys(run_id))
-        parse.received(self._run_with("received", keys, [at_ms, task_id], beat), run_id)
+        received = OPS["received"]
+        calls = [(received.keys_of(self.run_keys(run_id)), [at_ms, *ids]) for run_id, ids in by_run.items()]
+        for run_id, reply in zip(by_run, self._run_each_with("received", calls, beat), strict=True):
+            parse.received(reply, run_id)
 
     def forget_worker(self, worker: str) -> None:
         """A worker that stops cleanly holds nothing: it is not dead, only gone."""

@@ -146,34 +146,41 @@ class StoreCore:
                 raise reply
         return reply
 
-    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
-        """Run a script, then ``writes`` (commands on keys outside its slot,
-        none of which depends on it): in one round trip on one Redis, a
-        pipeline but not a transaction; in two on a Cluster, where they
-        live on other nodes. Returns the script's reply. (Not for the
-        scripts of ``INDEXED_SCRIPTS``.)"""
+    def _run_each_with(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], writes: Callable[[Any], None]
+    ) -> list[Any]:
+        """Script ``name`` once per ``(keys, args)``, then ``writes`` (commands
+        on keys outside their slots, none of which depends on them): in one
+        round trip on one Redis, a pipeline but not a transaction; on a
+        Cluster, the scripts as ``_run_each`` sends them, then the writes,
+        which live on other nodes. Returns the scripts' replies; the first
+        that failed is raised. (Not for the scripts of ``INDEXED_SCRIPTS``.)"""
         assert name not in INDEXED_SCRIPTS, name
         if isinstance(self.client, RedisCluster):
-            reply = self._run(name, keys, args)
+            replies = self._run_each(name, calls)
             with storage_errors():
                 pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
                 writes(pipe)
                 pipe.execute()
-            return reply
-        script = self._scripts[name]
-        with storage_errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            writes(pipe)
-            reply, *rest = pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError):  # a restarted Redis: the script loads again
-                reply = script(keys=list(keys), args=list(args))
-            elif isinstance(reply, Exception):
+        else:
+            script = self._scripts[name]
+            with storage_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                writes(pipe)
+                results = pipe.execute(raise_on_error=False)
+                replies = results[: len(calls)]
+                for i, ((keys, args), reply) in enumerate(zip(calls, replies, strict=True)):
+                    if isinstance(reply, NoScriptError):  # a restarted Redis: the script loads again
+                        replies[i] = script(keys=list(keys), args=list(args))
+                for failed in results[len(calls) :]:
+                    if isinstance(failed, Exception):
+                        raise failed
+        for reply in replies:
+            if isinstance(reply, Exception):
                 raise reply
-            for failed in rest:
-                if isinstance(failed, Exception):
-                    raise failed
-        return reply
+        return replies
 
     def _look_then_run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
         """Script ``name`` of ``LOOK_FIRST`` once per ``(keys, args)``, as

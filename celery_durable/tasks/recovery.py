@@ -37,6 +37,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,10 @@ class RecoverySweep:
         """Messages received lately (task id -> run id, when), until Celery's own requests list them."""
         self._reported: set[str] = set()
         """The messages the last beat reported held."""
+        self._to_hold: deque[tuple[str, str]] = deque()
+        """Messages received and not yet said held (task id, run id): ``_hold_loop`` says so."""
+        self._hold_now = threading.Event()
+        self._holder: threading.Thread | None = None
 
     @property
     def interval(self) -> float:
@@ -130,6 +135,8 @@ class RecoverySweep:
         self._thread.start()
         if self.worker_id:
             threading.Thread(target=self._beat_loop, name="celery-durable-beat", daemon=True).start()
+            self._holder = threading.Thread(target=self._hold_loop, name="celery-durable-held", daemon=True)
+            self._holder.start()
         # Apart, so that a broker that does not answer never holds up the
         # worker's beat or the sweep: it only stops the empty reports.
         threading.Thread(target=self._watch_queues, name="celery-durable-queues", daemon=True).start()
@@ -140,6 +147,9 @@ class RecoverySweep:
             self._thread.join(timeout=10)
             self._thread = None
         if self.worker_id:
+            self._hold_now.set()
+            if self._holder is not None:
+                self._holder.join(timeout=10)  # its last write lands before the worker is forgotten
             with contextlib.suppress(StorageError):
                 self.engine.store.forget_worker(self.worker_id)
 
@@ -191,23 +201,37 @@ class RecoverySweep:
         return time.monotonic() - self._healthy_since >= self.engine.settings.lease_seconds
 
     def received(self, request: Any = None) -> None:
-        """A message was received: say so now, in the consumer's thread, before
-        the worker can die holding it. A message the fleet never heard of
-        would be left to the empty-queue rule, which a backlog delays without
-        bound. Written, it needs no beat: the next regular one (within
-        ``interval``) takes out what finished. Not written, the beat comes
-        soon and reports it with the rest (a beat per message cost a burst of
-        wakes 5 % of the worker's time)."""
+        """A message was received: it is said at once, before the worker can
+        die holding it (a message the fleet never heard of would be left to
+        the empty-queue rule, which a backlog delays without bound), but by
+        the holding thread (``_hold_loop``), not in the consumer's: the task
+        starts without waiting for that round trip, and a burst of messages
+        is said in one. Written, it needs no beat: the next regular one
+        (within ``interval``) takes out what finished. Not written, the beat
+        comes soon and reports it with the rest (a beat per message cost a
+        burst of wakes 5 % of the worker's time)."""
         run_id = _durable_run(request)
         if run_id is None or not self.worker_id:
             return  # another task (a call's own, say): no run counts it in flight
         task_id = str(request.id)
         self._fresh[task_id] = (run_id, time.monotonic())
-        try:
-            self.engine.store.hold_message(self.worker_id, task_id, run_id, now_ms())
-        except StorageError as exc:
-            logger.warning("could not report message %s as held: %s", task_id, exc)
-            self._beat_now.set()
+        self._to_hold.append((task_id, run_id))
+        self._hold_now.set()
+
+    def _hold_loop(self) -> None:
+        while not self._stop.is_set():
+            self._hold_now.wait(self.interval)
+            self._hold_now.clear()  # before the drain: what comes after it sets the event again
+            held: list[tuple[str, str]] = []
+            while self._to_hold:
+                held.append(self._to_hold.popleft())
+            if not held:
+                continue
+            try:
+                self.engine.store.hold_messages(self.worker_id, held, now_ms())
+            except StorageError as exc:
+                logger.warning("could not report %d message(s) as held: %s", len(held), exc)
+                self._beat_now.set()
 
     def _beat_loop(self) -> None:
         while not self._stop.is_set():

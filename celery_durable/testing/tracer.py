@@ -139,8 +139,12 @@ class _TracedStore(_Store):
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self.tracer.around(name, lambda: super(_TracedStore, self)._run(name, keys, args))
 
-    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any], writes: Callable[[Any], None]) -> Any:
-        return self.tracer.around(name, lambda: super(_TracedStore, self)._run_with(name, keys, args, writes))
+    def _run_each_with(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], writes: Callable[[Any], None]
+    ) -> list[Any]:
+        return self.tracer.around(  # type: ignore[no-any-return]
+            name, lambda: super(_TracedStore, self)._run_each_with(name, calls, writes)
+        )
 
     def _run_each(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *, looked: bool = False

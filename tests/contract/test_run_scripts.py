@@ -144,8 +144,8 @@ def test_a_queued_message_is_dead_once_its_queue_emptied_without_it_starting() -
 def test_a_message_its_worker_received_waits_for_a_slot_until_that_worker_dies() -> None:
     clock = Clock()
     run = Run(clock, "first")
-    run.store.hold_message("worker-1", "first", run.run_id, clock())
-    run.store.hold_message("worker-1", "unknown", run.run_id, clock())
+    run.store.hold_messages("worker-1", [("first", run.run_id)], clock())
+    run.store.hold_messages("worker-1", [("unknown", run.run_id)], clock())
     assert run.state.live == {"first": "q|c|10000|held 10000"}
     clock.now += 20_000
     assert run.examine("c=10500").verdict is Liveness.ALIVE  # not the empty-queue rule's: its worker has it
@@ -156,7 +156,7 @@ def test_a_message_its_worker_received_waits_for_a_slot_until_that_worker_dies()
 def test_a_received_message_that_never_starts_is_dead_a_lease_later() -> None:
     clock = Clock()
     run = Run(clock, "first")
-    run.store.hold_message("worker-1", "first", run.run_id, clock())
+    run.store.hold_messages("worker-1", [("first", run.run_id)], clock())
     clock.now += 29_999
     assert run.examine().verdict is Liveness.ALIVE
     clock.now += 1
