@@ -15,8 +15,11 @@ and read it again after a quiet while (``follow_workflow_run_progress`` and
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
+from collections import deque
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -25,8 +28,15 @@ from typing import Any
 import redis
 
 from celery_durable.broker.connection import RedisClient, storage_errors
+from celery_durable.errors import StorageError
 
 SUBSCRIBE_TIMEOUT = 10.0
+LINGER_SECONDS = 10.0
+"""How long a shared subscription outlives its last watch: a loop of starts
+and waits subscribes once, and a process that stops watching lets go of its
+connection soon after."""
+READ_SLICE = 1.0
+"""How long the shared subscription's reader waits for a message before it looks at the time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,20 +74,7 @@ class RunWatch:
         self._closed = threading.Event()
         with storage_errors():
             self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
-            try:
-                self._pubsub.subscribe(channel)
-                self._await_subscription()
-            except BaseException:
-                self._pubsub.close()
-                raise
-
-    def _await_subscription(self) -> None:
-        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-        while time.monotonic() < deadline:
-            message = self._pubsub.get_message(timeout=deadline - time.monotonic())
-            if message is not None and message.get("type") == "subscribe":
-                return
-        raise redis.exceptions.TimeoutError(f"no confirmation of the subscription to {self.channel}")
+            _subscribed(self._pubsub, channel)
 
     def get(self, timeout: float | None = None) -> RunUpdate | None:
         """The next update of a watched run, or None once ``timeout`` seconds
@@ -123,3 +120,158 @@ class RunWatch:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _subscribed(pubsub: Any, channel: str) -> None:
+    """Subscribe ``pubsub`` to ``channel`` and wait for Redis to confirm it
+    (closed again if that fails): what is read after this returns cannot
+    miss a change made after that read."""
+    try:
+        pubsub.subscribe(channel)
+        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=deadline - time.monotonic())
+            if message is not None and message.get("type") == "subscribe":
+                return
+        raise redis.exceptions.TimeoutError(f"no confirmation of the subscription to {channel}")
+    except BaseException:
+        pubsub.close()
+        raise
+
+
+class SharedWatches:
+    """One subscription per channel, shared by every ``RunWatch`` a process
+    makes of it (``Client.watch_runs``, so every ``wait_for_workflow_run``).
+
+    A watch of its own would connect, subscribe and wait for the
+    confirmation before its first read, then disconnect a connection of the
+    pool: about a third of a millisecond of every wait, and a connection per
+    waiting thread. Here a reader thread per channel reads each update once
+    and hands it to the watches of that run; a watch registered once the
+    subscription is confirmed misses no change made after its caller's next
+    read, as ``RunWatch`` promises. The subscription ends ``LINGER_SECONDS``
+    after its last watch closed, or when its connection fails (every watch
+    then raises, as ``RunWatch.get`` would). ``AsyncClient`` has the same for
+    an event loop (``broker/aio_watch.py``).
+    """
+
+    def __init__(self, client: RedisClient) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._channels: dict[str, _Shared] = {}
+        self._pid = os.getpid()
+
+    def watch(self, channel: str, run_ids: Collection[str] | None) -> RunWatch:
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked child: the parent's readers are not here, and their
+                # sockets are the parent's (closing one would end the parent's).
+                self._channels, self._pid = {}, os.getpid()
+            shared = self._channels.get(channel)
+            if shared is None or shared.done:
+                with storage_errors():
+                    pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
+                    _subscribed(pubsub, channel)
+                shared = self._channels[channel] = _Shared(self, pubsub, channel)
+            watch = SharedWatch(shared, channel, run_ids)
+            shared.watches.add(watch)
+            return watch
+
+    def _release(self, watch: SharedWatch) -> None:
+        with self._lock:
+            watch.shared.watches.discard(watch)
+            if not watch.shared.watches:
+                watch.shared.idle_since = time.monotonic()
+
+
+class _Shared:
+    """One channel's subscription and its reader thread."""
+
+    def __init__(self, hub: SharedWatches, pubsub: Any, channel: str) -> None:
+        self.hub = hub
+        self.pubsub = pubsub
+        self.channel = channel
+        self.watches: set[SharedWatch] = set()
+        self.idle_since = time.monotonic()
+        self.done = False
+        threading.Thread(target=self._read, name=f"celery-durable-watch {channel}", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while self._reading():
+                with storage_errors():
+                    message = self.pubsub.get_message(ignore_subscribe_messages=True, timeout=READ_SLICE)
+                update = RunUpdate.parse(message.get("data")) if message and message.get("type") == "message" else None
+                if update is not None:
+                    with self.hub._lock:
+                        watches = [w for w in self.watches if w.run_ids is None or update.run_id in w.run_ids]
+                    for watch in watches:
+                        watch.deliver(update)
+        except Exception as exc:  # the connection failed: every watch hears of it, as RunWatch.get would
+            failure = exc if isinstance(exc, StorageError) else StorageError(f"{type(exc).__name__}: {exc}")
+            with self.hub._lock:
+                self.done = True
+                watches = list(self.watches)
+            for watch in watches:
+                watch.fail(failure)
+        finally:
+            with self.hub._lock:
+                self.done = True
+                if self.hub._channels.get(self.channel) is self:
+                    del self.hub._channels[self.channel]
+            with contextlib.suppress(Exception):  # the connection is going away either way
+                self.pubsub.close()
+
+    def _reading(self) -> bool:
+        """False once the subscription has outlived its last watch by ``LINGER_SECONDS``."""
+        with self.hub._lock:
+            if not self.watches and time.monotonic() - self.idle_since > LINGER_SECONDS:
+                self.done = True
+            return not self.done
+
+
+class SharedWatch(RunWatch):
+    """A ``RunWatch`` whose updates come from a shared subscription (``SharedWatches``)."""
+
+    def __init__(self, shared: _Shared, channel: str, run_ids: Collection[str] | None) -> None:
+        # Not RunWatch.__init__: no connection of its own.
+        self.channel = channel
+        self.run_ids = frozenset(run_ids) if run_ids is not None else None
+        self._closed = threading.Event()
+        self.shared = shared
+        self._updates: deque[RunUpdate] = deque()
+        self._failure: StorageError | None = None
+        self._ready = threading.Condition()
+
+    def deliver(self, update: RunUpdate) -> None:
+        with self._ready:
+            self._updates.append(update)
+            self._ready.notify_all()
+
+    def fail(self, failure: StorageError) -> None:
+        with self._ready:
+            self._failure = failure
+            self._ready.notify_all()
+
+    def get(self, timeout: float | None = None) -> RunUpdate | None:
+        """The next update of a watched run, or None once ``timeout`` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._ready:
+            while not self._updates and self._failure is None and not self._closed.is_set():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._ready.wait(remaining)
+            if self._failure is not None:
+                raise self._failure
+            if self._closed.is_set():
+                return None
+            return self._updates.popleft()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        with self._ready:
+            self._closed.set()
+            self._ready.notify_all()  # ends a get() waiting in another thread
+        self.shared.hub._release(self)

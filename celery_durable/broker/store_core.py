@@ -18,6 +18,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
 
 from celery_durable.broker.connection import RedisClient, connect, storage_errors
+from celery_durable.broker.events import SharedWatches
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS
 from celery_durable.broker.replies import fleet as parse_fleet
@@ -55,6 +56,8 @@ class StoreCore:
         self._scripts = Scripts(self.client)
         self.indexes = IndexWrites(self.client, self._scripts, self.keys, lambda: self.clock())
         """The namespace indexes' writes, around the scripts that change what they hold (run_index.py)."""
+        self.watches = SharedWatches(self.client)
+        """The namespaces' update channels, one subscription each for all of this process's watches."""
         self.after_settle: Callable[[str], None] | None = None
         """Called with a run's id after a script settled, paused, halted or
         cancelled it, or gave it a new attempt: the engine gives back the

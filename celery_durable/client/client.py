@@ -319,7 +319,9 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         Each change to a run is announced the moment it is written, as a
         ``RunUpdate(run_id, change)``; ``change`` is ``created``, ``status``,
         ``progress`` or ``cancel``. It says *that* the run changed: read it
-        for what. ``run_ids`` keeps only those runs' updates. Delivery is
+        for what (a change made just before the watch may come too: the
+        process's watches share one subscription). ``run_ids`` keeps only
+        those runs' updates. Delivery is
         Redis pub/sub: at most once, nothing kept while no one listens, so
         read again after a quiet while rather than trust silence forever::
 
@@ -335,10 +337,11 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         return self._subscribe(wanted)
 
     def _subscribe(self, run_ids: list[str] | None) -> RunWatch:
-        """A subscription of its own to the namespace's channel; ``AsyncClient``
-        shares one among all its watches (``broker/aio_watch.py``)."""
+        """A watch of the namespace's channel, whose subscription the process's
+        watches share (``events.SharedWatches``); ``AsyncClient``'s share one
+        per event loop (``broker/aio_watch.py``)."""
         store = self.engine.store
-        return RunWatch(store.client, store.channel(self.namespace), run_ids)
+        return store.watches.watch(store.channel(self.namespace), run_ids)
 
     def follow_workflow_run_progress(
         self,
