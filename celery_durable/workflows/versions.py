@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
-from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema.profiles import ServedPhase, ServedWorkflow, encode_profile
+from celery_durable.broker.schema.run import RunRecord
 
 if TYPE_CHECKING:
     from celery_durable.workflows.definition import Workflow
