@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple
 from typing import Any
 
-from celery_durable.broker import requests as request_of
+from celery_durable.broker import ops as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_store import ChildJournal
 from celery_durable.broker.journal import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from celery_durable.broker import requests as request_of
+from celery_durable.broker import ops as request_of
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.fleet_store import FleetLiveness
 from celery_durable.broker.replies import control as parse

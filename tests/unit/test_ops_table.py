@@ -11,7 +11,7 @@ from functools import cache
 import pytest
 
 from celery_durable.broker import ops
-from celery_durable.broker.requests import Activate, CallDone, Finish, Lock
+from celery_durable.broker.ops import Activate, CallDone, Finish, Lock
 from celery_durable.broker.schema.archive import ARCHIVABLE
 from celery_durable.broker.scripts import LUA, _prelude_parts, script_source
 
