@@ -20,7 +20,8 @@ import redis
 
 from benchmarks.cases import capacity
 from benchmarks.redisstats import command_stats, used_memory
-from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
+from celery_durable.broker.connection import script_source
+from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.testing.server import private_settings
 
 

@@ -25,9 +25,8 @@ from celery_durable.tasks.app import build_celery_app, new_task_id
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
-from celery_durable.tasks.kept_fanouts import KeptFanouts
 from celery_durable.tasks.mount import mount
-from celery_durable.tasks.parked import ParkedRuns
+from celery_durable.tasks.parked import KeptFanouts, ParkedRuns
 from celery_durable.tasks.recovery import install as install_recovery
 from celery_durable.tasks.sending import (
     CelerySender,

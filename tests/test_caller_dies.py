@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from celery_durable import Settings
-from celery_durable.broker.scripts import SCRIPT_NAMES, WAKING_SCRIPTS
+from celery_durable.broker.ops import SCRIPT_NAMES, WAKING_SCRIPTS
 from celery_durable.broker.store_core import LOOK_FIRST, WATCHED_CALLERS
 from tests.conftest import DurableFactory
 from tests.support.apps.waits import await_signal

@@ -34,7 +34,8 @@ from celery_durable import (
     workflow,
 )
 from celery_durable.broker import schema
-from celery_durable.broker.scripts import SCRIPT_NAMES, now_ms, script_source
+from celery_durable.broker.connection import now_ms, script_source
+from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.schedules import firing
 from celery_durable.schedules.calendar import Calendar, from_ms, to_ms
 from celery_durable.tasks.recovery import RecoverySweep

@@ -31,13 +31,13 @@ from celery_durable.broker.journal import (
     WaitResult,
     Winner,
 )
+from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
 from celery_durable.broker.replies.control import Finished, Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
 from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema.history import StoredEvent
-from celery_durable.broker.scripts import SCRIPT_NAMES
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
 MODULES = (journal, run, control, fleet, children, history, index, schedules, throttles)

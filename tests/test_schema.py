@@ -13,7 +13,7 @@ from importlib import resources
 import pytest
 
 from celery_durable.broker import schema
-from celery_durable.broker.records import STATUSES
+from celery_durable.broker.schema.run import STATUSES
 from celery_durable.errors import StepFailed, StorageCorruptError, WorkflowCancelled, WorkflowLimitReached
 
 LUA = resources.files("celery_durable.broker") / "lua"

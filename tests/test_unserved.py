@@ -3,7 +3,7 @@ its message on, and the run waits, alive, for one that does (issue 25 item 13).
 
 Temporal never fails a workflow because a worker lacked its type: the task
 waits for a worker that has it. Here the message goes back to its queue under
-a new id (``requeue.lua``, ``tasks/unserved.py``), the run says so once (a
+a new id (``requeue.lua``, ``tasks/messages.py``), the run says so once (a
 ``system`` progress record, one WARNING line), and never becomes ``error``.
 
 Each team's worker is a process of its own (``tests/support/apps/teams.py``), as in a
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from celery_durable import Client
-from celery_durable.tasks import unserved
+from celery_durable.tasks import messages as unserved
 from celery_durable.tasks.messages import RunMessage
 from tests.conftest import DurableFactory
 from tests.support.apps.teams import EVERY

@@ -39,7 +39,8 @@ from benchmarks.model import CaseResult, Row
 from benchmarks.plan import Plan
 from benchmarks.redisstats import CommandWindow, used_memory
 from celery_durable import Engine, Settings
-from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
+from celery_durable.broker.connection import script_source
+from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.tasks.entry import run_durable_task
 
 CASE = "19. Capacity"

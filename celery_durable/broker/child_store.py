@@ -20,17 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from celery_durable.broker import requests as request_of
+from celery_durable.broker import ops as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
-from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.connection import Clock, storage_errors
 from celery_durable.broker.journal import Conflict, Flags
 from celery_durable.broker.keys import RunKeys
 from celery_durable.broker.ops import OPS
 from celery_durable.broker.replies import children as parse
 from celery_durable.broker.run_records import RunRecords
 from celery_durable.broker.schema import ChildEntry, Identity, Outcome
-from celery_durable.broker.scripts import Clock
 from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
 

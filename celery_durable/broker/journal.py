@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import Outcome, SequenceHistory
+from celery_durable.broker.schema.run import RunRecord
 
 if TYPE_CHECKING:
     from celery_durable.broker.child_types import ChildCall, ChildDone

@@ -23,16 +23,22 @@ Every list of scripts that do a thing is derived from these rows; the
 tests check each column against the Lua (``tests/unit/test_ops_table.py``), so
 a new operation is its row and its script. One call path builds KEYS from
 the row (``StoreCore.call``).
+
+A row's ``request`` is its script's ARGV as named fields, in ARGV order
+(``Request``), for the scripts whose ARGV is long enough to get wrong by
+position: ``StoreCore.call`` takes one in place of a list and checks it is
+its row's. A field that is itself a request, or a sequence, spreads; a bool
+is sent as 0/1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from typing import Any
 
-from celery_durable.broker import requests as request_of
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
+from celery_durable.broker.schema import Outcome, child_status, outcome_payload
 
 
 @dataclass(frozen=True)
@@ -45,17 +51,17 @@ class Op:
     reads_only: bool = False
     wakes: bool = False
     watched: str = ""
-    request: type[request_of.Request] | None = None
-    """The typed request its callers give in place of an ARGV list (``requests.py``)."""
+    request: type[Request] | None = None
+    """The typed request its callers give in place of an ARGV list (``Request``, below)."""
     keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", tuple(self.roles.split()))
 
-    def argv(self, name: str, args: Sequence[Any] | request_of.Request) -> Sequence[Any]:
+    def argv(self, name: str, args: Sequence[Any] | Request) -> Sequence[Any]:
         """ARGV of a call: its row's typed request spread, or the list given
         to a script that has none."""
-        if isinstance(args, request_of.Request) or self.request is not None:
+        if isinstance(args, Request) or self.request is not None:
             assert type(args) is self.request, f"{name} takes a {self.request}"
             return args.argv()
         return args
@@ -66,6 +72,194 @@ class Op:
         if "*" in self.keys:
             named += [key for key in astuple(owner) if key not in named]
         return named
+
+
+# -- typed requests: a script's ARGV as named fields --------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    def argv(self) -> list[Any]:
+        return _spread([getattr(self, field.name) for field in fields(self)])
+
+
+def _spread(values: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, Request):
+            out += value.argv()
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            out += _spread(value)
+        else:
+            out.append(int(value) if isinstance(value, bool) else value)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Lock(Request):
+    """What taking a pass's lock needs (``activate_run`` in ``_prelude.lua``)."""
+
+    lock_ms: int
+    lease_ms: int
+    channel: str
+    resend: str
+    """The message that comes back if another pass holds the lock."""
+
+
+@dataclass(frozen=True, slots=True)
+class Activate(Request):
+    epoch: int
+    token: str
+    now: int
+    lock: Lock
+    tail: Sequence[Any] = ()
+    """A sequence and the index its tail is read from, or nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallDone(Request):
+    epoch: int
+    now: int
+    key: str
+    outcome: str
+    error: str
+    wake_prefix: str
+    here: Sequence[Any] = ()
+    """The pass taken where the answer came: its token, ``Lock``, sequence,
+    start and soft flag, or nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish(Request):
+    epoch: int
+    now: int
+    channel: str
+    status: str
+    reason: str
+    error: str
+    can_resume: bool
+    has_result: bool
+    result: str
+    message: str
+    retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resume(Request):
+    epoch: int
+    """The epoch the caller read: the script refuses if it changed."""
+    status: str
+    now: int
+    channel: str
+    limits_json: str
+    message: str
+    lease_ms: int
+    code_hash: str
+    recovery: int
+    """0 a resume, 1 a recovery (the old attempt must be dead), 2 a forced one."""
+    run_fields: str
+    message_id: str
+    room: str
+
+
+@dataclass(frozen=True, slots=True)
+class Halt(Request):
+    epoch: int
+    """The epoch the caller read: the script refuses if it changed."""
+    status: str
+    now: int
+    channel: str
+    lease_ms: int
+    room: str
+    new_status: str
+    reason: str
+    error: str
+    message: str
+    recoveries: int
+    forced: bool
+    retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpAt(Request):
+    """Where a journal op is entered (``enter_op`` in ``_prelude.lua``)."""
+
+    epoch: int
+    now: int
+    seq: str
+    index: int
+    identity: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Request):
+    at: OpAt
+    key: str
+    owner: str
+    due: int | str
+    """When the call times out, '' for never."""
+    cut: str
+    running_row: str
+    timeout_outcome: str
+    timeout_error: str
+    channel: str
+    inputs: str
+
+
+@dataclass(frozen=True, slots=True)
+class Child(Request):
+    at: OpAt
+    key: str
+    owner: str
+    due: int | str
+    cut: str
+    child_run_id: str
+    workflow: str
+    mode: str
+    """'wait' (ctx.child) or 'start' (ctx.start_child)."""
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall(Request):
+    at: OpAt
+    agent_id: str
+    request_json: str
+    owner: str
+    row_json: str
+    cut: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait(Request):
+    at: OpAt
+    kind: str
+    name: str
+    due: int | str
+    owner: str
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChildDone(Request):
+    now: int
+    key: str
+    child_run_id: str
+    tag: str
+    payload: str
+    wake_prefix: str
+    epoch: int | str
+    """The parent's attempt that tells it, '' for the child's settling."""
+    channel: str
+    status: str
+
+    @classmethod
+    def of(cls, now: int, key: str, child_run_id: str, outcome: Outcome, wake_prefix: str, epoch: int | str,
+           channel: str) -> ChildDone:
+        """The child's end, as its journaled ``outcome`` says it."""
+        tag, payload = outcome_payload(outcome)
+        return cls(now, key, child_run_id, tag, payload, wake_prefix, epoch, channel, child_status(outcome))
 
 
 _SETTLE = "run progress steps running agents live waits history *"
@@ -79,7 +273,7 @@ _OUTSIDE = "a caller from outside the run's work (an operator, a sender, the swe
 OPS: dict[str, Op] = {
     # -- a pass, a task's start, beats and end (run_passes.py) ---------------
     "activate": Op(run.activate, "run progress live history journal", indexed=True, wakes=True,
-                   watched="a pass, whose message is counted in flight", request=request_of.Activate),
+                   watched="a pass, whose message is counted in flight", request=Activate),
     "release": Op(run.release, "run live", fenced="the lock's token is checked: a settled run's pass releases too"),
     "requeue": Op(run.requeue, "run live progress history",
                   fenced="its own: a stale or settled run's message is dropped, not refused", wakes=True,
@@ -95,7 +289,7 @@ OPS: dict[str, Op] = {
                        watched="an agent turn's message, counted in flight"),
     # call_done.lua only ends a task call's wait, and its activation finds the run running already: not indexed.
     "call_done": Op(run.call_done, "run journal waits live running steps history progress", wakes=True,
-                    request=request_of.CallDone),
+                    request=CallDone),
     # -- a run's record (run_records.py) --------------------------------------
     "create_run": Op(run.create_run, "run live", fenced="it makes the run: no epoch yet", wakes=True),
     "discard_run": Op(run.discard_run, "run live", fenced="its own: the epoch it was created with"),
@@ -104,11 +298,11 @@ OPS: dict[str, Op] = {
     "read_progress": Op(run.read_progress, "run progress progress_phases archive", fenced=_OUTSIDE, reads_only=True),
     "read_history": Op(history.read_history, "run history archive", fenced=_OUTSIDE, reads_only=True),
     # -- control (run_control.py) ---------------------------------------------
-    "finish": Op(control.finish, _SETTLE, indexed=True, request=request_of.Finish),
+    "finish": Op(control.finish, _SETTLE, indexed=True, request=Finish),
     "resume": Op(control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
-                 wakes=True, request=request_of.Resume),
+                 wakes=True, request=Resume),
     "halt": Op(control.halt, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
-               request=request_of.Halt),
+               request=Halt),
     "cancel": Op(control.cancel, "run progress live waits steps running agents history *", fenced=_OUTSIDE,
                  indexed=True, wakes=True),
     "pause": Op(control.pause, "run live progress history", fenced=_OUTSIDE, wakes=True),
@@ -134,14 +328,14 @@ OPS: dict[str, Op] = {
     "complete_begin": Op(journal.complete_begin, "run progress journal running progress_phases steps live history",
                          wakes=True, watched="a branch task, counted in flight"),
     "agent_call": Op(journal.agent_call, "run journal agents live", wakes=True,
-                     watched="an agent turn's message, counted in flight", request=request_of.AgentCall),
-    "wait": Op(journal.wait, "run journal waits signals history", indexed=True, request=request_of.Wait),
+                     watched="an agent turn's message, counted in flight", request=AgentCall),
+    "wait": Op(journal.wait, "run journal waits signals history", indexed=True, request=Wait),
     # call.lua reaches the waiting writers, yet only waits for a task call, which has no place in the summary.
-    "call": Op(journal.call, "run journal waits running steps history", request=request_of.Call),
-    "child": Op(children.child, "run journal waits children progress history", indexed=True, request=request_of.Child),
+    "call": Op(journal.call, "run journal waits running steps history", request=Call),
+    "child": Op(children.child, "run journal waits children progress history", indexed=True, request=Child),
     "child_done": Op(children.child_done, "run journal waits live children history",
                      fenced="its own: a parent told from outside has no epoch to give", indexed=True, wakes=True,
-                     request=request_of.ChildDone),
+                     request=ChildDone),
     "compensable": Op(children.compensable, "run"),
     "step_over": Op(children.step_over, "run journal"),
     "wake_branches": Op(children.wake_branches, "run waits", indexed=True),

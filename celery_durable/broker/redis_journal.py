@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple
 from typing import Any
 
-from celery_durable.broker import requests as request_of
+from celery_durable.broker import ops as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.child_store import ChildJournal
+from celery_durable.broker.connection import Clock
 from celery_durable.broker.journal import (
     READ_ENTRIES_BUDGET,
     AgentCall,
@@ -33,7 +34,6 @@ from celery_durable.broker.journal import (
 from celery_durable.broker.keys import RunKeys
 from celery_durable.broker.replies import journal as parse
 from celery_durable.broker.schema import SequenceHistory
-from celery_durable.broker.scripts import Clock
 
 ScriptRunner = Callable[[str, Sequence[str], Sequence[Any]], Any]
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from celery_durable.broker import requests as request_of
+from celery_durable.broker import ops as request_of
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.fleet_store import FleetLiveness
-from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import control as parse
 from celery_durable.broker.replies.control import ArchiveVerdict, Requested, RequestVerdict, Signalled
 from celery_durable.broker.run_records import RunRecords
 from celery_durable.broker.schema.archive import ARCHIVABLE, build_archive, shape
+from celery_durable.broker.schema.run import RunRecord
 
 logger = logging.getLogger(__name__)
 

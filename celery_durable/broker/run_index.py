@@ -42,10 +42,9 @@ from typing import Any, cast
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from celery_durable.broker.connection import RedisClient, storage_errors
+from celery_durable.broker.connection import Clock, RedisClient, Scripts, storage_errors
 from celery_durable.broker.keys import KeySpace, NamespaceKeys
 from celery_durable.broker.replies import index as parse
-from celery_durable.broker.scripts import Clock, Scripts
 from celery_durable.errors import StorageCorruptError, StorageError
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from celery_durable.broker import requests as request_of
+from celery_durable.broker import ops as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere

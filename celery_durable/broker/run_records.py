@@ -16,9 +16,9 @@ from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.index_reads import IndexReads
 from celery_durable.broker.ops import OPS
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
-from celery_durable.broker.records import RunRecord
 from celery_durable.broker.replies import run as parse
 from celery_durable.broker.schema.archive import Archive, Archived, parse_archive, progress_reply
+from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageCorruptError, StorageError
 

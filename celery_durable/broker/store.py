@@ -20,12 +20,12 @@ from celery_durable.broker.archived_journal import ArchivedJournal
 from celery_durable.broker.child_store import ChildRuns
 from celery_durable.broker.journal import Journal
 from celery_durable.broker.journal_export import read_journal
-from celery_durable.broker.records import RunRecord
 from celery_durable.broker.redis_journal import RedisJournal
 from celery_durable.broker.run_control import RunControl
 from celery_durable.broker.run_passes import RunPasses
 from celery_durable.broker.schedule_store import ScheduleStore
 from celery_durable.broker.schema.archive import ARCHIVABLE
+from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.throttle_store import ThrottleStore
 
 

@@ -17,14 +17,12 @@ from typing import Any, cast
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
 
-from celery_durable.broker.connection import RedisClient, connect, storage_errors
+from celery_durable.broker.connection import Clock, RedisClient, Scripts, connect, now_ms, storage_errors
 from celery_durable.broker.events import SharedWatches
 from celery_durable.broker.keys import KeySpace, RunKeys
-from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS
+from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS, Request
 from celery_durable.broker.replies import fleet as parse_fleet
-from celery_durable.broker.requests import Request
 from celery_durable.broker.run_index import IndexWrites
-from celery_durable.broker.scripts import Clock, Scripts, now_ms
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
 

@@ -33,9 +33,8 @@ from celery_durable.tasks import throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
 from celery_durable.tasks.in_place import wake_owners
-from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, RunMessage, parse_run_message
+from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, RunMessage, knows, parse_run_message, pass_on
 from celery_durable.tasks.retrying import retry_storage
-from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import nano_credits
 

@@ -23,10 +23,9 @@ from celery_durable.errors import StaleAttemptError, StorageCorruptError, Storag
 from celery_durable.tasks import flower_names
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
-from celery_durable.tasks.messages import BadMessage, RunMessage, parse_branches, parse_run_message
+from celery_durable.tasks.messages import BadMessage, RunMessage, knows, parse_branches, parse_run_message, pass_on
 from celery_durable.tasks.port import execution
 from celery_durable.tasks.retrying import retry_storage
-from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows.branch_work import BranchTarget, BranchWork
 from celery_durable.workflows.branches import READ_AHEAD
 from celery_durable.workflows.completion import CompletionRoute

@@ -24,10 +24,9 @@ from celery_durable.errors import StaleAttemptError, StorageCorruptError, Storag
 from celery_durable.tasks import children, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.heartbeat import Heartbeat
-from celery_durable.tasks.messages import BadMessage, RunMessage, parse_run_message
+from celery_durable.tasks.messages import BadMessage, RunMessage, knows, parse_run_message, pass_on
 from celery_durable.tasks.port import execution
 from celery_durable.tasks.retrying import retry_storage
-from celery_durable.tasks.unserved import knows, pass_on
 from celery_durable.workflows import jsonvalue, passes
 from celery_durable.workflows.parking import ParkedBody, PassEnd
 from celery_durable.workflows.passes import Settlement, main_pass

@@ -1,30 +1,110 @@
-"""The main bodies a worker process keeps parked at a task call, by run.
+"""What a worker process keeps in memory between tasks: the main bodies
+parked at a task call (``ParkedRuns``) and the fan-out thunks kept for later
+branch tasks (``KeptFanouts``).
+
+Both are caches of one kind (``ProcessCache``): nothing depends on them (the
+journal is the truth, and a task that finds nothing replays), so they are
+bounded instead of exact. At most ``capacity`` entries (0 keeps none), each
+at most ``idle_seconds`` since it was last kept or used, the least recently
+used let go first.
 
 A kept body (``workflows/parking.py``) lets the pass that a call's answer
-starts go on from the call instead of replaying everything before it. It is
-a cache, and nothing depends on it: the journal is the truth, and a body is
-resumed only when the journal shows it is where the body stopped.
+starts go on from the call instead of replaying everything before it. A
+body is resumed only when the journal shows it is where the body stopped:
 
 - Same epoch only: a take-over, a resume or a pause starts a new attempt, and
   an older attempt's body is unwound.
 - Nothing journaled past its call: a pass that ran elsewhere (another worker
   process got the answer and went on) has made the body's view stale, and it
   is unwound; the run replays, as it would have without the cache.
-- Bounded (``process_cache.py``): at most ``capacity`` bodies, each parked
-  at most ``idle_seconds`` (the lease: a call that takes longer than that is
-  slow enough that a replay costs little beside it). The oldest are unwound
-  first.
+- Bounded: at most ``capacity`` bodies, each parked at most ``idle_seconds``
+  (the lease: a call that takes longer than that is slow enough that a
+  replay costs little beside it). The oldest are unwound first.
+
+A branch task that replayed the main body up to its fan-out leaves the
+thunks it built in ``KeptFanouts`` (``KeptFanout``); a later branch task of
+the same attempt and fan-out in this process — a branch woken by its call's
+answer, say — runs its own thunk from them instead of replaying the body
+again. Keyed by epoch, so a new attempt never runs an older attempt's
+thunks; at most ``parked_executions`` fan-outs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
-from collections.abc import Iterator
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from celery_durable.broker.schema import SequenceHistory
-from celery_durable.tasks.process_cache import ProcessCache
+from celery_durable.workflows.branch_work import KeptFanout
 from celery_durable.workflows.parking import ParkedBody
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class ProcessCache(Generic[K, V]):
+    """A bounded, per-process map, least recently used first out. Its
+    subclasses say what the entries are and when they are used; every
+    access is under ``_lock``."""
+
+    def __init__(self, capacity: int, idle_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity = capacity
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._lock = threading.Lock()
+        # A forked pool child inherits the map, not the threads behind its
+        # entries, and the lock maybe held by one of them.
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._entries.clear()
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _put(self, key: K, value: V) -> V | None:
+        """(Under the lock) keep ``value`` as the most recently used; the value it replaces."""
+        previous = self._entries.pop(key, None)
+        self._entries[key] = (self._clock(), value)
+        return None if previous is None else previous[1]
+
+    def _get(self, key: K) -> V | None:
+        """(Under the lock) the value kept under ``key``, left as used as it was."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
+    def _pop(self, key: K) -> V | None:
+        entry = self._entries.pop(key, None)
+        return None if entry is None else entry[1]
+
+    def _drain(self) -> list[V]:
+        """(Under the lock) let go of every entry."""
+        values = [value for _, value in self._entries.values()]
+        self._entries.clear()
+        return values
+
+    def _expired(self) -> list[V]:
+        """Remove (under the lock) what is over the bound or unused too long, least recently used first."""
+        gone: list[V] = []
+        deadline = self._clock() - self.idle_seconds
+        while self._entries:
+            key, (used_at, value) = next(iter(self._entries.items()))
+            if len(self._entries) <= self.capacity and used_at >= deadline:
+                break
+            del self._entries[key]
+            gone.append(value)
+        return gone
 
 
 class ParkedRuns(ProcessCache[str, tuple[int, ParkedBody]]):
@@ -165,3 +245,41 @@ def _where_it_stopped(body: ParkedBody, read: tuple[str, SequenceHistory] | None
         return False, None
     cursor.high_water = max(cursor.high_water, tail.high_water)
     return True, tail.entries[0][2]
+
+
+Key = tuple[str, int, str]
+
+
+class KeptFanouts(ProcessCache[Key, KeptFanout]):
+    """A bounded, per-process map of (run id, epoch, fan-out call id) -> its kept thunks."""
+
+    def __init__(self, capacity: int, idle_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(capacity, idle_seconds, clock)
+        self.used = 0
+        """Branch tasks that ran from kept thunks instead of replaying."""
+
+    def keep(self, run_id: str, epoch: int, fanout: KeptFanout) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self._put((run_id, epoch, fanout.call), fanout)
+            self._expired()
+
+    def get(self, run_id: str, epoch: int, call: str) -> KeptFanout | None:
+        with self._lock:
+            self._expired()
+            fanout = self._get((run_id, epoch, call))
+            if fanout is None:
+                return None
+            self._put((run_id, epoch, call), fanout)
+            self.used += 1
+            return fanout
+
+    def forget(self, run_id: str, epoch: int, call: str) -> None:
+        """Let go of a fan-out no later branch task will need (all its branches are in)."""
+        with self._lock:
+            self._pop((run_id, epoch, call))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._drain()

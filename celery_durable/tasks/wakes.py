@@ -1,6 +1,6 @@
 """A wake: the message that continues what a script found woken.
 
-Every script that counts a wake (``broker/scripts.WAKING_SCRIPTS``, read from the Lua) names the
+Every script that counts a wake (``broker/ops.WAKING_SCRIPTS``, read from the Lua) names the
 owners it woke and the task ids their messages carry; what to send for them
 is this one value, and ``Engine.deliver`` is the one place that sends it.
 The store ran such a script only once the run had a look scheduled

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from celery_durable.broker.scripts import now_ms
+from celery_durable.broker.connection import now_ms
 
 
 class VirtualClock:

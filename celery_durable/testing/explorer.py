@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable.agents import AgentRunner
+from celery_durable.broker.connection import now_ms as wall_ms
 from celery_durable.broker.run_records import RunHashes
-from celery_durable.broker.scripts import now_ms as wall_ms
 from celery_durable.config import Settings
 from celery_durable.tasks import throttling
 from celery_durable.tasks.recovery import BATCH, CLAIM_MS, RecoverySweep

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from celery_durable.workflows import patches
+from celery_durable.workflows import versions as patches
 from celery_durable.workflows.branch_work import LENT
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy

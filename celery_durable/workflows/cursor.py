@@ -62,7 +62,7 @@ class Cursor:
     run though the run is cancelled (``workflows/saga.py``)."""
     patches: dict[str, bool] | None = None
     """The answers ``ctx.patched`` gave in this sequence, by patch id: the
-    first answer for an id holds for the rest of it (``patches.py``)."""
+    first answer for an id holds for the rest of it (``versions.py``)."""
 
     def take_held(self) -> PendingCommit | None:
         """The held-back step, which the caller now journals."""

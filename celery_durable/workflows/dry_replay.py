@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Journal
 from celery_durable.broker.journal_guard import GuardedJournal
-from celery_durable.broker.records import RunRecord
 from celery_durable.broker.schema import Identity, describe
+from celery_durable.broker.schema.run import RunRecord
 from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemptError, StorageCorruptError
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.fanout import FanoutOps, Thunk

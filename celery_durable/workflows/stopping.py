@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Flags, Journal
-from celery_durable.broker.records import RunRecord
+from celery_durable.broker.schema.run import RunRecord
 from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, WorkflowCancelled, WorkflowLimitReached
 from celery_durable.workflows.unwind import BranchFinished, BranchSuspended, PauseRequested, Suspend
 

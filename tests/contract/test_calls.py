@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from celery_durable.broker import schema
+from celery_durable.broker.connection import now_ms
 from celery_durable.broker.journal import Conflict, Flags, TaskCall
 from celery_durable.broker.schema import Identity, StepRow
-from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import BackendFactory
 from tests.support.contract import CALL_RUNNING as RUNNING

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from celery_durable.broker.connection import now_ms
 from celery_durable.broker.journal import BeginCall, Conflict, Flags, Journal, WaitResult
 from celery_durable.broker.replies.control import Signalled, SignalVerdict
 from celery_durable.broker.schema import Identity, cut_argument, position
-from celery_durable.broker.scripts import now_ms
 from celery_durable.errors import StaleAttemptError
 from tests.contract.conftest import Backend, BackendFactory
 from tests.support.contract import RUNNING, failed, ok, started, step

@@ -1,11 +1,11 @@
-"""The per-process map of kept fan-out thunks (``tasks/kept_fanouts.py``): a
+"""The per-process map of kept fan-out thunks (``tasks/parked.py``): a
 cache keyed by attempt, bounded, and let go when unused for a lease."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
-from celery_durable.tasks.kept_fanouts import KeptFanouts
+from celery_durable.tasks.parked import KeptFanouts
 from celery_durable.workflows.branch_work import KeptFanout
 
 

@@ -11,9 +11,9 @@ from functools import cache
 import pytest
 
 from celery_durable.broker import ops
-from celery_durable.broker.requests import Activate, CallDone, Finish, Lock
+from celery_durable.broker.connection import LUA, _prelude_parts, script_source
+from celery_durable.broker.ops import Activate, CallDone, Finish, Lock
 from celery_durable.broker.schema.archive import ARCHIVABLE
-from celery_durable.broker.scripts import LUA, _prelude_parts, script_source
 
 WRITES = re.compile(
     r"redis\.call\('(HSET|HSETNX|HDEL|HINCRBY|SET|DEL|ZADD|ZREM\w*|XADD|XTRIM|EXPIRE|PEXPIRE|PERSIST|PUBLISH|SADD|SREM|INCR\w*)'"
@@ -23,7 +23,7 @@ WRITES = re.compile(
 @cache
 def _prelude_calls() -> dict[str, frozenset[str]]:
     """Each prelude function, and the prelude functions it calls (the
-    prelude as the loader cuts it, ``scripts._prelude_parts``)."""
+    prelude as the loader cuts it, ``connection._prelude_parts``)."""
     bodies = {
         name: text[text.index(f"local function {name}(") :].split("\n", 1)[1]
         for name, text in _prelude_parts()
@@ -145,7 +145,7 @@ def test_a_script_the_fence_does_not_guard_refuses_a_run_settled_for_good(name: 
 
 
 def test_a_script_carries_the_prelude_functions_it_needs_and_no_other() -> None:
-    """The loader's cut (``scripts._prelude_for``): every prelude function a
+    """The loader's cut (``connection._prelude_for``): every prelude function a
     script's body calls, through others or itself, is in its source; one it
     never reaches is not; and a cut that lost a line of the prelude would
     leave a function out of every script."""

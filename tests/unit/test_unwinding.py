@@ -18,7 +18,8 @@ from typing import Any
 import redis
 
 from celery_durable import WorkflowContext, workflow
-from celery_durable.broker.scripts import SCRIPT_NAMES, script_source
+from celery_durable.broker.connection import script_source
+from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.testing.server import environment_redis_url
 from tests.unit.harness import Driver
 

@@ -1,4 +1,4 @@
--- Prepended to every script (scripts.py does it at load time), so the fence
+-- Prepended to every script (connection.py's Scripts does it at load time), so the fence
 -- and the progress append exist once. Nothing here builds a key name.
 
 -- The fencing check. Returns nil when the caller's epoch owns the run and the
@@ -1141,7 +1141,7 @@ end
 -- == The fence rule (ops.py: the `fenced` column) ========================
 -- The one fencing rule: a script whose row is fenced runs only for the
 -- attempt whose epoch (ARGV[1]) owns the run (KEYS[1]) while the run accepts
--- work; the loader sets FENCED from the row (scripts.py), so no script
+-- work; the loader sets FENCED from the row (connection.py), so no script
 -- carries the check itself, and it runs before the script's first line, in
 -- the same script as the writes it guards. Scripts whose row says why not
 -- check their own condition (an expected epoch and status, a lock token, a

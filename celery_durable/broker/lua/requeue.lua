@@ -4,7 +4,7 @@
 --    time goes to the coordinator queue, as Temporal's sticky queues fall
 --    back: the home worker has stopped, died, or every thread is busy;
 --  * a message that reached a worker which does not know the run's workflow
---    (tasks/unserved.py) goes back for one that does, as Temporal retries a
+--    (tasks/messages.py) goes back for one that does, as Temporal retries a
 --    workflow task no worker of its type took, after a backoff that doubles
 --    with each such pass (the run hash counts them, 'unserved_passes', until
 --    a pass of the run runs: activate_run) up to a cap, jittered: never a

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from celery_durable.broker.records import STATUSES
 from celery_durable.broker.replies.shape import count, script
+from celery_durable.broker.schema.run import STATUSES
 
 
 @dataclass(frozen=True, slots=True)
