@@ -22,9 +22,10 @@ from celery_durable.broker.journal import Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.errors import StaleAttemptError
 from celery_durable.names import SIGNAL_NAME_MAX, SIGNAL_NAME_PATTERN, name_rule
+from celery_durable.workflows.ops import Ops
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.replay import Replay
+    pass
 
 APPROVAL_SIGNAL = "approval"
 """The signal a person sends to approve or reject (``celery-durable runs approve``,
@@ -44,11 +45,8 @@ class Signal:
     received: bool
 
 
-class WaitOps:
+class WaitOps(Ops):
     """The durable waits of one execution."""
-
-    def __init__(self, replay: Replay) -> None:
-        self._replay = replay
 
     def sleep(self, seconds: float | timedelta) -> None:
         delay = _seconds(seconds, "ctx.sleep")
