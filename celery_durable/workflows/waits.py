@@ -108,12 +108,17 @@ def check_signal_name(name: object) -> str:
     return name
 
 
-def _seconds(value: object, what: str) -> float:
+def seconds_of(value: object) -> float | None:
+    """A number of seconds or a ``timedelta`` (a wait's, a schedule's), as
+    seconds; None for anything else, ``True`` included."""
     if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
+        return value.total_seconds()
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _seconds(value: object, what: str) -> float:
+    seconds = seconds_of(value)
+    if seconds is None:
         raise ValueError(f"{what} takes seconds (a number) or a timedelta, got {type(value).__name__}")
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{what} takes a finite number of seconds, not negative, got {value!r}")
