@@ -35,9 +35,11 @@ class Admitted:
 
 
 class GrantVerdict(StrEnum):
-    WOKEN = "woken"
-    MARKED = "marked"
-    GONE = "gone"
+    """``throttle_granted.lua``'s verdicts."""
+
+    WOKEN = "woken"  # the owner that waited for the slot is woken
+    MARKED = "marked"  # nothing waited yet: the op goes on when it asks
+    GONE = "gone"  # the run, the attempt or the intent is no more: the slot goes back
 
 
 @dataclass(frozen=True, slots=True)
