@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -275,19 +275,8 @@ class ScheduleInfo:
     recent: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: times as ISO 8601 text."""
-        return {
-            "schedule_id": self.schedule_id,
-            "workflow": self.workflow,
-            "cron": self.cron,
-            "every": self.every,
-            "timezone": self.timezone,
-            "args": self.args,
-            "limits": self.limits,
-            "overlap": self.overlap,
-            "catchup_window": self.catchup_window,
-            "paused": self.paused,
-            "note": self.note,
+        """The JSON form: every field, times as ISO 8601 text."""
+        return asdict(self) | {
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
             "next_times": [when.isoformat() for when in self.next_times],
