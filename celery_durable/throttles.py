@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_durable.names import WORKFLOW_NAME_MAX, WORKFLOW_NAME_PATTERN, name_rule
 from celery_durable.workflows.jsonvalue import short_repr
+
+if TYPE_CHECKING:
+    from celery_durable.broker.throttle_store import ThrottleState
 
 MAX_PRIORITY = 1_000_000_000
 """Priorities are ints within ±10^9 (the queue's rank stores them in ten digits)."""
@@ -168,35 +171,21 @@ def decode_settings(raw: Mapping[str, str]) -> ThrottleSettings:
     )
 
 
-def decode_info(
-    name: str,
-    namespace: str,
-    conf: Mapping[str, str],
-    holding: int,
-    waiting: int,
-    *,
-    holders: Mapping[str, str] | None = None,
-    waiters: Mapping[str, str] | None = None,
-    keys: Mapping[str, str] | None = None,
-    top: int = 10,
-) -> ThrottleInfo:
-    """A ``ThrottleInfo`` from what the store read: the conf hash, the counts,
-    and for ``get_throttle`` the holders and waiters hashes and the key counts."""
-    s = decode_settings(conf)
-    held = [_holder(h, raw, waiter=False) for h, raw in (holders or {}).items()]
-    queued = sorted(((raw.split("|")[2], _holder(h, raw, waiter=True)) for h, raw in (waiters or {}).items()))
-    counts = sorted(((k, int(n)) for k, n in (keys or {}).items() if int(n) > 0), key=lambda kn: (-kn[1], kn[0]))
+def decode_info(name: str, namespace: str, state: ThrottleState, top: int = 10) -> ThrottleInfo:
+    """A ``ThrottleInfo`` from what the store read: the conf hash (its settings,
+    field for field), the counts, and for ``get_throttle`` the holders and
+    waiters hashes and the key counts."""
+    held = [_holder(h, raw, waiter=False) for h, raw in state.holders.items()]
+    queued = sorted(((raw.split("|")[2], _holder(h, raw, waiter=True)) for h, raw in state.waiters.items()))
+    counts = sorted(((k, int(n)) for k, n in state.keys.items() if int(n) > 0), key=lambda kn: (-kn[1], kn[0]))
     return ThrottleInfo(
         name=name,
         namespace=namespace,
-        concurrency=s.concurrency,
-        rate=s.rate,
-        per_key_concurrency=s.per_key_concurrency,
-        per_key_rate=s.per_key_rate,
-        holding=holding,
-        waiting=waiting,
-        created_at=_when(conf.get("created_at")),
-        updated_at=_when(conf.get("updated_at")),
+        **asdict(decode_settings(state.conf)),
+        holding=state.holding,
+        waiting=state.waiting,
+        created_at=_when(state.conf.get("created_at")),
+        updated_at=_when(state.conf.get("updated_at")),
         holders=sorted(held, key=lambda h: h.since),
         waiters=[h for _, h in queued],
         top_keys=counts[:top],

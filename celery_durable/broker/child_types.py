@@ -37,9 +37,9 @@ class DoneVerdict(StrEnum):
     LATE = "late"  # the key has a live outcome already: ``outcome`` is it
     DETACHED = "detached"  # a start_child's child: nothing waits for it
     UNKNOWN = "unknown"  # the parent has no such child
-    MISSING = "missing"
-    STALE = "stale"
-    SETTLED = "settled"
+    MISSING = "missing"  # a refusal: the parent's run is gone
+    STALE = "stale"  # a refusal: the parent runs as another epoch than the caller's
+    SETTLED = "settled"  # a refusal: the parent is no longer running, pending or paused
 
 
 @dataclass(frozen=True, slots=True)

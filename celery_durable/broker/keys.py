@@ -169,6 +169,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import astuple, dataclass
+from typing import Final
 
 from celery_durable.names import NAMESPACE_PATTERN
 
@@ -255,6 +256,16 @@ class KeySpace:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        # The keys a whole fleet shares, made once: the hash tag is each one's slot.
+        self.sweep_due: Final = f"{prefix}:{{sweep}}:due"
+        self.sweep_expiring: Final = f"{prefix}:{{sweep}}:expiring"
+        self.sweep_throttles: Final = f"{prefix}:{{sweep}}:throttles"
+        self.queues_empty: Final = f"{prefix}:{{fleet}}:empty"
+        self.workers: Final = f"{prefix}:{{fleet}}:workers"
+        self.registry: Final = f"{prefix}:{{fleet}}:registry"
+        self.profiles: Final = f"{prefix}:{{fleet}}:profiles"
+        self.held_prefix: Final = f"{prefix}:{{fleet}}:held:"
+        self.schedules_due: Final = f"{prefix}:{{sched}}:due"
 
     def run(self, run_id: str) -> RunKeys:
         base = f"{self.prefix}:{{{run_id}}}"
@@ -275,34 +286,6 @@ class KeySpace:
             archive=f"{base}:archive",
         )
 
-    @property
-    def sweep_due(self) -> str:
-        return f"{self.prefix}:{{sweep}}:due"
-
-    @property
-    def sweep_expiring(self) -> str:
-        return f"{self.prefix}:{{sweep}}:expiring"
-
-    @property
-    def queues_empty(self) -> str:
-        return f"{self.prefix}:{{fleet}}:empty"
-
-    @property
-    def workers(self) -> str:
-        return f"{self.prefix}:{{fleet}}:workers"
-
-    @property
-    def registry(self) -> str:
-        return f"{self.prefix}:{{fleet}}:registry"
-
-    @property
-    def profiles(self) -> str:
-        return f"{self.prefix}:{{fleet}}:profiles"
-
-    @property
-    def held_prefix(self) -> str:
-        return f"{self.prefix}:{{fleet}}:held:"
-
     def take_overs(self, namespace: str) -> str:
         return f"{self.prefix}:{{fleet}}:takeovers:{namespace}"
 
@@ -319,10 +302,6 @@ class KeySpace:
             index_meta=f"{base}:ixmeta",
             throttles=f"{base}:throttles",
         )
-
-    @property
-    def schedules_due(self) -> str:
-        return f"{self.prefix}:{{sched}}:due"
 
     def schedule_ids(self, namespace: str) -> str:
         return f"{self.prefix}:{{sched}}:ids:{namespace}"
@@ -342,10 +321,6 @@ class KeySpace:
     def throttle(self, namespace: str, name: str) -> ThrottleKeys:
         base = f"{self.prefix}:{{throttle:{namespace}:{name}}}"
         return ThrottleKeys(*(f"{base}:{part}" for part in ThrottleKeys.__dataclass_fields__))
-
-    @property
-    def sweep_throttles(self) -> str:
-        return f"{self.prefix}:{{sweep}}:throttles"
 
     def run_id_of(self, run_key: str) -> str:
         """The run id a key of ``run()`` names (the text of its hash tag)."""

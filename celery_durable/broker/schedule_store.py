@@ -19,7 +19,7 @@ from typing import Any, cast
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.keys import ScheduleKeys
 from celery_durable.broker.replies import schedules as parse
-from celery_durable.broker.replies.schedules import DueSchedules, Put, RecordVerdict
+from celery_durable.broker.replies.schedules import DueSchedules, PutVerdict, RecordVerdict
 from celery_durable.broker.store_core import StoreCore
 
 ANY = "*"
@@ -74,7 +74,7 @@ class ScheduleStore(StoreCore):
         rev: int | None,
         paused: bool | None,
         now_ms: int,
-    ) -> Put:
+    ) -> PutVerdict:
         """Create the schedule (``rev`` None) or change it under the rev read;
         ``paused`` None keeps its paused state. ``now_ms`` is the time its
         next tick was reckoned from: a new one's creation time, which anchors

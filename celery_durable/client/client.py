@@ -369,16 +369,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         """
         options = paging.check_wait(timeout, poll_interval_ms, cancel_event)
         self.get_workflow_run_progress(run_id, phase_id=phase_id, after_seq=after_seq, limit=1)
-        return paging.follow(
-            self,
-            run_id,
-            phase_id=phase_id,
-            after_seq=after_seq,
-            timeout=options.timeout,
-            poll_interval=options.poll_seconds,
-            cancel_event=options.cancel_event,
-            on_run=on_run,
-        )
+        return paging.follow(self, run_id, options, phase_id=phase_id, after_seq=after_seq, on_run=on_run)
 
     # -- deploying new code (SPEC §8a) ----------------------------------------------
 

@@ -9,7 +9,6 @@ caller that dies between the two leaves a run the sweep still goes on with.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -46,17 +45,11 @@ class ControlMethods:
     engine: Engine
     namespace: str
 
-    if TYPE_CHECKING:  # the Client's own
+    if TYPE_CHECKING:  # the Client's own, as far as these methods use them
 
         def _record(self, run_id: str) -> RunRecord: ...
 
-        def wait_for_workflow_run(
-            self,
-            run_id: str,
-            timeout: float | None = None,
-            poll_interval_ms: int | None = None,
-            cancel_event: threading.Event | None = None,
-        ) -> RunEnvelope: ...
+        def wait_for_workflow_run(self, run_id: str, timeout: float | None = None) -> RunEnvelope: ...
 
     def cancel_workflow_run(self, run_id: str, timeout: float | None = 30) -> RunEnvelope:
         """Request cancellation and wait until the run has settled."""

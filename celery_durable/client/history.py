@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.history_log import read_events, read_tail, read_values
-from celery_durable.broker.schema.history import StoredEvent
-from celery_durable.client.history_event import KINDS, Event, event_of
+from celery_durable.broker.schema.history import KINDS, StoredEvent
+from celery_durable.client.history_event import Event, event_of
 from celery_durable.errors import RunNotFoundError
 from celery_durable.workflows.envelope import from_ms
 

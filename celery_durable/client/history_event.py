@@ -20,36 +20,6 @@ from celery_durable.broker import schema
 from celery_durable.broker.schema.history import AGENT_KINDS, ROW_KINDS, StoredEvent
 from celery_durable.workflows.calls import call_task_id
 
-KINDS = (
-    "attempt_started",
-    "taken_over",
-    "resumed",
-    "step_completed",
-    "step_failed",
-    "step_interrupted",
-    "call_sent",
-    "call_completed",
-    "call_failed",
-    "branches_dispatched",
-    "agent_completed",
-    "agent_failed",
-    "timer_set",
-    "timer_fired",
-    "wait_started",
-    "signal_received",
-    "child_started",
-    "child_settled",
-    "patched",
-    "compensation_started",
-    "pause_requested",
-    "paused",
-    "cancel_requested",
-    "note",
-    "nondeterminism",
-    "run_settled",
-)
-"""Every kind the history holds."""
-
 ERROR_CHARS = 500
 """An error message's preview in an event's data."""
 

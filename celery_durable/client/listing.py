@@ -119,14 +119,7 @@ def check_filter(
     before = _ms(created_before, "created_before")
     if after is not None and before is not None and after >= before:
         raise ValueError("created_after must be earlier than created_before")
-    return RunFilter(
-        status=status,
-        workflow=workflow,
-        waiting=waiting,
-        run_id_prefix=run_id_prefix,
-        created_after=after,
-        created_before=before,
-    )
+    return RunFilter(status, workflow, waiting, run_id_prefix, after, before)
 
 
 def _ms(value: object, name: str) -> int | None:

@@ -212,12 +212,10 @@ def wait_for_run(
 def follow(
     client: Client,
     run_id: str,
+    options: WaitOptions,
     *,
     phase_id: str | None,
     after_seq: int,
-    timeout: float | None,
-    poll_interval: float,
-    cancel_event: threading.Event | None,
     on_run: Callable[[RunEnvelope], None] | None = None,
 ) -> Iterator[ProgressEntry]:
     """Records after ``after_seq`` as they are written, until the run settles.
@@ -228,7 +226,9 @@ def follow(
     is given each envelope once its records are out, so a follower learns
     what records never say: that the run now waits (``snapshot.waiting_for``).
     """
-    for envelope in settling(client, run_id, timeout=timeout, poll_interval=poll_interval, cancel_event=cancel_event):
+    for envelope in settling(
+        client, run_id, timeout=options.timeout, poll_interval=options.poll_seconds, cancel_event=options.cancel_event
+    ):
         while True:
             page = client.get_workflow_run_progress(
                 run_id, phase_id=phase_id, after_seq=after_seq, limit=PAGE_LIMIT_MAX

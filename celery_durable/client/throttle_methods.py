@@ -50,16 +50,7 @@ class ThrottleMethods:
         state = self.engine.store.throttle_read(self.namespace, self._existing_name(name), detail=True)
         if state is None:
             raise self._not_found(name)
-        return throttles.decode_info(
-            name,
-            self.namespace,
-            state.conf,
-            state.holding,
-            state.waiting,
-            holders=state.holders,
-            waiters=state.waiters,
-            keys=state.keys,
-        )
+        return throttles.decode_info(name, self.namespace, state)
 
     def list_throttles(self) -> list[ThrottleInfo]:
         """This namespace's throttles, by name (settings and counts)."""
@@ -67,7 +58,7 @@ class ThrottleMethods:
         for name in self.engine.store.throttle_names(self.namespace):
             state = self.engine.store.throttle_read(self.namespace, name)
             if state is not None:
-                found.append(throttles.decode_info(name, self.namespace, state.conf, state.holding, state.waiting))
+                found.append(throttles.decode_info(name, self.namespace, state))
         return found
 
     def delete_throttle(self, name: str) -> None:

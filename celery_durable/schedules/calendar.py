@@ -18,10 +18,12 @@ keeps it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
+
+from celery_durable.workflows.waits import seconds_of
 
 MAX_CANDIDATES = 2_000
 """Local times looked at for one next tick before giving up: a cron whose
@@ -132,11 +134,8 @@ def from_ms(ms: int) -> datetime:
 
 def every_ms(every: object) -> int:
     """``every`` (seconds, a number >= 1, or a timedelta) in milliseconds."""
-    if isinstance(every, timedelta):
-        seconds = every.total_seconds()
-    elif isinstance(every, int | float) and not isinstance(every, bool):
-        seconds = float(every)
-    else:
+    seconds = seconds_of(every)
+    if seconds is None:
         raise ValueError(f"every must be a number of seconds >= 1 or a timedelta: {every!r:.80}")
     if not seconds >= 1 or seconds > 10 * 366 * 86400:
         raise ValueError(f"every must be a number of seconds >= 1 (at most ten years): {every!r:.80}")

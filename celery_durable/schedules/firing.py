@@ -223,9 +223,10 @@ class Firing:
     stored: StoredSchedule
     definition: Workflow
     now_ms: int
-    last_run: str | None = None
-    last_tick: int | None = None
-    buffered: int | None = None
+    last_run: str | None = field(init=False)
+    """This and the next two: the stored schedule's, as the firing changes them."""
+    last_tick: int | None = field(init=False)
+    buffered: int | None = field(init=False)
     actions: list[str] = field(default_factory=list)
     runs: list[tuple[str, int]] = field(default_factory=list)
     deferred: bool = False

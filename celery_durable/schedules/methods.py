@@ -116,9 +116,9 @@ class ScheduleMethods:
             put = store.put_schedule(
                 self.namespace, schedule_id, spec.fields(), next_ms=next_ms, rev=rev, paused=state, now_ms=now
             )
-            if put.verdict is PutVerdict.OK:
+            if put is PutVerdict.OK:
                 return self.get_schedule(schedule_id)
-            if put.verdict is PutVerdict.EXISTS and not replace:
+            if put is PutVerdict.EXISTS and not replace:
                 raise ScheduleExistsError(f"Schedule already exists: {schedule_id} (pass replace=True to replace it)")
         raise StorageError(f"Schedule {schedule_id} kept changing while it was written; try again")
 
@@ -159,9 +159,9 @@ class ScheduleMethods:
             put = store.put_schedule(
                 self.namespace, schedule_id, spec.fields(), next_ms=next_ms, rev=stored.rev, paused=state, now_ms=now
             )
-            if put.verdict is PutVerdict.OK:
+            if put is PutVerdict.OK:
                 return self.get_schedule(schedule_id)
-            if put.verdict is PutVerdict.MISSING:
+            if put is PutVerdict.MISSING:
                 raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
         raise StorageError(f"Schedule {schedule_id} kept changing while it was updated; try again")
 

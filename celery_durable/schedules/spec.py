@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from celery_durable.errors import StorageCorruptError
@@ -22,6 +22,7 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.definition import Workflow, registered_workflow
 from celery_durable.workflows.jsonvalue import short_repr
 from celery_durable.workflows.limits import validate_limits
+from celery_durable.workflows.waits import seconds_of
 
 OVERLAPS = ("skip", "buffer_one", "allow_all", "cancel_other")
 ACTIONS = ("started", "skipped", "missed", "buffered")
@@ -110,12 +111,8 @@ def check_spec(
         validate_limits(limits, allow_none=True)
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAPS)}: {short_repr(overlap)}")
-    if (
-        isinstance(catchup_window, bool)
-        or not isinstance(catchup_window, int | float | timedelta)
-        or _seconds(catchup_window) < 0
-        or _seconds(catchup_window) > 10 * 366 * 86400
-    ):
+    catchup = seconds_of(catchup_window)
+    if catchup is None or catchup < 0 or catchup > 10 * 366 * 86400:
         raise ValueError(f"catchup_window must be a number of seconds >= 0: {short_repr(catchup_window)}")
     if not isinstance(paused, bool):
         raise ValueError(f"paused must be True or False: {short_repr(paused)}")
@@ -129,14 +126,10 @@ def check_spec(
         args_json=args_json,
         limits_json=jsonvalue.dumps(limits or {}),
         overlap=overlap,
-        catchup_ms=round(_seconds(catchup_window) * 1000),
+        catchup_ms=round(catchup * 1000),
         paused=paused,
         note=note,
     )
-
-
-def _seconds(value: int | float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 def spec_arguments(stored: StoredSchedule) -> dict[str, Any]:
@@ -282,19 +275,8 @@ class ScheduleInfo:
     recent: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: times as ISO 8601 text."""
-        return {
-            "schedule_id": self.schedule_id,
-            "workflow": self.workflow,
-            "cron": self.cron,
-            "every": self.every,
-            "timezone": self.timezone,
-            "args": self.args,
-            "limits": self.limits,
-            "overlap": self.overlap,
-            "catchup_window": self.catchup_window,
-            "paused": self.paused,
-            "note": self.note,
+        """The JSON form: every field, times as ISO 8601 text."""
+        return asdict(self) | {
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
             "next_times": [when.isoformat() for when in self.next_times],

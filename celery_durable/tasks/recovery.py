@@ -237,13 +237,20 @@ class RecoverySweep:
         while not self._stop.is_set():
             self._beat_now.wait(self.interval)
             self._beat_now.clear()
-            if not self._worker_running():
+            if not self._turn(self.beat, "worker beat failed: %s"):
                 return
-            try:
-                self.beat()
-            except StorageError as exc:
-                logger.warning("worker beat failed: %s", exc)
             self._stop.wait(BEAT_SPACING)
+
+    def _turn(self, act: Callable[[], object], failed: str) -> bool:
+        """A turn of a loop that lives as long as the worker (False: it stopped
+        without stopping this); a store that fails is logged and tried next turn."""
+        if not self._worker_running():
+            return False
+        try:
+            act()
+        except StorageError as exc:
+            logger.warning(failed, exc)
+        return True
 
     def beat(self) -> None:
         """Say this worker is alive, and which of the engine's messages it holds:
@@ -285,12 +292,8 @@ class RecoverySweep:
     def _watch_queues(self) -> None:
         try:
             while not self._stop.wait(self.interval):
-                if not self._worker_running():
+                if not self._turn(self.report_empty_queues, "could not record which queues are empty: %s"):
                     return
-                try:
-                    self.report_empty_queues()
-                except StorageError as exc:
-                    logger.warning("could not record which queues are empty: %s", exc)
         finally:
             if self._broker_queues is not None:
                 self._broker_queues.close()

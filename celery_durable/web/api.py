@@ -82,7 +82,10 @@ async def list_runs(request: Request) -> Response:
     )
 
 
-def reader(method: str, param: str) -> Callable[[Request], Awaitable[Response]]:
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def reader(method: str, param: str) -> Handler:
     """``GET`` of one thing: the client's ``method`` of the path's ``param``, as JSON."""
 
     async def read(request: Request) -> Response:
@@ -91,6 +94,21 @@ def reader(method: str, param: str) -> Callable[[Request], Awaitable[Response]]:
         return _json(found.to_dict())
 
     return read
+
+
+def kind_routes(
+    kind: str, param: str, page: Handler, act: Handler, api: tuple[Handler, Handler, Handler]
+) -> list[Route]:
+    """The routes of a page of one kind (schedules, throttles): the page and
+    its forms' actions; ``api``, its JSON list, one by ``param``, and its actions."""
+    list_api, get_api, act_api = api
+    return [
+        Route(f"/ns/{{namespace}}/{kind}", page, methods=["GET"], name=kind),
+        Route(f"/ns/{{namespace}}/{kind}/{{{param}}}/{{action}}", act, methods=["POST"]),
+        Route(f"/api/{kind}", list_api, methods=["GET"]),
+        Route(f"/api/{kind}/{{{param}}}", get_api, methods=["GET"]),
+        Route(f"/api/{kind}/{{{param}}}/{{action}}", act_api, methods=["POST"]),
+    ]
 
 
 get_run = reader("get_workflow_run", "run_id")

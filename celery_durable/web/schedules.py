@@ -9,10 +9,9 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
 
 from celery_durable import Client
-from celery_durable.web.api import _json, proven_body, reader
+from celery_durable.web.api import _json, kind_routes, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
@@ -84,10 +83,4 @@ async def act_api(request: Request) -> Response:
     return JSONResponse({"message": message, "schedule": info.to_dict()})
 
 
-routes = [
-    Route("/ns/{namespace}/schedules", schedules_page, methods=["GET"], name="schedules"),
-    Route("/ns/{namespace}/schedules/{schedule_id}/{action}", act, methods=["POST"]),
-    Route("/api/schedules", list_api, methods=["GET"]),
-    Route("/api/schedules/{schedule_id}", get_api, methods=["GET"]),
-    Route("/api/schedules/{schedule_id}/{action}", act_api, methods=["POST"]),
-]
+routes = kind_routes("schedules", "schedule_id", schedules_page, act, (list_api, get_api, act_api))

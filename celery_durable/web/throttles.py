@@ -17,7 +17,7 @@ from starlette.routing import Route
 from celery_durable import ThrottleInfo
 from celery_durable.client.client import Client
 from celery_durable.throttles import rate_of
-from celery_durable.web.api import _json, proven_body, reader
+from celery_durable.web.api import _json, kind_routes, proven_body, reader
 from celery_durable.web.context import web
 from celery_durable.web.forms import checked_form
 from celery_durable.web.pages import served
@@ -115,10 +115,6 @@ async def act_api(request: Request) -> Response:
 
 
 routes = [
-    Route("/ns/{namespace}/throttles", throttles_page, methods=["GET"], name="throttles"),
     Route("/ns/{namespace}/throttles/set", act, methods=["POST"]),
-    Route("/ns/{namespace}/throttles/{name}/{action}", act, methods=["POST"]),
-    Route("/api/throttles", throttles_api, methods=["GET"]),
-    Route("/api/throttles/{name}", throttle_api, methods=["GET"]),
-    Route("/api/throttles/{name}/{action}", act_api, methods=["POST"]),
+    *kind_routes("throttles", "name", throttles_page, act, (throttles_api, throttle_api, act_api)),
 ]

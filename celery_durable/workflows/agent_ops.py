@@ -21,19 +21,17 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.throttles import check_throttle
+from celery_durable.workflows.ops import Ops
+from celery_durable.workflows.throttles import Throttled
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.replay import Replay
+    pass
 
 MAX_LABEL = 256
 
 
-class AgentOps:
+class AgentOps(Ops):
     """``ctx.agent`` of one execution."""
-
-    def __init__(self, replay: Replay) -> None:
-        self._replay = replay
 
     def agent(
         self,
@@ -42,11 +40,9 @@ class AgentOps:
         label: str | None,
         schema_: Any,
         model: str | None,
-        throttle: str | None = None,
-        throttle_key: str | None = None,
+        throttled: Throttled = None,
     ) -> Any:
         replay = self._replay
-        throttled = check_throttle(throttle, throttle_key)
         request = self._request(prompt, label, schema_, model)
         agent_id = hashlib.sha256(jsonvalue.dumps(request).encode("utf-8")).hexdigest()[:32]
         cursor = replay.current()

@@ -29,7 +29,8 @@ from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import DurableError, StepFailed, StorageUnavailableError
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import check_key
-from celery_durable.workflows.throttles import check_throttle
+from celery_durable.workflows.ops import Ops
+from celery_durable.workflows.throttles import Throttled
 
 if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor
@@ -62,11 +63,8 @@ class CallRequest:
     """``{"args", "kwargs"}`` as JSON text: kept for the run's history (``i:<key>``)."""
 
 
-class CallOps:
+class CallOps(Ops):
     """``ctx.call`` of one execution."""
-
-    def __init__(self, replay: Replay) -> None:
-        self._replay = replay
 
     def call(
         self,
@@ -76,24 +74,17 @@ class CallOps:
         kwargs: Mapping[str, Any] | None,
         queue: str | None,
         timeout: float | None,
-        *,
-        throttle: str | None = None,
-        throttle_key: str | None = None,
+        throttled: Throttled = None,
     ) -> Any:
-        replay = self._replay
-        throttled = check_throttle(throttle, throttle_key)
-        check_key("Call", key)
-        due_from = due_after("ctx.call", key, timeout)
-        cursor = replay.current()
-        replay.check_cancelled()
+        cursor, due_from = start_waited(self._replay, "call", key, timeout)
         identity = Identity.call(key)
         making = partial(self._request, key, task, args, kwargs, queue)
-        reached = reach(replay, cursor, identity, f"call {key!r}", making)
+        reached = reach(self._replay, cursor, identity, f"call {key!r}", making)
         if isinstance(reached, Outcome):
             return reached.step_result(key)
         request, found = reached
         # Its slot goes back when the task's answer is journaled (tasks/calls.py).
-        replay.throttles.gate(cursor, f"c/{key}", throttled, f"call {key!r}")
+        self._replay.throttles.gate(cursor, f"c/{key}", throttled, f"call {key!r}")
         within = f"within {timeout:g} s" if timeout is not None else "in time"
         where = f" (queue {request.queue})" if request.queue else ""
         message = f"Task {request.task_name} (call {key}) did not finish {within}{where}"
@@ -243,15 +234,22 @@ def _is_signature(task: Any) -> bool:
     return isinstance(task, dict) and isinstance(task.get("task"), str) and hasattr(task, "options")
 
 
-def due_after(op: str, key: str, timeout: float | None) -> Callable[[int], int | None]:
-    """A call's or child's due time from when it is journaled, ``timeout`` checked now."""
-    if timeout is None:
-        return lambda now: None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-        raise ValueError(f"{op} {key!r}: timeout must be a finite number of seconds or None, got {timeout!r}")
-    if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
-        raise ValueError(f"{op} {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
-    return lambda now: now + math.ceil(timeout * 1000)
+def start_waited(
+    replay: Replay, op: str, key: str, timeout: float | None
+) -> tuple[Cursor, Callable[[int], int | None]]:
+    """Where a call or a child (``op``) starts, the same for both: its key and
+    ``timeout`` checked before anything else, then its cursor, the run not
+    cancelled; and its due time from when it is journaled."""
+    check_key(op.capitalize(), key)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+            raise ValueError(f"ctx.{op} {key!r}: timeout must be a finite number of seconds or None, got {timeout!r}")
+        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(f"ctx.{op} {key!r}: timeout must be above 0 and at most ten years, got {timeout!r}")
+    cursor = replay.current()
+    replay.check_cancelled()
+    due_ms = None if timeout is None else math.ceil(timeout * 1000)
+    return cursor, lambda now: None if due_ms is None else now + due_ms
 
 
 def reach(

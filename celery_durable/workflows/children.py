@@ -38,10 +38,11 @@ from celery_durable.broker.journal import Conflict, PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.calls import due_after, reach
+from celery_durable.workflows.calls import reach, start_waited
 from celery_durable.workflows.cursor import check_key
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
-from celery_durable.workflows.throttles import check_throttle
+from celery_durable.workflows.ops import Ops
+from celery_durable.workflows.throttles import Throttled
 
 if TYPE_CHECKING:
     from celery_durable.workflows.cursor import Cursor
@@ -90,11 +91,11 @@ class ChildPort(Protocol):
         ...
 
 
-class ChildOps:
+class ChildOps(Ops):
     """``ctx.child`` and ``ctx.start_child`` of one execution."""
 
     def __init__(self, replay: Replay, port: ChildPort | None) -> None:
-        self._replay = replay
+        super().__init__(replay)
         self._port = port
 
     def child(
@@ -104,16 +105,10 @@ class ChildOps:
         args: Any,
         limits: Mapping[str, Any] | None,
         timeout: float | None,
-        *,
-        throttle: str | None = None,
-        throttle_key: str | None = None,
+        throttled: Throttled = None,
     ) -> Any:
         replay = self._replay
-        throttled = check_throttle(throttle, throttle_key)
-        check_key("Child", key)
-        due_from = due_after("ctx.child", key, timeout)
-        cursor = replay.current()
-        replay.check_cancelled()
+        cursor, due_from = start_waited(replay, "child", key, timeout)
         identity = Identity.child(key)
         # (A replay check has no port: it starts nothing, and checks no child first.)
         making = partial(self._request, key, workflow, args, limits)

@@ -18,6 +18,7 @@ from celery_durable.workflows.branch_work import LENT
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.saga import Saga
+from celery_durable.workflows.throttles import check_throttle
 from celery_durable.workflows.waits import Signal
 
 
@@ -87,7 +88,7 @@ class WorkflowContext:
         result; with ``throttle``, holding a slot of that fleet-wide throttle
         while it runs (SPEC §5e)."""
         return self._replay.steps.step(
-            key, producer, volatile=volatile, retry=retry, throttle=throttle, throttle_key=throttle_key
+            key, producer, volatile=volatile, retry=retry, throttled=check_throttle(throttle, throttle_key)
         )
 
     def parallel(self, thunks: Iterable[Callable[[], Any]], *, errors: str = "none") -> list[Any]:
@@ -134,7 +135,7 @@ class WorkflowContext:
         journaled step under ``key``: on any worker that has it, holding no
         slot here while it runs; its JSON result, or ``StepFailed``."""
         return self._replay.calls.call(
-            key, task, args, kwargs, queue, timeout, throttle=throttle, throttle_key=throttle_key
+            key, task, args, kwargs, queue, timeout, check_throttle(throttle, throttle_key)
         )
 
     def child(
@@ -152,7 +153,7 @@ class WorkflowContext:
         under ``key`` and return its result, holding no slot here while it
         runs; ``ChildWorkflowFailed`` when it ends error or cancelled."""
         return self._replay.children.child(
-            key, workflow, args, limits, timeout, throttle=throttle, throttle_key=throttle_key
+            key, workflow, args, limits, timeout, check_throttle(throttle, throttle_key)
         )
 
     def start_child(
@@ -208,5 +209,5 @@ class WorkflowContext:
         when ``schema`` is given; None when the turn failed. Identical calls in a
         run are memoized."""
         return self._replay.agents.agent(
-            prompt, label=label, schema_=schema, model=model, throttle=throttle, throttle_key=throttle_key
+            prompt, label=label, schema_=schema, model=model, throttled=check_throttle(throttle, throttle_key)
         )

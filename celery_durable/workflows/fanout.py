@@ -26,10 +26,11 @@ from celery_durable.errors import NonDeterminismError, StaleAttemptError, Storag
 from celery_durable.workflows.branch_work import BranchSender
 from celery_durable.workflows.branches import run_inline, run_nested, run_target
 from celery_durable.workflows.cursor import Cursor
+from celery_durable.workflows.ops import Ops
 from celery_durable.workflows.stopping import Mode
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.replay import Replay
+    pass
 
 Thunk = Callable[[], Any]
 
@@ -39,11 +40,8 @@ failure raised from the call once every branch finished, or the exception
 object in its slot."""
 
 
-class FanoutOps:
+class FanoutOps(Ops):
     """``ctx.parallel`` and ``ctx.pipeline`` of one execution."""
-
-    def __init__(self, replay: Replay) -> None:
-        self._replay = replay
 
     def parallel(self, thunks: Iterable[Thunk], errors: str = "none") -> list[Any]:
         _check_errors("parallel", errors)

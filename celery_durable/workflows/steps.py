@@ -22,18 +22,19 @@ from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import check_key
-from celery_durable.workflows.throttles import check_throttle
+from celery_durable.workflows.ops import Ops
+from celery_durable.workflows.throttles import Throttled
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
     from celery_durable.workflows.retry import RetryPolicy
 
 
-class StepOps:
+class StepOps(Ops):
     """``ctx.step``, ``ctx.now`` and ``ctx.uuid4`` of one execution."""
 
     def __init__(self, replay: Replay) -> None:
-        self._replay = replay
+        super().__init__(replay)
         self.ran: list[str] = []
         """Keys of the steps this execution ran (journal hits not counted) in
         branch sequences: what a branch task shows Flower it did (``tasks/flower_names.py``)."""
@@ -45,12 +46,9 @@ class StepOps:
         *,
         volatile: bool,
         retry: RetryPolicy | None,
-        throttle: str | None = None,
-        throttle_key: str | None = None,
+        throttled: Throttled = None,
     ) -> Any:
         replay = self._replay
-        # An unthrottled step, nearly every one, never reaches the throttles' modules.
-        throttled = None if throttle is None and throttle_key is None else check_throttle(throttle, throttle_key)
         check_key("Step", key)
         if not callable(producer):
             raise ValueError(f"Step {key!r} producer must be callable, got {type(producer).__name__}")

@@ -46,7 +46,11 @@ class Slot:
     name: str
 
 
-def check_throttle(throttle: object, key: object) -> tuple[str, str] | None:
+Throttled = tuple[str, str] | None
+"""An op's ``throttle=``/``throttle_key=``, checked: (name, key), or None when not throttled."""
+
+
+def check_throttle(throttle: object, key: object) -> Throttled:
     """``throttle=``/``throttle_key=`` checked (``ValueError`` naming them), or None when not throttled."""
     if throttle is None:
         if key is not None:
@@ -62,7 +66,7 @@ class ThrottleOps:
         self._replay = replay
         self._port = port
 
-    def gate(self, cursor: Cursor, op: str, throttle: tuple[str, str] | None, what: str) -> Slot | None:
+    def gate(self, cursor: Cursor, op: str, throttle: Throttled, what: str) -> Slot | None:
         """Before op runs (the journal did not answer it): hold a slot, or
         suspend the sequence until one is given. None: not throttled (or
         the throttle does not exist: the op runs unthrottled, and a

@@ -22,9 +22,10 @@ from celery_durable.broker.journal import Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.errors import StaleAttemptError
 from celery_durable.names import SIGNAL_NAME_MAX, SIGNAL_NAME_PATTERN, name_rule
+from celery_durable.workflows.ops import Ops
 
 if TYPE_CHECKING:
-    from celery_durable.workflows.replay import Replay
+    pass
 
 APPROVAL_SIGNAL = "approval"
 """The signal a person sends to approve or reject (``celery-durable runs approve``,
@@ -44,11 +45,8 @@ class Signal:
     received: bool
 
 
-class WaitOps:
+class WaitOps(Ops):
     """The durable waits of one execution."""
-
-    def __init__(self, replay: Replay) -> None:
-        self._replay = replay
 
     def sleep(self, seconds: float | timedelta) -> None:
         delay = _seconds(seconds, "ctx.sleep")
@@ -110,12 +108,17 @@ def check_signal_name(name: object) -> str:
     return name
 
 
-def _seconds(value: object, what: str) -> float:
+def seconds_of(value: object) -> float | None:
+    """A number of seconds or a ``timedelta`` (a wait's, a schedule's), as
+    seconds; None for anything else, ``True`` included."""
     if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
+        return value.total_seconds()
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _seconds(value: object, what: str) -> float:
+    seconds = seconds_of(value)
+    if seconds is None:
         raise ValueError(f"{what} takes seconds (a number) or a timedelta, got {type(value).__name__}")
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{what} takes a finite number of seconds, not negative, got {value!r}")

@@ -21,21 +21,16 @@ class PutVerdict(StrEnum):
     """An update found a rev other than the one it read: somebody changed it meanwhile."""
 
 
-@dataclass(frozen=True, slots=True)
-class Put:
-    verdict: PutVerdict
-    rev: int = 0
-
-
 @script("schedule_put")
-def schedule_put(reply: Any) -> Put:
-    """schedule_put.lua: {'ok', rev} | {'exists'} | {'missing'} | {'conflict'}."""
+def schedule_put(reply: Any) -> PutVerdict:
+    """schedule_put.lua: {'ok', rev} | {'exists'} | {'missing'} | {'conflict'}.
+    The new rev is checked, not kept: a caller reads the schedule again."""
     verdict = PutVerdict(str(reply[0]))
     if verdict is PutVerdict.OK:
-        return Put(verdict, int(reply[1]))
-    if len(reply) != 1:
+        int(reply[1])
+    elif len(reply) != 1:
         raise ValueError("a refusal carries nothing")
-    return Put(verdict)
+    return verdict
 
 
 @script("schedule_pause")

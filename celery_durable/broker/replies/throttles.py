@@ -13,14 +13,14 @@ from celery_durable.broker.replies.shape import count, script, verdict
 class Admission(StrEnum):
     """What a throttle script did for the caller's holder."""
 
-    GRANTED = "granted"
-    HELD = "held"
-    QUEUED = "queued"
-    UNKNOWN = "unknown"
-    RELEASED = "released"
-    CREATED = "created"
-    UPDATED = "updated"
-    DELETED = "deleted"
+    GRANTED = "granted"  # acquire: the slot is the holder's now
+    HELD = "held"  # acquire: the holder held it already (the same attempt asked again)
+    QUEUED = "queued"  # acquire: the holder waits in the queue, or kept its place there
+    UNKNOWN = "unknown"  # acquire or release: there is no such throttle
+    RELEASED = "released"  # release: the slots given back, and whoever may go now admitted
+    CREATED = "created"  # set: a new throttle
+    UPDATED = "updated"  # set: new settings, applied at once to what waits
+    DELETED = "deleted"  # delete, as the client tells it: the waiters go on unthrottled
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +35,11 @@ class Admitted:
 
 
 class GrantVerdict(StrEnum):
-    WOKEN = "woken"
-    MARKED = "marked"
-    GONE = "gone"
+    """``throttle_granted.lua``'s verdicts."""
+
+    WOKEN = "woken"  # the owner that waited for the slot is woken
+    MARKED = "marked"  # nothing waited yet: the op goes on when it asks
+    GONE = "gone"  # the run, the attempt or the intent is no more: the slot goes back
 
 
 @dataclass(frozen=True, slots=True)

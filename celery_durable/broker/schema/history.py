@@ -37,20 +37,41 @@ ROW_KINDS = frozenset(
 """Kinds whose ``d`` is the step row the script wrote (``StepRow``'s format)."""
 AGENT_KINDS = frozenset({"agent_completed", "agent_failed"})
 """Kinds whose ``d`` is the agent row (``parse_agent_row``'s format)."""
-STORED_KINDS = ROW_KINDS | AGENT_KINDS | {
-    "system",
+KINDS = (
     "attempt_started",
-    "nondeterminism",
-    "patched",
+    "taken_over",
+    "resumed",
+    "step_completed",
+    "step_failed",
+    "step_interrupted",
+    "call_sent",
+    "call_completed",
+    "call_failed",
     "branches_dispatched",
+    "agent_completed",
+    "agent_failed",
     "timer_set",
     "timer_fired",
     "wait_started",
     "signal_received",
     "child_started",
     "child_settled",
-}
-"""Every kind a script records; ``system`` is a system progress record, told by its message."""
+    "patched",
+    "compensation_started",
+    "pause_requested",
+    "paused",
+    "cancel_requested",
+    "note",
+    "nondeterminism",
+    "run_settled",
+)
+"""Every kind the history holds, as a page shows it (``client/history_event.py``)."""
+TOLD_BY_MESSAGE = frozenset(
+    {"taken_over", "resumed", "compensation_started", "pause_requested", "paused", "cancel_requested"}
+) | {"note", "run_settled"}
+"""Kinds shown from a ``system`` progress record, told by its message."""
+STORED_KINDS = frozenset(KINDS) - TOLD_BY_MESSAGE | {"system"}
+"""Every kind a script records: the others, and ``system``."""
 
 
 @dataclass(frozen=True, slots=True)
