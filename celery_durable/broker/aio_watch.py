@@ -1,12 +1,14 @@
 """One pub/sub subscription per namespace, shared by every watch of an ``AsyncClient``.
 
-A sync ``RunWatch`` holds a connection of its own and reads every update of
-its namespace, keeping its runs' ones. A thousand of them waiting in one
-event loop would be a thousand connections, and every run that changes
-would wake all thousand to say "not yours": work that grows as the square
-of the waiters (measured: a thousand waits settling took over a minute).
-So an ``AsyncClient`` subscribes once per channel (``WatchHub``), reads each
-update once, and hands it only to the watches of that run (``HubWatch``).
+A ``RunWatch`` with a connection of its own reads every update of its
+namespace, keeping its runs' ones. A thousand of them waiting in one event
+loop would be a thousand connections, and every run that changes would
+wake all thousand to say "not yours": work that grows as the square of the
+waiters (measured: a thousand waits settling took over a minute). So an
+``AsyncClient`` subscribes once per channel (``WatchHub``), reads each
+update once, and hands it only to the watches of that run (``HubWatch``):
+what the sync client does per process with a reader thread
+(``events.SharedWatches``), done here in the loop that owns the connection.
 
 The wake-up is the sync client's: the namespace's ``events`` channel, the
 same ``RunUpdate``s, and the same loop around them (``progress.settling``),
@@ -19,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections import deque
 from collections.abc import Collection
 from typing import Any
 
@@ -28,7 +28,7 @@ import redis.asyncio
 
 from celery_durable.broker.aio_bridge import await_only, in_loop_greenlet
 from celery_durable.broker.connection import storage_errors
-from celery_durable.broker.events import RunUpdate, RunWatch
+from celery_durable.broker.events import FedWatch, RunUpdate
 from celery_durable.errors import StorageUnavailableError
 
 READ_SLICE = 30.0
@@ -134,26 +134,12 @@ class _Channel:
                 await pubsub.aclose()
 
 
-class HubWatch(RunWatch):
-    """A ``RunWatch`` whose updates come from a shared subscription (``WatchHub``)."""
+class HubWatch(FedWatch):
+    """A watch of ``WatchHub``: ``get`` waits in its caller's event loop."""
 
     def __init__(self, shared: _Channel, channel: str, run_ids: Collection[str] | None) -> None:
-        # Not RunWatch.__init__: no connection of its own.
-        self.channel = channel
-        self.run_ids = frozenset(run_ids) if run_ids is not None else None
-        self._closed = threading.Event()
-        self._shared = shared
-        self._updates: deque[RunUpdate] = deque()
-        self._failure: StorageUnavailableError | None = None
+        super().__init__(shared, channel, run_ids)
         self._wakeup: asyncio.Future[None] | None = None
-
-    def deliver(self, update: RunUpdate) -> None:
-        self._updates.append(update)
-        self._wake()
-
-    def fail(self, failure: StorageUnavailableError) -> None:
-        self._failure = failure
-        self._wake()
 
     def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():
@@ -173,17 +159,9 @@ class HubWatch(RunWatch):
                 self._wakeup = None
                 if timer is not None:
                     timer.cancel()
-        if self._failure is not None:
-            raise self._failure
-        if self._closed.is_set() or not self._updates:
-            return None
-        return self._updates.popleft()
+        return self._next()
 
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._wake()  # ends a get() waiting in another task
+    def _let_go(self) -> None:
         if in_loop_greenlet():
             await_only(self._shared.remove(self))
             return

@@ -179,9 +179,10 @@ class SharedWatches:
 
     def _release(self, watch: SharedWatch) -> None:
         with self._lock:
-            watch.shared.watches.discard(watch)
-            if not watch.shared.watches:
-                watch.shared.idle_since = time.monotonic()
+            shared: _Shared = watch._shared
+            shared.watches.discard(watch)
+            if not shared.watches:
+                shared.idle_since = time.monotonic()
 
 
 class _Shared:
@@ -230,27 +231,62 @@ class _Shared:
             return not self.done
 
 
-class SharedWatch(RunWatch):
-    """A ``RunWatch`` whose updates come from a shared subscription (``SharedWatches``)."""
+class FedWatch(RunWatch):
+    """A ``RunWatch`` fed by a subscription it shares: no connection of its
+    own. Its reader hands it updates (``deliver``) or the failure that
+    ended the subscription (``fail``); ``_wake`` rouses a ``get`` waiting
+    for either, in a thread (``SharedWatch``) or an event loop
+    (``aio_watch.HubWatch``)."""
 
-    def __init__(self, shared: _Shared, channel: str, run_ids: Collection[str] | None) -> None:
+    def __init__(self, shared: Any, channel: str, run_ids: Collection[str] | None) -> None:
         # Not RunWatch.__init__: no connection of its own.
         self.channel = channel
         self.run_ids = frozenset(run_ids) if run_ids is not None else None
         self._closed = threading.Event()
-        self.shared = shared
+        self._shared = shared
         self._updates: deque[RunUpdate] = deque()
         self._failure: StorageError | None = None
-        self._ready = threading.Condition()
 
     def deliver(self, update: RunUpdate) -> None:
-        with self._ready:
-            self._updates.append(update)
-            self._ready.notify_all()
+        self._updates.append(update)
+        self._wake()
 
     def fail(self, failure: StorageError) -> None:
-        with self._ready:
-            self._failure = failure
+        self._failure = failure
+        self._wake()
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _let_go(self) -> None:
+        """Leave the shared subscription (the watch is closed)."""
+        raise NotImplementedError
+
+    def _next(self) -> RunUpdate | None:
+        """What a woken ``get`` returns: the failure raised, None once closed or with nothing, else the next update."""
+        if self._failure is not None:
+            raise self._failure
+        if self._closed.is_set() or not self._updates:
+            return None
+        return self._updates.popleft()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._wake()  # ends a get() waiting elsewhere
+        self._let_go()
+
+
+class SharedWatch(FedWatch):
+    """A watch of ``SharedWatches``: ``get`` waits in its caller's thread."""
+
+    def __init__(self, shared: _Shared, channel: str, run_ids: Collection[str] | None) -> None:
+        super().__init__(shared, channel, run_ids)
+        self._ready = threading.Condition()
+
+    def _wake(self) -> None:
+        with self._ready:  # a get() between its check and its wait holds this: no wake is lost
             self._ready.notify_all()
 
     def get(self, timeout: float | None = None) -> RunUpdate | None:
@@ -262,16 +298,7 @@ class SharedWatch(RunWatch):
                 if remaining is not None and remaining <= 0:
                     return None
                 self._ready.wait(remaining)
-            if self._failure is not None:
-                raise self._failure
-            if self._closed.is_set():
-                return None
-            return self._updates.popleft()
+            return self._next()
 
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        with self._ready:
-            self._closed.set()
-            self._ready.notify_all()  # ends a get() waiting in another thread
-        self.shared.hub._release(self)
+    def _let_go(self) -> None:
+        self._shared.hub._release(self)
