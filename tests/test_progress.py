@@ -540,6 +540,40 @@ def test_a_shared_subscription_that_fails_fails_its_watches_and_the_next_watch_s
         assert update is not None and update.run_id == run_id
 
 
+def chatter(ctx: Any) -> int:
+    for i in range(CHATTER_STEPS):
+        ctx.log(f"record {i}")
+        ctx.step(f"s{i}", lambda: None)  # each step's script writes the record before it: a progress update
+    return CHATTER_STEPS
+
+
+CHATTER_STEPS = 40
+CHATTER = define_workflow({"name": "chatter", "description": "a record a step", "phases": []}, chatter)
+
+
+def test_a_wait_reads_the_run_on_its_status_updates_not_on_each_record(durable) -> None:
+    d = durable([CHATTER])
+    reads = []
+    read = d.client.get_workflow_run
+
+    def counted(run_id: str) -> Any:
+        reads.append(run_id)
+        return read(run_id)
+
+    d.client.get_workflow_run = counted  # type: ignore[method-assign]
+    with d.client.watch_runs() as watch:
+        run_id = d.client.start_workflow("chatter")
+        # A quiet while longer than the run: every read is one an update caused.
+        envelope = d.client.wait_for_workflow_run(run_id, timeout=RUN_BOUND, poll_interval_ms=600_000)
+        assert (envelope.status, envelope.result) == ("completed", CHATTER_STEPS)
+        heard = []
+        while (update := watch.get(0.5)) is not None:
+            heard.append(update.change)
+    assert heard.count("progress") >= CHATTER_STEPS // 2, heard  # the run did announce its records
+    # The first read, then one per status update (running, completed) at most.
+    assert len(reads) <= 3, reads
+
+
 def test_follow_yields_every_record_in_order_until_the_run_settles(durable) -> None:
     entered, release = threading.Event(), threading.Event()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -40,6 +40,10 @@ MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 CANCEL_CHECK_SECONDS = 0.05
 """How soon a set ``cancel_event`` ends a wait."""
+SETTLING_CHANGES = frozenset({"status"})
+"""The updates after which a wait for a run's end reads it again: every script
+that changes a run's status says ``status`` (events.py); a run that is gone
+says nothing, and is read again after the wait's quiet while."""
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -167,8 +171,11 @@ def settling(
     timeout: float | None,
     poll_interval: float,
     cancel_event: threading.Event | None,
+    changes: Collection[str] | None = None,
 ) -> Iterator[RunEnvelope]:
-    """The run's envelope now and after every change, until it settles.
+    """The run's envelope now and after every change (of ``changes``, when
+    given: a wait for the end reads the run again on a ``status`` update
+    only, not on each of its progress records), until it settles.
 
     The last envelope yielded is terminal. Changes are learnt from
     ``watch_runs``, subscribed before the first read so that no change after
@@ -190,7 +197,7 @@ def settling(
                     raise TimeoutError(f"Run {run_id} is still {envelope.status} after {timeout}s")
                 # Wake at the deadline for a last look: the run may have just settled.
                 quiet = min(quiet, deadline - time.monotonic())
-            _until_change(watch, quiet, cancel_event, run_id)
+            _until_change(watch, quiet, cancel_event, run_id, changes)
 
 
 def wait_for_run(
@@ -204,7 +211,12 @@ def wait_for_run(
     """``Client.wait_for_workflow_run``: the run's envelope once it has settled."""
     options = check_wait(timeout, poll_interval_ms, cancel_event)
     envelopes = settling(
-        client, run_id, timeout=options.timeout, poll_interval=options.poll_seconds, cancel_event=options.cancel_event
+        client,
+        run_id,
+        timeout=options.timeout,
+        poll_interval=options.poll_seconds,
+        cancel_event=options.cancel_event,
+        changes=SETTLING_CHANGES,
     )
     return deque(envelopes, maxlen=1)[0]
 
@@ -242,8 +254,15 @@ def follow(
             on_run(envelope)
 
 
-def _until_change(watch: RunWatch, seconds: float, cancel_event: threading.Event | None, run_id: str) -> None:
-    """Until an update of the run or ``seconds`` of silence; ``WorkflowWaitCancelled`` once the event is set."""
+def _until_change(
+    watch: RunWatch,
+    seconds: float,
+    cancel_event: threading.Event | None,
+    run_id: str,
+    changes: Collection[str] | None = None,
+) -> None:
+    """Until an update of the run (one of ``changes``, when given) or
+    ``seconds`` of silence; ``WorkflowWaitCancelled`` once the event is set."""
     until = time.monotonic() + seconds
     while True:
         if cancel_event is not None and cancel_event.is_set():
@@ -252,7 +271,8 @@ def _until_change(watch: RunWatch, seconds: float, cancel_event: threading.Event
         if remaining <= 0:
             return
         # Short slices only while there is an event to notice.
-        if watch.get(remaining if cancel_event is None else min(remaining, CANCEL_CHECK_SECONDS)) is not None:
+        update = watch.get(remaining if cancel_event is None else min(remaining, CANCEL_CHECK_SECONDS))
+        if update is not None and (changes is None or update.change in changes):
             return
 
 
