@@ -2,15 +2,17 @@
 
 Every script that changes a run announces it in the same script, as
 ``"<run_id> <change>"`` on the channel of the run's namespace (see keys.py):
-``created`` (index_run), ``status`` (activate, finish, resume, halt, cancel),
+``created`` (index_run), ``status`` (activate, finish, resume, halt, cancel:
+``"<run_id> status <status>"``, the prelude's ``announce_status``),
 ``progress`` (begin_op wrote records), ``cancel`` (a cancel was requested),
 and whatever later scripts add. A watcher subscribes once and learns of
 every run's changes without polling each run.
 
 Pub/sub delivers at most once and keeps nothing for an absent subscriber,
-so an update says *that* a run changed, never what changed: read the run,
-and read it again after a quiet while (``follow_workflow_run_progress`` and
-``wait_for_workflow_run`` do both).
+so an update says *that* a run changed, never all of what changed: read the
+run, and read it again after a quiet while (``follow_workflow_run_progress``
+and ``wait_for_workflow_run`` do both; the wait skips the read of a status
+that is not an end).
 """
 
 from __future__ import annotations
@@ -46,12 +48,16 @@ class RunUpdate:
 
     run_id: str
     change: str
+    status: str | None = None
+    """With ``status``: the run's status it changed to (None from a script
+    that did not say it)."""
 
     @classmethod
     def parse(cls, data: Any) -> RunUpdate | None:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-        run_id, _, change = text.partition(" ")
-        return cls(run_id, change) if run_id and change else None
+        run_id, _, rest = text.partition(" ")
+        change, _, status = rest.partition(" ")
+        return cls(run_id, change, status or None) if run_id and change else None
 
 
 class RunWatch:

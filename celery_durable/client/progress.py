@@ -16,16 +16,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, StrictInt, StrictStr, ValidationError
 
-from celery_durable.broker.events import RunWatch
+from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.broker.progress import PageMode, ProgressSlice
 from celery_durable.errors import WorkflowWaitCancelled
-from celery_durable.workflows.envelope import ProgressEntry, ProgressPage, RunEnvelope
+from celery_durable.workflows.envelope import ProgressEntry, ProgressPage, RunEnvelope, is_terminal_status
 from celery_durable.workflows.validation import Loc, PositiveNumber, at_most, described, explain
 
 if TYPE_CHECKING:
@@ -40,10 +40,6 @@ MAX_TIMEOUT = 1e9
 """About 31 years: longer is "forever", which None says; and a deadline must stay a finite float."""
 CANCEL_CHECK_SECONDS = 0.05
 """How soon a set ``cancel_event`` ends a wait."""
-SETTLING_CHANGES = frozenset({"status"})
-"""The updates after which a wait for a run's end reads it again: every script
-that changes a run's status says ``status`` (events.py); a run that is gone
-says nothing, and is read again after the wait's quiet while."""
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -164,6 +160,15 @@ def to_page(data: ProgressSlice, query: PageQuery) -> ProgressPage:
 # -- waiting ------------------------------------------------------------------------
 
 
+def may_have_settled(update: RunUpdate) -> bool:
+    """Whether a wait for a run's end reads the run again after ``update``:
+    every script that changes a run's status says ``status``, and to what
+    (events.py), so neither a progress record nor a run that starts running
+    costs the wait a read; a run that is gone says nothing, and is read
+    again after the wait's quiet while."""
+    return update.change == "status" and (update.status is None or is_terminal_status(update.status))
+
+
 def settling(
     client: Client,
     run_id: str,
@@ -171,11 +176,11 @@ def settling(
     timeout: float | None,
     poll_interval: float,
     cancel_event: threading.Event | None,
-    changes: Collection[str] | None = None,
+    wanted: Callable[[RunUpdate], bool] | None = None,
 ) -> Iterator[RunEnvelope]:
-    """The run's envelope now and after every change (of ``changes``, when
-    given: a wait for the end reads the run again on a ``status`` update
-    only, not on each of its progress records), until it settles.
+    """The run's envelope now and after every change (each update ``wanted``
+    says is one, when given: a wait for the end reads the run again only
+    once it ``may_have_settled``), until it settles.
 
     The last envelope yielded is terminal. Changes are learnt from
     ``watch_runs``, subscribed before the first read so that no change after
@@ -197,7 +202,7 @@ def settling(
                     raise TimeoutError(f"Run {run_id} is still {envelope.status} after {timeout}s")
                 # Wake at the deadline for a last look: the run may have just settled.
                 quiet = min(quiet, deadline - time.monotonic())
-            _until_change(watch, quiet, cancel_event, run_id, changes)
+            _until_change(watch, quiet, cancel_event, run_id, wanted)
 
 
 def wait_for_run(
@@ -216,7 +221,7 @@ def wait_for_run(
         timeout=options.timeout,
         poll_interval=options.poll_seconds,
         cancel_event=options.cancel_event,
-        changes=SETTLING_CHANGES,
+        wanted=may_have_settled,
     )
     return deque(envelopes, maxlen=1)[0]
 
@@ -259,10 +264,10 @@ def _until_change(
     seconds: float,
     cancel_event: threading.Event | None,
     run_id: str,
-    changes: Collection[str] | None = None,
+    wanted: Callable[[RunUpdate], bool] | None = None,
 ) -> None:
-    """Until an update of the run (one of ``changes``, when given) or
-    ``seconds`` of silence; ``WorkflowWaitCancelled`` once the event is set."""
+    """Until an update of the run (one ``wanted``, when given) or ``seconds``
+    of silence; ``WorkflowWaitCancelled`` once the event is set."""
     until = time.monotonic() + seconds
     while True:
         if cancel_event is not None and cancel_event.is_set():
@@ -272,7 +277,7 @@ def _until_change(
             return
         # Short slices only while there is an event to notice.
         update = watch.get(remaining if cancel_event is None else min(remaining, CANCEL_CHECK_SECONDS))
-        if update is not None and (changes is None or update.change in changes):
+        if update is not None and (wanted is None or wanted(update)):
             return
 
 

@@ -18,7 +18,7 @@ from celery_durable.workflows.branch_work import LENT
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.saga import Saga
-from celery_durable.workflows.throttles import check_throttle
+from celery_durable.workflows.throttles import Throttled, check_throttle
 from celery_durable.workflows.waits import Signal
 
 
@@ -88,7 +88,7 @@ class WorkflowContext:
         result; with ``throttle``, holding a slot of that fleet-wide throttle
         while it runs (SPEC §5e)."""
         return self._replay.steps.step(
-            key, producer, volatile=volatile, retry=retry, throttled=check_throttle(throttle, throttle_key)
+            key, producer, volatile=volatile, retry=retry, throttled=_throttled(throttle, throttle_key)
         )
 
     def parallel(self, thunks: Iterable[Callable[[], Any]], *, errors: str = "none") -> list[Any]:
@@ -135,7 +135,7 @@ class WorkflowContext:
         journaled step under ``key``: on any worker that has it, holding no
         slot here while it runs; its JSON result, or ``StepFailed``."""
         return self._replay.calls.call(
-            key, task, args, kwargs, queue, timeout, check_throttle(throttle, throttle_key)
+            key, task, args, kwargs, queue, timeout, _throttled(throttle, throttle_key)
         )
 
     def child(
@@ -153,7 +153,7 @@ class WorkflowContext:
         under ``key`` and return its result, holding no slot here while it
         runs; ``ChildWorkflowFailed`` when it ends error or cancelled."""
         return self._replay.children.child(
-            key, workflow, args, limits, timeout, check_throttle(throttle, throttle_key)
+            key, workflow, args, limits, timeout, _throttled(throttle, throttle_key)
         )
 
     def start_child(
@@ -209,5 +209,11 @@ class WorkflowContext:
         when ``schema`` is given; None when the turn failed. Identical calls in a
         run are memoized."""
         return self._replay.agents.agent(
-            prompt, label=label, schema_=schema, model=model, throttled=check_throttle(throttle, throttle_key)
+            prompt, label=label, schema_=schema, model=model, throttled=_throttled(throttle, throttle_key)
         )
+
+
+def _throttled(throttle: object, key: object) -> Throttled:
+    """``check_throttle``, reached only when a throttle is asked for: nearly
+    every op is unthrottled, and its pass need not cross the throttle modules."""
+    return None if throttle is None and key is None else check_throttle(throttle, key)

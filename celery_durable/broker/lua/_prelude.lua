@@ -97,6 +97,15 @@ local function record_event(run_key, history_key, kind, key, at, data)
   return n
 end
 
+-- Says on the namespace's events channel that the run's status changed, and
+-- to what: "<run_id> status <status>" (broker/events.py parses it), so a
+-- wait for the run's end reads it again only once that status is an end.
+-- Every script that changes a run's status says so here.
+local function announce_status(run_key, channel)
+  local f = redis.call('HMGET', run_key, 'id', 'status')
+  redis.call('PUBLISH', channel, f[1] .. ' status ' .. f[2])
+end
+
 -- Appends one progress record with the next per-run seq; returns the seq.
 -- Records carry the attempt count users see, not the fencing epoch.
 -- A record of a phase is also entered in the run's phase index (a zset of
@@ -990,8 +999,7 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
     local attempt = redis.call('HGET', run_key, 'attempt') or '1'
     append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt .. ' started', epoch, now_arg, nil,
       history_key)
-    local run_id = redis.call('HGET', run_key, 'id')
-    redis.call('PUBLISH', channel, run_id .. ' status')
+    announce_status(run_key, channel)
     clock_start(run_key, now)
     redis.call('PERSIST', run_key)  -- see create_run.lua
     redis.call('PERSIST', live_key)

@@ -57,7 +57,7 @@ if status ~= 'pending' and f[4] == '1' then
     epoch, ARGV[1], nil, KEYS[8])
   interrupt_steps(KEYS[1], KEYS[6], KEYS[5], KEYS[8], ARGV[1])
   record_event(KEYS[1], KEYS[8], 'attempt_started', '', ARGV[1], '')
-  redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
+  announce_status(KEYS[1], ARGV[2])
   return {'requested', epoch}
 end
 local epoch = next_epoch(KEYS[1])
@@ -67,5 +67,5 @@ set_status(KEYS[1], 'cancelled', 'reason', 'cancelled',
   'updated_at', ARGV[1], 'cancel', '1')
 tokens_clear(KEYS[1], KEYS[3], KEYS[4], ARGV[1])
 append_progress(KEYS[1], KEYS[2], 'system', '', 'Run cancelled', epoch, ARGV[1], nil, KEYS[8])
-redis.call('PUBLISH', ARGV[2], f[3] .. ' status')
+announce_status(KEYS[1], ARGV[2])
 return {'cancelled', retain_run(KEYS[1], ARGV[4], {KEYS[2], KEYS[8]})}

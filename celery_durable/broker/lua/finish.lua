@@ -33,10 +33,10 @@ end
 if ARGV[10] ~= '' then
   append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], ARGV[1], ARGV[2], nil, KEYS[8])
 end
-local f = redis.call('HMGET', KEYS[1], 'id', 'throttle', 'throttled')
-redis.call('PUBLISH', ARGV[3], f[1] .. ' status')
+local f = redis.call('HMGET', KEYS[1], 'throttle', 'throttled')
+announce_status(KEYS[1], ARGV[3])
 -- Whether the run ever asked a throttle for a slot (its own, or an op's):
 -- only then has its caller slots to give back (tasks/throttling.give_back).
-local throttled = ((f[2] and f[2] ~= '') or f[3] == '1') and '1' or '0'
+local throttled = ((f[1] and f[1] ~= '') or f[2] == '1') and '1' or '0'
 if ARGV[4] == 'paused' then return {'ok', '', throttled} end
 return {'ok', retain_run(KEYS[1], ARGV[11], {KEYS[2], KEYS[8]}), throttled}

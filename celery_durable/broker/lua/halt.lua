@@ -33,5 +33,5 @@ set_status(KEYS[1], ARGV[7], 'reason', ARGV[8], 'error', ARGV[9],
 interrupt_steps(KEYS[1], KEYS[4], KEYS[3], KEYS[8], ARGV[3])
 interrupt_agents(KEYS[5])
 append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[10], epoch, ARGV[3], nil, KEYS[8])
-redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
+announce_status(KEYS[1], ARGV[4])
 return {'ok', retain_run(KEYS[1], ARGV[13], {KEYS[2], KEYS[8]})}

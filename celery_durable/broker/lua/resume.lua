@@ -64,5 +64,5 @@ append_progress(KEYS[1], KEYS[2], 'system', '', ARGV[6] .. ' (attempt ' .. attem
 -- attempt's steps it interrupted, then the new attempt.
 interrupt_steps(KEYS[1], KEYS[4], KEYS[3], KEYS[8], ARGV[3])
 record_event(KEYS[1], KEYS[8], 'attempt_started', '', ARGV[3], '')
-redis.call('PUBLISH', ARGV[4], redis.call('HGET', KEYS[1], 'id') .. ' status')
+announce_status(KEYS[1], ARGV[4])
 return {'ok', epoch, tonumber(attempt)}
