@@ -22,7 +22,6 @@ method of redis-py's own, looked up by name, so nothing here lists them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
@@ -33,8 +32,6 @@ from redis.commands.core import Script
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_closing: set[asyncio.Task[Any]] = set()
-"""Closes scheduled from outside a call, kept until done (the loop holds tasks weakly)."""
 
 
 class _LoopGreenlet(greenlet.greenlet):  # type: ignore[misc]
@@ -117,20 +114,6 @@ class BridgedPipeline(_Forward):
         return cast(list[Any], await_only(self._target.execute(raise_on_error=raise_on_error)))
 
 
-class BridgedPubSub(_Forward):
-    """``redis.asyncio``'s pub/sub with a synchronous face (``events.RunWatch`` reads it)."""
-
-    def close(self) -> None:
-        if in_loop_greenlet():
-            await_only(self._target.aclose())
-            return
-        # Dropped outside a call (an abandoned follow collected later): close it on the loop, if one runs.
-        with contextlib.suppress(RuntimeError):
-            task = asyncio.get_running_loop().create_task(self._target.aclose())
-            _closing.add(task)
-            task.add_done_callback(_closing.discard)
-
-
 class BridgedRedis(_Forward):
     """A synchronous ``redis.Redis`` look-alike over ``redis.asyncio.Redis``, for the store's code in a greenlet."""
 
@@ -148,7 +131,4 @@ class BridgedRedis(_Forward):
 
     def pipeline(self, transaction: bool = True) -> BridgedPipeline:
         return BridgedPipeline(self._target.pipeline(transaction=transaction))
-
-    def pubsub(self, **kwargs: Any) -> BridgedPubSub:
-        return BridgedPubSub(self._target.pubsub(**kwargs))
 

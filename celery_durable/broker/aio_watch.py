@@ -1,6 +1,6 @@
 """One pub/sub subscription per namespace, shared by every watch of an ``AsyncClient``.
 
-A ``RunWatch`` with a connection of its own reads every update of its
+A watch with a connection of its own would read every update of its
 namespace, keeping its runs' ones. A thousand of them waiting in one event
 loop would be a thousand connections, and every run that changes would
 wake all thousand to say "not yours": work that grows as the square of the
@@ -28,7 +28,7 @@ import redis.asyncio
 
 from celery_durable.broker.aio_bridge import await_only, in_loop_greenlet
 from celery_durable.broker.connection import storage_errors
-from celery_durable.broker.events import FedWatch, RunUpdate
+from celery_durable.broker.events import RunUpdate, RunWatch
 from celery_durable.errors import StorageUnavailableError
 
 READ_SLICE = 30.0
@@ -134,7 +134,7 @@ class _Channel:
                 await pubsub.aclose()
 
 
-class HubWatch(FedWatch):
+class HubWatch(RunWatch):
     """A watch of ``WatchHub``: ``get`` waits in its caller's event loop."""
 
     def __init__(self, shared: _Channel, channel: str, run_ids: Collection[str] | None) -> None:

@@ -61,49 +61,60 @@ class RunUpdate:
 
 
 class RunWatch:
-    """A subscription to one namespace's run updates; close it when done.
+    """A watch of one namespace's run updates; close it when done.
 
     ``get(timeout)`` returns the next update or None; iterating yields updates
     until the watch is closed (from any thread). Use it as a context manager.
-    The subscription is confirmed by Redis before the constructor returns, so
-    whatever a caller reads after creating the watch cannot miss a change made
-    after that read.
+    The subscription it is fed by is confirmed by Redis before the watch is
+    made, so whatever a caller reads after creating the watch cannot miss a
+    change made after that read.
+
+    A watch has no connection of its own: it shares its subscription
+    (``SharedWatches`` for a process's threads, ``aio_watch.WatchHub`` for
+    an event loop), whose reader hands it updates (``deliver``) or the
+    failure that ended the subscription (``fail``); ``_wake`` rouses a
+    ``get`` waiting for either, in a thread or in the loop.
 
     On a Redis Cluster the subscription is held by one node (the one serving
     the channel name's slot): a PUBLISH made by a script on any node reaches
     every node's subscribers over the cluster bus.
     """
 
-    def __init__(self, client: RedisClient, channel: str, run_ids: Collection[str] | None = None) -> None:
+    def __init__(self, shared: Any, channel: str, run_ids: Collection[str] | None) -> None:
         self.channel = channel
         self.run_ids = frozenset(run_ids) if run_ids is not None else None
         self._closed = threading.Event()
-        with storage_errors():
-            self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
-            _subscribed(self._pubsub, channel)
+        self._shared = shared
+        self._updates: deque[RunUpdate] = deque()
+        self._failure: StorageError | None = None
 
     def get(self, timeout: float | None = None) -> RunUpdate | None:
         """The next update of a watched run, or None once ``timeout`` seconds
         passed (``0``: only what has already arrived)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._closed.is_set():
-            # Short slices, so that close() from another thread ends a wait.
-            remaining = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-            try:
-                with storage_errors():
-                    message = self._pubsub.get_message(ignore_subscribe_messages=True, timeout=remaining)
-            except Exception:
-                if self._closed.is_set():
-                    return None  # closed under us by another thread
-                raise
-            if message is not None and message.get("type") == "message":
-                update = RunUpdate.parse(message.get("data"))
-                if update is not None and (self.run_ids is None or update.run_id in self.run_ids):
-                    return update
-                continue  # another run's update: look again without giving up the wait
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-        return None
+        raise NotImplementedError
+
+    def deliver(self, update: RunUpdate) -> None:
+        self._updates.append(update)
+        self._wake()
+
+    def fail(self, failure: StorageError) -> None:
+        self._failure = failure
+        self._wake()
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _let_go(self) -> None:
+        """Leave the shared subscription (the watch is closed)."""
+        raise NotImplementedError
+
+    def _next(self) -> RunUpdate | None:
+        """What a woken ``get`` returns: the failure raised, None once closed or with nothing, else the next update."""
+        if self._failure is not None:
+            raise self._failure
+        if self._closed.is_set() or not self._updates:
+            return None
+        return self._updates.popleft()
 
     def __iter__(self) -> Iterator[RunUpdate]:
         while not self._closed.is_set():
@@ -112,8 +123,11 @@ class RunWatch:
                 yield update
 
     def close(self) -> None:
+        if self._closed.is_set():
+            return
         self._closed.set()
-        self._pubsub.close()
+        self._wake()  # ends a get() waiting elsewhere
+        self._let_go()
 
     @property
     def closed(self) -> bool:
@@ -214,7 +228,7 @@ class _Shared:
                         watches = [w for w in self.watches if w.run_ids is None or update.run_id in w.run_ids]
                     for watch in watches:
                         watch.deliver(update)
-        except Exception as exc:  # the connection failed: every watch hears of it, as RunWatch.get would
+        except Exception as exc:  # the connection failed: every watch hears of it, none waits on nothing
             failure = exc if isinstance(exc, StorageError) else StorageError(f"{type(exc).__name__}: {exc}")
             with self.hub._lock:
                 self.done = True
@@ -237,54 +251,7 @@ class _Shared:
             return not self.done
 
 
-class FedWatch(RunWatch):
-    """A ``RunWatch`` fed by a subscription it shares: no connection of its
-    own. Its reader hands it updates (``deliver``) or the failure that
-    ended the subscription (``fail``); ``_wake`` rouses a ``get`` waiting
-    for either, in a thread (``SharedWatch``) or an event loop
-    (``aio_watch.HubWatch``)."""
-
-    def __init__(self, shared: Any, channel: str, run_ids: Collection[str] | None) -> None:
-        # Not RunWatch.__init__: no connection of its own.
-        self.channel = channel
-        self.run_ids = frozenset(run_ids) if run_ids is not None else None
-        self._closed = threading.Event()
-        self._shared = shared
-        self._updates: deque[RunUpdate] = deque()
-        self._failure: StorageError | None = None
-
-    def deliver(self, update: RunUpdate) -> None:
-        self._updates.append(update)
-        self._wake()
-
-    def fail(self, failure: StorageError) -> None:
-        self._failure = failure
-        self._wake()
-
-    def _wake(self) -> None:
-        raise NotImplementedError
-
-    def _let_go(self) -> None:
-        """Leave the shared subscription (the watch is closed)."""
-        raise NotImplementedError
-
-    def _next(self) -> RunUpdate | None:
-        """What a woken ``get`` returns: the failure raised, None once closed or with nothing, else the next update."""
-        if self._failure is not None:
-            raise self._failure
-        if self._closed.is_set() or not self._updates:
-            return None
-        return self._updates.popleft()
-
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._wake()  # ends a get() waiting elsewhere
-        self._let_go()
-
-
-class SharedWatch(FedWatch):
+class SharedWatch(RunWatch):
     """A watch of ``SharedWatches``: ``get`` waits in its caller's thread."""
 
     def __init__(self, shared: _Shared, channel: str, run_ids: Collection[str] | None) -> None:
