@@ -22,6 +22,7 @@ from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict
 from celery_durable.broker.journal import (
     AgentVerdict,
     Began,
+    CallDone,
     CallVerdict,
     Conflict,
     Dispatch,
@@ -99,6 +100,8 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("agent_start", (), ["go", "{}"], TurnStart(TurnVerdict.GO, "{}")),
     ("call_done", (None,), ["late"], None),
     ("call_done", (None,), ["settled"], Refusal.SETTLED),
+    ("call_done", (None,), ["ok", "0", "m", "m.2.0"], CallDone(["m", "m.2.0"], throttled=False)),
+    ("call_done", (None,), ["ok", "1"], CallDone([], throttled=True)),
     ("finish", (), ["ok", "order-42", "0"], Finished("order-42", throttled=False)),
     ("finish", (), ["ok", "", "1"], Finished("", throttled=True)),
     ("halt", (), ["changed"], None),
@@ -151,7 +154,8 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("heartbeat", (), ["ok", *FLAGS]),
     ("branch_start", (1, ["m"]), ["ok", *FLAGS, ["status"], False, [], []]),  # an odd run hash
     ("agent_start", (), ["later"]),
-    ("call_done", (None,), ["here", "ok", *FLAGS]),  # 'here' for a caller that runs no pass
+    ("call_done", (None,), ["here", "0", "ok", *FLAGS]),  # 'here' for a caller that runs no pass
+    ("call_done", (None,), ["ok", "yes", "m"]),  # whether the run was throttled not said
     ("create_run", (), "1"),
     ("index_run", (), None),
     ("finish", (), ["ok"]),  # no idempotency key said

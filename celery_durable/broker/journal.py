@@ -79,6 +79,9 @@ class CallDone:
 
     owners: list[str]
     activation: Activation | None = None
+    throttled: bool = True
+    """Whether an op of the run ever asked a throttle for a slot: only then
+    can the call hold one its answer gives back."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -306,7 +306,8 @@ def _journal(
         return
     if done is not None:
         telemetry.call_answered(workflow, outcome.kind == "o", called)
-        throttling.answered(engine, run_id, epoch, f"c/{key}")
+        if done.throttled:  # else no op of the run holds a slot: no round trip to look
+            throttling.answered(engine, run_id, epoch, f"c/{key}")
     if done is None or not done.owners:
         return
     if kept is not None and done.activation is not None:

@@ -178,3 +178,27 @@ def test_throttle_waits_are_in_the_history_once_each() -> None:
     env.signal(a, "go", 1)
     kinds = [(kind, key) for kind, key, _ in history(env, b)]
     assert kinds.index(("wait_started", None)) < kinds.index(("step_completed", "in"))
+
+
+def echo(n: int) -> int:
+    return n
+
+
+@workflow(name="calls-then-holds", description="A throttled call, then a wait", phases=[])
+def calls_then_holds(ctx: WorkflowContext) -> Any:
+    answer = ctx.call("api", "fleet.echo", args=(ctx.args["n"],), throttle="t")
+    return [answer, ctx.wait_for_signal("go").payload]
+
+
+def test_a_throttled_call_gives_its_slot_back_when_its_answer_is_journaled() -> None:
+    env = WorkflowTestEnvironment([calls_then_holds], tasks={"fleet.echo": echo})
+    env.client.set_throttle("t", concurrency=1)
+    first = env.start(calls_then_holds, args={"n": 1})
+    # The first run's call is answered, and the run waits on: its call's slot
+    # is free again, or the second run's call could not be sent.
+    assert counts(env, "t") == (0, 0)
+    second = env.start(calls_then_holds, args={"n": 2})
+    assert counts(env, "t") == (0, 0)
+    for run_id in (first, second):
+        env.signal(run_id, "go", "went")
+    assert [env.get(run_id).result for run_id in (first, second)] == [[1, "went"], [2, "went"]]

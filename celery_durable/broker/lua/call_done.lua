@@ -14,17 +14,21 @@
 -- ARGV[13] (lock ttl, lease ttl, events channel, resend id, sequence, start),
 -- ARGV[14] '1' when a pass of the run holds the lock in the caller's process
 -- (activate_run's soft: a busy lock is left alone, the caller waits for it).
--- Returns {'ok', owner, owner, ...}; {'here', ...} when ARGV[7] was given and
--- the call woke the main body ('m') alone, followed by what activate.lua returns
--- ('ok' and the flags and tail, or 'busy' and the ms): the lock is taken for
--- the caller, or it was told to look again; {'late'} (the call already has a
--- live outcome) or {refusal}. Run again with the same prefix (its reply was
--- lost): {'ok', the same owners}, and nothing journaled or counted twice.
+-- Returns {'ok', throttled, owner, owner, ...}; {'here', throttled, ...}
+-- when ARGV[7] was given and the call woke the main body ('m') alone,
+-- followed by what activate.lua returns ('ok' and the flags and tail, or
+-- 'busy' and the ms): the lock is taken for the caller, or it was told to
+-- look again; {'late'} (the call already has a live outcome) or {refusal}.
+-- <throttled> is '1' when an op of the run ever asked a throttle for a slot
+-- (throttle_enter.lua), else '0': only then can the call hold one to give
+-- back. Run again with the same prefix (its reply was lost): {'ok',
+-- throttled, the same owners}, and nothing journaled or counted twice.
+local throttled = redis.call('HGET', KEYS[1], 'throttled') == '1' and '1' or '0'
 local before = woken_before(KEYS[2], ARGV[6])
 if before then
   -- The same answer again, its reply lost: the same owners, woken by message
   -- (a pass this script took for the caller re-enters its lock by its token).
-  local again = {'ok'}
+  local again = {'ok', throttled}
   for owner in string.gmatch(before, '%S+') do table.insert(again, owner) end
   return again
 end
@@ -62,11 +66,11 @@ if ARGV[7] and ARGV[7] ~= '' and #owners == 1 and owners[1] == 'm' then
   local activation = activate_run(KEYS[1], KEYS[8], KEYS[4], KEYS[2], ARGV[1], ARGV[7], ARGV[2], ARGV[8], ARGV[9],
     ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], KEYS[7])
   if activation[1] ~= 'settled' and activation[1] ~= 'held' then
-    local out = {'here'}
+    local out = {'here', throttled}
     for _, item in ipairs(activation) do table.insert(out, item) end
     return out
   end
 end
-local out = {'ok'}
+local out = {'ok', throttled}
 for _, owner in ipairs(owners) do table.insert(out, owner) end
 return out

@@ -204,19 +204,20 @@ def agent_finish(reply: Any, run_id: str) -> list[str]:
 
 @script("call_done")
 def call_done(reply: Any, run_id: str, tail: tuple[str, int] | None) -> CallDone | Refusal | None:
-    """call_done.lua: {'ok', owner, owner, ...}; when the caller asked to
-    run the main body's pass (reading ``tail``) and the call woke it alone,
-    {'here', ...what activate.lua returns: 'ok' with the flags and tail, or
-    'busy' and the ms}; {'late'} (None: the call had an outcome already);
-    or {refusal}, returned, not raised: the caller first stops watching a
-    run that settled or is gone."""
+    """call_done.lua: {'ok', throttled, owner, owner, ...}; when the caller
+    asked to run the main body's pass (reading ``tail``) and the call woke it
+    alone, {'here', throttled, ...what activate.lua returns: 'ok' with the
+    flags and tail, or 'busy' and the ms}; {'late'} (None: the call had an
+    outcome already); or {refusal}, returned, not raised: the caller first
+    stops watching a run that settled or is gone."""
     said = verdict(reply, None, "ok", "here", "late", *FENCED)
     if said == "late":
         return None
     if said in FENCED:
         return Refusal(said)
+    throttled = {"0": False, "1": True}[str(reply[1])]
     if said == "ok":
-        return CallDone([str(owner) for owner in reply[1:]])
+        return CallDone([str(owner) for owner in reply[2:]], throttled=throttled)
     if tail is None:
         raise ValueError("'here' for a caller that runs no pass")
-    return CallDone([schema.MAIN], activate(reply[1:], run_id, tail))
+    return CallDone([schema.MAIN], activate(reply[2:], run_id, tail), throttled)
