@@ -170,8 +170,8 @@ class SharedWatches:
     and hands it to the watches of that run; a watch registered once the
     subscription is confirmed misses no change made after its caller's next
     read, as ``RunWatch`` promises. The subscription ends ``LINGER_SECONDS``
-    after its last watch closed, or when its connection fails (every watch
-    then raises, as ``RunWatch.get`` would). ``AsyncClient`` has the same for
+    after its last watch closed, or when its connection fails (every watch's
+    ``get`` then raises the ``StorageError``). ``AsyncClient`` has the same for
     an event loop (``broker/aio_watch.py``).
     """
 
