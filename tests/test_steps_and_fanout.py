@@ -371,7 +371,12 @@ def test_quick_branches_run_in_the_coordinators_pass_and_slow_ones_are_handed_on
 
     task_prerun.connect(counted, weak=False)
     try:
-        d = durable([quick_then_slow_wf], concurrency=8)
+        # A quick branch is one step's round trip: 20 ms (the default) is more
+        # than that on a quiet machine, but a loaded 2-core one (the full
+        # suite's) has stalled one past it and handed the other seven on.
+        # 250 ms keeps every quick branch in the pass there too, and still
+        # hands the slow ones (0.6 s each) on well before the first ends.
+        d = durable([quick_then_slow_wf], concurrency=8, branch_batch_ms=250)
         started = time.monotonic()
         envelope = d.client.run_workflow("quick-then-slow", timeout=TIMEOUT)
         wall = time.monotonic() - started
