@@ -31,19 +31,16 @@ plain ``celery -A``, or ``start_worker`` in tests).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 from celery.signals import task_received
-from celery.worker import state as worker_state
 
 from celery_durable import telemetry
 from celery_durable.broker import RunRecord, now_ms
@@ -54,12 +51,12 @@ from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StorageCorruptError, StorageError
 from celery_durable.schedules.firing import fire_due
 from celery_durable.tasks import flower_names, throttling
-from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
+from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.tasks.queue_depths import BrokerQueues
 from celery_durable.tasks.wakes import Wake, woken
+from celery_durable.tasks.worker_beat import WorkerBeat
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.versions import profile_of
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -70,15 +67,9 @@ BATCH = 200
 CLAIM_MS = 15_000
 """How long a claimed run is this sweeper's alone; it is rescheduled for real long before."""
 MIN_SLEEP = 0.02
-BEAT_SPACING = 0.02
-"""Beats that received messages ask for are this far apart at least: one write per 20 ms at worst."""
-DURABLE_TASKS = frozenset({COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK})
 
 PRUNE_SECONDS = 5.0
 """How often a sweeper takes the runs whose retention ran out out of their indexes."""
-
-FRESH_SECONDS = 5.0
-"""A received message is reported from the sweep's own record this long at most (see beat)."""
 
 EmptyQueues = Callable[[], Sequence[str]]
 """Which of the engine's queues the broker holds no message in, now."""
@@ -96,31 +87,20 @@ class RecoverySweep:
         queues: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         self.engine = engine
-        self.worker_id = worker_id
-        self._queues = queues
-        """The queues this worker consumes (read at each beat: Celery knows them once it runs)."""
-        """Who beats for this worker (``<hostname>/<pid>``); '' for a sweep without a worker."""
         self._worker_running = worker_running
         self._broker_queues: BrokerQueues | None = None
         if empty_queues is None:
             self._broker_queues = empty_queues = BrokerQueues(engine)
         self._empty_queues = empty_queues
         self._stop = threading.Event()
+        self.beats = WorkerBeat(engine, worker_id, queues, self.interval, self._stop, self._turn) if worker_id else None
+        """This worker's beats (``<hostname>/<pid>``); None for a sweep without a worker."""
         self._thread: threading.Thread | None = None
         self._random = random.Random()  # never the global one: user code may seed or rely on it
         self._healthy_since = float("-inf")
         """When Redis last started answering after a failure (monotonic); -inf: never failed."""
         self._last_pass = time.monotonic()
         self._next_prune = 0.0
-        self._beat_now = threading.Event()
-        self._fresh: dict[str, tuple[str, float]] = {}
-        """Messages received lately (task id -> run id, when), until Celery's own requests list them."""
-        self._reported: set[str] = set()
-        """The messages the last beat reported held."""
-        self._to_hold: deque[tuple[str, str]] = deque()
-        """Messages received and not yet said held (task id, run id): ``_hold_loop`` says so."""
-        self._hold_now = threading.Event()
-        self._holder: threading.Thread | None = None
 
     @property
     def interval(self) -> float:
@@ -133,10 +113,8 @@ class RecoverySweep:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="celery-durable-recovery", daemon=True)
         self._thread.start()
-        if self.worker_id:
-            threading.Thread(target=self._beat_loop, name="celery-durable-beat", daemon=True).start()
-            self._holder = threading.Thread(target=self._hold_loop, name="celery-durable-held", daemon=True)
-            self._holder.start()
+        if self.beats is not None:
+            self.beats.start()
         # Apart, so that a broker that does not answer never holds up the
         # worker's beat or the sweep: it only stops the empty reports.
         threading.Thread(target=self._watch_queues, name="celery-durable-queues", daemon=True).start()
@@ -146,12 +124,8 @@ class RecoverySweep:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        if self.worker_id:
-            self._hold_now.set()
-            if self._holder is not None:
-                self._holder.join(timeout=10)  # its last write lands before the worker is forgotten
-            with contextlib.suppress(StorageError):
-                self.engine.store.forget_worker(self.worker_id)
+        if self.beats is not None:
+            self.beats.stop()
 
     def _loop(self) -> None:
         pause = self.interval * self._random.uniform(0.0, 1.0)  # spreads a fleet that started together
@@ -200,47 +174,6 @@ class RecoverySweep:
         """Not within a lease of Redis coming back: heartbeats had no way to land."""
         return time.monotonic() - self._healthy_since >= self.engine.settings.lease_seconds
 
-    def received(self, request: Any = None) -> None:
-        """A message was received: it is said at once, before the worker can
-        die holding it (a message the fleet never heard of would be left to
-        the empty-queue rule, which a backlog delays without bound), but by
-        the holding thread (``_hold_loop``), not in the consumer's: the task
-        starts without waiting for that round trip, and a burst of messages
-        is said in one. Written, it needs no beat: the next regular one
-        (within ``interval``) takes out what finished. Not written, the beat
-        comes soon and reports it with the rest (a beat per message cost a
-        burst of wakes 5 % of the worker's time)."""
-        run_id = _durable_run(request)
-        if run_id is None or not self.worker_id:
-            return  # another task (a call's own, say): no run counts it in flight
-        task_id = str(request.id)
-        self._fresh[task_id] = (run_id, time.monotonic())
-        self._to_hold.append((task_id, run_id))
-        self._hold_now.set()
-
-    def _hold_loop(self) -> None:
-        while not self._stop.is_set():
-            self._hold_now.wait(self.interval)
-            self._hold_now.clear()  # before the drain: what comes after it sets the event again
-            held: list[tuple[str, str]] = []
-            while self._to_hold:
-                held.append(self._to_hold.popleft())
-            if not held:
-                continue
-            try:
-                self.engine.store.hold_messages(self.worker_id, held, now_ms())
-            except StorageError as exc:
-                logger.warning("could not report %d message(s) as held: %s", len(held), exc)
-                self._beat_now.set()
-
-    def _beat_loop(self) -> None:
-        while not self._stop.is_set():
-            self._beat_now.wait(self.interval)
-            self._beat_now.clear()
-            if not self._turn(self.beat, "worker beat failed: %s"):
-                return
-            self._stop.wait(BEAT_SPACING)
-
     def _turn(self, act: Callable[[], object], failed: str) -> bool:
         """A turn of a loop that lives as long as the worker (False: it stopped
         without stopping this); a store that fails is logged and tried next turn."""
@@ -251,32 +184,6 @@ class RecoverySweep:
         except StorageError as exc:
             logger.warning(failed, exc)
         return True
-
-    def beat(self) -> None:
-        """Say this worker is alive, and which of the engine's messages it holds:
-        received, waiting for a countdown, or running (Celery's own bookkeeping)."""
-        if not self.worker_id:
-            return
-        held: dict[str, str] = {}
-        for task_id, request in list(worker_state.requests.items()):
-            run_id = _durable_run(request)
-            if run_id is not None:
-                held[str(task_id)] = run_id
-        # Received but not yet in Celery's requests (the task_received signal
-        # comes first), or in and out again between two beats: still held.
-        now = time.monotonic()
-        for task_id, (run_id, at) in list(self._fresh.items()):
-            if task_id in held or now - at > FRESH_SECONDS:
-                self._fresh.pop(task_id, None)
-            else:
-                held[task_id] = run_id
-        # Only what this beat saw go is removed: a message received while it
-        # looked was written by received() and is in no snapshot yet.
-        gone = [task_id for task_id in self._reported if task_id not in held]
-        # What it serves goes with every beat (list_workers, a mixed deploy named).
-        profile = profile_of(self.engine.workflows, self._queues())
-        self.engine.store.report_worker(self.worker_id, held, gone, now_ms(), profile)
-        self._reported = set(held)
 
     def bury_dead_workers(self) -> None:
         """Messages a dead worker had received but not started died with it."""
@@ -466,19 +373,6 @@ def _note(engine: Engine, record: RunRecord, outcome: str, cause: str, epoch: in
         logger.warning("run %s: the take-over could not be noted for the fleet page: %s", record.run_id, exc)
 
 
-def _durable_run(request: Any) -> str | None:
-    """The run a received durable task's message belongs to; None for any other task.
-
-    By the task's registered name (``Request.type``): ``Request.name`` is the
-    shadow name the message shows in Flower, which says the workflow instead.
-    """
-    kwargs = getattr(request, "kwargs", None)
-    run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
-    if getattr(request, "type", None) in DURABLE_TASKS and isinstance(run_id, str):
-        return run_id
-    return None
-
-
 def install(engine: Engine) -> None:
     """Run a recovery sweep in every worker of ``engine``'s Celery app."""
 
@@ -502,8 +396,8 @@ def install(engine: Engine) -> None:
             self.sweep.start()
 
         def _received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
-            if getattr(sender, "app", None) is engine.celery:
-                self.sweep.received(request)
+            if getattr(sender, "app", None) is engine.celery and self.sweep.beats is not None:
+                self.sweep.beats.received(request)
 
         def stop(self, worker: Any) -> None:
             self.shutdown(worker)

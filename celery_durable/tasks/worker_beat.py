@@ -1,0 +1,165 @@
+"""A worker's word to the fleet: that it is alive, and which of the engine's messages it holds.
+
+The recovery sweep of every worker judges a message lost when the worker
+that held it stops beating (``claim_dead_workers``, ``mark_lost``), and a
+queued message by the empty-queue rule, which a backlog delays without
+bound. So a worker says each durable message it receives at once, and its
+beat says again every interval which it still holds: received, waiting for
+a countdown, or running (Celery's own bookkeeping). Its sweep
+(``tasks/recovery.py``) starts and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any
+
+from celery.worker import state as worker_state
+
+from celery_durable.broker import now_ms
+from celery_durable.errors import StorageError
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
+from celery_durable.workflows.versions import profile_of
+
+if TYPE_CHECKING:
+    from celery_durable.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+BEAT_SPACING = 0.02
+"""Beats that received messages ask for are this far apart at least: one write per 20 ms at worst."""
+DURABLE_TASKS = frozenset({COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK})
+FRESH_SECONDS = 5.0
+"""A received message is reported from this worker's own record this long at most (see beat)."""
+
+Turn = Callable[[Callable[[], object], str], bool]
+"""A turn of a loop that lives as long as the worker (``RecoverySweep._turn``)."""
+
+
+class WorkerBeat:
+    """One worker's beats and the messages it says it holds."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        queues: Callable[[], Collection[str]],
+        interval: float,
+        stop: threading.Event,
+        turn: Turn,
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        """Who beats (``<hostname>/<pid>``)."""
+        self.interval = interval
+        self._queues = queues
+        """The queues this worker consumes (read at each beat: Celery knows them once it runs)."""
+        self._stop = stop
+        """The sweep's: set, the beat and the holding thread end."""
+        self._turn = turn
+        self._beat_now = threading.Event()
+        self._fresh: dict[str, tuple[str, float]] = {}
+        """Messages received lately (task id -> run id, when), until Celery's own requests list them."""
+        self._reported: set[str] = set()
+        """The messages the last beat reported held."""
+        self._to_hold: deque[tuple[str, str]] = deque()
+        """Messages received and not yet said held (task id, run id): ``_hold_loop`` says so."""
+        self._hold_now = threading.Event()
+        self._holder: threading.Thread | None = None
+
+    def start(self) -> None:
+        """The beat and the holding thread, until the sweep's ``stop`` is set."""
+        threading.Thread(target=self._beat_loop, name="celery-durable-beat", daemon=True).start()
+        self._holder = threading.Thread(target=self._hold_loop, name="celery-durable-held", daemon=True)
+        self._holder.start()
+
+    def stop(self) -> None:
+        """Once the sweep's ``stop`` is set: the last held write lands, then the worker is forgotten."""
+        self._hold_now.set()
+        if self._holder is not None:
+            self._holder.join(timeout=10)
+        with contextlib.suppress(StorageError):
+            self.engine.store.forget_worker(self.worker_id)
+
+    def received(self, request: Any = None) -> None:
+        """A message was received: it is said at once, before the worker can
+        die holding it (a message the fleet never heard of would be left to
+        the empty-queue rule, which a backlog delays without bound), but by
+        the holding thread (``_hold_loop``), not in the consumer's: the task
+        starts without waiting for that round trip, and a burst of messages
+        is said in one. Written, it needs no beat: the next regular one
+        (within ``interval``) takes out what finished. Not written, the beat
+        comes soon and reports it with the rest (a beat per message cost a
+        burst of wakes 5 % of the worker's time)."""
+        run_id = _durable_run(request)
+        if run_id is None:
+            return  # another task (a call's own, say): no run counts it in flight
+        task_id = str(request.id)
+        self._fresh[task_id] = (run_id, time.monotonic())
+        self._to_hold.append((task_id, run_id))
+        self._hold_now.set()
+
+    def _hold_loop(self) -> None:
+        while not self._stop.is_set():
+            self._hold_now.wait(self.interval)
+            self._hold_now.clear()  # before the drain: what comes after it sets the event again
+            held: list[tuple[str, str]] = []
+            while self._to_hold:
+                held.append(self._to_hold.popleft())
+            if not held:
+                continue
+            try:
+                self.engine.store.hold_messages(self.worker_id, held, now_ms())
+            except StorageError as exc:
+                logger.warning("could not report %d message(s) as held: %s", len(held), exc)
+                self._beat_now.set()
+
+    def _beat_loop(self) -> None:
+        while not self._stop.is_set():
+            self._beat_now.wait(self.interval)
+            self._beat_now.clear()
+            if not self._turn(self.beat, "worker beat failed: %s"):
+                return
+            self._stop.wait(BEAT_SPACING)
+
+    def beat(self) -> None:
+        """Say this worker is alive, and which of the engine's messages it holds:
+        received, waiting for a countdown, or running (Celery's own bookkeeping)."""
+        held: dict[str, str] = {}
+        for task_id, request in list(worker_state.requests.items()):
+            run_id = _durable_run(request)
+            if run_id is not None:
+                held[str(task_id)] = run_id
+        # Received but not yet in Celery's requests (the task_received signal
+        # comes first), or in and out again between two beats: still held.
+        now = time.monotonic()
+        for task_id, (run_id, at) in list(self._fresh.items()):
+            if task_id in held or now - at > FRESH_SECONDS:
+                self._fresh.pop(task_id, None)
+            else:
+                held[task_id] = run_id
+        # Only what this beat saw go is removed: a message received while it
+        # looked was written by received() and is in no snapshot yet.
+        gone = [task_id for task_id in self._reported if task_id not in held]
+        # What it serves goes with every beat (list_workers, a mixed deploy named).
+        profile = profile_of(self.engine.workflows, self._queues())
+        self.engine.store.report_worker(self.worker_id, held, gone, now_ms(), profile)
+        self._reported = set(held)
+
+
+def _durable_run(request: Any) -> str | None:
+    """The run a received durable task's message belongs to; None for any other task.
+
+    By the task's registered name (``Request.type``): ``Request.name`` is the
+    shadow name the message shows in Flower, which says the workflow instead.
+    """
+    kwargs = getattr(request, "kwargs", None)
+    run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
+    if getattr(request, "type", None) in DURABLE_TASKS and isinstance(run_id, str):
+        return run_id
+    return None
