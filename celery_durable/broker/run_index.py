@@ -55,6 +55,10 @@ NAMESPACE_CACHE = 65_536
 
 
 Calls = Sequence[tuple[Sequence[str], Sequence[Any]]]
+First = Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+"""Scripts ``(name, keys, args)`` that must run before the calls: the run's
+look (``store_core.LOOK_FIRST``), a new run's record before it is listed.
+In the calls' own transaction on one Redis, alone before them otherwise."""
 RunEach = Callable[[str, Calls], list[Any]]
 """Runs a script once per (keys, args), pipelined: the replies in order, a
 call's ``StorageCorruptError`` in its place (``StoreCore._run_plain_each``)."""
@@ -90,20 +94,22 @@ class IndexWrites:
                         self.remember(run_id, found)
         return [self._namespaces.get(run_id) for run_id in run_ids]
 
-    def run_each(self, name: str, calls: Calls, run_ids: Sequence[str], run: RunEach) -> list[Any]:
+    def run_each(self, name: str, calls: Calls, run_ids: Sequence[str], run: RunEach, first: First = ()) -> list[Any]:
         """Script ``name`` once per call, on run ``run_ids[i]``, inside the
-        protocol; the replies in order, a call's ``StorageCorruptError`` in
-        its place. A run with no record (no namespace) has no index to keep:
-        its script refuses."""
+        protocol, after the ``first`` scripts; the replies in order, a call's
+        ``StorageCorruptError`` in its place. A run with no record (no
+        namespace) has no index to keep: its script refuses."""
         if not calls:
             return []
         namespaces = self._namespaces_of(run_ids)
         runs = _grouped(run_ids, namespaces)
         if self._cluster:
+            self._alone(first)
             return self._apart(name, calls, runs, run)
         try:
-            replies = self._together(name, calls, runs)
+            replies = self._together(name, calls, runs, first)
         except StorageCorruptError:  # a reply that cannot be decoded: each call again, as _apart runs it
+            self._alone(first)  # each of them may run twice: a look, a record refused once it exists
             return self._apart(name, calls, runs, run)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:  # a restarted Redis: those calls again, with their intents (their script loads)
@@ -130,19 +136,29 @@ class IndexWrites:
                 except StorageError as exc:
                     logger.warning("runs %s: their indexes wait for a listing to repair them (%s)", ids, exc)
 
-    def _together(self, name: str, calls: Calls, by_namespace: dict[str, list[str]]) -> list[Any]:
-        """One Redis: the scripts, then each namespace's sync reading the
-        records itself, in one MULTI/EXEC. Redis runs a transaction as one,
-        and its AOF replays it whole or not at all (an unfinished MULTI at the
-        end of the file is dropped), so no intent is needed: the indexes equal
-        the records at every instant, and after a restart from the AOF (one
-        round trip: measured 0.19 ms per activate and release where the
-        three steps apart take 0.30 to 0.54). A script not loaded has its
-        ``NoScriptError`` in its place."""
+    def _alone(self, first: First) -> None:
+        """The ``first`` scripts, each by itself, in order (which loads one not loaded)."""
+        for name, keys, args in first:
+            with storage_errors():
+                self._scripts[name](keys=list(keys), args=list(args))
+
+    def _together(self, name: str, calls: Calls, by_namespace: dict[str, list[str]], first: First = ()) -> list[Any]:
+        """One Redis: the ``first`` scripts, the calls, then each namespace's
+        sync reading the records itself, in one MULTI/EXEC. Redis runs a
+        transaction as one, and its AOF replays it whole or not at all (an
+        unfinished MULTI at the end of the file is dropped), so no intent is
+        needed: the indexes equal the records at every instant, and after a
+        restart from the AOF (one round trip: measured 0.19 ms per activate
+        and release where the three steps apart take 0.30 to 0.54). A call
+        whose script is not loaded has its ``NoScriptError`` in its place; a
+        ``first`` script that failed runs again alone, at once (a look late
+        by a round trip, as ``StoreCore._look_then_run`` has it)."""
         script, sync = self._scripts[name], self._scripts["index_sync"]
         now = self._clock()
         with storage_errors():
             pipe = self._client.pipeline(transaction=True)
+            for first_name, keys, args in first:
+                pipe.evalsha(self._scripts[first_name].sha, len(keys), *keys, *args)
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             for namespace, ids in by_namespace.items():
@@ -150,6 +166,8 @@ class IndexWrites:
                 keys = [ns.index, ns.index_state, ns.runs, ns.index_intents, *(self._keys.run(r).run for r in ids)]
                 pipe.evalsha(sync.sha, len(keys), *keys, "", now, INTENT_GRACE_MS, *ids)
             results = pipe.execute(raise_on_error=False)
+        self._alone([call for call, reply in zip(first, results, strict=False) if isinstance(reply, Exception)])
+        results = results[len(first) :]
         for (namespace, ids), synced in zip(by_namespace.items(), results[len(calls) :], strict=True):
             if not isinstance(synced, Exception):
                 parse.index_sync(synced)

@@ -17,6 +17,7 @@ from celery_durable.broker.index_reads import IndexReads
 from celery_durable.broker.ops import OPS
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
 from celery_durable.broker.replies import run as parse
+from celery_durable.broker.run_index import First
 from celery_durable.broker.schema.archive import Archive, Archived, parse_archive, progress_reply
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
@@ -78,24 +79,34 @@ class RunRecords(IndexReads):
 
     def create_run(self, run_id: str, fields: dict[str, str], message: str) -> bool:
         """Create the run record; ``message`` is the task id of its first coordinator message."""
-        flat: list[str] = []
-        for name, value in fields.items():
-            flat.extend((name, value))
-        retention_ms = self.settings.run_retention_seconds * 1000
-        reply = self.call("create_run", self.run_keys(run_id), [message, self.clock(), retention_ms, *flat])
-        return parse.create_run(reply, run_id)
+        return parse.create_run(self.call("create_run", self.run_keys(run_id), self._created(fields, message)), run_id)
+
+    def start_run(self, namespace: str, run_id: str, fields: dict[str, str], message: str, key: str | None) -> str:
+        """``create_run`` of a run whose id is new (a client's start), then
+        ``index_run``: the id of the run that owns the start (this one, or the
+        one idempotency key ``key`` names already). The look, the record and
+        the listing go in one transaction on one Redis (run_index.py), as
+        create_run and index_run would one after the other: a round trip of
+        every start (a record that exists already, which a new id never
+        names, would be listed again)."""
+        look = self.look_call([run_id], self.clock() + self.lease_ms)
+        create = ("create_run", OPS["create_run"].keys_of(self.run_keys(run_id)), self._created(fields, message))
+        [reply] = self._index_each([(namespace, run_id, key)], first=[look, create])
+        if isinstance(reply, Exception):
+            raise reply
+        return parse.index_run(reply)
+
+    def _created(self, fields: dict[str, str], message: str) -> list[Any]:
+        """create_run.lua's ARGV."""
+        flat = [item for pair in fields.items() for item in pair]
+        return [message, self.clock(), self.settings.run_retention_seconds * 1000, *flat]
 
     def create_runs(self, starts: Sequence[tuple[str, dict[str, str], str]]) -> list[bool | StorageCorruptError]:
         """``create_run`` of many runs (run id, fields, first message) at
         once: their looks in one ``look.lua``, then the scripts in one
         pipeline (``_look_then_run_each``). Each one's answer in order, or
         the error of a damaged one in its place."""
-        retention_ms = self.settings.run_retention_seconds * 1000
-        now = self.clock()
-        calls: list[tuple[Any, Sequence[Any]]] = []
-        for run_id, fields, message in starts:
-            flat = [item for pair in fields.items() for item in pair]
-            calls.append((self.run_keys(run_id), [message, now, retention_ms, *flat]))
+        calls = [(self.run_keys(run_id), self._created(fields, message)) for run_id, fields, message in starts]
         replies = self.call_each("create_run", calls)
         out: list[bool | StorageCorruptError] = []
         for (run_id, _, _), reply in zip(starts, replies, strict=True):
@@ -117,16 +128,17 @@ class RunRecords(IndexReads):
             raise reply
         return parse.index_run(reply)
 
-    def _index_each(self, runs: Sequence[tuple[str, str, str | None]]) -> list[Any]:
+    def _index_each(self, runs: Sequence[tuple[str, str, str | None]], first: First = ()) -> list[Any]:
         """index_run.lua for each (namespace, run id, idempotency key), then
-        the runs' first index entries from their records (``_indexed_each``)."""
+        the runs' first index entries from their records (``_indexed_each``),
+        after the ``first`` scripts."""
         calls: list[tuple[Sequence[str], Sequence[Any]]] = []
         for namespace, run_id, idempotency_key in runs:
             self.indexes.remember(run_id, namespace)
             ns = self.keys.namespace(namespace)
             more = [] if idempotency_key is None else [ns.idempotency(idempotency_key)]
             calls.append(([*OPS["index_run"].keys_of(ns), *more], [run_id, ns.events]))
-        return self._indexed_each("index_run", calls, [run_id for _, run_id, _ in runs])
+        return self._indexed_each("index_run", calls, [run_id for _, run_id, _ in runs], first)
 
     def discard_run(self, run_id: str, epoch: int) -> None:
         parse.discard_run(self.call("discard_run", self.run_keys(run_id), [epoch]), run_id)

@@ -22,7 +22,7 @@ from celery_durable.broker.events import SharedWatches
 from celery_durable.broker.keys import KeySpace, RunKeys
 from celery_durable.broker.ops import INDEXED_SCRIPTS, LOOK_FIRST, OPS, WATCHED_CALLERS, Request
 from celery_durable.broker.replies import fleet as parse_fleet
-from celery_durable.broker.run_index import IndexWrites
+from celery_durable.broker.run_index import First, IndexWrites
 from celery_durable.config import Settings
 from celery_durable.errors import StorageCorruptError, StorageError
 
@@ -121,9 +121,14 @@ class StoreCore:
         sweep's schedule lives in a slot of its own."""
         run_id = self.keys.run_id_of(keys[0])
         at_ms = self.clock() + self.lease_ms
-        if name in INDEXED_SCRIPTS or isinstance(self.client, RedisCluster):
+        if isinstance(self.client, RedisCluster):
             self.look([run_id], at_ms)
             return self._run_alone(name, keys, args)
+        if name in INDEXED_SCRIPTS:  # the look opens the script's own transaction (run_index.py)
+            [reply] = self._indexed_each(name, [(keys, args)], [run_id], first=[self.look_call([run_id], at_ms)])
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
         look, script = self._scripts["look"], self._scripts[name]
         with storage_errors():
             pipe = self.client.pipeline(transaction=False)
@@ -214,11 +219,11 @@ class StoreCore:
         return self._run_plain_each(name, calls, self._run)
 
     def _indexed_each(
-        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], run_ids: Sequence[str]
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], run_ids: Sequence[str], first: First = ()
     ) -> list[Any]:
         """``_run_each`` of a script that changes what the indexes hold of
-        ``run_ids``, inside their protocol (run_index.py)."""
-        return self.indexes.run_each(name, calls, run_ids, self._run_plain_each)
+        ``run_ids``, inside their protocol (run_index.py), after ``first``."""
+        return self.indexes.run_each(name, calls, run_ids, self._run_plain_each, first)
 
     def _run_plain_each(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], again: Runner | None = None
@@ -300,7 +305,11 @@ class StoreCore:
         """Have the sweep look at the runs by ``at_ms`` at the latest, a
         sweeper's claim on them notwithstanding (``look.lua``)."""
         if run_ids:
-            parse_fleet.look(self._run_alone("look", [self.keys.sweep_due], [at_ms, *run_ids]))
+            parse_fleet.look(self._run_alone(*self.look_call(run_ids, at_ms)))
+
+    def look_call(self, run_ids: Sequence[str], at_ms: int) -> tuple[str, list[str], list[Any]]:
+        """``look``'s script call, to run first in a transaction of its own (``run_index.First``)."""
+        return "look", [self.keys.sweep_due], [at_ms, *run_ids]
 
     def looked(self, claim: str, looks: dict[str, int], done: Sequence[str]) -> None:
         """What a sweep found of the runs it claimed (``claim``, the score

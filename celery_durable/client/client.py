@@ -123,8 +123,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         if slot is not None:
             fields.update(throttling.start_slot(self.engine, self.namespace, run_id, slot))
         message = new_task_id()
-        store.create_run(run_id, fields, message)
-        owner = store.index_run(self.namespace, run_id, idempotency_key)
+        owner = store.start_run(self.namespace, run_id, fields, message, idempotency_key)
         first = store.load_run(owner) if owner != run_id else None
         if owner != run_id and first is None and idempotency_key is not None:
             # The key names a run whose retention ran out: free it, start anew.
