@@ -1,6 +1,32 @@
 -- Prepended to every script (connection.py's Scripts does it at load time), so the fence
 -- and the progress append exist once. Nothing here builds a key name.
 
+-- Fields of a run hash read once per script however often it needs them:
+-- 'id' and 'progress_max' never change once the run exists, and 'attempt'
+-- changes only through add_attempt, which keeps this up to date. Keyed by
+-- run hash and field (a few scripts touch several runs); false is a field
+-- found absent.
+local RUN_FIELDS = {}
+
+local function run_field(run_key, field)
+  local name = run_key .. '\0' .. field
+  local value = RUN_FIELDS[name]
+  if value == nil then
+    value = redis.call('HGET', run_key, field) or false
+    RUN_FIELDS[name] = value
+  end
+  return value or nil
+end
+
+-- The attempt count users see (records, history events).
+local function attempt_of(run_key)
+  return run_field(run_key, 'attempt') or '1'
+end
+
+local function add_attempt(run_key, by)
+  RUN_FIELDS[run_key .. '\0attempt'] = tostring(redis.call('HINCRBY', run_key, 'attempt', by))
+end
+
 -- The fencing check. Returns nil when the caller's epoch owns the run and the
 -- run still accepts work, else the refusal: 'missing', 'stale' or 'settled'.
 local function fence(run_key, epoch)
@@ -62,7 +88,7 @@ end
 -- finish, resume...) stops at the first record of a phase it cannot unindex;
 -- the next append that has the key catches up (at most 100 per append).
 local function trim_progress(run_key, stream_key, newest, phase_index_key)
-  local keep = tonumber(redis.call('HGET', run_key, 'progress_max') or '0') or 0
+  local keep = tonumber(run_field(run_key, 'progress_max') or '0') or 0
   if keep <= 0 or newest <= keep then return end
   local old = redis.call('XRANGE', stream_key, '-', (newest - keep) .. '-0', 'COUNT', 100)
   local last = nil
@@ -92,8 +118,7 @@ end
 local function record_event(run_key, history_key, kind, key, at, data)
   if not history_key then error('record_event: no history key for ' .. kind) end
   local n = redis.call('HINCRBY', run_key, 'events', 1)
-  local attempt = redis.call('HGET', run_key, 'attempt') or '1'
-  redis.pcall('XADD', history_key, n .. '-0', 'k', kind, 'y', key or '', 'a', attempt, 't', at, 'd', data or '')
+  redis.pcall('XADD', history_key, n .. '-0', 'k', kind, 'y', key or '', 'a', attempt_of(run_key), 't', at, 'd', data or '')
   return n
 end
 
@@ -124,9 +149,8 @@ local function append_progress(run_key, stream_key, kind, phase_id, message, _ep
     error('append_progress: a system record needs the history key')
   end
   local seq = redis.call('HINCRBY', run_key, 'next_seq', 1)
-  local attempt = redis.call('HGET', run_key, 'attempt') or '1'
   redis.call('XADD', stream_key, seq .. '-0',
-    'kind', kind, 'phase_id', phase_id, 'message', message, 'attempt', attempt, 'at', at)
+    'kind', kind, 'phase_id', phase_id, 'message', message, 'attempt', attempt_of(run_key), 'at', at)
   if phase_id ~= '' then
     redis.call('ZADD', phase_index_key, 0, phase_id .. '|' .. string.format('%015d', seq))
   end
@@ -341,7 +365,7 @@ local function next_epoch(run_key)
     step = math.max(EPOCH_GAP, clock_ms - epoch)
   end
   redis.call('HSET', run_key, 'incarnation', server)
-  redis.call('HINCRBY', run_key, 'attempt', 1)
+  add_attempt(run_key, 1)
   return redis.call('HINCRBY', run_key, 'epoch', step)
 end
 
@@ -819,7 +843,7 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
     end
   end
   if wrote then
-    redis.call('PUBLISH', channel, redis.call('HGET', run_key, 'id') .. ' progress')
+    redis.call('PUBLISH', channel, run_field(run_key, 'id') .. ' progress')
   end
   return outcome, f
 end
@@ -996,8 +1020,8 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
     'unserved_passes', '0')
   if redis.call('HGET', run_key, 'status') == 'pending' then
     set_status(run_key, 'running', 'started_at', now_arg, 'updated_at', now_arg, 'active_since', '')
-    local attempt = redis.call('HGET', run_key, 'attempt') or '1'
-    append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt .. ' started', epoch, now_arg, nil,
+    append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt_of(run_key) .. ' started', epoch,
+      now_arg, nil,
       history_key)
     announce_status(run_key, channel)
     clock_start(run_key, now)

@@ -61,6 +61,6 @@ if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then
   record_event(KEYS[1], KEYS[6], 'call_sent', key, ARGV[2], ARGV[10])
   verdict = 'publish'
 end
-redis.call('PUBLISH', ARGV[13], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
+redis.call('PUBLISH', ARGV[13], run_field(KEYS[1], 'id') .. ' waiting')
 f = flags(KEYS[1])
 return {verdict, f[1], f[2], f[3]}

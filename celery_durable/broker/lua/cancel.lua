@@ -61,7 +61,7 @@ if status ~= 'pending' and f[4] == '1' then
   return {'requested', epoch}
 end
 local epoch = next_epoch(KEYS[1])
-redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- fencing only: no new attempt runs
+add_attempt(KEYS[1], -1)  -- fencing only: no new attempt runs
 set_status(KEYS[1], 'cancelled', 'reason', 'cancelled',
   'error', 'Cancelled while ' .. status, 'can_resume', '0', 'finished_at', ARGV[1],
   'updated_at', ARGV[1], 'cancel', '1')

@@ -69,5 +69,5 @@ if first then
   if due ~= '' then started['until'] = tonumber(due) end
   record_event(KEYS[1], KEYS[6], 'wait_started', key, ARGV[2], cjson.encode(started))
 end
-redis.call('PUBLISH', ARGV[13], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
+redis.call('PUBLISH', ARGV[13], run_field(KEYS[1], 'id') .. ' waiting')
 return {'pending', f[1], f[2], f[3], workflow, due}

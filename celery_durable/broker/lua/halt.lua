@@ -27,7 +27,7 @@ end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], now)
 redis.call('HSET', KEYS[1], 'agents_running', '0')
 local epoch = next_epoch(KEYS[1])
-redis.call('HINCRBY', KEYS[1], 'attempt', -1)  -- no new attempt runs: the count stays
+add_attempt(KEYS[1], -1)  -- no new attempt runs: the count stays
 set_status(KEYS[1], ARGV[7], 'reason', ARGV[8], 'error', ARGV[9],
   'can_resume', '1', 'finished_at', ARGV[3], 'updated_at', ARGV[3], 'lock', '', 'lock_until', '0')
 interrupt_steps(KEYS[1], KEYS[4], KEYS[3], KEYS[8], ARGV[3])

@@ -60,6 +60,6 @@ if first then
   record_event(KEYS[1], KEYS[5], 'wait_started', timer and at or ARGV[7], ARGV[2], cjson.encode(started))
 end
 refresh_waiting(KEYS[1], KEYS[3])
-redis.call('PUBLISH', ARGV[10], redis.call('HGET', KEYS[1], 'id') .. ' waiting')
+redis.call('PUBLISH', ARGV[10], run_field(KEYS[1], 'id') .. ' waiting')
 f = flags(KEYS[1])
 return {'wait', f[1], f[2], f[3], due}
