@@ -62,6 +62,18 @@ def run_branch_task(
 
 
 def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str) -> None:
+    try:
+        _branches(engine, message, call_id, indices, token)
+    except StorageCorruptError as exc:
+        # The branch cannot start (its start reads the sequences it opens)
+        # or journal its outcome. Wake the coordinator rather than leave the
+        # run waiting a lease for the sweep: its pass meets the same damage
+        # and stops the run as workflow_storage_corrupt, in this attempt.
+        logger.error("run %s: storage corrupt in branches %s of %s: %s", message.run_id, indices, call_id, exc)
+        engine.send_coordinator(message.run_id, message.epoch, message.workflow)
+
+
+def _branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[int, ...], token: str) -> None:
     store = engine.store
     if not knows(engine, message):
 
@@ -127,12 +139,6 @@ def _run_branches(engine: Engine, message: RunMessage, call_id: str, indices: tu
     except StaleAttemptError:
         engine.count_refused()
         logger.info("run %s: branches %s of %s belong to an older attempt", record.run_id, indices, call_id)
-    except StorageCorruptError as exc:
-        # The branch cannot journal its outcome. Wake the coordinator rather
-        # than leave the run waiting a lease for the sweep: its pass meets the
-        # same damage and stops the run as workflow_storage_corrupt.
-        logger.error("run %s: storage corrupt in branches %s of %s: %s", record.run_id, indices, call_id, exc)
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow)
 
 
 class _OwnMessage:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from celery_durable import ChildWorkflowFailed, StepFailed, WorkflowContext, workflow
-from celery_durable.testing import WorkflowTestEnvironment
+from celery_durable.testing import Mechanisms, WorkflowTestEnvironment
 
 ran: Counter[str] = Counter()
 
@@ -199,3 +199,33 @@ def test_a_wide_fanout_of_branch_tasks_gives_the_same_slots(errors: str) -> None
         assert result == ["raised", "w17"]
     else:
         assert result[17] == ["w17", "KeyError"] and result[16] == 16 and result[39] == 39
+
+
+
+DAMAGE: dict[str, Any] = {}
+"""The store whose journal the ``damaged`` workflow's step damages."""
+
+
+@workflow(name="damaged", description="its journal damaged before its branch starts", phases=[])
+def damaged(ctx: WorkflowContext) -> Any:
+    ctx.step("a", lambda: 1)
+    # A step's side effect, journaled before the branch message goes out.
+    ctx.step("damage", lambda: damage(ctx.run_id))
+    return ctx.parallel([lambda: ctx.step("b", lambda: count("damaged-branch", 2))])
+
+
+def damage(run_id: str) -> None:
+    store = DAMAGE["store"]
+    store.client.hset(store.run_keys(run_id).journal, "v:a", b"o\xff\xfe not utf-8")
+
+
+def test_a_branch_that_starts_on_a_damaged_journal_stops_the_run_as_corrupt_in_its_attempt() -> None:
+    """A branch task reads the main body's sequence as it starts. Damaged
+    there, it cannot start: it wakes the coordinator, whose pass meets the
+    same damage and stops the run as workflow_storage_corrupt in the attempt
+    that met it, not a lease later, as a new one, by the sweep."""
+    env = WorkflowTestEnvironment([damaged], mechanisms=Mechanisms.MESSAGES)
+    DAMAGE["store"] = env.engine.store
+    envelope = env.run("damaged")
+    assert (envelope.status, envelope.reason, envelope.attempt) == ("error", "workflow_storage_corrupt", 1)
+    assert ran["damaged-branch"] == 0
