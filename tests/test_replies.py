@@ -118,7 +118,10 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("examine", (), ["paused", "2", "w", "", ""], Examined("paused", 2, "w", Liveness.SETTLED, "")),
     ("child", (), ["pending", *FLAGS, "leaf", ""], ChildCall(ChildVerdict.PENDING, RAISED, "leaf")),
     ("child", (), ["hit", *FLAGS, "leaf", "o1"], ChildCall(ChildVerdict.HIT, RAISED, "leaf", "o1")),
-    ("child_done", (), ["ok", 3, "parent", "o1", "m"], ChildDone(DoneVerdict.OK, 3, "parent", "o1", "m")),
+    ("child_done", (), ["ok", 3, "parent", "o1", "0", "m"], ChildDone(DoneVerdict.OK, 3, "parent", "o1", "m", False)),
+    ("child_done", (), ["ok", 3, "parent", "o1", "1"], ChildDone(DoneVerdict.OK, 3, "parent", "o1", None, True)),
+    ("agent_finish", (), ["ok", "m m.2.0", "0"], CallDone(["m", "m.2.0"], throttled=False)),
+    ("agent_finish", (), ["ok", "", "1"], CallDone([], throttled=True)),
     ("child_done", (), ["late", 3, "parent", "o1"], ChildDone(DoneVerdict.LATE, 3, "parent", "o1")),
     ("child_done", (), ["settled"], ChildDone(DoneVerdict.SETTLED)),
     ("compensable", (), ["ok", *FLAGS], RAISED),
@@ -176,6 +179,8 @@ BAD: list[tuple[str, tuple[Any, ...], Any]] = [
     ("child", (), ["started", *FLAGS, "leaf", ""]),
     ("child", (), ["hit", *FLAGS]),  # a hit without its workflow and outcome
     ("child_done", (), ["ok", "three", "parent", "o1"]),
+    ("child_done", (), ["ok", 3, "parent", "o1"]),  # whether the parent was throttled not said
+    ("agent_finish", (), ["ok", "m"]),  # whether the run was throttled not said
     ("child_done", (), ["woken"]),
     ("note", (), ["written"]),
     # a kind no script records; data that is no JSON object

@@ -53,3 +53,6 @@ class ChildDone:
     outcome: str | None = None
     owner: str | None = None
     """The owner to wake by message ``<prefix>-1``."""
+    throttled: bool = True
+    """With ``OK``: an op of the parent ever asked a throttle for a slot (else
+    none is held for this child: no round trip to look for one)."""

@@ -133,10 +133,10 @@ class RunPasses(StoreCore):
         usage: tuple[int, int, int],
         token: str,
         wake_prefix: str,
-    ) -> list[str]:
+    ) -> CallDone:
         """Journal a turn's outcome with its usage (nano-credits, prompt and
         completion tokens); returns the owners to wake, the n-th (from 1) by
-        message ``f"{wake_prefix}-{n}"``."""
+        message ``f"{wake_prefix}-{n}"``, and whether the run ever throttled an op."""
         k = self.run_keys(run_id)
         reply = self.call(
             "agent_finish", k, [epoch, self.clock(), agent_id, outcome, row_json, *usage, token, wake_prefix]

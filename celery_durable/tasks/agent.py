@@ -163,9 +163,10 @@ def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Tur
         int(turn.usage.get("completion_tokens") or 0),
     )
     prefix = new_task_id()
-    waiters = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
-    throttling.answered(engine, record.run_id, record.epoch, f"a/{agent}")
-    wake_owners(engine, record.run_id, record.epoch, record.workflow, waiters, prefix)
+    done = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
+    if done.throttled:  # else no op of the run holds a slot: no round trip to look
+        throttling.answered(engine, record.run_id, record.epoch, f"a/{agent}")
+    wake_owners(engine, record.run_id, record.epoch, record.workflow, done.owners, prefix)
 
 
 def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:

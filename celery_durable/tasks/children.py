@@ -182,7 +182,7 @@ def tell_parent(
     prefix = new_task_id()
     try:
         done = store.tell_parent(parent_id, child.namespace, key, child.run_id, outcome, prefix)
-        if done.verdict is DoneVerdict.OK:
+        if done.verdict is DoneVerdict.OK and done.throttled:
             throttling.answered(engine, parent_id, done.epoch, f"k/{key}")
         if done.verdict is DoneVerdict.OK and done.owner is not None:
             engine.deliver(woken(parent_id, done.epoch, done.workflow, [done.owner], prefix))

@@ -47,7 +47,7 @@ def test_a_child_is_entered_once_waited_for_and_its_end_wakes_the_waiter_once(ma
     assert backend.record().children == 1
 
     told = backend.tell("k", kid("k"), DONE)
-    assert told == ChildDone(DoneVerdict.OK, 1, "contract", DONE.encode(), "m")
+    assert told == ChildDone(DoneVerdict.OK, 1, "contract", DONE.encode(), "m", throttled=False)
     assert backend.live()["told-1"].startswith("q|c|"), "the wake is counted in flight before it is sent"
     assert backend.waits() == {} and backend.record().waiting_for is None
     assert backend.tell("k", kid("k"), DONE) == told, "its reply lost: the same answer, nothing counted twice"

@@ -26,8 +26,8 @@ def test_an_agent_turns_end_run_twice_counts_its_usage_once_and_wakes_the_same_o
     assert store.agent_start(run_id, 1, AGENT, "turn", "later", 100).verdict == "go"
     row = schema.finished_agent_row(None, failed=False, started_at=1, completed_at=2, active_ms=1, usage={}, error=None)
     finish = (run_id, 1, AGENT, ok("fine"), row, (ONE_CREDIT, 10, 20), "turn", "woken")
-    assert store.agent_finish(*finish) == ["m"]
-    assert store.agent_finish(*finish) == ["m"], "the same owners: the first reply never reached the caller"
+    assert store.agent_finish(*finish).owners == ["m"]
+    assert store.agent_finish(*finish).owners == ["m"], "the same owners: the first reply never reached the caller"
     record = backend.record()
     assert (record.credits_nano, record.agents_done, record.agents_running) == (ONE_CREDIT, 1, 0)
     assert record.limit_reached is None, "1 credit used against a 1.5 ceiling, counted once"

@@ -258,7 +258,7 @@ def test_agent_turns_take_a_slot_under_the_concurrency_ceiling() -> None:
         "turn-x": "x|", "later-x": "q|", "later-y": "q|",
     }  # fmt: skip
     assert run.state.live["later-y"] == "q|a|10200"
-    assert store.agent_finish(run_id, 1, "x" * 32, 'o"ok"', "{}", (7, 1, 2), "turn-x", "woken") == ["m"]
+    assert store.agent_finish(run_id, 1, "x" * 32, 'o"ok"', "{}", (7, 1, 2), "turn-x", "woken").owners == ["m"]
     assert "turn-x" not in run.state.live and run.state.live["woken-1"] == "q|c|10000"
     assert store.agent_start(run_id, 1, "x" * 32, "later-x", "", 0) == TurnStart(TurnVerdict.DONE)
     assert store.agent_start(run_id, 1, "y" * 32, "later-y", "", 0).verdict is TurnVerdict.GO

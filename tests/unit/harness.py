@@ -249,7 +249,7 @@ class Driver:
             )
             prefix = new_id("turn")
             woken = self.store.agent_finish(self.run_id, self.epoch, agent, outcome, row, (0, 0, 0), token, prefix)
-            for n, owner in enumerate(woken):
+            for n, owner in enumerate(woken.owners):
                 self.wake(owner, f"{prefix}-{n + 1}")
 
     def settle(self, limit: int = 20) -> Settlement:

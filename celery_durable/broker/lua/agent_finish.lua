@@ -6,11 +6,13 @@
 -- in nano-credits, ARGV[7] prompt tokens, ARGV[8] completion tokens,
 -- ARGV[9] the task's id, ARGV[10] prefix of the task ids that wake the
 -- waiters (each "<prefix>-<n>", n counting the waiters from 1)
--- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated)} or
--- {refusal}; run again with the same prefix (its reply was lost), the same
+-- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated),
+-- throttled ('1' when an op of the run ever asked a throttle for a slot, so
+-- that the caller looks for the turn's to give back, else '0')} or {refusal}; run again with the same prefix (its reply was lost), the same
 -- answer, and nothing counted twice (woken_before).
+local throttled = redis.call('HGET', KEYS[1], 'throttled') == '1' and '1' or '0'
 local before = woken_before(KEYS[2], ARGV[10])
-if before then return {'ok', before} end
+if before then return {'ok', before, throttled} end
 local id = ARGV[3]
 local current = redis.call('HGET', KEYS[2], 'a:' .. id)
 if not current or is_stale_failure(current, ARGV[1]) then
@@ -36,4 +38,4 @@ for owner in string.gmatch(waiters, '%S+') do
 end
 token_done(KEYS[1], KEYS[4], ARGV[9], ARGV[2])
 remember_woken(KEYS[2], ARGV[10], waiters)
-return {'ok', waiters}
+return {'ok', waiters, throttled}

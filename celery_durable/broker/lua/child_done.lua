@@ -13,23 +13,26 @@
 -- on, ARGV[7] the epoch the caller runs as ('' for a child's settling, which
 -- tells whichever attempt of the parent runs), ARGV[8] events channel,
 -- ARGV[9] the child's status (for the history's child_settled)
--- Returns {'ok', epoch, workflow, outcome, owner?} (the parent's workflow;
--- the owner to wake, when a wait was ended and a prefix given), {'late',
+-- Returns {'ok', epoch, workflow, outcome, throttled, owner?} (the parent's
+-- workflow; throttled '1' when an op of the parent ever asked a throttle for
+-- a slot, so that the caller looks for one to give back, else '0'; the owner
+-- to wake, when a wait was ended and a prefix given), {'late',
 -- epoch, workflow, outcome} (the key has a live
 -- outcome already), {'detached'} (ctx.start_child's: nothing waits for it),
 -- {'unknown'} (no such child of this run) or {refusal}: 'missing', 'stale'
 -- (not the caller's epoch), 'settled'. Run again with the same prefix (its
 -- reply lost): the same reply, nothing journaled or counted twice.
-local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'id', 'workflow')
+local f = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'id', 'workflow', 'throttled')
 if not f[1] then return {'missing'} end
 if ARGV[7] ~= '' and f[1] ~= ARGV[7] then return {'stale'} end
 if f[2] ~= 'running' and f[2] ~= 'pending' and f[2] ~= 'paused' then return {'settled'} end
 local epoch, key, now = f[1], ARGV[2], tonumber(ARGV[1])
+local throttled = f[5] == '1' and '1' or '0'
 if ARGV[6] ~= '' then
   local before = woken_before(KEYS[2], ARGV[6])
   if before then
     local journaled = redis.call('HGET', KEYS[2], 'v:' .. key) or ''
-    local again = {'ok', epoch, f[4], journaled}
+    local again = {'ok', epoch, f[4], journaled, throttled}
     for owner in string.gmatch(before, '%S+') do table.insert(again, owner) end
     return again
   end
@@ -50,7 +53,7 @@ made_progress(KEYS[1])
 record_event(KEYS[1], KEYS[6], 'child_settled', key, ARGV[1], cjson.encode({
   op = type(entry['at']) == 'string' and entry['at'] or '', run_id = ARGV[3], workflow = entry['workflow'],
   waited = true, status = ARGV[9] or ''}))
-local out = {'ok', epoch, f[4], outcome}
+local out = {'ok', epoch, f[4], outcome, throttled}
 local at = type(entry['at']) == 'string' and entry['at'] or ''
 local wait_raw = at ~= '' and redis.call('HGET', KEYS[3], at) or nil
 if wait_raw then
@@ -64,6 +67,6 @@ if wait_raw then
     end
   end
 end
-if ARGV[6] ~= '' then remember_woken(KEYS[2], ARGV[6], out[5] or '') end
+if ARGV[6] ~= '' then remember_woken(KEYS[2], ARGV[6], out[6] or '') end
 redis.call('PUBLISH', ARGV[8], f[3] .. ' progress')
 return out

@@ -24,13 +24,16 @@ def child(reply: Any, run_id: str) -> ChildCall | Conflict:
 
 @script("child_done")
 def child_done(reply: Any, run_id: str) -> ChildDone:
-    """child_done.lua: {'ok', epoch, workflow, outcome, owner?}, {'late', epoch,
-    workflow, outcome}, {'detached'}, {'unknown'}, or a refusal {'missing'},
-    {'stale'}, {'settled'}."""
+    """child_done.lua: {'ok', epoch, workflow, outcome, throttled, owner?},
+    {'late', epoch, workflow, outcome}, {'detached'}, {'unknown'}, or a
+    refusal {'missing'}, {'stale'}, {'settled'}."""
     said = DoneVerdict(verdict(reply, None, *DoneVerdict))
-    if said in (DoneVerdict.OK, DoneVerdict.LATE):
-        owner = str(reply[4]) if len(reply) > 4 and reply[4] else None
-        return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None, owner)
+    if said is DoneVerdict.OK:
+        owner = str(reply[5]) if len(reply) > 5 and reply[5] else None
+        throttled = {"0": False, "1": True}[str(reply[4])]
+        return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None, owner, throttled)
+    if said is DoneVerdict.LATE:
+        return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None)
     return ChildDone(said)
 
 

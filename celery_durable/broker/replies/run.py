@@ -196,10 +196,11 @@ def agent_start(reply: Any, run_id: str) -> TurnStart:
 
 
 @script("agent_finish")
-def agent_finish(reply: Any, run_id: str) -> list[str]:
-    """agent_finish.lua: {'ok', the owners to wake, space separated} or {refusal}, raised."""
+def agent_finish(reply: Any, run_id: str) -> CallDone:
+    """agent_finish.lua: {'ok', the owners to wake, space separated,
+    throttled} or {refusal}, raised: a turn's answer, as a call's is."""
     verdict(reply, run_id, "ok")
-    return str(reply[1]).split()
+    return CallDone(str(reply[1]).split(), throttled={"0": False, "1": True}[str(reply[2])])
 
 
 @script("call_done")
