@@ -11,12 +11,11 @@ import logging
 from dataclasses import dataclass
 
 from celery_durable.broker import ops as request_of
-from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.fleet_store import FleetLiveness
 from celery_durable.broker.replies import control as parse
-from celery_durable.broker.replies.control import ArchiveVerdict, Requested, RequestVerdict, Signalled
+from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled
 from celery_durable.broker.run_records import RunRecords
-from celery_durable.broker.schema.archive import ARCHIVABLE, build_archive, shape
+from celery_durable.broker.schema.archive import ARCHIVABLE
 from celery_durable.broker.schema.run import RunRecord
 
 logger = logging.getLogger(__name__)
@@ -69,11 +68,9 @@ class RunControl(RunRecords, FleetLiveness):
         )
         reply = self.call("finish", self.run_keys(run_id), request)
         finished = parse.finish(reply, run_id)
-        self._settled(run_id, namespace, finished.idempotency_key, watch=watch)
+        self._settled(run_id, namespace, finished.idempotency_key, watch=watch, archive=status in ARCHIVABLE)
         if finished.throttled:  # a run that never asked for a slot holds none: no round trip to find that out
             self._gave_up(run_id)
-        if status in ARCHIVABLE:
-            self.archive_run(run_id)
 
     def resume(
         self,
@@ -136,38 +133,11 @@ class RunControl(RunRecords, FleetLiveness):
         args = [self.clock(), self.channel(namespace), message, self.retention_ms, self.lease_ms]
         requested = parse.cancel(self.call("cancel", self.run_keys(run_id), args), run_id)
         if requested.verdict is RequestVerdict.CANCELLED:
-            self._settled(run_id, namespace, requested.idempotency_key, watch=watch)
+            self._settled(run_id, namespace, requested.idempotency_key, watch=watch, archive=True)
             self._gave_up(run_id)
-            self.archive_run(run_id)
         # A run given an attempt to compensate in is watched already: the look
         # came first (store_core.LOOK_FIRST), should its message be lost.
         return requested
-
-    def archive_run(self, run_id: str) -> ArchiveVerdict | None:
-        """Fold a run settled for good (completed or cancelled) into its archive
-        (``schema/archive.py``, issue 42): its history, steps, progress and
-        journal read in one round trip, the archive built from them, and
-        ``archive_run.lua`` keeps it and deletes them if the run is still
-        settled so and they are still what was read. Every settle for good
-        comes here (``finish``, and ``cancel`` when it settles the run itself).
-        An optimisation, never the run's fate: a failure is logged (None) and
-        the run stays unarchived, read as before; so does a death in between."""
-        k = self.run_keys(run_id)
-        try:
-            with storage_errors():
-                pipe = self.client.pipeline(transaction=False)
-                pipe.xrange(k.history)
-                pipe.hgetall(k.steps)
-                pipe.xrange(k.progress)
-                pipe.hgetall(k.journal)
-                pipe.zrange(k.progress_phases, 0, -1)
-                history, steps, progress, journal, phases = pipe.execute()
-            blob = build_archive(history, steps, progress, journal)
-            args = [blob, *shape(history, steps, progress, journal, phases)]
-            return parse.archive_run(self.call("archive_run", k, args), run_id)
-        except Exception as exc:
-            logger.warning("run %s settled, but could not be archived (it stays as it is): %s", run_id, exc)
-            return None
 
     def _gave_up(self, run_id: str) -> None:
         """The run's old attempts are over: what they held goes back (``after_settle``)."""

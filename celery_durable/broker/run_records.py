@@ -16,9 +16,11 @@ from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.index_reads import IndexReads
 from celery_durable.broker.ops import OPS
 from celery_durable.broker.progress import MAX_SEQ, PageMode, ProgressSlice
+from celery_durable.broker.replies import control as parse_control
 from celery_durable.broker.replies import run as parse
+from celery_durable.broker.replies.control import ArchiveVerdict
 from celery_durable.broker.run_index import First
-from celery_durable.broker.schema.archive import Archive, Archived, parse_archive, progress_reply
+from celery_durable.broker.schema.archive import Archive, Archived, build_archive, parse_archive, progress_reply, shape
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageCorruptError, StorageError
@@ -29,6 +31,16 @@ HASHES = ("run", "journal", "steps", "running", "agents", "live", "waits", "sign
 
 NEVER_DECODE = {"NEVER_DECODE": True}
 """redis-py's option for a reply kept as bytes on a decoding client: an archive is zlib."""
+
+
+def read_for_archive(pipe: Any, keys: Any) -> None:
+    """Queue on ``pipe`` the reads an archive is built from (``keys``: the
+    run's ``RunKeys``): history, steps, progress, journal, phase index."""
+    pipe.xrange(keys.history)
+    pipe.hgetall(keys.steps)
+    pipe.xrange(keys.progress)
+    pipe.hgetall(keys.journal)
+    pipe.zrange(keys.progress_phases, 0, -1)
 
 
 def get_archive(pipe: Any, keys: Any) -> Any:
@@ -156,14 +168,18 @@ class RunRecords(IndexReads):
     def retention_ms(self) -> int:
         return self.settings.run_retention_seconds * 1000
 
-    def _settled(self, run_id: str, namespace: str, idempotency_key: str, *, watch: bool = False) -> None:
+    def _settled(
+        self, run_id: str, namespace: str, idempotency_key: str, *, watch: bool = False, archive: bool = False
+    ) -> None:
         """After a script settled the run (and started its keys' retention): the
         sweep stops watching it, and knows when it will be gone, to take it
         out of its namespace's index then (``prune_expired``); its
         idempotency key, in the namespace's slot, expires with it. A hint: the
         settling stands if this fails, and a listing that meets the run gone
         takes it out of the index. ``watch``: the sweep looks at it once more a
-        lease from now (a child whose end its parent must still be told)."""
+        lease from now (a child whose end its parent must still be told).
+        ``archive``: the run settled for good, and is archived
+        (``archive_run``), its keys read in the same round trip."""
         ttl_ms = self.retention_ms
         try:
             with storage_errors():
@@ -176,9 +192,45 @@ class RunRecords(IndexReads):
                     pipe.zadd(self.keys.sweep_expiring, {f"{namespace} {run_id}": self.clock() + ttl_ms})
                     if idempotency_key:
                         pipe.pexpire(self.keys.namespace(namespace).idempotency(idempotency_key), ttl_ms)
-                pipe.execute()
-        except StorageError as exc:
-            logger.warning("run %s settled, but the sweep could not be told: %s", run_id, exc)
+                told = len(pipe)
+                if archive:
+                    read_for_archive(pipe, self.run_keys(run_id))
+                replies = pipe.execute(raise_on_error=False)
+        except StorageError as exc:  # the settling stands: the sweep, a listing or a reader catches up
+            logger.warning("run %s settled, but the sweep could not be told (nor the run archived): %s", run_id, exc)
+            return
+        failed = [reply for reply in replies[:told] if isinstance(reply, Exception)]
+        if failed:
+            logger.warning("run %s settled, but the sweep could not be told: %s", run_id, failed[0])
+        if archive:
+            self.archive_run(run_id, replies[told:])
+
+    def archive_run(self, run_id: str, read: list[Any] | None = None) -> ArchiveVerdict | None:
+        """Fold a run settled for good (completed or cancelled) into its archive
+        (``schema/archive.py``, issue 42): its history, steps, progress and
+        journal read in one round trip (``read``: read already, in the settle's
+        own, ``_settled``), the archive built from them, and
+        ``archive_run.lua`` keeps it and deletes them if the run is still
+        settled so and they are still what was read. Every settle for good
+        comes here (``finish``, and ``cancel`` when it settles the run itself).
+        An optimisation, never the run's fate: a failure is logged (None) and
+        the run stays unarchived, read as before; so does a death in between."""
+        try:
+            if read is None:
+                with storage_errors():
+                    pipe = self.client.pipeline(transaction=False)
+                    read_for_archive(pipe, self.run_keys(run_id))
+                    read = pipe.execute(raise_on_error=False)
+            for reply in read:
+                if isinstance(reply, Exception):
+                    raise reply
+            history, steps, progress, journal, phases = read
+            blob = build_archive(history, steps, progress, journal)
+            args = [blob, *shape(history, steps, progress, journal, phases)]
+            return parse_control.archive_run(self.call("archive_run", self.run_keys(run_id), args), run_id)
+        except Exception as exc:
+            logger.warning("run %s settled, but could not be archived (it stays as it is): %s", run_id, exc)
+            return None
 
     def _persist_idempotency(self, record: RunRecord) -> None:
         if record.idempotency_key:
