@@ -188,11 +188,13 @@ class RunRecords(IndexReads):
                     pipe.zadd(self.keys.sweep_due, {run_id: self.clock() + self.lease_ms})
                 else:
                     pipe.zrem(self.keys.sweep_due, run_id)
+                told = 1  # the commands the sweep is told by (the async client's pipeline has no len())
                 if ttl_ms > 0:
                     pipe.zadd(self.keys.sweep_expiring, {f"{namespace} {run_id}": self.clock() + ttl_ms})
+                    told += 1
                     if idempotency_key:
                         pipe.pexpire(self.keys.namespace(namespace).idempotency(idempotency_key), ttl_ms)
-                told = len(pipe)
+                        told += 1
                 if archive:
                     read_for_archive(pipe, self.run_keys(run_id))
                 replies = pipe.execute(raise_on_error=False)
