@@ -118,7 +118,8 @@ end
 local function record_event(run_key, history_key, kind, key, at, data)
   if not history_key then error('record_event: no history key for ' .. kind) end
   local n = redis.call('HINCRBY', run_key, 'events', 1)
-  redis.pcall('XADD', history_key, n .. '-0', 'k', kind, 'y', key or '', 'a', attempt_of(run_key), 't', at, 'd', data or '')
+  redis.pcall('XADD', history_key, n .. '-0', 'k', kind, 'y', key or '', 'a', attempt_of(run_key), 't', at,
+    'd', data or '')
   return n
 end
 
@@ -1021,8 +1022,7 @@ local function activate_run(run_key, progress_key, live_key, journal_key, epoch,
   if redis.call('HGET', run_key, 'status') == 'pending' then
     set_status(run_key, 'running', 'started_at', now_arg, 'updated_at', now_arg, 'active_since', '')
     append_progress(run_key, progress_key, 'system', '', 'Attempt ' .. attempt_of(run_key) .. ' started', epoch,
-      now_arg, nil,
-      history_key)
+      now_arg, nil, history_key)
     announce_status(run_key, channel)
     clock_start(run_key, now)
     redis.call('PERSIST', run_key)  -- see create_run.lua

@@ -8,7 +8,8 @@
 -- waiters (each "<prefix>-<n>", n counting the waiters from 1)
 -- Returns {'ok', waiters ("m" and/or "<call>/<branch>", space separated),
 -- throttled ('1' when an op of the run ever asked a throttle for a slot, so
--- that the caller looks for the turn's to give back, else '0')} or {refusal}; run again with the same prefix (its reply was lost), the same
+-- that the caller looks for the turn's to give back, else '0')} or
+-- {refusal}; run again with the same prefix (its reply was lost), the same
 -- answer, and nothing counted twice (woken_before).
 local throttled = redis.call('HGET', KEYS[1], 'throttled') == '1' and '1' or '0'
 local before = woken_before(KEYS[2], ARGV[10])

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
 from celery_durable.broker.journal import Conflict, Flags
-from celery_durable.broker.replies.shape import flags, script, verdict
+from celery_durable.broker.replies.shape import flags, script, throttled_flag, verdict
 
 
 @script("child")
@@ -30,8 +30,7 @@ def child_done(reply: Any, run_id: str) -> ChildDone:
     said = DoneVerdict(verdict(reply, None, *DoneVerdict))
     if said is DoneVerdict.OK:
         owner = str(reply[5]) if len(reply) > 5 and reply[5] else None
-        throttled = {"0": False, "1": True}[str(reply[4])]
-        return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None, owner, throttled)
+        return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None, owner, throttled_flag(reply[4]))
     if said is DoneVerdict.LATE:
         return ChildDone(said, int(reply[1]), str(reply[2]), str(reply[3]) or None)
     return ChildDone(said)

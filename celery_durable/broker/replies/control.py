@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from celery_durable.broker.replies.shape import script, verdict
+from celery_durable.broker.replies.shape import script, throttled_flag, verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +25,7 @@ class Finished:
 def finish(reply: Any, run_id: str) -> Finished:
     """finish.lua: {'ok', idempotency key or '', '1'/'0' throttled}, or {refusal}, raised."""
     verdict(reply, run_id, "ok")
-    if reply[2] not in ("0", "1"):
-        raise ValueError(f"throttled {reply[2]!r}")
-    return Finished(str(reply[1]), reply[2] == "1")
+    return Finished(str(reply[1]), throttled_flag(reply[2]))
 
 
 @script("resume")

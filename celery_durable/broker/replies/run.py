@@ -15,7 +15,16 @@ from typing import Any, overload
 from celery_durable.broker import schema
 from celery_durable.broker.journal import Activation, BranchStart, CallDone, Flags
 from celery_durable.broker.progress import ProgressRecord, ProgressSlice
-from celery_durable.broker.replies.shape import FENCED, Refusal, count, flags, script, verdict, wake_flag
+from celery_durable.broker.replies.shape import (
+    FENCED,
+    Refusal,
+    count,
+    flags,
+    script,
+    throttled_flag,
+    verdict,
+    wake_flag,
+)
 from celery_durable.broker.schema.archive import ARCHIVED, Archived
 
 
@@ -200,7 +209,7 @@ def agent_finish(reply: Any, run_id: str) -> CallDone:
     """agent_finish.lua: {'ok', the owners to wake, space separated,
     throttled} or {refusal}, raised: a turn's answer, as a call's is."""
     verdict(reply, run_id, "ok")
-    return CallDone(str(reply[1]).split(), throttled={"0": False, "1": True}[str(reply[2])])
+    return CallDone(str(reply[1]).split(), throttled=throttled_flag(reply[2]))
 
 
 @script("call_done")
@@ -216,7 +225,7 @@ def call_done(reply: Any, run_id: str, tail: tuple[str, int] | None) -> CallDone
         return None
     if said in FENCED:
         return Refusal(said)
-    throttled = {"0": False, "1": True}[str(reply[1])]
+    throttled = throttled_flag(reply[1])
     if said == "ok":
         return CallDone([str(owner) for owner in reply[2:]], throttled=throttled)
     if tail is None:

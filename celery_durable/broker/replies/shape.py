@@ -100,6 +100,15 @@ def wake_flag(flag: Any) -> bool:
     return bool(flag == 1)
 
 
+def throttled_flag(flag: Any) -> bool:
+    """A settle's or an answer's '1'/'0': whether an op of the run ever asked
+    a throttle for a slot (the run hash's ``throttled``), so that the caller
+    looks for one to give back."""
+    if flag not in ("0", "1"):
+        raise ValueError(f"throttled {flag!r}")
+    return bool(flag == "1")
+
+
 def count(reply: Any) -> int:
     """A bare integer reply (a count, or 1/0 for yes/no)."""
     if not isinstance(reply, int):
