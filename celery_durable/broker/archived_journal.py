@@ -16,8 +16,7 @@ from typing import Any
 
 from celery_durable.broker import schema
 from celery_durable.broker.connection import Clock
-from celery_durable.broker.journal import READ_ENTRIES_BUDGET, JournalIdentity
-from celery_durable.broker.journal_guard import JOURNAL_CALLS
+from celery_durable.broker.journal import JOURNAL_CALLS, READ_ENTRIES_BUDGET, JournalIdentity
 from celery_durable.broker.replies import journal as parse
 from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.schema.archive import sequence_reply

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.broker.schema import Outcome, SequenceHistory
 from celery_durable.broker.schema.run import RunRecord
@@ -384,8 +384,18 @@ class Journal(Protocol):
         first time the op is reached; later calls keep that due time."""
         ...
 
-    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
+    def call(
+        self,
+        seq: str,
+        index: int,
+        key: str,
+        owner: str,
+        due_ms: int | None,
+        cut: str | None,
+        running_row: str,
+        timeout_outcome: str,
+        inputs: str = "",
+    ) -> TaskCall | Conflict:
         """Call a task of the fleet under ``key`` (``call.lua``): answered from
         the journal, published once per attempt (showing ``running_row``, and
         keeping ``inputs``, the call's arguments as JSON, for the history), or
@@ -394,8 +404,17 @@ class Journal(Protocol):
         ...
 
     def child(
-        self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-        child_run_id: str, workflow: str, *, wait: bool,
+        self,
+        seq: str,
+        index: int,
+        key: str,
+        owner: str,
+        due_ms: int | None,
+        cut: str | None,
+        child_run_id: str,
+        workflow: str,
+        *,
+        wait: bool,
     ) -> ChildCall | Conflict:
         """Start a child run under ``key`` (``wait`` False: ``ctx.start_child``)
         or wait for it (``ctx.child``) until ``due_ms``, fixed when first
@@ -424,3 +443,56 @@ class Journal(Protocol):
         that wait stop waiting (``wake_branches.lua``); the caller sends them
         again, to meet the cancellation and compensate."""
         ...
+
+
+Around = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+"""Runs one call of the inner journal: (its bound method, args, kwargs) -> its answer."""
+
+JOURNAL_CALLS = frozenset(
+    name for name, member in vars(Journal).items() if callable(member) and not name.startswith("_")
+)
+"""The methods of the ``Journal`` protocol (its properties are not calls)."""
+
+
+class GuardedJournal:
+    """Every method of ``Journal``, forwarded to ``inner`` through ``around``.
+
+    A ``Journal`` that passes every call of another through one function.
+
+    Replay's sticky journal (a lost execution stays lost) and the test
+    environment's crashing one (an attempt dies at a chosen step) are wrappers
+    of the store's journal. Written out method by method, each restated the
+    whole protocol, and every journaled write the engine gained had to be added
+    to both. ``GuardedJournal`` takes its methods from the protocol itself: a
+    method ``Journal`` declares is forwarded through ``around``; a name it does
+    not declare is an ``AttributeError``, as on the store's journal, never
+    passed through unguarded. A wrapper adds behaviour to a method by defining
+    it (``testing/crash.py``), not by restating the others.
+    """
+
+    def __init__(self, inner: Journal, around: Around) -> None:
+        self._inner = inner
+        self._around = around
+
+    @property
+    def run_id(self) -> str:
+        return self._inner.run_id
+
+    @property
+    def epoch(self) -> int:
+        return self._inner.epoch
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for names the class does not define: the protocol's
+        # methods this wrapper adds nothing to.
+        if name not in JOURNAL_CALLS:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}: Journal declares no such method")
+        method = getattr(self._inner, name)
+        around = self._around
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            return around(method, args, kwargs)
+
+        guarded.__name__ = name
+        self.__dict__[name] = guarded  # found directly from now on
+        return guarded

@@ -311,7 +311,7 @@ OPS: dict[str, Op] = {
     "archive_run": Op(control.archive_run, "run history steps progress journal progress_phases archive",
                       fenced="its own: the run is completed or cancelled, its keys as the caller read them"),
     "signal": Op(control.signal, "run signals waits live progress history", fenced=_OUTSIDE, indexed=True, wakes=True),
-    # -- the journal of one attempt (redis_journal.py, child_store.py) --------
+    # -- the journal of one attempt (redis_journal.py) ---------------------
     "note_code": Op(journal.note_code, "run"),
     "read_sequence": Op(journal.read_sequence, "journal", fenced="reads only", reads_only=True),
     "read_sequences": Op(journal.read_sequences, "journal", fenced="reads only", reads_only=True),

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery_durable.broker import ops as request_of
 from celery_durable.broker import schema
-from celery_durable.broker.child_store import ChildJournal
+from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict, DoneVerdict
 from celery_durable.broker.connection import Clock
 from celery_durable.broker.journal import (
     READ_ENTRIES_BUDGET,
@@ -23,6 +23,7 @@ from celery_durable.broker.journal import (
     CallVerdict,
     Conflict,
     Dispatch,
+    Flags,
     HeldBranch,
     JournalIdentity,
     PendingCommit,
@@ -32,8 +33,11 @@ from celery_durable.broker.journal import (
     Winner,
 )
 from celery_durable.broker.keys import RunKeys
+from celery_durable.broker.ops import OPS
+from celery_durable.broker.replies import children
 from celery_durable.broker.replies import journal as parse
-from celery_durable.broker.schema import SequenceHistory
+from celery_durable.broker.schema import Identity, Outcome, SequenceHistory
+from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
 ScriptRunner = Callable[[str, Sequence[str], Sequence[Any]], Any]
 
@@ -45,8 +49,8 @@ def _begin_args(call: BeginCall) -> list[Any]:
     return [call.cut or "", call.step_key, call.step_row, len(records), *(f for record in records for f in record)]
 
 
-class RedisJournal(ChildJournal, JournalIdentity):
-    """One attempt's journal of one run, on Redis (its child calls: ``ChildJournal``)."""
+class RedisJournal(JournalIdentity):
+    """One attempt's journal of one run, on Redis."""
 
     def __init__(
         self,
@@ -66,6 +70,14 @@ class RedisJournal(ChildJournal, JournalIdentity):
         self._look_at = look_at
         self._keys = keys
         self._channel = channel
+
+    def _call(self, name: str, args: Sequence[Any] | request_of.Request) -> Any:
+        """Script ``name`` on this run's keys its row names (``ops.OPS``), with
+        its row's typed request where it has one (as ``StoreCore.call``)."""
+        return self._run(name, OPS[name].keys_of(self._keys), OPS[name].argv(name, args))
+
+    def _at(self, seq: str, index: int, identity: str) -> request_of.OpAt:
+        return request_of.OpAt(self._epoch, self._clock(), seq, index, identity)
 
     def note_code(self, code_hash: str) -> None:
         parse.note_code(self._call("note_code", [self._epoch, code_hash]), self._run_id)
@@ -171,8 +183,18 @@ class RedisJournal(ChildJournal, JournalIdentity):
             self._look_at(result.due)  # the sweep fires the timer then
         return result
 
-    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
-             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
+    def call(
+        self,
+        seq: str,
+        index: int,
+        key: str,
+        owner: str,
+        due_ms: int | None,
+        cut: str | None,
+        running_row: str,
+        timeout_outcome: str,
+        inputs: str = "",
+    ) -> TaskCall | Conflict:
         at = self._at(seq, index, schema.Identity.call(key))
         due = "" if due_ms is None else due_ms
         error = f"TaskTimeout: {schema.decode_outcome(timeout_outcome).message}"
@@ -183,3 +205,48 @@ class RedisJournal(ChildJournal, JournalIdentity):
         if isinstance(result, TaskCall) and result.verdict is not CallVerdict.HIT and due_ms is not None:
             self._look_at(due_ms)  # the sweep fires the time-out then
         return result
+
+    def child(
+        self,
+        seq: str,
+        index: int,
+        key: str,
+        owner: str,
+        due_ms: int | None,
+        cut: str | None,
+        child_run_id: str,
+        workflow: str,
+        *,
+        wait: bool,
+    ) -> ChildCall | Conflict:
+        at = self._at(seq, index, Identity.child(key) if wait else Identity.start_child(key))
+        due = "" if due_ms is None else due_ms
+        mode = "wait" if wait else "start"
+        request = request_of.Child(at, key, owner, due, cut or "", child_run_id, workflow, mode, self._channel)
+        reply = self._call("child", request)
+        result = children.child(reply, self._run_id)
+        if isinstance(result, ChildCall) and result.verdict is ChildVerdict.PENDING and due_ms is not None:
+            self._look_at(due_ms)  # the sweep fires the time-out then
+        return result
+
+    def child_done(self, key: str, child_run_id: str, outcome: Outcome) -> ChildDone:
+        request = request_of.ChildDone.of(self._clock(), key, child_run_id, outcome, "", self._epoch, self._channel)
+        reply = self._call("child_done", request)
+        done = children.child_done(reply, self._run_id)
+        if done.verdict is DoneVerdict.MISSING:
+            raise StorageCorruptError(f"Run record {self._run_id} is missing")
+        if done.verdict in (DoneVerdict.STALE, DoneVerdict.SETTLED):
+            raise StaleAttemptError(f"Run {self._run_id}: this attempt no longer owns the run ({done.verdict})")
+        return done
+
+    def mark_compensable(self) -> Flags:
+        return children.compensable(self._call("compensable", [self._epoch]), self._run_id)
+
+    def step_over(self, seq: str, index: int) -> Flags:
+        reply = self._call("step_over", [self._epoch, seq, index])
+        return children.step_over(reply, self._run_id)
+
+    def wake_branches(self, call: str) -> list[int]:
+        reply = self._call("wake_branches", [self._epoch, call])
+        _, branches = children.wake_branches(reply, self._run_id)
+        return branches

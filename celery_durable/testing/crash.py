@@ -21,13 +21,13 @@ from celery_durable.broker.journal import (
     Began,
     BeginCall,
     Conflict,
+    GuardedJournal,
     HeldBranch,
     Journal,
     PendingCommit,
     Recorded,
     Winner,
 )
-from celery_durable.broker.journal_guard import GuardedJournal
 
 Answer = TypeVar("Answer")
 

@@ -32,8 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Journal
-from celery_durable.broker.journal_guard import GuardedJournal
+from celery_durable.broker.journal import GuardedJournal, Journal
 from celery_durable.broker.schema import Identity, describe
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.errors import FATAL_ERRORS, NonDeterminismError, StaleAttemptError, StorageCorruptError

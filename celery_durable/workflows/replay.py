@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Began, BeginCall, Conflict, Journal, PendingCommit, Winner
-from celery_durable.broker.journal_guard import GuardedJournal
+from celery_durable.broker.journal import Began, BeginCall, Conflict, GuardedJournal, Journal, PendingCommit, Winner
 from celery_durable.broker.schema import Outcome, SequenceHistory, describe
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.errors import (

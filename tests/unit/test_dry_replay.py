@@ -12,8 +12,7 @@ import pytest
 
 from celery_durable import StepFailed, WorkflowContext, define_workflow
 from celery_durable.broker import schema
-from celery_durable.broker.journal import PendingCommit
-from celery_durable.broker.journal_guard import JOURNAL_CALLS
+from celery_durable.broker.journal import JOURNAL_CALLS, PendingCommit
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows.dry_replay import READS, DryReplayWrite, ReadOnlyJournal, check_run
 from tests.support.redis_watch import dump_keys, writes_seen

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from celery_durable import WorkflowContext, workflow
-from celery_durable.broker.journal import BeginCall
-from celery_durable.broker.journal_guard import JOURNAL_CALLS, GuardedJournal
+from celery_durable.broker.journal import JOURNAL_CALLS, BeginCall, GuardedJournal
 from celery_durable.errors import StaleAttemptError
 from celery_durable.testing.crash import CrashingJournal, CrashPlan, CrashPoint, SimulatedCrash
 from celery_durable.workflows.passes import main_pass
