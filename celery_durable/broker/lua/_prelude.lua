@@ -3,8 +3,7 @@
 
 -- Fields of a run hash read once per script however often it needs them:
 -- 'id' and 'progress_max' never change once the run exists, and 'attempt'
--- and 'recoveries' change only through add_attempt, made_progress and
--- count_recovery, which keep this up to date. Keyed by
+-- changes only through add_attempt, which keeps this up to date. Keyed by
 -- run hash and field (a few scripts touch several runs); false is a field
 -- found absent.
 local RUN_FIELDS = {}
@@ -28,18 +27,11 @@ local function add_attempt(run_key, by)
   RUN_FIELDS[run_key .. '\0attempt'] = tostring(redis.call('HINCRBY', run_key, 'attempt', by))
 end
 
--- The fence's read also fills run_field's cache with what nearly every fenced script
--- goes on to read (the attempt for records and events, the id for the run's
--- channel, the progress cap, whether a take-over count is to be reset): one
--- HMGET instead of up to four HGETs.
-local FENCE_PREFETCH = {'attempt', 'id', 'progress_max', 'recoveries'}
-
 -- The fencing check. Returns nil when the caller's epoch owns the run and the
 -- run still accepts work, else the refusal: 'missing', 'stale' or 'settled'.
 local function fence(run_key, epoch)
-  local fields = redis.call('HMGET', run_key, 'epoch', 'status', unpack(FENCE_PREFETCH))
+  local fields = redis.call('HMGET', run_key, 'epoch', 'status')
   if not fields[1] then return 'missing' end
-  for i, field in ipairs(FENCE_PREFETCH) do RUN_FIELDS[run_key .. '\0' .. field] = fields[i + 2] end
   if fields[1] ~= epoch then
     -- Counted, so tests and operators can see the fence at work.
     redis.call('HINCRBY', run_key, 'refused', 1)
@@ -288,36 +280,32 @@ local function forget_fanout(journal_key, seq, index, width, epoch)
 end
 
 -- Records op <index> of sequence <seq> with identity <ident>. Returns
--- (conflict, replaced, fresh, also): the live identity already there when it
--- differs (non-determinism), the dead identity this write replaced, if any,
--- whether the op is written here (not found journaled and alive), and the
--- journal's field <also> as it was (read in the same HMGET as the op's entry
--- and the sequence's count). With <pending>, a table, the op's journal
--- writes are added to it for the caller's one HSET instead of made here.
-local function record_op(journal_key, seq, index, ident, epoch, pending, also)
-  local field, count_field = 'o:' .. seq .. ':' .. index, 'n:' .. seq
-  local got = redis.call('HMGET', journal_key, field, count_field, also or field)
-  local existing, writes, replaced = got[1], pending or {}, nil
+-- (conflict, replaced, fresh): the live identity already there when it differs
+-- (non-determinism), the dead identity this write replaced, if any, and
+-- whether the op is written here (not found journaled and alive).
+local function record_op(journal_key, seq, index, ident, epoch)
+  local field = 'o:' .. seq .. ':' .. index
+  local existing = redis.call('HGET', journal_key, field)
   if existing then
     local old = string.sub(existing, string.find(existing, ':', 1, true) + 1)
     if entry_alive(journal_key, seq, index, existing) then
-      if old ~= ident then return old, nil, nil, got[3] end
-      return nil, nil, nil, got[3]
+      if old ~= ident then return old, nil end
+      return nil, nil
     end
+    redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
     local kind = string.sub(old, 1, 1)
     if kind == 'p' or kind == 'l' then
       forget_fanout(journal_key, seq, index, tonumber(string.sub(old, 3)), epoch)
     end
-    replaced = old
+    return nil, old, true
   end
-  table.insert(writes, field)
-  table.insert(writes, epoch .. ':' .. ident)
-  if not existing and tonumber(index) + 1 > tonumber(got[2] or '0') then
-    table.insert(writes, count_field)
-    table.insert(writes, tonumber(index) + 1)
+  redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
+  local count_field = 'n:' .. seq
+  local count = tonumber(redis.call('HGET', journal_key, count_field) or '0')
+  if tonumber(index) + 1 > count then
+    redis.call('HSET', journal_key, count_field, tonumber(index) + 1)
   end
-  if not pending then redis.call('HSET', journal_key, unpack(writes)) end
-  return nil, replaced, true, got[3]
+  return nil, nil, true
 end
 
 -- Cuts sequence <seq> at op <index> for attempt <epoch>: entries after it
@@ -545,14 +533,7 @@ local function retain_run(run_key, ttl, streams)
 end
 
 local function made_progress(run_key)
-  if run_field(run_key, 'recoveries') then
-    redis.call('HDEL', run_key, 'recoveries')
-    RUN_FIELDS[run_key .. '\0recoveries'] = false
-  end
-end
-
-local function count_recovery(run_key)
-  RUN_FIELDS[run_key .. '\0recoveries'] = tostring(redis.call('HINCRBY', run_key, 'recoveries', 1))
+  if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end
 
 -- A script that wakes owners runs twice for one call when its reply was lost
@@ -766,14 +747,10 @@ end
 -- and of commit_begin.lua's first half.
 -- Returns ('conflict', live identity) for non-determinism, ('winner', value)
 -- when the value field already held a live outcome (first write wins, and
--- the caller must use that one), else ('ok', '', freed). With <carry>, a
--- step it takes out of the running steps is not yet counted (freed 1): the
--- caller's begin_call counts it with the step it starts, one HINCRBY or none.
+-- the caller must use that one), else ('ok', '').
 local function commit_call(run_key, journal_key, steps_key, running_key, epoch, seq, index, ident,
-                           value_field, value, step_key, step_row, history_key, now, carry)
-  local writes = {}
-  local conflict, replaced, fresh, current = record_op(journal_key, seq, index, ident, epoch, writes,
-    value_field ~= '' and value_field or nil)
+                           value_field, value, step_key, step_row, history_key, now)
+  local conflict, replaced, fresh = record_op(journal_key, seq, index, ident, epoch)
   if conflict then return 'conflict', conflict end
   if fresh and string.sub(ident, 1, 2) == 'v|' then
     record_event(run_key, history_key, 'patched', string.sub(ident, 3), now,
@@ -781,14 +758,14 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
   end
   local winner = ''
   if value_field ~= '' then
+    local current = redis.call('HGET', journal_key, value_field)
     local is_step = string.sub(value_field, 1, 2) == 'v:'
     -- A now()/uuid4() value of an abandoned op is not this op's value.
     if current and not is_step and replaced then current = nil end
     if current and not (is_step and is_stale_failure(current, epoch)) then
       winner = current
     else
-      table.insert(writes, value_field)
-      table.insert(writes, value)
+      redis.call('HSET', journal_key, value_field, value)
       made_progress(run_key)
       if step_key ~= '' and string.sub(value, 1, 1) == 'o' then
         redis.call('HINCRBY', run_key, 'steps_done', 1)
@@ -799,22 +776,18 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
       end
     end
   end
-  if #writes > 0 then redis.call('HSET', journal_key, unpack(writes)) end
-  local freed = 0
   if step_key ~= '' then
-    freed = redis.call('HDEL', running_key, step_key)
+    if redis.call('HDEL', running_key, step_key) == 1 then
+      redis.call('HINCRBY', run_key, 'steps_running', -1)
+    end
     if step_row == '' then
       redis.call('HDEL', steps_key, step_key)
     else
       redis.call('HSET', steps_key, step_key, step_row)
     end
   end
-  if freed == 1 and not (carry and winner == '') then
-    redis.call('HINCRBY', run_key, 'steps_running', -1)
-    freed = 0
-  end
   if winner ~= '' then return 'winner', winner end
-  return 'ok', '', freed
+  return 'ok', ''
 end
 
 -- Runs before a call of sequence <seq>: flushes its buffered progress
@@ -827,17 +800,14 @@ end
 -- attempt that died before recording this op) already journaled the key,
 -- else '' (also when a pause holds the main body's step back); and the run's
 -- flags, as flags() gives them (read with the ceilings, check_limits).
--- <freed> (1 or 0/nil) is a step commit_call took out of the running steps
--- and left to count here.
 local function begin_call(run_key, progress_key, journal_key, running_key, phases_key, epoch, now, channel,
-                          seq, cut, step_key, step_row, records, first, count, history_key, freed)
+                          seq, cut, step_key, step_row, records, first, count, history_key)
   if cut ~= '' then
     local colon = string.find(cut, ':', 1, true)
     cut_sequence(journal_key, seq, string.sub(cut, 1, colon - 1), epoch, string.sub(cut, colon + 1))
   end
   local hwm_field = 'h:' .. seq
-  local got = redis.call('HMGET', journal_key, hwm_field, 'v:' .. step_key)
-  local hwm = tonumber(got[1] or '-1')
+  local hwm = tonumber(redis.call('HGET', journal_key, hwm_field) or '-1')
   local start = hwm
   local wrote = false
   for i = 0, count - 1 do
@@ -863,15 +833,16 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
   -- A pause stops the main body before its next step: that step does not
   -- show as running (the attempt sees the flag and settles as paused).
   if seq == 'm' and step_key ~= '' and f[2] == '1' then step_key = '' end
-  local outcome, running = '', -(freed or 0)
+  local outcome = ''
   if step_key ~= '' then
-    local current = got[2]
+    local current = redis.call('HGET', journal_key, 'v:' .. step_key)
     if current and not is_stale_failure(current, epoch) then outcome = current end
   end
   if step_key ~= '' and outcome == '' then
-    running = running + redis.call('HSET', running_key, step_key, step_row)
+    if redis.call('HSET', running_key, step_key, step_row) == 1 then
+      redis.call('HINCRBY', run_key, 'steps_running', 1)
+    end
   end
-  if running ~= 0 then redis.call('HINCRBY', run_key, 'steps_running', running) end
   if wrote then
     redis.call('PUBLISH', channel, run_field(run_key, 'id') .. ' progress')
   end

@@ -13,9 +13,9 @@
 -- Returns {'ok', cancel, pause, limit, outcome} as begin_op.lua does;
 -- {'conflict', identity} or {'winner', value} when the step could not be
 -- journaled as run (then nothing was begun); or {refusal}.
-local verdict, detail, freed = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[4], ARGV[5], ARGV[6],
-                                           ARGV[7], ARGV[8], ARGV[9], ARGV[10], KEYS[7], ARGV[2], true)
+local verdict, detail = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[4], ARGV[5], ARGV[6],
+                                    ARGV[7], ARGV[8], ARGV[9], ARGV[10], KEYS[7], ARGV[2])
 if verdict ~= 'ok' then return {verdict, detail} end
 local outcome, f = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
-                           ARGV[4], ARGV[11], ARGV[12], ARGV[13], ARGV, 15, tonumber(ARGV[14]), KEYS[7], freed)
+                           ARGV[4], ARGV[11], ARGV[12], ARGV[13], ARGV, 15, tonumber(ARGV[14]), KEYS[7])
 return {'ok', f[1], f[2], f[3], outcome}

@@ -21,8 +21,8 @@
 -- finished branch's step could not be journaled as run (then nothing was
 -- written); or {refusal}.
 if not dispatched_in(KEYS[3], ARGV[5], ARGV[1]) then return {'stale'} end
-local verdict, detail, freed = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[9], ARGV[10], ARGV[11],
-                                           ARGV[12], ARGV[13], ARGV[14], ARGV[15], KEYS[8], ARGV[2], true)
+local verdict, detail = commit_call(KEYS[1], KEYS[3], KEYS[6], KEYS[4], ARGV[1], ARGV[9], ARGV[10], ARGV[11],
+                                    ARGV[12], ARGV[13], ARGV[14], ARGV[15], KEYS[8], ARGV[2])
 if verdict ~= 'ok' then return {verdict, detail} end
 local wake = 0
 if branch_outcome(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7], ARGV[1]) then
@@ -30,5 +30,5 @@ if branch_outcome(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7], ARGV[1]) then
   wake = 1
 end
 local outcome, f = begin_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3],
-                           ARGV[4], ARGV[16], ARGV[17], ARGV[18], ARGV, 20, tonumber(ARGV[19]), KEYS[8], freed)
+                           ARGV[4], ARGV[16], ARGV[17], ARGV[18], ARGV, 20, tonumber(ARGV[19]), KEYS[8])
 return {'ok', f[1], f[2], f[3], outcome, wake}

@@ -38,7 +38,7 @@ if recovery then
 end
 local epoch = next_epoch(KEYS[1])
 if recovery then
-  count_recovery(KEYS[1])
+  redis.call('HINCRBY', KEYS[1], 'recoveries', 1)
 else
   made_progress(KEYS[1])  -- a resume by hand starts the count again
 end
