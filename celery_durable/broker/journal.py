@@ -384,18 +384,8 @@ class Journal(Protocol):
         first time the op is reached; later calls keep that due time."""
         ...
 
-    def call(
-        self,
-        seq: str,
-        index: int,
-        key: str,
-        owner: str,
-        due_ms: int | None,
-        cut: str | None,
-        running_row: str,
-        timeout_outcome: str,
-        inputs: str = "",
-    ) -> TaskCall | Conflict:
+    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
         """Call a task of the fleet under ``key`` (``call.lua``): answered from
         the journal, published once per attempt (showing ``running_row``, and
         keeping ``inputs``, the call's arguments as JSON, for the history), or
@@ -404,17 +394,8 @@ class Journal(Protocol):
         ...
 
     def child(
-        self,
-        seq: str,
-        index: int,
-        key: str,
-        owner: str,
-        due_ms: int | None,
-        cut: str | None,
-        child_run_id: str,
-        workflow: str,
-        *,
-        wait: bool,
+        self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+        child_run_id: str, workflow: str, *, wait: bool,
     ) -> ChildCall | Conflict:
         """Start a child run under ``key`` (``wait`` False: ``ctx.start_child``)
         or wait for it (``ctx.child``) until ``due_ms``, fixed when first

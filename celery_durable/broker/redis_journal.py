@@ -183,18 +183,8 @@ class RedisJournal(JournalIdentity):
             self._look_at(result.due)  # the sweep fires the timer then
         return result
 
-    def call(
-        self,
-        seq: str,
-        index: int,
-        key: str,
-        owner: str,
-        due_ms: int | None,
-        cut: str | None,
-        running_row: str,
-        timeout_outcome: str,
-        inputs: str = "",
-    ) -> TaskCall | Conflict:
+    def call(self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+             running_row: str, timeout_outcome: str, inputs: str = "") -> TaskCall | Conflict:
         at = self._at(seq, index, schema.Identity.call(key))
         due = "" if due_ms is None else due_ms
         error = f"TaskTimeout: {schema.decode_outcome(timeout_outcome).message}"
@@ -207,17 +197,8 @@ class RedisJournal(JournalIdentity):
         return result
 
     def child(
-        self,
-        seq: str,
-        index: int,
-        key: str,
-        owner: str,
-        due_ms: int | None,
-        cut: str | None,
-        child_run_id: str,
-        workflow: str,
-        *,
-        wait: bool,
+        self, seq: str, index: int, key: str, owner: str, due_ms: int | None, cut: str | None,
+        child_run_id: str, workflow: str, *, wait: bool,
     ) -> ChildCall | Conflict:
         at = self._at(seq, index, Identity.child(key) if wait else Identity.start_child(key))
         due = "" if due_ms is None else due_ms
