@@ -14,8 +14,10 @@ The messages are counted with Celery's ``before_task_publish`` and
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -266,7 +268,12 @@ def test_a_branch_of_one_call_costs_five_scripts(settings: Settings) -> None:
     its outcome and its sequence in one script) and
     end (``complete_branch`` ending its message). Separately, the woken task
     cost four scripts and three plain reads (load_run,
-    task_start, read_sequences, two HMGETs, complete_branch, task_end)."""
+    task_start, read_sequences, two HMGETs, complete_branch, task_end).
+
+    The count also holds what the worker runs on its own clock meanwhile (its
+    beats, its sweep: about 11 scripts a second at the tests' lease), so the
+    slack grows with the run's time at the rate the idle worker showed: a
+    loaded machine's slower run is not more scripts per branch."""
     width = 40
 
     def run(ctx: WorkflowContext) -> Any:
@@ -276,12 +283,21 @@ def test_a_branch_of_one_call_costs_five_scripts(settings: Settings) -> None:
     client = engine.store.client
     with worker_thread(engine, concurrency=4, queues=queues):
         engine.client().run_workflow("woken-cost", timeout=RUN_BOUND)  # scripts loaded, worker warm
-        before = _scripts(client)
+        idle = _scripts_per_second(client, seconds=2.0)
+        before, started = _scripts(client), time.monotonic()
         envelope = engine.client().run_workflow("woken-cost", timeout=RUN_BOUND)
-        spent = _scripts(client) - before
+        spent, took = _scripts(client) - before, time.monotonic() - started
     assert envelope.status == "completed", envelope.error
     assert envelope.result == [k + 1 for k in range(width)]
-    assert 5 * width <= spent <= 5 * width + 30, spent
+    background = math.ceil(2 * idle * took)  # twice the idle rate: the sweep's ticks are not evenly spread
+    assert 5 * width <= spent <= 5 * width + 30 + background, (spent, took, idle)
+
+
+def _scripts_per_second(client: Any, *, seconds: float) -> float:
+    """The scripts an idle worker runs on its own clock, a second."""
+    before, started = _scripts(client), time.monotonic()
+    time.sleep(seconds)  # a window to count in, not a synchronisation
+    return (_scripts(client) - before) / (time.monotonic() - started)
 
 
 def _scripts(client: Any) -> int:
