@@ -81,6 +81,14 @@ def test_a_worker_killed_while_it_fires_doubles_and_loses_nothing(
         APP, concurrency=8, name="dying",
         env={"CD_TEST_SCHEDULE_DIE_AT": die_at, "CD_TEST_SCHEDULE_DIE_MARK": str(mark)},
     )
+    # Its sweep runs before the schedule exists (its beat comes from the sweep): a
+    # tick due before any sweeper looked is missed by rule (catchup_window 1 s),
+    # and a loaded machine can take longer than a tick to start a process.
+    poll(
+        lambda: any(w.alive and w.name.startswith(dying.hostname_prefix) for w in client.list_workers()),
+        within=lease_bound(settings, 4),
+        what="the firing worker's first beat",
+    )
     # catchup_window 1 s, well below the claim's lease the survivor waits out:
     # a death is not an outage, so the tick it died on is not missed (and a
     # loaded machine's late first sweep is not mistaken for one).
