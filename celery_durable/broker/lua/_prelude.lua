@@ -1163,6 +1163,14 @@ local function throttle_admit(T, now)
   return granted, next_due
 end
 
+-- A run hash's 'throttled' field (set by throttle_enter.lua once an op of
+-- the run asks a throttle for a slot) as the scripts that end an op or a run
+-- reply it: '1', else '0'; only then does their caller look for a slot to
+-- give back (replies.shape.throttled_flag reads it).
+local function throttled_flag(raw)
+  return raw == '1' and '1' or '0'
+end
+
 -- The reply of a script that may admit: {verdict, next due or '', holder, epoch, ...}.
 local function throttle_reply(verdict, granted, next_due)
   local out = {verdict, next_due and tostring(next_due) or ''}

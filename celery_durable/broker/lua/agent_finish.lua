@@ -11,7 +11,7 @@
 -- that the caller looks for the turn's to give back, else '0')} or
 -- {refusal}; run again with the same prefix (its reply was lost), the same
 -- answer, and nothing counted twice (woken_before).
-local throttled = redis.call('HGET', KEYS[1], 'throttled') == '1' and '1' or '0'
+local throttled = throttled_flag(redis.call('HGET', KEYS[1], 'throttled'))
 local before = woken_before(KEYS[2], ARGV[10])
 if before then return {'ok', before, throttled} end
 local id = ARGV[3]

@@ -23,7 +23,7 @@
 -- (throttle_enter.lua), else '0': only then can the call hold one to give
 -- back. Run again with the same prefix (its reply was lost): {'ok',
 -- throttled, the same owners}, and nothing journaled or counted twice.
-local throttled = redis.call('HGET', KEYS[1], 'throttled') == '1' and '1' or '0'
+local throttled = throttled_flag(redis.call('HGET', KEYS[1], 'throttled'))
 local before = woken_before(KEYS[2], ARGV[6])
 if before then
   -- The same answer again, its reply lost: the same owners, woken by message

@@ -27,7 +27,7 @@ if not f[1] then return {'missing'} end
 if ARGV[7] ~= '' and f[1] ~= ARGV[7] then return {'stale'} end
 if f[2] ~= 'running' and f[2] ~= 'pending' and f[2] ~= 'paused' then return {'settled'} end
 local epoch, key, now = f[1], ARGV[2], tonumber(ARGV[1])
-local throttled = f[5] == '1' and '1' or '0'
+local throttled = throttled_flag(f[5])
 if ARGV[6] ~= '' then
   local before = woken_before(KEYS[2], ARGV[6])
   if before then

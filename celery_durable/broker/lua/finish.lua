@@ -37,6 +37,6 @@ local f = redis.call('HMGET', KEYS[1], 'throttle', 'throttled')
 announce_status(KEYS[1], ARGV[3])
 -- Whether the run ever asked a throttle for a slot (its own, or an op's):
 -- only then has its caller slots to give back (tasks/throttling.give_back).
-local throttled = ((f[1] and f[1] ~= '') or f[2] == '1') and '1' or '0'
+local throttled = (f[1] and f[1] ~= '') and '1' or throttled_flag(f[2])
 if ARGV[4] == 'paused' then return {'ok', '', throttled} end
 return {'ok', retain_run(KEYS[1], ARGV[11], {KEYS[2], KEYS[8]}), throttled}
