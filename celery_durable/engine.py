@@ -39,7 +39,7 @@ from celery_durable.tasks.sending import (
 )
 from celery_durable.tasks.wakes import Wake
 from celery_durable.workflows.calls import CallRequest
-from celery_durable.workflows.definition import Workflow, check_unique_names
+from celery_durable.workflows.definition import Workflow, check_unique_names, in_modules
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -81,7 +81,7 @@ class Engine:
         if celery_app is not None and not isinstance(celery_app, Celery):
             raise ValueError(f"celery_app must be a Celery app, got {type(celery_app).__name__}")
         self._agent_runner = agent_runner
-        self.workflows: Mapping[str, Workflow] = check_unique_names(workflows)
+        self.workflows: Mapping[str, Workflow] = check_unique_names(in_modules(workflows, self.settings.workflows))
         self.celery: Celery = celery_app if celery_app is not None else build_celery_app(self.settings)
         mount(self.celery, self)
         self.sender: Sender = CelerySender(self.celery)

@@ -57,10 +57,10 @@ class WorkflowDefinitionError(DurableError, ValueError):
 class WorkflowResumeError(DurableError):
     """A run could not be resumed; ``code`` says why (SPEC §8)."""
 
-    def __init__(self, message: str, *, code: str) -> None:
+    def __init__(self, message: str = "", *, code: str) -> None:
         if code not in RESUME_ERROR_CODES:
             raise ValueError(f"Unknown resume error code: {code}")
-        super().__init__(message, code=code)
+        super().__init__(message or f"Run cannot be resumed: {code}", code=code)
 
 
 class RunNotFoundError(DurableError, LookupError):

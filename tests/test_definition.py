@@ -247,6 +247,10 @@ def test_duplicate_phase_title_has_the_spec_message() -> None:
     with pytest.raises(WorkflowDefinitionError) as info:
         define(phases=[{"title": "Analyze"}, {"title": "Summarize"}, {"title": "Analyze", "detail": "again"}])
     assert str(info.value) == "Workflow phase title is declared more than once: Analyze"
+    long = "A" * 300
+    with pytest.raises(WorkflowDefinitionError) as info:
+        define(phases=[{"title": long}, {"title": long}])
+    assert str(info.value) == f"Workflow phase title is declared more than once: {long}"
 
 
 def test_phase_titles_are_compared_exactly() -> None:
@@ -313,6 +317,22 @@ def test_invalid_meta_limits_are_rejected_at_definition(limits: Any) -> None:
 def test_invalid_args_schema_is_rejected_at_definition(schema: Any) -> None:
     with pytest.raises(WorkflowDefinitionError, match="args_schema"):
         define(args_schema=schema)
+
+
+def test_args_schema_is_read_in_the_draft_its_schema_keyword_declares() -> None:
+    """Full JSON Schema via jsonschema (SPEC §2): a draft-07 schema is valid and checked as draft-07."""
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"pair": {"type": "array", "items": [{"type": "string"}, {"type": "integer"}]}},
+        "dependencies": {"a": ["b"]},
+    }
+    handle = define(args_schema=draft7)
+    handle.validate_args({"pair": ["x", 1], "a": 1, "b": 2})
+    with pytest.raises(ValueError, match="'b' is a dependency of 'a'"):
+        handle.validate_args({"a": 1})
+    with pytest.raises(ValueError, match=r"\$\['pair'\]\[1\]"):
+        handle.validate_args({"pair": ["x", "y"]})
 
 
 # --- the handle is immutable -----------------------------------------------------------------
@@ -486,6 +506,27 @@ def test_engine_registers_its_workflows() -> None:
     review, backfill = define(), define(name="backfill")
     engine = Engine(workflows=[review, backfill], settings=offline_settings())
     assert dict(engine.workflows) == {"code-review": review, "backfill": backfill}
+
+
+def test_the_workflows_setting_registers_every_workflow_of_the_modules_it_names(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §10 ``workflows`` (modules to import): CELERY_DURABLE_WORKFLOWS='["flows_a"]' is enough."""
+    (tmp_path / "flows_a.py").write_text(
+        "from celery_durable import workflow\n"
+        "@workflow(name='from-a', description='d', phases=[])\n"
+        "def from_a(ctx):\n    return 1\n"
+        "also = from_a  # the same handle twice counts once\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("CELERY_DURABLE_WORKFLOWS", '["flows_a"]')
+    review = define()
+    engine = Engine(workflows=[review], settings=offline_settings())
+    assert sorted(engine.workflows) == ["code-review", "from-a"]
+    with pytest.raises(WorkflowDefinitionError, match=r"Settings\.workflows names 'no_such_flows'"):
+        Engine([], settings=offline_settings().model_copy(update={"workflows": ["no_such_flows"]}))
+    with pytest.raises(WorkflowDefinitionError, match="Duplicate workflow name from-a"):
+        Engine([define(name="from-a")], settings=offline_settings())
 
 
 def test_engine_rejects_two_workflows_with_one_name() -> None:

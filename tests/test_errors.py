@@ -134,6 +134,12 @@ def test_resume_error_requires_a_code() -> None:
         WorkflowResumeError("x")  # type: ignore[call-arg]
 
 
+def test_resume_error_can_be_built_from_its_code_alone_as_the_spec_writes_it() -> None:
+    error = WorkflowResumeError(code="not_found")
+    assert (error.code, str(error)) == ("not_found", "Run cannot be resumed: not_found")
+    assert pickle.loads(pickle.dumps(error)).code == "not_found"
+
+
 # --- StepFailed ------------------------------------------------------------------------------
 
 

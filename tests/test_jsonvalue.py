@@ -213,9 +213,9 @@ CALL_SITES = [
         id="start_workflow args",
     ),
     pytest.param(
-        {"noun": "Workflow result", "not_json": "{noun} must be a JSON value ({problem})"},
+        {"noun": "Workflow result"},
         {1, 2},
-        "Workflow result must be a JSON value (set is not a JSON type)",
+        "Workflow result must be a JSON value: set is not a JSON type",
         "Workflow result is 72 bytes, above max_payload_bytes (64)",
         id="run result",
     ),

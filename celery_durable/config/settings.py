@@ -156,7 +156,10 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Credits per 1k prompt and completion tokens, per model; from env as JSON.",
     )
-    workflows: list[str] = Field(default_factory=list, description="Modules to import on start.")
+    workflows: list[str] = Field(
+        default_factory=list,
+        description="Modules to import: every workflow at their top level is registered, beside the engine's own.",
+    )
 
     @field_validator("namespace", "key_prefix")
     @classmethod

@@ -8,6 +8,7 @@ hash of a workflow does not depend on how pydantic parses it.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import marshal
@@ -55,9 +56,14 @@ def _short_version(version: str) -> str:
     return version
 
 
+def _validator(schema: Mapping[str, Any]) -> type[jsonschema.protocols.Validator]:
+    """The draft the schema's own ``$schema`` declares; 2020-12 where it declares none."""
+    return jsonschema.validators.validator_for(dict(schema), default=jsonschema.Draft202012Validator)
+
+
 def _json_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     try:
-        jsonschema.Draft202012Validator.check_schema(dict(schema))
+        _validator(schema).check_schema(dict(schema))
     except jsonschema.exceptions.SchemaError as exc:
         raise ValueError(f"is not a valid JSON Schema: {exc.message}") from None
     return schema
@@ -124,7 +130,7 @@ class Workflow:
         """Check ``args`` against ``args_schema``; the error names the failing path."""
         if self.args_schema is None:
             return
-        validator = jsonschema.Draft202012Validator(dict(self.args_schema))
+        validator = _validator(self.args_schema)(dict(self.args_schema))
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
         if error is not None:
             path = "$" + "".join(f"[{part!r}]" for part in error.absolute_path)
@@ -178,7 +184,7 @@ def check_meta(meta: Any) -> WorkflowMeta:
     seen: set[str] = set()
     for phase in checked.phases:
         if phase.title in seen:
-            raise WorkflowDefinitionError(f"Workflow phase title is declared more than once: {phase.title[:200]}")
+            raise WorkflowDefinitionError(f"Workflow phase title is declared more than once: {phase.title}")
         seen.add(phase.title)
     return checked
 
@@ -196,6 +202,25 @@ def workflow(**meta: Any) -> Callable[[RunFunction], Workflow]:
         return define_workflow(meta, run)
 
     return decorate
+
+
+def in_modules(workflows: Iterable[Workflow], modules: Iterable[str]) -> list[Workflow]:
+    """``workflows`` and every handle at the top level of ``modules``, imported
+    here: the ``workflows`` setting (SPEC §10), so a worker's or a client's
+    engine learns its workflows from its settings alone. A handle both given
+    and found counts once."""
+    found = list(workflows)
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise WorkflowDefinitionError(
+                f"Settings.workflows names {name!r}, which cannot be imported: {exc}"
+            ) from None
+        for value in vars(module).values():
+            if isinstance(value, Workflow) and value not in found:
+                found.append(value)
+    return found
 
 
 def check_unique_names(workflows: Iterable[Workflow]) -> dict[str, Workflow]:

@@ -146,11 +146,11 @@ def _returned(replay: Replay, result: Any) -> Settlement:
     if result is None:
         return Settlement("completed", message="Run completed")
     try:
-        encoded = jsonvalue.encode_payload(
-            result, replay.max_payload_bytes, noun="Workflow result", not_json="{noun} must be a JSON value ({problem})"
-        )
+        encoded = jsonvalue.encode_payload(result, replay.max_payload_bytes, noun="Workflow result")
     except jsonvalue.PayloadError as exc:
-        return Settlement("error", "invalid_result", str(exc), True, message=f"Run failed: {exc}")
+        # The error is the SPEC's exact text; the run's system record says what in the result is not JSON.
+        error = "Workflow result must be a JSON value" if exc.reason == "not_json" else str(exc)
+        return Settlement("error", "invalid_result", error, True, message=f"Run failed: {exc}")
     return Settlement("completed", result_json=encoded, message="Run completed")
 
 

@@ -100,4 +100,6 @@ def test_a_workflow_result_that_is_not_json_fails_the_run() -> None:
     settlement = Driver.of(bad_result).main()
     assert settlement is not None
     assert (settlement.status, settlement.reason, settlement.can_resume) == ("error", "invalid_result", True)
-    assert settlement.error.startswith("Workflow result must be a JSON value")
+    # The SPEC's exact text (§4 JSON); the system record says what is not JSON.
+    assert settlement.error == "Workflow result must be a JSON value"
+    assert settlement.message == "Run failed: Workflow result must be a JSON value: nan is not a finite number"
