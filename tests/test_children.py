@@ -7,6 +7,7 @@ with worker processes killed by SIGKILL are in ``test_children_crash.py``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -353,6 +354,25 @@ def test_a_bad_child_call_is_a_value_error_at_the_call_and_starts_nothing(durabl
     assert message in envelope.result
     assert d.client.get_workflow_run_detail(envelope.run_id).children == []
     assert d.engine.store.load_run(schema.child_run_id(envelope.run_id, "k")) is None
+
+
+@pytest.mark.parametrize("call", [lambda ctx: ctx.start_child("bad", "no-such-workflow"),
+                                  lambda ctx: ctx.start_child("bad", "double", {"n": "two"})])
+def test_a_bad_start_child_the_workflow_catches_raises_alike_on_every_replay(durable, call: Any) -> None:
+    """The check runs before the journal is read, as for ctx.child: a replay that
+    finds the next start journaled where the bad one was asked still raises it."""
+
+    def parent(ctx: WorkflowContext) -> Any:
+        with contextlib.suppress(ValueError):
+            call(ctx)
+        kid = ctx.start_child("good", "double", {"n": 1})
+        ctx.sleep(0.05)  # a second pass replays the rejected call
+        return kid
+
+    d = durable([wf("parent", parent), *LEAVES])
+    envelope = d.client.run_workflow("parent", timeout=TIMEOUT)
+    assert (envelope.status, envelope.error) == ("completed", None)
+    assert [c.key for c in d.client.get_workflow_run_detail(envelope.run_id).children] == ["good"]
 
 
 # -- cancelling the parent -------------------------------------------------------------------

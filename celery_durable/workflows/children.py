@@ -146,13 +146,20 @@ class ChildOps(Ops):
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.start_child(key)
+        # As reach() does for ctx.child: a start the journal does not hold here is
+        # checked first, so a bad one raises its ValueError (which the workflow may
+        # catch) on every replay alike, before the journal is consulted.
+        journaled_here = cursor.journaled()
+        made = None
+        if self._port is not None and (journaled_here is None or journaled_here[0] != identity):
+            made = self._request(key, workflow, args, limits)
         journaled, raw = replay.expect(cursor, identity)
         if raw is not None:
             cursor.advance()
             return raw
         if not cursor.writes:
             raise StaleAttemptError(f"Run {replay.run.run_id}: start_child {key!r} is not journaled yet")
-        request = self._request(key, workflow, args, limits)
+        request = made if made is not None else self._request(key, workflow, args, limits)
         replay.flush(cursor)
         if not journaled:
             replay.check_pause(cursor)
