@@ -87,10 +87,10 @@ def check_replay(
     store = client.engine.store
     if wanted is not None:
         records = _named_runs(store, client.namespace, wanted)
+        if workflow is not None:
+            records = [record for record in records if record.workflow == workflow]
     else:
-        records = _continuable_runs(store, client.namespace, narrowed, limit)
-    if workflow is not None:
-        records = [record for record in records if record.workflow == workflow]
+        records = _continuable_runs(store, client.namespace, narrowed, workflow, limit)
     settings = client.engine.settings
     return [check_record(store, record, client.engine.workflows.get(record.workflow), settings) for record in records]
 
@@ -156,10 +156,13 @@ def _named_runs(store: RunStore, namespace: str, run_ids: list[str]) -> list[Run
     return found
 
 
-def _continuable_runs(store: RunStore, namespace: str, statuses: frozenset[str], limit: int) -> list[RunRecord]:
-    """The namespace's runs that can still continue, with one of ``statuses``,
-    newest first, at most ``limit``: the index read a page at a time, and each
-    page's records in one round trip."""
+def _continuable_runs(
+    store: RunStore, namespace: str, statuses: frozenset[str], workflow: str | None, limit: int
+) -> list[RunRecord]:
+    """The namespace's runs that can still continue, with one of ``statuses``
+    (and of ``workflow``, when named: the limit counts only those), newest
+    first, at most ``limit``: the index read a page at a time, and each page's
+    records in one round trip."""
     selected: list[RunRecord] = []
     before: float | None = None
     while len(selected) < limit:
@@ -169,7 +172,12 @@ def _continuable_runs(store: RunStore, namespace: str, statuses: frozenset[str],
         before = batch[-1][1]
         loaded, _damaged = store.load_runs([run_id for run_id, _ in batch])
         for record in loaded:
-            if record.namespace == namespace and record.status in statuses and can_continue(record):
+            if (
+                record.namespace == namespace
+                and record.status in statuses
+                and can_continue(record)
+                and workflow in (None, record.workflow)
+            ):
                 selected.append(record)
     return selected[:limit]
 

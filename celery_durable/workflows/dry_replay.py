@@ -232,7 +232,13 @@ def verdict(replay: DryReplay, record: RunRecord, settlement: Settlement | None)
     if ends_by_itself(record):
         if settlement is None:
             return DIVERGES, f"The run {_ended(record)}; the replay stopped at call {main.index} of the main body"
-        if not _same_end(record, settlement):
+        if _same_end(record, settlement):
+            pass
+        elif settlement.status != "completed":
+            # The new code raised where the old one did not (or raised another
+            # error): a failure of the code under check, as on a live run.
+            return FAILED, settlement.error
+        else:
             return DIVERGES, f"The run {_ended(record)}; the replay {_ended_as(settlement, record)}"
     elif settlement is not None and settlement.status != "completed":
         return FAILED, settlement.error
