@@ -79,6 +79,8 @@ def test_check_replay_selects_the_runs_that_can_still_continue_newest_first() ->
     assert [check.run_id for check in env.client.check_replay(statuses=["running", "paused"])] == [paused, waiting]
     assert [check.run_id for check in env.client.check_replay(limit=1)] == [failed]
     assert [check.run_id for check in env.client.check_replay(workflow="order")] == [paused, waiting]
+    # The limit counts the named workflow's runs: the newer run of "fails" does not use it up.
+    assert [check.run_id for check in env.client.check_replay(workflow="order", limit=1)] == [paused]
     explicit = env.client.check_replay([completed, cancelled, diverged])
     assert verdicts(explicit) == {
         completed: ("completed", "ok"),
