@@ -147,7 +147,9 @@ def validate_settings(
     if c is not None and kc is not None and kc > c:
         raise ValueError(f"per_key_concurrency ({kc}) is above concurrency ({c}): it could never bind")
     r, kr = settings.rate, settings.per_key_rate
-    if r is not None and kr is not None and kr[0] > r[0] and kr[1] <= r[1]:
+    if r is not None and kr is not None and kr != r and kr[0] >= r[0] * math.ceil(kr[1] / r[1]):
+        # The throttle-wide rate lets at most n * ceil(kp / p) slots be taken in any
+        # window of kp seconds: a per-key n at or above that is never reached.
         raise ValueError(f"per_key_rate {kr} is above rate {r}: it could never bind")
     return settings
 

@@ -142,6 +142,7 @@ def test_every_ticks_at_creation_plus_whole_multiples() -> None:
         ({"every": 60, "limits": {"retries": 3}}, "retries"),
         ({"every": 60, "overlap": "queue"}, "overlap"),
         ({"every": 60, "catchup_window": -1}, "catchup_window"),
+        ({"every": 60, "catchup_window": float("nan")}, "catchup_window"),
     ],
 )
 def test_bad_input_is_refused_naming_it_and_stores_nothing(
@@ -270,6 +271,25 @@ def test_trigger_starts_a_run_now_even_paused_and_overlap_applies(env: WorkflowT
     assert actions(env.client.get_schedule("s")) == ["started", "skipped"]
 
 
+def test_a_trigger_buffered_behind_a_live_run_starts_once_that_run_settles(env: WorkflowTestEnvironment) -> None:
+    """SPEC §5d buffer_one: the tick starts as soon as that run settles, not at the next tick
+    (an hour away here); trigger returns the run id it will have, as it is not skipped."""
+    env.client.create_schedule("s", "held", every=3600, overlap="buffer_one")
+    first = env.client.trigger_schedule("s")
+    assert first is not None
+    env._fleet.runs.append(first)
+    env._fleet.drive()
+    step(env, 1)
+    buffered = env.client.trigger_schedule("s")
+    assert buffered is not None and buffered != first
+    assert actions(env.client.get_schedule("s")) == ["started", "buffered"]
+    assert env.client.trigger_schedule("s") is None  # a further tick meanwhile is skipped
+    assert env.signal(first, "stop", 1).status == "completed"
+    step(env, 2)  # the sweep looks at a buffered tick every BUFFER_POLL_MS (0.5 s)
+    assert [run.run_id for run in runs(env, "s")] == [first, buffered]
+    assert actions(env.client.get_schedule("s")) == ["started", "buffered", "skipped", "started"]
+
+
 def test_backfill_starts_each_tick_of_the_range_once(env: WorkflowTestEnvironment) -> None:
     info = env.client.create_schedule("s", "stamp", cron="0 * * * *")
     start = info.created_at.replace(minute=0, second=0, microsecond=0, tzinfo=None) - timedelta(hours=5)
@@ -277,6 +297,7 @@ def test_backfill_starts_each_tick_of_the_range_once(env: WorkflowTestEnvironmen
     assert len(ids) == 3 and len(set(ids)) == 3
     assert env.client.backfill_schedule("s", start, start + timedelta(hours=3)) == ids
     assert {run.run_id for run in runs(env, "s")} == set(ids)
+    assert actions(env.client.get_schedule("s")) == ["started"] * 3  # the second backfill started nothing
     ticks_ = sorted(run.scheduled_at for run in runs(env, "s"))
     assert ticks_[0] == start.replace(tzinfo=UTC)
 

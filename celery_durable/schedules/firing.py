@@ -121,8 +121,8 @@ def _run_fields(
     }
 
 
-def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tick_ms: int) -> str:
-    """Start the run of one tick, or find it started; its run id.
+def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tick_ms: int) -> tuple[str, bool]:
+    """Start the run of one tick, or find it started; its run id, and whether it was made here.
 
     As a child's start (``tasks/children.py``): a run found made but still
     pending, its first start perhaps dead before it listed or sent it, is
@@ -135,7 +135,7 @@ def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tic
         if store.create_run(run_id, _run_fields(engine, stored, definition, tick_ms, run_id, created_ms), message):
             store.index_run(stored.namespace, run_id, None)
             _deliver(engine, [Wake(run_id, 1, definition.name, MAIN, message)])
-            return run_id
+            return run_id, True
         record = store.load_run(run_id)
         if record is None:
             continue  # its retention ran out as it was looked at
@@ -143,7 +143,7 @@ def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tic
             store.index_run(stored.namespace, run_id, None)
         if record.status == "pending" and record.epoch == 1:
             store.schedule_check(run_id, created_ms + store.lease_ms, sooner_only=True)
-        return run_id
+        return run_id, False
     raise StorageError(f"Scheduled run {run_id} kept disappearing while it was started")
 
 
@@ -252,13 +252,18 @@ class Firing:
     def note(self, tick_ms: int, kind: str, run_id: str | None = None) -> None:
         self.actions.append(action(tick_ms, kind, run_id, self.now_ms))
 
-    def start(self, tick_ms: int) -> str:
+    def start(self, tick_ms: int, *, note_found: bool = True) -> str:
+        """Start the tick's run. ``note_found=False`` (a backfill): a run found
+        made already is not noted again, so a range backfilled twice, or over
+        ticks fired before, adds no action to ``recent``."""
+        made = True
         if self.deferred:
             run_id = schema.schedule_run_id(self.stored.namespace, self.stored.schedule_id, tick_ms)
             self.to_start.append(tick_ms)
         else:
-            run_id = start_tick(self.engine, self.stored, self.definition, tick_ms)
-        self.note(tick_ms, "started", run_id)
+            run_id, made = start_tick(self.engine, self.stored, self.definition, tick_ms)
+        if made or note_found:
+            self.note(tick_ms, "started", run_id)
         self.runs.append((run_id, tick_ms))
         if self.last_tick is None or tick_ms >= self.last_tick:
             self.last_run, self.last_tick, self._live = run_id, tick_ms, True
@@ -328,9 +333,12 @@ class Firing:
 
     def record_as_is(self) -> TickRecord:
         """A trigger's or a backfill's record: no compare on the next tick
-        (the sweep's own), the buffered tick set only where none was."""
-        record = self.record(rev=None, next_read=ANY, next_ms=None, due_at=None)
-        return replace(record, buffered_read=ANY) if self.buffered == self.stored.buffered else record
+        (the sweep's own), the buffered tick set only where none was, and
+        then looked at by the sweep as it looks at one it buffered itself
+        (``fire_due``), so it starts once the last run settled."""
+        if self.buffered == self.stored.buffered:
+            return replace(self.record(rev=None, next_read=ANY, next_ms=None, due_at=None), buffered_read=ANY)
+        return self.record(rev=None, next_read=ANY, next_ms=None, due_at=self.now_ms + BUFFER_POLL_MS)
 
 
 def fire_due(engine: Engine, claim_ms: int | None = None) -> int | None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.broker import schema
 from celery_durable.broker.replies.schedules import PutVerdict, RecordVerdict
 from celery_durable.broker.schedule_store import ANY
 from celery_durable.errors import ScheduleExistsError, ScheduleNotFoundError, StorageError
@@ -184,8 +185,9 @@ class ScheduleMethods:
 
     def trigger_schedule(self, schedule_id: str) -> str | None:
         """Start a run now, as a tick at the current time, overlap applied (a
-        paused schedule too): its run id, or None when the tick was skipped
-        (or buffered: it starts when the schedule's last run settles)."""
+        paused schedule too): its run id, or None when the tick was skipped.
+        A tick buffered (``buffer_one``) gives the id its run will have: it
+        starts when the schedule's last run settles."""
         stored = self._existing(schedule_id)
         store = self.engine.store
         firing = self._firing(stored)
@@ -195,6 +197,9 @@ class ScheduleMethods:
             # Another tick was buffered meanwhile: this one is skipped instead.
             skipped = [action(firing.now_ms, "skipped", None, firing.now_ms)]
             store.record_ticks(self.namespace, schedule_id, replace(record, buffered_read=ANY, actions=skipped))
+            return None
+        if run_id is None and firing.stored.buffered is None and firing.buffered == firing.now_ms:
+            return schema.schedule_run_id(self.namespace, schedule_id, firing.now_ms)
         return run_id
 
     def backfill_schedule(self, schedule_id: str, start: datetime, end: datetime) -> list[str]:
@@ -208,7 +213,7 @@ class ScheduleMethods:
             raise ValueError(f"backfill covers more than {MAX_BACKFILL} ticks: split the range")
         store = self.engine.store
         firing = self._firing(stored)
-        run_ids = [firing.start(tick) for tick in ticks]
+        run_ids = [firing.start(tick, note_found=False) for tick in ticks]
         if run_ids:
             store.record_ticks(self.namespace, schedule_id, firing.record_as_is())
         return run_ids

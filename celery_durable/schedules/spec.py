@@ -112,7 +112,7 @@ def check_spec(
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAPS)}: {short_repr(overlap)}")
     catchup = seconds_of(catchup_window)
-    if catchup is None or catchup < 0 or catchup > 10 * 366 * 86400:
+    if catchup is None or not 0 <= catchup <= 10 * 366 * 86400:  # NaN fails it too
         raise ValueError(f"catchup_window must be a number of seconds >= 0: {short_repr(catchup_window)}")
     if not isinstance(paused, bool):
         raise ValueError(f"paused must be True or False: {short_repr(paused)}")

@@ -44,9 +44,16 @@ def test_settings_are_checked_and_stored() -> None:
         ({"concurrency": 0}, "concurrency"),
         ({"rate": (5, 0)}, "rate"),
         ({"concurrency": 2, "per_key_concurrency": 3}, "per_key_concurrency"),
+        # A per-key rate the throttle-wide one already keeps it under could never bind.
+        ({"rate": (10, 60), "per_key_rate": (11, 60)}, "per_key_rate .* could never bind"),
+        ({"rate": (10, 60), "per_key_rate": (10, 30)}, "per_key_rate .* could never bind"),
+        ({"rate": (10, 30), "per_key_rate": (20, 60)}, "per_key_rate .* could never bind"),
     ]:
         with pytest.raises(ValueError, match=named):
             env.client.set_throttle("openai", **bad)
+    for binds in [(9, 60), (10, 60), (19, 60), (10, 120), (5, 1)]:  # each can be the tighter limit
+        assert env.client.set_throttle("keyed", rate=(10, 30), per_key_rate=binds).per_key_rate == binds
+    env.client.delete_throttle("keyed")
     with pytest.raises(ThrottleNotFoundError) as raised:
         env.client.get_throttle("nope")
     assert raised.value.code == "not_found"
