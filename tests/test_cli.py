@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,6 +91,51 @@ def test_errors_are_one_line_and_a_nonzero_exit(settings, args: list[str], exit_
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("error")
     assert message in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "app", "message"),
+    [
+        # pydantic's report of a bad setting spans four lines: said as one.
+        ({"CELERY_DURABLE_MAX_FANOUT": "abc"}, APP, "invalid Settings: max_fanout: Input should be a valid integer"),
+        ({"CELERY_DURABLE_REDIS_URL": "http://x"}, APP, "invalid Settings: redis_url: Value error, must be a redis://"),
+        # The app's own module failing as it is imported: no traceback either.
+        ({}, "json.decoder:JSONDecodeError", "JSONDecodeError"),
+    ],
+)
+def test_a_bad_setting_or_a_failing_app_is_one_line_too(settings, env: dict[str, str], app: str, message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_durable", "runs", "list", "--app", app],
+        env={**settings_env(settings), **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and done.stdout == ""
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error") and message in done.stderr
+
+
+def test_every_namespace_option_reads_celery_durable_namespace() -> None:
+    """SPEC §11: the namespace from --namespace or CELERY_DURABLE_NAMESPACE, whatever the engine's settings say."""
+    import typer.main
+
+    from celery_durable.cli import app
+
+    def commands(group: Any, path: str = "") -> Any:
+        for name, command in getattr(group, "commands", {}).items():
+            yield f"{path} {name}".strip(), command
+            yield from commands(command, f"{path} {name}")
+
+    named = {
+        path: param.envvar
+        for path, command in commands(typer.main.get_command(app))
+        for param in command.params
+        if param.name == "namespace"
+    }
+    assert len(named) > 20 and set(named.values()) == {"CELERY_DURABLE_NAMESPACE"}, named
 
 
 # -- scripts: --json ------------------------------------------------------------------

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
+import pydantic
 import typer
 from rich.console import Console
 
@@ -54,7 +55,10 @@ AppOption = Annotated[
     typer.Option("--app", "-A", envvar="CELERY_DURABLE_APP", help="The engine, as 'package.module:attribute'."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (JSON lines when following).")]
-NamespaceOption = Annotated[str | None, typer.Option("--namespace", "-n", help="Namespace of the runs.")]
+NamespaceOption = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", envvar="CELERY_DURABLE_NAMESPACE", help="Namespace of the runs."),
+]
 TimeoutOption = Annotated[float | None, typer.Option("--timeout", help="Seconds to wait at most.")]
 FollowOption = Annotated[bool, typer.Option("--follow", "-f", help="Go on until the run settles.")]
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
@@ -76,11 +80,16 @@ def load_engine(path: str) -> Engine:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UserError(f"cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module's own code failed (a bad setting, a bug): still one line
+        raise UserError(f"importing {module_name!r} failed: {one_line(exc)}") from None
     target = getattr(module, attribute, None)
     if target is None:
         raise UserError(f"{module_name!r} has no attribute {attribute!r}")
     if callable(target) and not isinstance(target, Engine):
-        target = target()
+        try:
+            target = target()
+        except Exception as exc:
+            raise UserError(f"{path}() failed: {one_line(exc)}") from None
     if not isinstance(target, Engine):
         raise UserError(f"{path} is not a celery_durable.Engine")
     return target
@@ -110,6 +119,20 @@ def fail(message: str, code: str | None = None, exit_code: int = EXIT_FAILED) ->
     return typer.Exit(exit_code)
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as the one line the CLI prints: a settings error (pydantic's
+    report spans lines, with a link per problem) says each setting and its
+    problem; anything else, its type where its text does not say it."""
+    if isinstance(exc, pydantic.ValidationError):
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or exc.title}: {error['msg']}" for error in exc.errors()
+        )
+        return f"invalid {exc.title}: {problems}"
+    if isinstance(exc, DurableError | ValueError | LookupError | TimeoutError):
+        return " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 def guarded(action: Callable[[], T]) -> T:
     """Run a command body; user-facing errors become one line and an exit code."""
     try:
@@ -117,7 +140,7 @@ def guarded(action: Callable[[], T]) -> T:
     except UserError as exc:
         raise fail(str(exc), exit_code=EXIT_USAGE) from None
     except (DurableError, ValueError, LookupError, TimeoutError) as exc:
-        raise fail(str(exc), getattr(exc, "code", None)) from None
+        raise fail(one_line(exc), getattr(exc, "code", None)) from None
     except KeyboardInterrupt:
         raise fail("interrupted; runs go on", exit_code=EXIT_INTERRUPTED) from None
 
