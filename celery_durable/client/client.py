@@ -261,7 +261,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         record = self._record(run_id)
         definition = self.workflow_meta(record.workflow, record.code_hash)
         phases = phase_rows(definition, record) if definition is not None else []
-        steps = step_rows_in_order(self.engine.store.step_rows(record.run_id))
+        steps = step_rows_in_order(record.run_id, self.engine.store.step_rows(record.run_id))
         progress = self.get_workflow_run_progress(run_id, limit=20).records
         agents = [agent_row(row) for row in self.engine.store.agent_rows(record.run_id).values()]
         # Started rows first, by start time; rows not started yet (None) after them.

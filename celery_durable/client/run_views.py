@@ -11,6 +11,7 @@ from typing import Any
 from celery_durable.broker import RunRecord, RunStore, schema
 from celery_durable.broker.schema.profiles import ServedWorkflow
 from celery_durable.errors import WorkflowResumeError
+from celery_durable.workflows.calls import call_task_id
 from celery_durable.workflows.definition import Workflow
 from celery_durable.workflows.envelope import ChildRow, PhaseRow, StepRow, from_ms
 from celery_durable.workflows.versions import last_code_hash
@@ -38,18 +39,14 @@ def agent_row(raw: str) -> dict[str, Any]:
     return row
 
 
-def step_rows_in_order(stored: dict[str, str]) -> list[StepRow]:
+def step_rows_in_order(run_id: str, stored: dict[str, str]) -> list[StepRow]:
     """Stored step rows as the detail lists them: in the order they began, not the order they settled."""
     rows = [(key, schema.StepRow.parse(key, raw)) for key, raw in stored.items()]
     rows.sort(key=lambda pair: (pair[1].order(), pair[0]))
-    return [_to_step_row(key, row) for key, row in rows]
+    return [_to_step_row(run_id, key, row) for key, row in rows]
 
 
-def step_row(key: str, raw: str) -> StepRow:
-    return _to_step_row(key, schema.StepRow.parse(key, raw))
-
-
-def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
+def _to_step_row(run_id: str, key: str, row: schema.StepRow) -> StepRow:
     return StepRow(
         key=key,
         status=row.status,
@@ -58,6 +55,7 @@ def _to_step_row(key: str, row: schema.StepRow) -> StepRow:
         started_at=from_ms(row.started_at),
         finished_at=from_ms(row.finished_at),
         task=row.task,
+        task_id=None if row.task is None else call_task_id(run_id, key),
     )
 
 

@@ -55,8 +55,8 @@ class AgentOps(Ops):
         replay.check_pause(cursor)
         # Its slot goes back when the turn's outcome is journaled (tasks/agent.py).
         replay.throttles.gate(cursor, f"a/{agent_id}", throttled, f"agent turn {agent_id}")
-        row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, replay.journal.now_ms())
         message = uuid.uuid4().hex
+        row = schema.queued_agent_row(agent_id, label, model, replay.run.attempt, replay.journal.now_ms(), message)
         result = replay.journal.agent_call(
             cursor.seq, cursor.index, agent_id, jsonvalue.dumps(request), cursor.owner, row, found.cut, message
         )

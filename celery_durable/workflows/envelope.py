@@ -210,6 +210,8 @@ class StepRow(_Row):
     finished_at: datetime | None = None
     task: str | None = None
     """A task call's (``ctx.call``): the task's name; None for a step."""
+    task_id: str | None = None
+    """A task call's: the Celery task id it is sent with, the same on every attempt."""
 
     @property
     def duration_ms(self) -> int | None:

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from celery_durable import WorkflowContext, workflow
+from celery_durable import FunctionRunner, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
 from celery_durable.web import create_app
+from celery_durable.workflows.calls import call_task_id
 from tests.support.poll import RUN_BOUND, poll
 from tests.web.conftest import Site, SiteFactory
 from tests.web.support import gate, new_gate
@@ -83,6 +84,36 @@ def test_the_steps_table_shows_each_calls_inputs_and_the_value_endpoint_gives_th
         whole = http.get(f"/api/runs/{run_id}/value", params={"ref": "i:bulk"})
         assert whole.json() == {"ref": "i:bulk", "value": {"args": ["x" * 2000], "kwargs": {}}}
         assert http.get(f"/api/runs/{run_id}/value", params={"ref": "i:plain"}).status_code == 404
+
+
+@workflow(name="web-flower", description="a step, a call and an agent turn", phases=[])
+def _tasks(ctx: WorkflowContext) -> Any:
+    ctx.step("plain", lambda: 1)
+    ctx.call("resize", "fleet.resize", args=("a.png",))
+    return ctx.agent("Review a.png", label="reviewer")
+
+
+def test_given_a_flower_url_task_rows_link_to_flowers_task_pages() -> None:
+    """SPEC §13: a call's row links its task (its id derived from the run and the key), an
+    agent turn's row the task that ran it; a plain step runs in no task of its own."""
+    env = WorkflowTestEnvironment(
+        [_tasks], tasks={"fleet.resize": lambda url: len(url)}, agent_runner=FunctionRunner(default=lambda r: "ok")
+    )
+    run_id = env.run(_tasks).run_id
+    detail = env.client.get_workflow_run_detail(run_id)
+    [agent] = detail.agents
+    assert isinstance(agent["task_id"], str) and agent["task_id"]
+    task_ids = {step.key: step.task_id for step in detail.steps}
+    assert task_ids == {"plain": None, "resize": call_task_id(run_id, "resize")}
+    flower = "http://flower.example:5555"
+    with TestClient(create_app(env.engine, flower_url=flower), base_url="http://127.0.0.1") as http:
+        text = http.get(f"/ns/default/runs/{run_id}").text
+    steps = {row.split("</td>", 1)[0]: row for row in text.split('<tr><td class="mono">')[1:]}
+    assert f'href="{flower}/task/{call_task_id(run_id, "resize")}"' in steps["resize"]
+    assert f"{flower}/task/" not in steps["plain"]
+    assert f'href="{flower}/task/{agent["task_id"]}"' in text
+    with TestClient(create_app(env.engine), base_url="http://127.0.0.1") as http:
+        assert "flower.example" not in http.get(f"/ns/default/runs/{run_id}").text
 
 
 def test_started_names_the_first_attempt_that_started(site: SiteFactory) -> None:

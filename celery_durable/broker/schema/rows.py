@@ -111,10 +111,14 @@ def agent_row_key(agent_id: str, epoch: int) -> str:
     return f"{agent_id}@{epoch}"
 
 
-def queued_agent_row(agent_id: str, label: str | None, model: str | None, attempt: int, now: int) -> str:
+def queued_agent_row(
+    agent_id: str, label: str | None, model: str | None, attempt: int, now: int, task_id: str | None = None
+) -> str:
+    """``task_id``: the Celery task that runs the turn (the web view links it to Flower)."""
     return _dumps(
         {
             "agent_id": agent_id,
+            "task_id": task_id,
             "label": label,
             "model": model,
             "status": "queued",
@@ -174,6 +178,7 @@ def parse_agent_row(raw: str) -> dict[str, Any]:
             "usage": usage,
             "error": row.get("error"),
             "attempt": row.get("attempt"),
+            "task_id": row.get("task_id"),
         }
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         raise StorageCorruptError(f"An agent row is not one celery-durable wrote: {exc!r:.200}") from None
