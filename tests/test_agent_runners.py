@@ -224,6 +224,8 @@ def test_invalid_json_under_a_schema_is_an_output_error(server: ChatServer, repl
     assert reply in caught.value.message  # the engine feeds this back on its schema retry
     assert isinstance(caught.value, AgentRunnerError)
     assert caught.value.code == "agent_output_error"
+    # The answer was billed all the same: the engine counts it in the run's usage and credits.
+    assert caught.value.usage == {"prompt_tokens": 7, "completion_tokens": 3, "ai_credits": 0.0}
 
 
 def test_text_without_a_schema_is_not_parsed(server: ChatServer) -> None:

@@ -9,6 +9,8 @@ contain an API key.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery_durable.errors import DurableError
 
 
@@ -23,9 +25,15 @@ class AgentOutputError(AgentRunnerError):
 
     The engine feeds this message back to the model on its one schema retry,
     so it says what was wrong with the output rather than with the transport.
+    ``usage``: what the answer cost all the same (``AgentResult.usage``), which
+    the run's usage and its credit ceiling count.
     """
 
     code = "agent_output_error"
+
+    def __init__(self, message: str = "", *, usage: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class AgentEndpointError(AgentRunnerError):

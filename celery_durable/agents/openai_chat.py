@@ -122,9 +122,14 @@ class OpenAIChatRunner:
                 "json_schema": {"name": "output", "schema": request.schema, "strict": False},
             }
         completion = self._complete(model, _messages(request), response_format)
-        text = _reply_text(completion, model)
-        output = text if request.schema is None else _parse_json(text)
-        return AgentResult(output=output, usage=self._usage(completion, model))
+        usage = self._usage(completion, model)
+        try:
+            text = _reply_text(completion, model)
+            output = text if request.schema is None else _parse_json(text)
+        except AgentOutputError as exc:
+            exc.usage = usage  # an answer the run cannot use was billed all the same
+            raise
+        return AgentResult(output=output, usage=usage)
 
     def __repr__(self) -> str:
         # Deliberately without the key: runners end up in logs and error reports.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import random
 import re
 import threading
@@ -183,8 +184,8 @@ def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str
     )
     try:
         runner = engine.agent_runner
-    except (ValueError, ImportError) as exc:
-        return _failed(record.epoch, usage, f"The agent runner setting cannot be loaded: {exc}")
+    except Exception as exc:  # a path that does not resolve, or a factory that raises: the turn fails
+        return _failed(record.epoch, usage, f"The agent runner setting cannot be loaded: {type(exc).__name__}: {exc}")
     if runner is None:
         missing = "No agent runner is configured (Engine(agent_runner=...) or CELERY_DURABLE_AGENT_RUNNER)"
         return _failed(record.epoch, usage, missing)
@@ -195,13 +196,14 @@ def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str
             result = runner.run(dataclasses.replace(base, feedback=feedback))
         except AgentOutputError as exc:
             problem = str(exc)
+            if (bad := _add_usage(usage, exc.usage or {})) is not None:
+                return _failed(record.epoch, usage, bad)
         except Exception as exc:
             return _failed(record.epoch, usage, f"{type(exc).__name__}: {exc}")
         else:
             output = result.output if isinstance(result, AgentResult) else result
-            if isinstance(result, AgentResult):
-                for name in ("prompt_tokens", "completion_tokens", "ai_credits"):
-                    usage[name] += result.usage.get(name) or 0
+            if isinstance(result, AgentResult) and (bad := _add_usage(usage, result.usage)) is not None:
+                return _failed(record.epoch, usage, bad)
             problem = _output_problem(output, output_schema, engine.settings.max_payload_bytes)
             if problem is None:
                 return Turn(schema.value_outcome(jsonvalue.loads(jsonvalue.dumps(output))), usage, None)
@@ -209,6 +211,23 @@ def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str
             return _failed(record.epoch, usage, str(problem))
         feedback = problem
     return _failed(record.epoch, usage, f"Output still violates the schema after one retry: {problem}")
+
+
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "ai_credits")
+
+
+def _add_usage(total: dict[str, Any], usage: Any) -> str | None:
+    """Add a runner's usage to ``total``; what is wrong with it, else None: a
+    runner that reports nonsense fails its turn, it does not kill the task."""
+    if not isinstance(usage, dict):
+        return f"AgentResult.usage must be a dict, got {type(usage).__name__}"
+    for name in USAGE_FIELDS:
+        value = usage.get(name) or 0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            return f"AgentResult.usage[{name!r}] must be a finite number >= 0, got {value!r:.40}"
+    for name in USAGE_FIELDS:
+        total[name] += usage.get(name) or 0
+    return None
 
 
 def _output_problem(output: Any, schema: dict[str, Any] | None, max_bytes: int) -> str | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_durable import WorkflowContext, workflow
+from celery_durable import AgentResult, FunctionRunner, Settings, WorkflowContext, define_workflow, workflow
+from celery_durable.agents.errors import AgentOutputError
+from celery_durable.testing import WorkflowTestEnvironment
 from tests.unit.harness import Driver
 
 
@@ -39,3 +41,68 @@ def test_a_turn_past_max_total_subagents_stops_the_run_resumably() -> None:
     assert (settlement.status, settlement.reason, settlement.can_resume) == ("error", "workflow_limit_reached", True)
     assert settlement.error.startswith("Limit reached: max_total_subagents (ceiling 1)")
     assert driver.turns == []
+
+
+def _six_reviews(ctx: WorkflowContext) -> Any:
+    return ctx.parallel([lambda i=i: ctx.agent(f"Review file {i}") for i in range(6)])
+
+
+def test_turns_a_stopped_attempt_left_queued_are_not_counted_again_when_resumed() -> None:
+    """SPEC §6: resume with a higher limit continues the run. The three turns the
+    first attempt dispatched (and never ran: the ceiling stopped the run) were
+    counted then; dispatched again by the resume they are not counted twice."""
+    runs: list[str] = []
+    six = define_workflow({"name": "six", "description": "d", "phases": [], "limits": {"max_total_subagents": 3}},
+                          _six_reviews)
+    env = WorkflowTestEnvironment([six], agent_runner=FunctionRunner(default=lambda r: runs.append(r.prompt) or "ok"))
+    stopped = env.run(six)
+    assert (stopped.status, stopped.reason) == ("error", "workflow_limit_reached")
+    assert stopped.snapshot["subagents_used"] == 3
+    resumed = env.resume(stopped.run_id, limits={"max_total_subagents": 6})
+    assert (resumed.status, resumed.result) == ("completed", ["ok"] * 6)
+    assert resumed.snapshot["subagents_used"] == 6 and sorted(runs) == [f"Review file {i}" for i in range(6)]
+
+
+def _one_review(ctx: WorkflowContext) -> Any:
+    return ctx.agent("Review cart.js", label="reviewer")
+
+
+ONE = define_workflow({"name": "one-review", "description": "d", "phases": []}, _one_review)
+
+
+def _broken_factory() -> Any:
+    raise RuntimeError("factory exploded")
+
+
+def test_a_runner_that_cannot_be_made_or_reports_bad_usage_fails_its_turn_not_the_task() -> None:
+    """SPEC §9: the call returns None and the row is failed with the error; never a row left running."""
+    for runner, error in [
+        (FunctionRunner(default=lambda r: AgentResult(output="x", usage=None)), "AgentResult.usage must be a dict"),
+        (FunctionRunner(default=lambda r: AgentResult(output="x", usage={"ai_credits": float("nan")})),
+         "AgentResult.usage['ai_credits'] must be a finite number >= 0"),
+        (None, "The agent runner setting cannot be loaded: RuntimeError: factory exploded"),
+    ]:
+        settings = Settings(redis_cluster=False, agent_runner=f"{__name__}:_broken_factory") if runner is None else None
+        env = WorkflowTestEnvironment([ONE], agent_runner=runner, settings=settings)
+        envelope = env.run(ONE)
+        assert (envelope.status, envelope.result) == ("completed", None)
+        [row] = env.client.get_workflow_run_detail(envelope.run_id).agents
+        assert row["status"] == "failed" and row["error"].startswith(error), row["error"]
+
+
+def _unusable(request: Any) -> Any:
+    raise AgentOutputError("Output is not valid JSON", usage={"prompt_tokens": 10, "completion_tokens": 5,
+                                                              "ai_credits": 0.5})
+
+
+def test_answers_the_run_cannot_use_are_counted_in_its_usage_and_credits() -> None:
+    """SPEC §6 and §9: an answer that was billed counts, whether or not the run could use it."""
+    asks = define_workflow({"name": "asks", "description": "d", "phases": []},
+                           lambda ctx: ctx.agent("Review cart.js", schema={"type": "object"}))
+    env = WorkflowTestEnvironment([asks], agent_runner=FunctionRunner(default=_unusable))
+    envelope = env.run(asks)
+    assert (envelope.status, envelope.result) == ("completed", None)  # two tries: the first, and its one retry
+    [row] = env.client.get_workflow_run_detail(envelope.run_id).agents
+    assert row["status"] == "failed"
+    assert row["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "ai_credits": 1.0}
+    assert envelope.snapshot["ai_credits"] == 1.0

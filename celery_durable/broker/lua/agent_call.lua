@@ -40,9 +40,14 @@ if redis.call('HGET', KEYS[2], 'qe:' .. id) == ARGV[1] then
   f = flags(KEYS[1])
   return {'pending', f[1], f[2], f[3]}
 end
+-- A turn an earlier attempt dispatched that never ended (its attempt died
+-- with it queued or running) was counted against max_total_subagents then:
+-- dispatched again it is not counted twice, so a resume with a higher ceiling
+-- gets past the turns its last attempt left queued. A failed turn run again is.
+local counted = not outcome and redis.call('HEXISTS', KEYS[2], 'q:' .. id) == 1
 local now = tonumber(ARGV[2])
 local reached = check_limits(KEYS[1], now)
-if reached == '' then
+if reached == '' and not counted then
   local lim = redis.call('HMGET', KEYS[1], 'lim_total', 'subagents_used')
   if lim[1] and lim[1] ~= '' and tonumber(lim[2] or '0') >= tonumber(lim[1]) then
     reached = 'max_total_subagents'
@@ -54,7 +59,7 @@ if reached ~= '' then
   return {'limit', f[1], f[2], f[3]}
 end
 redis.call('HSET', KEYS[2], 'q:' .. id, ARGV[7], 'qe:' .. id, ARGV[1], 'w:' .. id, ARGV[8])
-redis.call('HINCRBY', KEYS[1], 'subagents_used', 1)
+if not counted then redis.call('HINCRBY', KEYS[1], 'subagents_used', 1) end
 -- One row per turn and attempt: a turn interrupted with its attempt keeps its row.
 redis.call('HSET', KEYS[3], id .. '@' .. ARGV[1], ARGV[9])
 token_queued(KEYS[1], KEYS[4], ARGV[11], 'a', now, now)
