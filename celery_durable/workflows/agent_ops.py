@@ -10,6 +10,7 @@ without holding a worker, and the turn's task wakes it.
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,23 @@ if TYPE_CHECKING:
 MAX_LABEL = 256
 
 
+def _agent_id(request: dict[str, Any], journaled: tuple[str, str | None] | None) -> str:
+    """The turn's id: a hash of its request with every key sorted, so identical
+    calls are one turn whatever order a schema's keys were written in (SPEC §4).
+    A turn journaled here before ids sorted keys keeps the id it has (the hash
+    of the request as written), so a run in flight across the upgrade replays."""
+    canonical = _hash(json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    if journaled is not None and journaled[0] != Identity.agent(canonical):
+        as_written = _hash(jsonvalue.dumps(request))
+        if journaled[0] == Identity.agent(as_written):
+            return as_written
+    return canonical
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
 class AgentOps(Ops):
     """``ctx.agent`` of one execution."""
 
@@ -44,8 +62,8 @@ class AgentOps(Ops):
     ) -> Any:
         replay = self._replay
         request = self._request(prompt, label, schema_, model)
-        agent_id = hashlib.sha256(jsonvalue.dumps(request).encode("utf-8")).hexdigest()[:32]
         cursor = replay.current()
+        agent_id = _agent_id(request, cursor.journaled())
         replay.check_cancelled()
         identity = Identity.agent(agent_id)
         found = replay.recall(cursor, identity, f"agent turn {agent_id}", answered_elsewhere=True)

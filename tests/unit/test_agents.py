@@ -7,7 +7,9 @@ from typing import Any
 
 from celery_durable import AgentResult, FunctionRunner, Settings, WorkflowContext, define_workflow, workflow
 from celery_durable.agents.errors import AgentOutputError
+from celery_durable.broker.schema import Identity
 from celery_durable.testing import WorkflowTestEnvironment
+from celery_durable.workflows import agent_ops, jsonvalue
 from tests.unit.harness import Driver
 
 
@@ -106,3 +108,27 @@ def test_answers_the_run_cannot_use_are_counted_in_its_usage_and_credits() -> No
     assert row["status"] == "failed"
     assert row["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "ai_credits": 1.0}
     assert envelope.snapshot["ai_credits"] == 1.0
+
+
+def test_identical_calls_with_a_schema_written_in_another_key_order_are_one_turn() -> None:
+    """SPEC §4: the same prompt, label, schema and model: a schema is the same whatever order its keys are in."""
+    first = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    second = {"required": ["n"], "properties": {"n": {"type": "integer"}}, "type": "object"}
+    turns: list[str] = []
+    twice = define_workflow({"name": "twice", "description": "d", "phases": []},
+                            lambda ctx: [ctx.agent("Count", schema=first), ctx.agent("Count", schema=second)])
+    env = WorkflowTestEnvironment([twice], agent_runner=FunctionRunner(default=lambda r: turns.append(r.prompt)
+                                                                         or {"n": len(turns)}))
+    envelope = env.run(twice)
+    assert envelope.result == [{"n": 1}, {"n": 1}] and envelope.snapshot["subagents_used"] == 1
+
+
+def test_a_turn_journaled_under_the_id_of_the_request_as_written_keeps_it() -> None:
+    """Runs in flight across the upgrade that sorted the keys replay: the journal's id is taken where it is theirs."""
+    request = {"prompt": "Count", "label": None, "schema": {"type": "object", "properties": {}}, "model": None}
+    canonical = agent_ops._agent_id(request, None)
+    as_written = agent_ops._hash(jsonvalue.dumps(request))
+    assert canonical != as_written
+    assert agent_ops._agent_id(request, (Identity.agent(as_written), None)) == as_written
+    assert agent_ops._agent_id(request, (Identity.agent(canonical), None)) == canonical
+    assert agent_ops._agent_id(request, (Identity.step("other"), None)) == canonical
