@@ -57,7 +57,7 @@ def event_summary(event: HistoryEvent) -> str:
         until = f" until {_time(data['until'])}" if data.get("until") else ""
         what = f"run {data.get('name')}" if data.get("kind") == "child" else str(data.get("name") or data.get("op"))
         return f"{data.get('kind')} {what}{until}"
-    if kind in ("timer_set", "timer_fired"):
+    if kind in ("timer_set", "timer_fired", "signal_timed_out"):
         return f"until {_time(data.get('until'))}"
     if kind in ("child_started", "child_settled"):
         status = f" {data['status']}" if "status" in data else ""

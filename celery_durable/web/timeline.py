@@ -69,7 +69,7 @@ def wait_end(
     started: HistoryEvent, later: list[HistoryEvent], starts: dict[str, datetime] | None = None
 ) -> datetime | None:
     """When the wait that ``started`` began ended, from the events after it:
-    its timer fired, its signal came, its child settled, its throttle let it
+    its timer fired, its signal came (or its timeout passed), its child settled, its throttle let it
     go (None: it waits). A throttle's grant is no event of its own: the
     run's slot ends at the attempt it let start, an op's at the op's start
     (``starts``: step and agent rows by key) or its first event after."""
@@ -79,7 +79,7 @@ def wait_end(
     for event in later:
         if kind == "timer" and event.kind == "timer_fired" and event.key == started.key:
             return event.at
-        if kind == "signal" and event.kind == "signal_received" and event.key == started.key:
+        if kind == "signal" and event.kind in ("signal_received", "signal_timed_out") and event.key == started.key:
             return event.at
         if kind == "child" and event.kind == "child_settled" and event.key == started.key:
             return event.at

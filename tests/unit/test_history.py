@@ -295,3 +295,54 @@ def test_each_wait_says_when_it_begins() -> None:
     assert kinds.index(("child_started", "kid1")) < kinds.index(("wait_started", "kid1"))
     assert kinds.index(("wait_started", "kid1")) < kinds.index(("child_settled", "kid1"))
     assert len([e for e in events if e.kind == "wait_started"]) == 3, "a wait replayed while it waits is said once"
+
+
+def test_a_signal_wait_whose_timeout_passes_ends_in_the_history() -> None:
+    """Every wait that begins ends in the history: a signal wait by signal_received, or by
+    signal_timed_out when its timeout passed first (the timeline draws it to that end)."""
+    env = WorkflowTestEnvironment([waiter, kid])
+    run_id = env.start(waiter)
+    env.clock.advance(60)
+    env.clock.advance(2 * 3600 + 1)
+    assert env.get(run_id).status == "completed"
+    events = everything(env, run_id)
+    timed_out = one(events, "signal_timed_out", "approval")
+    kinds = [(e.kind, e.key) for e in events]
+    assert kinds.index(("wait_started", "approval")) < kinds.index(("signal_timed_out", "approval"))
+    assert kinds.index(("signal_timed_out", "approval")) < kinds.index(("child_started", "kid1"))
+    assert timed_out.data["until"] == one(events, "wait_started", "approval").data["until"]
+    assert not [e for e in events if e.kind == "signal_received"]
+
+
+def test_a_cancel_that_settles_a_run_at_once_is_requested_first_in_the_history() -> None:
+    @workflow(name="hist-held", description="waits", phases=[])
+    def held(ctx: WorkflowContext) -> Any:
+        return ctx.wait_for_signal("go").payload
+
+    env = WorkflowTestEnvironment([held])
+    run_id = env.start(held)
+    env.pause(run_id)
+    env.clock.advance(1)
+    assert env.cancel(run_id).status == "cancelled"
+    kinds = [e.kind for e in everything(env, run_id)]
+    assert kinds[-2:] == ["cancel_requested", "run_settled"]
+
+
+def test_a_phase_entered_again_is_active_without_an_end() -> None:
+    @workflow(name="hist-phases", description="A, B, A again", phases=[{"title": "A"}, {"title": "B"}])
+    def phases(ctx: WorkflowContext) -> Any:
+        ctx.phase("A")
+        ctx.step("1", lambda: 1)
+        ctx.phase("B")
+        ctx.step("2", lambda: 2)
+        ctx.phase("A")
+        return ctx.wait_for_signal("go").payload
+
+    env = WorkflowTestEnvironment([phases])
+    run_id = env.start(phases)
+    rows = {row.title: row for row in env.client.get_workflow_run_detail(run_id).phases}
+    assert (rows["A"].state, rows["A"].finished_at) == ("active", None)
+    assert rows["B"].state == "done" and rows["B"].finished_at is not None
+    assert env.signal(run_id, "go", 1).status == "completed"
+    rows = {row.title: row for row in env.client.get_workflow_run_detail(run_id).phases}
+    assert rows["A"].state == "done" and rows["A"].finished_at is not None

@@ -820,6 +820,8 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
         local previous = redis.call('HGET', run_key, 'phase_id')
         if previous and previous ~= '' and previous ~= phase_id then
           redis.call('HSET', run_key, 'pe:' .. previous, now)
+          -- A phase entered again is active again: the end of its last stay is no end.
+          redis.call('HDEL', run_key, 'pe:' .. phase_id)
         end
         redis.call('HSET', run_key, 'phase', message, 'phase_id', phase_id)
         redis.call('HSETNX', run_key, 'ps:' .. phase_id, now)

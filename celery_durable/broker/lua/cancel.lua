@@ -60,6 +60,10 @@ if status ~= 'pending' and f[4] == '1' then
   announce_status(KEYS[1], ARGV[2])
   return {'requested', epoch}
 end
+if first_request then
+  -- Its request comes first in the history (cancel_requested), then its settling.
+  append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1], nil, KEYS[8])
+end
 local epoch = next_epoch(KEYS[1])
 add_attempt(KEYS[1], -1)  -- fencing only: no new attempt runs
 set_status(KEYS[1], 'cancelled', 'reason', 'cancelled',

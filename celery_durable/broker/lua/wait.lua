@@ -45,6 +45,11 @@ if outcome then
   redis.call('HSET', KEYS[2], outcome_field, outcome, 'wf:' .. at, ARGV[2])
   if timer then
     record_event(KEYS[1], KEYS[5], 'timer_fired', at, ARGV[2], cjson.encode({op = at, ['until'] = tonumber(due)}))
+  elseif string.sub(outcome, 1, 17) == '{"received":false' then
+    -- A signal wait whose timeout passed first ends in the history too (its
+    -- key the signal's name, as wait_started's; a signal taken is signal_received).
+    record_event(KEYS[1], KEYS[5], 'signal_timed_out', ARGV[7], ARGV[2],
+      cjson.encode({op = at, ['until'] = tonumber(due)}))
   end
   if redis.call('HDEL', KEYS[3], at) == 1 then refresh_waiting(KEYS[1], KEYS[3]) end
   made_progress(KEYS[1])

@@ -54,6 +54,7 @@ KINDS = (
     "timer_fired",
     "wait_started",
     "signal_received",
+    "signal_timed_out",
     "child_started",
     "child_settled",
     "patched",
