@@ -34,18 +34,23 @@ def doomed(ctx: WorkflowContext) -> Any:
 def test_a_run_whose_passes_always_die_stops_after_max_recoveries_and_resumes_once_fixed(
     durable: DurableFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="celery_durable")
+    caplog.set_level(logging.INFO)
     DOOMED["on"] = True
-    d = durable([doomed], lease_seconds=LEASE, max_recoveries=2)
+    # Two slots for four passes that die: a pass that dies gives its slot back (a
+    # BaseException reaching Celery's threads pool used to take the slot for good).
+    d = durable([doomed], concurrency=2, lease_seconds=LEASE, max_recoveries=3)
     run_id = d.client.start_workflow("doomed")
-    # Attempt 1 dies, 2 and 3 are take-overs that die the same way: then it stops.
-    stopped = d.client.wait_for_workflow_run(run_id, timeout=LEASE * 3 * 4 + 10)
+    # Attempt 1 dies, 2 to 4 are take-overs that die the same way: then it stops.
+    stopped = d.client.wait_for_workflow_run(run_id, timeout=LEASE * 3 * 5 + 10)
     assert (stopped.status, stopped.reason, stopped.can_resume, stopped.attempt) == (
-        "error", "recovery_limit", True, 3,
+        "error", "recovery_limit", True, 4,
     )  # fmt: skip
-    assert stopped.error is not None and "Taken over 2 times in a row" in stopped.error
-    died = [r for r in caplog.records if "died of an unexpected error" in r.getMessage()]
-    assert len(died) == 3 and all(r.exc_info for r in died), "one ERROR with its traceback per pass that died"
+    assert stopped.error is not None and "Taken over 3 times in a row" in stopped.error
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 4 and all("died of an unexpected error" in r.getMessage() and r.exc_info for r in errors), (
+        "one ERROR line, with its traceback, per pass that died (Celery's own report of it is not a second one)",
+        [r.getMessage()[:120] for r in errors],
+    )
     DOOMED["on"] = False  # the fix is deployed
     resumed = d.client.resume_workflow(run_id, timeout=30)
     assert (resumed.status, resumed.result) == ("completed", "journaled once")

@@ -32,6 +32,7 @@ from celery_durable.tasks.app import (
 from celery_durable.tasks.calls import CALLED_HEADER, HOME_HEADER, CallAnswerTask
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.redelivery import recovered_on_redelivery
+from celery_durable.tasks.retrying import PassDied
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -95,6 +96,7 @@ DURABLE_OPTIONS: dict[str, Any] = {
     # Only a worker that is shutting down hands a task back to the broker
     # (tasks/retrying.py); a running one retries in place.
     "autoretry_for": (StorageUnavailableError,),
+    "throws": (PassDied,),  # logged at ERROR with its traceback already (retrying.py)
     "retry_backoff": 1,
     "retry_backoff_max": 30,
     "retry_jitter": True,

@@ -28,14 +28,26 @@ FIRST_DELAY = 0.25
 MAX_DELAY = 2.0
 
 
+class PassDied(RuntimeError):
+    """What a durable task raises to Celery when something escaped the engine
+    (logged already, with its traceback, by ``retry_storage``).
+
+    Always an ``Exception``: a ``BaseException`` that is not one (a body's own
+    subclass) reaching Celery's threads or solo pool is handed to the task's
+    callback as an ``ExceptionInfo`` it cannot unpack (Celery 5's
+    ``apply_target``), and that pool slot never serves again. Declared in the
+    durable tasks' ``throws`` (``mount.py``): Celery logs it at INFO, without a
+    second traceback, and still shows the task failed."""
+
+
 def retry_storage(what: str, work: Callable[[], T]) -> T:
     """``work()``, again and again while the store is unavailable.
 
     Anything else that escapes the engine's own handling is a bug, or a
     worker killed by what it ran: it is logged here, once, at ERROR with its
     traceback, by this package's logger, so that it is seen whether or not
-    Celery's task logging is configured (and what the task's failure says in
-    Flower stays Celery's business)."""
+    Celery's task logging is configured (SPEC §8: one ERROR line a failed
+    pass); the task then fails as ``PassDied``."""
     delay = FIRST_DELAY
     while True:
         try:
@@ -46,9 +58,9 @@ def retry_storage(what: str, work: Callable[[], T]) -> T:
             logger.warning("%s: storage unavailable, trying again in %.2fs: %s", what, delay, exc)
         except (DurableError, SystemExit, KeyboardInterrupt):
             raise  # the engine's own verdicts (each caller handles and logs its own), or the worker stopping
-        except BaseException:
+        except BaseException as exc:
             logger.exception("%s died of an unexpected error", what)
-            raise
+            raise PassDied(f"{what} died of an unexpected error: {type(exc).__name__}: {exc}") from exc
         time.sleep(delay)  # a backoff, not a synchronisation: nothing to wait on but time
         delay = min(delay * 2, MAX_DELAY)
 
