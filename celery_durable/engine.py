@@ -118,11 +118,12 @@ class Engine:
                     self._store_pid = pid
         return self._store
 
-    def gives_back(self, store: RunStore) -> RunStore:
+    def gives_back(self, store: RunStore, *, through: Engine | None = None) -> RunStore:
         """``store``, its settles, pauses and take-overs giving back the
-        throttle slots of the run's old attempts through this engine
+        throttle slots of the run's old attempts through this engine, or
+        ``through`` (the async client's, on its loop's store)
         (``tasks/throttling.give_back``)."""
-        store.after_settle = functools.partial(throttling.give_back_quietly, self)
+        store.after_settle = functools.partial(throttling.give_back_quietly, through or self)
         return store
 
     @property

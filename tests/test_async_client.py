@@ -210,6 +210,22 @@ async def test_the_sync_store_is_never_used(durable) -> None:
     await client.list_workflow_runs(workflow="async-waiter")
     await client.signal_workflow_run(run_id, "go")
     await client.cancel_workflow_run(run_id, timeout=10)
+    # A schedule's cancel_other cancels the run it started on the loop's store too.
+    await client.create_schedule("async-sched", "async-waiter", every=3600, overlap="cancel_other")
+    first = await client.trigger_schedule("async-sched")
+    second = await client.trigger_schedule("async-sched")
+    assert first is not None and second not in (None, first)
+    assert (await client.get_workflow_run(first)).status == "cancelled"
+    # A cancelled throttle waiter leaves the queue at once, as through the sync client (SPEC §5e).
+    await client.set_throttle("async-one", concurrency=1)
+    holder = await client.start_workflow("async-waiter", throttle="async-one")
+    waiter = await client.start_workflow("async-waiter", throttle="async-one")
+    queued = await client.get_throttle("async-one")
+    assert (queued.holding, queued.waiting) == (1, 1)
+    await client.cancel_workflow_run(waiter, timeout=10)
+    assert (await client.get_throttle("async-one")).waiting == 0
+    await client.cancel_workflow_run(holder, timeout=10)
+    assert (await client.get_throttle("async-one")).holding == 0
     assert engine._store is None
     await client.aclose()
 

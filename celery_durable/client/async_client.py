@@ -92,6 +92,11 @@ class _LoopEngine:
         # kombu publishes synchronously: in a thread, so the loop is not blocked for it.
         await_only(asyncio.to_thread(self._engine.deliver, wakes))
 
+    def client(self, namespace: str | None = None) -> Client:
+        """A client on this loop's store, for what a method asks of another
+        (a schedule's ``cancel_other`` cancelling the run it started)."""
+        return Client(cast("Engine", self), namespace or self._engine.settings.namespace)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
@@ -136,6 +141,9 @@ class AsyncClient(_Closing):
             redis_client = BridgedRedis(asyncio_client)
             store = RunStore(self.engine.settings, cast(Any, redis_client))
             engine = cast("Engine", _LoopEngine(self.engine, store))
+            # A settle gives the run's throttle slots back at once, on this loop's store, as
+            # the engine's own store does (Engine.gives_back): a cancelled waiter leaves its queue.
+            self.engine.gives_back(store, through=engine)
             self._bound = (loop, _LoopClient(engine, self.namespace, WatchHub(asyncio_client)), redis_client)
         return self._bound[1]
 
