@@ -32,7 +32,7 @@ from celery_durable.tasks.app import (
 from celery_durable.tasks.calls import CALLED_HEADER, HOME_HEADER, CallAnswerTask
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.redelivery import recovered_on_redelivery
-from celery_durable.tasks.retrying import PassDied
+from celery_durable.tasks.retrying import PassDied, as_task_failure
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -117,7 +117,7 @@ def _register(app: Celery, engine: Engine) -> None:
             if _redelivered(task) and recovered_on_redelivery(engine, _task_id(task), kwargs):
                 return
             telemetry.received(name, task.request)  # its time in the queue; tracing looked at again
-            run_durable_task(engine, name, _task_id(task), kwargs)
+            as_task_failure(lambda: run_durable_task(engine, name, _task_id(task), kwargs))
 
     for name in (COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK):
         durable_task(name)
@@ -126,14 +126,16 @@ def _register(app: Celery, engine: Engine) -> None:
     def call_result(this: Task, *args: Any, **fields: Any) -> None:
         request = this.request
         home, called = getattr(request, HOME_HEADER, None), getattr(request, CALLED_HEADER, None)
-        run_durable_task(engine, CALL_RESULT_TASK, _task_id(this), fields, args, home=home, called=called)
+        as_task_failure(
+            lambda: run_durable_task(engine, CALL_RESULT_TASK, _task_id(this), fields, args, home=home, called=called)
+        )
 
     # Not bound: Celery calls an errback in place, with the exception, only
     # when its task is not bound (``_call_task_errbacks``).
     @app.task(name=CALL_FAILED_TASK, **{**DURABLE_OPTIONS, "bind": False})
     def call_error(*args: Any, **fields: Any) -> None:
-        home = getattr(call_error.request, HOME_HEADER, None)
-        run_durable_task(engine, CALL_FAILED_TASK, str(call_error.request.id or ""), fields, args, home=home)
+        home, task_id = getattr(call_error.request, HOME_HEADER, None), str(call_error.request.id or "")
+        as_task_failure(lambda: run_durable_task(engine, CALL_FAILED_TASK, task_id, fields, args, home=home))
 
 
 def _redelivered(task: Task) -> bool:

@@ -35,9 +35,21 @@ class PassDied(RuntimeError):
     Always an ``Exception``: a ``BaseException`` that is not one (a body's own
     subclass) reaching Celery's threads or solo pool is handed to the task's
     callback as an ``ExceptionInfo`` it cannot unpack (Celery 5's
-    ``apply_target``), and that pool slot never serves again. Declared in the
-    durable tasks' ``throws`` (``mount.py``): Celery logs it at INFO, without a
-    second traceback, and still shows the task failed."""
+    ``apply_target``), and that pool slot never serves again; the Celery
+    task's body (``mount.py``) turns one into this. Declared in the durable
+    tasks' ``throws``: Celery logs it at INFO, without a second traceback, and
+    still shows the task failed."""
+
+
+def as_task_failure(run: Callable[[], None]) -> None:
+    """``run()``, the body of a durable Celery task: what escapes it that is not
+    an ``Exception`` (but for the worker stopping) leaves as ``PassDied``."""
+    try:
+        run()
+    except (Exception, SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise PassDied(f"{type(exc).__name__}: {exc}") from exc
 
 
 def retry_storage(what: str, work: Callable[[], T]) -> T:
@@ -60,6 +72,8 @@ def retry_storage(what: str, work: Callable[[], T]) -> T:
             raise  # the engine's own verdicts (each caller handles and logs its own), or the worker stopping
         except BaseException as exc:
             logger.exception("%s died of an unexpected error", what)
+            if not isinstance(exc, Exception):
+                raise  # as a process dies: the Celery task's body makes it a PassDied (mount.py)
             raise PassDied(f"{what} died of an unexpected error: {type(exc).__name__}: {exc}") from exc
         time.sleep(delay)  # a backoff, not a synchronisation: nothing to wait on but time
         delay = min(delay * 2, MAX_DELAY)
