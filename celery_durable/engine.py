@@ -57,6 +57,14 @@ def _publishes(build: Callable[Concatenate[Settings, P], Outgoing]) -> Callable[
     return send
 
 
+HELD_STEP_SECONDS = 0.2
+"""How long a pass's main body may hold a step's write back waiting for its
+next call before the step is journaled by itself (``workflows/held.py``):
+well above the gap between two calls, well below a worker's death and
+restart, so a body busy with its own code after a step does not leave it
+to run again."""
+
+
 class Engine:
     """Workflows, settings and the Celery app that runs them.
 
@@ -91,6 +99,7 @@ class Engine:
         self._store_pid = 0
         self._lock = threading.Lock()
         self.refused_messages = 0
+        self.held_step_seconds: float | None = HELD_STEP_SECONDS
         # A prefork pool forks its children while the worker's sweep thread
         # runs: a child that inherited this lock held (the sweep creating the
         # store at that moment) would wait for it for ever, at its first task.

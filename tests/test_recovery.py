@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from tests.support.apps.trip import SERVICES, trip
+from celery_durable import Engine
+from tests.support.apps.trip import SERVICES, trip, trip_in_line
+from tests.support.poll import RUN_BOUND, poll
 from tests.support.trip_crash import TRIP, client_for, hold_car_and_kill_everything, receipts, step_status
 
 
@@ -51,6 +53,30 @@ def test_the_seed_crash_finishes_by_itself_once_a_worker_is_back(settings, fleet
 
 
 @pytest.mark.topologies("redis", "rabbitmq")
+def test_a_worker_killed_while_the_body_is_busy_between_two_steps_books_the_hotel_once(
+    settings, fleet, raw_redis
+) -> None:
+    """The step before is journaled while the body's own code runs on (it is not
+    left held back for the body's next call), so the recovered run does not run it again."""
+    client = Engine([trip, trip_in_line], settings).client()
+    worker = fleet.start(TRIP, concurrency=2)
+    run_id = client.start_workflow("trip-in-line")
+    prefix = settings.key_prefix
+    poll(
+        lambda: raw_redis.sismember(f"{prefix}:gate:{run_id}:reached", "between")
+        and step_status(client, run_id).get("book-hotel") == "completed",
+        within=RUN_BOUND,
+        what="the hotel journaled while the body waits at its gate",
+    )
+    worker.kill()
+    raw_redis.sadd(f"{prefix}:gate:{run_id}:open", "between")
+    fleet.start(TRIP, concurrency=2, name="w2")
+    done = client.wait_for_workflow_run(run_id, timeout=RUN_BOUND + 3 * settings.lease_seconds)
+    assert done.status == "completed" and done.attempt == 2
+    assert receipts(raw_redis, prefix, "hotel") == (1, 1), "the hotel's provider was called once"
+    assert receipts(raw_redis, prefix, "car") == (1, 1)
+
+
 def test_without_auto_recovery_the_dead_run_is_halted_and_resumes_on_demand(settings, fleet, raw_redis) -> None:
     settings = settings.model_copy(update={"auto_recover": False})
     fleet.settings = settings

@@ -30,6 +30,7 @@ class EnginePort(Port):
 
     def __init__(self, engine: Engine, record: RunRecord, *, inline: bool, keeps: bool) -> None:
         super().__init__(engine.settings.max_fanout, engine.settings.max_payload_bytes)
+        self.held_step_seconds = engine.held_step_seconds
         self._engine = engine
         self._record = record
         self._keeps = keeps

@@ -72,6 +72,11 @@ class _Engine(Engine):
     def __init__(self, workflows: Iterable[Workflow], settings: Settings, agent_runner: AgentRunner | None) -> None:
         super().__init__(workflows, settings, agent_runner)
         self.env_store: RunStore | None = None
+        # Runs here go step by step on a virtual clock, and their crash points
+        # are the order of their journal writes: a step journaled from another
+        # thread after real time passed would make that order the machine's
+        # load. A held step goes with the body's next call, as it always may.
+        self.held_step_seconds = None
 
     @property
     def store(self) -> RunStore:

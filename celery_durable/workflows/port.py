@@ -30,6 +30,9 @@ class Port:
     def __init__(self, max_fanout: int, max_payload_bytes: int) -> None:
         self.max_fanout = max_fanout
         self.max_payload_bytes = max_payload_bytes
+        self.held_step_seconds: float | None = None
+        """How long a main-body step may stay held back before it is journaled
+        by itself (``workflows/held.py``); None: until the body's next call."""
 
     @property
     def inline(self) -> InlineBranches | None:

@@ -26,12 +26,23 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Began, BeginCall, Conflict, GuardedJournal, Journal, PendingCommit, Winner
+from celery_durable.broker.journal import (
+    Began,
+    BeginCall,
+    Conflict,
+    GuardedJournal,
+    Journal,
+    PendingCommit,
+    Recorded,
+    Winner,
+)
 from celery_durable.broker.schema import Outcome, SequenceHistory, describe
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.errors import (
@@ -40,7 +51,7 @@ from celery_durable.errors import (
     StorageCorruptError,
     WorkflowDefinitionError,
 )
-from celery_durable.workflows import jsonvalue
+from celery_durable.workflows import held, jsonvalue
 from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.stopping import Mode, StopState
 from celery_durable.workflows.unwind import BranchRerun
@@ -115,6 +126,12 @@ class Replay(StopState):
         # Made now, not when first asked for as the other ops are: it keeps
         # what ran (``ran``), and branches in threads may ask first at once.
         self.steps: StepOps = StepOps(self)
+        self._held_lock = threading.Lock()
+        """Who journals a held-back main-body step: its next call, or ``held.later``."""
+        self._held_at = 0.0
+        self._held_watched = False
+        self._held_trouble: tuple[PendingCommit, Recorded | Conflict] | None = None
+        """What ``held.later`` met journaling a held step: for the body to act on at its next call."""
 
     # -- the other ops, one module each, made when a workflow first asks for one -------
 
@@ -304,11 +321,14 @@ class Replay(StopState):
         Returns the step's live journaled outcome when the key was journaled
         meanwhile by another sequence.
         """
-        if not cursor.writes or not (cursor.buffer or step_key or cut is not None or cursor.held):
+        if not cursor.writes:
+            return None
+        held = self._take_held(cursor)
+        if not (cursor.buffer or step_key or cut is not None or held):
             return None  # a branch completion held back waits for a write to travel with
         call = BeginCall(cut=cut, step_key=step_key, step_row=step_row, records=list(cursor.buffer))
-        if cursor.held is not None:
-            began = self._commit_and_begin(cursor, call)
+        if held is not None:
+            began = self._commit_and_begin(cursor, held, call)
         elif cursor.completions is not None:
             began = cursor.completions.begin(cursor.seq, call)
         else:
@@ -319,15 +339,17 @@ class Replay(StopState):
         self.apply_flags(began.flags)
         return began.existing
 
-    def _commit_and_begin(self, cursor: Cursor, call: BeginCall) -> Began:
+    def _commit_and_begin(self, cursor: Cursor, held: PendingCommit, call: BeginCall) -> Began:
         """Journal the held-back step and begin the next call in one round trip."""
-        held = cursor.held
-        assert held is not None
-        cursor.held = None
         result = self.journal.commit_begin(cursor.seq, held, call)
+        self._journaled_held(cursor, held, result)
+        assert isinstance(result, Began)
+        return result
+
+    def _journaled_held(self, cursor: Cursor, held: PendingCommit, result: object) -> None:
         if isinstance(result, Conflict):
             self.conflict(cursor, result, held.identity, index=held.index)
-        if isinstance(result, Winner):
+        if isinstance(result, Winner) or (isinstance(result, Recorded) and result.winner is not None):
             # Another execution journaled this step first while its producer
             # ran (first write wins). The workflow code since saw this pass's
             # value, but no work has run on it: end the pass (in a branch, the
@@ -335,7 +357,60 @@ class Replay(StopState):
             if cursor.completions is not None:
                 raise BranchRerun()
             raise self.rerun_pass()
-        return result
+
+    def hold(self, cursor: Cursor, commit: PendingCommit) -> None:
+        """Hold ``commit`` back to travel with the sequence's next write
+        (``holds_steps``); in the main body, journal it by itself should that
+        write not come within ``port.held_step_seconds`` (``held.py``)."""
+        with self._held_lock:
+            cursor.held = commit
+            self._held_at = time.monotonic()
+            bound = self.port.held_step_seconds if cursor.is_main else None
+            if bound is None or self._held_watched:
+                return
+            self._held_watched = True
+        held.later(bound, functools.partial(self._journal_held, cursor, bound))
+
+    def _journal_held(self, cursor: Cursor, bound: float) -> None:
+        """``held.later``'s: journal the step the body still holds past its
+        time (``record``, the script a step not held back is journaled by),
+        else look again when the step held now is due. What the write meets
+        the body meets at its next call: a lost authority or an unavailable
+        store is kept (``broken``, by the journal's guard), a first write won
+        elsewhere or a conflict here (``_held_trouble``)."""
+        with self._held_lock:
+            commit = cursor.held
+            if commit is None or self.broken is not None:
+                self._held_watched = False
+                return
+            wait = self._held_at + bound - time.monotonic()
+            if wait <= 0:
+                cursor.held = None
+                try:
+                    result = self.journal.record(cursor.seq, commit)
+                except Exception:  # kept by the guard (``broken``) or met again at the next call
+                    cursor.held = commit
+                    self._held_watched = False
+                    return
+                if isinstance(result, Recorded) and result.winner is None:
+                    self.apply_flags(result.flags)
+                else:
+                    self._held_trouble = (commit, result)
+                self._held_watched = False
+                return
+        held.later(wait, functools.partial(self._journal_held, cursor, bound))
+
+    def _take_held(self, cursor: Cursor) -> PendingCommit | None:
+        """The step the sequence holds back, now the caller's to journal; what
+        ``held.later`` met journaling it, raised here."""
+        if cursor.held is None and self._held_trouble is None:
+            return None  # nothing held: no lock to take
+        with self._held_lock:
+            taken, cursor.held = cursor.held, None
+            trouble, self._held_trouble = self._held_trouble, None
+        if trouble is not None:
+            self._journaled_held(cursor, *trouble)
+        return taken
 
     def holds_steps(self, cursor: Cursor) -> bool:
         """Whether a step's write waits for the sequence's next call. A pass's

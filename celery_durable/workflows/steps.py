@@ -88,7 +88,7 @@ class StepOps(Ops):
             cursor.index, identity, field, outcome.encode(), key, replay.step_row(cursor, started, outcome)
         )
         if slot is None and replay.holds_steps(cursor):
-            cursor.held = commit
+            replay.hold(cursor, commit)
             cursor.advance()
             return outcome.step_result(key)
         winner = replay.commit(cursor, commit)

@@ -168,7 +168,7 @@ def _journal_marker(replay: Replay, cursor: Cursor, marker: PendingCommit) -> No
     if replay.holds_steps(cursor):
         if cursor.held is not None:
             replay.flush(cursor)
-        cursor.held = marker
+        replay.hold(cursor, marker)
         cursor.advance()
         return
     replay.commit(cursor, marker)

@@ -68,4 +68,15 @@ def trip(ctx: WorkflowContext) -> Any:
     return ctx.step("confirm", lambda: {"confirmed": review["approved"], "bookings": bookings})
 
 
-engine = Engine(workflows=[trip], settings=settings)
+@workflow(name="trip-in-line", description="Books a hotel, thinks in plain code, then books a car", phases=[])
+def trip_in_line(ctx: WorkflowContext) -> Any:
+    """The seed's crash between "hotel booked" and "car booked", where the body
+    itself is busy between the two (no step runs): held at a gate in its own code."""
+    prefix = settings.key_prefix
+    hotel = ctx.step("book-hotel", lambda: book(prefix, "hotel", ctx.idempotency_key("book-hotel")))
+    gate(prefix, ctx.run_id, "between")  # workflow code, replayed as such: the test opens it before any replay
+    car = ctx.step("book-car", lambda: book(prefix, "car", ctx.idempotency_key("book-car")))
+    return {"hotel": hotel, "car": car}
+
+
+engine = Engine(workflows=[trip, trip_in_line], settings=settings)
