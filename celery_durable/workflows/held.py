@@ -8,17 +8,18 @@ once). That window must stay as short as the gap between two calls usually
 is, not as long as the body's own code after the step: a body that computes,
 or waits on something that is not a call, after booking the hotel must not
 book it again when its worker dies meanwhile. So a held step is journaled by
-itself once it has been held ``Port.held_step_seconds``: by one thread per
-process that wakes only for such steps (``later``), never one per step.
+itself once it has been held ``Port.held_step_seconds``, by one thread per
+process that looks every ``TICK_SECONDS`` at the executions that hold one
+(``watch``). Watching costs an execution one append; the thread's ticks cost
+the same however many runs a second the process serves.
 
-Written by hand: the standard library's ``sched`` runs its events in the
-caller's thread, and ``threading.Timer`` is a thread per event.
+Written by hand: nothing in the standard library calls back many
+executions on one thread at their own times without a thread or a wake-up
+per call (``threading.Timer``, ``sched``).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -27,44 +28,50 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
+TICK_SECONDS = 0.1
+"""How often the thread looks: a held step is journaled at most this long after its time."""
 
-class _Later:
-    """Calls made on one daemon thread once their time comes, earliest first."""
+Look = Callable[[], bool]
+"""An execution's look at the step it holds: True while it must be looked at again."""
 
+
+class _Watcher:
     def __init__(self) -> None:
-        self._order = itertools.count()
         self._reset()
         # A prefork child starts afresh: the parent's thread is not in it, and
         # its lock may have been held by that thread at the fork.
         os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
-        self._due: list[tuple[float, int, Callable[[], None]]] = []
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        self._looks: list[Look] = []
         self._pid = 0
-        """The process whose thread serves ``_due``."""
+        """The process whose thread looks: a forked child starts its own."""
 
-    def call(self, delay: float, fn: Callable[[], None]) -> None:
-        at = time.monotonic() + delay
-        with self._changed:
+    def watch(self, look: Look) -> None:
+        with self._lock:
+            self._looks.append(look)
             if self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._due.clear()
                 threading.Thread(target=self._serve, name="celery-durable-held-steps", daemon=True).start()
-            heapq.heappush(self._due, (at, next(self._order), fn))
-            if self._due[0][2] is fn:
-                self._changed.notify()
 
     def _serve(self) -> None:
         while True:
-            with self._changed:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._changed.wait(None if not self._due else self._due[0][0] - time.monotonic())
-                _, _, fn = heapq.heappop(self._due)
-            try:
-                fn()
-            except Exception:  # one execution's trouble is its own; the thread serves the others
-                logger.exception("journaling a held-back step failed")
+            time.sleep(TICK_SECONDS)  # a period, not a synchronisation: nothing to wait on but time
+            with self._lock:
+                looks, self._looks = self._looks, []
+            again = [look for look in looks if self._looked(look)]
+            if again:
+                with self._lock:
+                    self._looks += again
+
+    @staticmethod
+    def _looked(look: Look) -> bool:
+        try:
+            return look()
+        except Exception:  # one execution's trouble is its own; the thread serves the others
+            logger.exception("journaling a held-back step failed")
+            return False
 
 
-later = _Later().call
+watch = _Watcher().watch

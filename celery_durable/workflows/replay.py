@@ -127,11 +127,11 @@ class Replay(StopState):
         # what ran (``ran``), and branches in threads may ask first at once.
         self.steps: StepOps = StepOps(self)
         self._held_lock = threading.Lock()
-        """Who journals a held-back main-body step: its next call, or ``held.later``."""
+        """Who journals a held-back main-body step: its next call, or ``held.watch``."""
         self._held_at = 0.0
         self._held_watched = False
         self._held_trouble: tuple[PendingCommit, Recorded | Conflict] | None = None
-        """What ``held.later`` met journaling a held step: for the body to act on at its next call."""
+        """What ``held.watch`` met journaling a held step: for the body to act on at its next call."""
 
     # -- the other ops, one module each, made when a workflow first asks for one -------
 
@@ -369,40 +369,37 @@ class Replay(StopState):
             if bound is None or self._held_watched:
                 return
             self._held_watched = True
-        held.later(bound, functools.partial(self._journal_held, cursor, bound))
+        held.watch(functools.partial(self._journal_held, cursor, bound))
 
-    def _journal_held(self, cursor: Cursor, bound: float) -> None:
-        """``held.later``'s: journal the step the body still holds past its
-        time (``record``, the script a step not held back is journaled by),
-        else look again when the step held now is due. What the write meets
+    def _journal_held(self, cursor: Cursor, bound: float) -> bool:
+        """``held.watch``'s look: journal the step the body still holds past
+        its time (``record``, the script a step not held back is journaled
+        by); True while a step held now is not due yet. What the write meets
         the body meets at its next call: a lost authority or an unavailable
         store is kept (``broken``, by the journal's guard), a first write won
         elsewhere or a conflict here (``_held_trouble``)."""
         with self._held_lock:
             commit = cursor.held
+            if commit is not None and self.broken is None and time.monotonic() < self._held_at + bound:
+                return True
+            self._held_watched = False
             if commit is None or self.broken is not None:
-                self._held_watched = False
-                return
-            wait = self._held_at + bound - time.monotonic()
-            if wait <= 0:
-                cursor.held = None
-                try:
-                    result = self.journal.record(cursor.seq, commit)
-                except Exception:  # kept by the guard (``broken``) or met again at the next call
-                    cursor.held = commit
-                    self._held_watched = False
-                    return
-                if isinstance(result, Recorded) and result.winner is None:
-                    self.apply_flags(result.flags)
-                else:
-                    self._held_trouble = (commit, result)
-                self._held_watched = False
-                return
-        held.later(wait, functools.partial(self._journal_held, cursor, bound))
+                return False
+            cursor.held = None
+            try:
+                result = self.journal.record(cursor.seq, commit)
+            except Exception:  # kept by the guard (``broken``), or met again at the next call
+                cursor.held = commit
+                return False
+            if isinstance(result, Recorded) and result.winner is None:
+                self.apply_flags(result.flags)
+            else:
+                self._held_trouble = (commit, result)
+            return False
 
     def _take_held(self, cursor: Cursor) -> PendingCommit | None:
         """The step the sequence holds back, now the caller's to journal; what
-        ``held.later`` met journaling it, raised here."""
+        ``held.watch`` met journaling it, raised here."""
         if cursor.held is None and self._held_trouble is None:
             return None  # nothing held: no lock to take
         with self._held_lock:
