@@ -243,3 +243,23 @@ def test_child_runs_and_sagas_run_in_the_environment_on_its_clock() -> None:
     assert envelope.result == [0, 2]
     assert [c.status for c in env.detail(envelope.run_id).children] == ["completed"] * 2
     assert calls["env-undo"] == 0
+
+
+def test_a_cancel_asked_for_before_the_attempt_died_holds_through_a_resume_by_hand() -> None:
+    """SPEC §3 and §5c: a cancel made durable is received, whoever gives the run its next
+    attempt; that attempt compensates what is left, then the run settles cancelled."""
+    undone: Counter[str] = Counter()
+
+    @workflow(name="env-cancel-resume", description="a saga waiting for ever", phases=[])
+    def waiting(ctx: WorkflowContext) -> Any:
+        with ctx.saga() as saga:
+            saga.compensate("u1", lambda: undone.update(["u1"]) or 1)
+            saga.compensate("u2", lambda: undone.update(["u2"]) or 2)
+            ctx.wait_for_signal("never")
+
+    env = WorkflowTestEnvironment([waiting])
+    run_id = env.start(waiting)
+    env.crash_after("u2")  # the attempt dies compensating, after u2, before u1
+    env.cancel(run_id)
+    resumed = env.resume(run_id, force=True)
+    assert (resumed.status, dict(undone)) == ("cancelled", {"u1": 1, "u2": 1})

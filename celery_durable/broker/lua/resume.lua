@@ -29,13 +29,13 @@ if ARGV[9] == '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[7])
 end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], now)
 for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
--- A recovery takes over an attempt that died, not the requests made of it:
--- a cancel or pause asked for before the crash still holds.
-local cancel, pause = '0', '0'
-if recovery then
-  local requested = redis.call('HMGET', KEYS[1], 'cancel', 'pause')
-  cancel, pause = requested[1] or '0', requested[2] or '0'
-end
+-- A new attempt takes over the old one, not the requests made of it: a
+-- cancel asked for still holds, whoever resumes (SPEC 3: a cancel made
+-- durable is received; the run compensates, then settles cancelled), and so
+-- does a pause through a recovery. A resume by hand is what lifts a pause.
+local requested = redis.call('HMGET', KEYS[1], 'cancel', 'pause')
+local cancel = requested[1] or '0'
+local pause = recovery and (requested[2] or '0') or '0'
 local epoch = next_epoch(KEYS[1])
 if recovery then
   redis.call('HINCRBY', KEYS[1], 'recoveries', 1)
