@@ -124,3 +124,37 @@ def test_answers_ping_tells_a_redis_from_a_silent_or_closed_port(redis_server: R
         assert time.monotonic() - started < 2, "a silent port costs the timeout, not redis-py's retries"
     with RedisServer(tmp_path / "locked", extra_args=("--requirepass", "secret")) as locked:
         assert answers_ping(("127.0.0.1", locked.port)), "NOAUTH: a Redis with a password is still a Redis"
+
+
+def test_every_command_finds_the_runs_a_run_left_in_this_directory(
+    nothing_local: tuple[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SPEC §10: the quickstart's `run` leaves its journal in ./.celery-durable/redis;
+    `runs show` there (nothing configured, nothing on localhost:6379) reads it, in the
+    private redis-server already running (another command's) or in one it starts."""
+    from celery_durable import Engine, Settings
+    from celery_durable.cli import common
+    from tests.support.apps.phased import phased
+    from tests.support.cli import APP
+
+    monkeypatch.chdir(tmp_path)
+    with redis_for_cli() as first:  # as `run` does: a private server on ./.celery-durable/redis
+        run_id = Engine([phased], Settings()).client().start_workflow("phased")
+        del os.environ[URL_VARIABLE]  # another command, in another process, meanwhile: the same server
+        with redis_for_cli() as second:
+            assert (second.source, second.url) == ("running", first.url)
+        assert URL_VARIABLE not in os.environ  # put back as it was: unset
+        try:
+            shown = CliRunner().invoke(app, ["runs", "show", run_id, "--app", APP, "--json"])
+            assert shown.exit_code == 0, shown.output
+            assert run_id in shown.stdout and "started by another command" in shown.stderr
+        finally:
+            common.LOCAL_REDIS.close()
+            os.environ[URL_VARIABLE] = first.url
+    assert URL_VARIABLE not in os.environ
+    try:
+        shown = CliRunner().invoke(app, ["runs", "show", run_id, "--app", APP, "--json"])
+        assert shown.exit_code == 0, shown.output
+        assert run_id in shown.stdout and "private redis-server" in shown.stderr
+    finally:
+        common.LOCAL_REDIS.close()

@@ -75,7 +75,7 @@ def run(
                 return current  # not a failure: the run is parked until its event comes
             raise
 
-    with standalone(app_path):  # nothing configured: a private Redis and a worker
+    with standalone(app_path) as alone:  # nothing configured: a private Redis and a worker
         envelope = guarded(body)
     waiting = waits_healthily(envelope)
     if as_json and waiting and follow:
@@ -86,8 +86,13 @@ def run(
         print_envelope(out, envelope)
     if waiting:
         # A line for people; a script reads the exit code (and --json's envelope on stdout).
+        goes_on = (
+            "it goes on once a worker runs: the next `celery-durable run` in this directory starts one"
+            if alone
+            else "it goes on"
+        )
         (err if as_json else out).print(
-            f"run {envelope.run_id} is waiting for {waiting_text(envelope)} after {timeout or 0:g}s; it goes on "
+            f"run {envelope.run_id} is waiting for {waiting_text(envelope)} after {timeout or 0:g}s; {goes_on} "
             f"(celery-durable runs show {envelope.run_id})",
             markup=False,
             soft_wrap=True,
@@ -125,9 +130,9 @@ def worker(
 ) -> None:
     """Start a Celery worker for the engine's workflows.
 
-    It consumes the coordinator, steps and agents queues (or those of -Q),
-    and under the threads or solo pool its own home queue too (its banner
-    lists four), with the engine's durability settings (JSON only, late acks, prefetch 1)
+    It consumes the coordinator, steps and agents queues and the app's
+    default one (or those of -Q), and under the threads or solo pool its own
+    home queue too, with the engine's durability settings (JSON only, late acks, prefetch 1)
     and sends task events, so Flower shows its tasks as they run. With
     --metrics-port it serves Prometheus metrics, added up over its pool's
     processes.

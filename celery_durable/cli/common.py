@@ -11,6 +11,8 @@ interrupted by Ctrl-C (the run goes on).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -25,6 +27,7 @@ from rich.console import Console
 from celery_durable import DurableError, Engine
 from celery_durable.cli import results
 from celery_durable.client.client import Client
+from celery_durable.local import embedded
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -68,11 +71,32 @@ class UserError(Exception):
     """A mistake on the command line: shown as one line, exit code 2."""
 
 
+LOCAL_REDIS = contextlib.ExitStack()
+"""The private Redis a command started (``use_stored_runs``): stopped as the process exits, SIGTERM included."""
+atexit.register(LOCAL_REDIS.close)
+
+
+def use_stored_runs() -> None:
+    """SPEC §10's embedded Redis for every command: with nothing configured and
+    nothing on localhost:6379, the runs a ``run`` left in this directory
+    (``./.celery-durable/redis``) are where the command looks, in that private
+    redis-server, the one running already or one started until the command
+    ends. Without such a directory nothing is started: there are no runs."""
+    if not embedded.needs_embedded() or not embedded.DATA_DIR.exists():
+        return
+    try:
+        choice = LOCAL_REDIS.enter_context(embedded.redis_for_cli())
+    except embedded.EmbeddedRedisError as exc:
+        raise UserError(str(exc)) from None
+    err.print(f"• no Redis configured and none on localhost:6379: using {choice.describe()}", style="dim", markup=False)
+
+
 def load_engine(path: str) -> Engine:
     """Import ``package.module:attribute`` named on the command line (never from a message)."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise UserError(f"--app must look like 'package.module:attribute', got {path!r}")
+    use_stored_runs()
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     results.divert(out)  # whatever the module prints, now or later, is not the command's result

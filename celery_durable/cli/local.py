@@ -24,10 +24,11 @@ LOG_DIR = Path(".celery-durable") / "logs"
 
 
 @contextlib.contextmanager
-def standalone(app_path: str) -> Iterator[None]:
-    """For ``run``: with nothing configured, a private Redis and a worker for ``app_path``."""
+def standalone(app_path: str) -> Iterator[bool]:
+    """For ``run``: with nothing configured, a private Redis and a worker for
+    ``app_path``; whether it made them (the run then goes on only when a worker runs again)."""
     if not needs_embedded():
-        yield
+        yield False
         return
     try:
         with redis_for_cli() as choice:
@@ -40,7 +41,7 @@ def standalone(app_path: str) -> Iterator[None]:
             )
             try:
                 with exit_on_sigterm():
-                    yield
+                    yield True
             finally:
                 worker.stop()
     except EmbeddedRedisError as exc:

@@ -16,6 +16,7 @@ from celery_durable.cli.common import (
     app,
     client_for,
     guarded,
+    on_client,
     out,
     print_json,
     runs_app,
@@ -73,7 +74,9 @@ def _line(check: ReplayCheck) -> str:
 
 
 @runs_app.command("export")
-def runs_export(run_id: RunArgument, app_path: AppOption, namespace: NamespaceOption = None) -> None:
+def runs_export(
+    run_id: RunArgument, app_path: AppOption, namespace: NamespaceOption = None, as_json: JsonOption = False
+) -> None:
     """Print a run's history (the run and its journal) as JSON, for
-    celery_durable.testing.replay_history."""
-    print_json(guarded(lambda: client_for(app_path, namespace).export_history(run_id)))
+    celery_durable.testing.replay_history (--json changes nothing: it is JSON either way)."""
+    print_json(on_client(app_path, namespace, lambda client: client.export_history(run_id)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ DATA_DIR = Path(".celery-durable") / "redis"
 LOCAL = ("127.0.0.1", 6379)
 LOCAL_URL = "redis://localhost:6379/0"
 
-Source = Literal["configured", "local", "embedded"]
+Source = Literal["configured", "local", "embedded", "running"]
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -59,6 +60,8 @@ class RedisChoice:
             return f"{self.url} (from {URL_VARIABLE})"
         if self.source == "local":
             return f"{self.url} (a Redis already listening on localhost:6379)"
+        if self.source == "running":
+            return f"the private redis-server of {self.data_dir} at {self.url}, started by another command"
         return (
             f"a private redis-server at {self.url}, append-only file on, data in {self.data_dir}; "
             "it stops when this command ends"
@@ -93,6 +96,10 @@ def redis_for_cli(
         elif not force_embedded and answers_ping(local or LOCAL):
             os.environ[URL_VARIABLE] = LOCAL_URL
             yield RedisChoice(LOCAL_URL, "local")
+        elif not force_embedded and (running := running_server((data_dir or DATA_DIR).resolve())) is not None:
+            # Another command's (a `run` still going, or one killed that left its server): the same journal.
+            os.environ[URL_VARIABLE] = running
+            yield RedisChoice(running, "running", (data_dir or DATA_DIR).resolve())
         else:
             with exit_on_sigterm(), private_redis((data_dir or DATA_DIR).resolve()) as server:
                 os.environ[URL_VARIABLE] = server.url
@@ -102,6 +109,25 @@ def redis_for_cli(
             os.environ.pop(URL_VARIABLE, None)
         else:
             os.environ[URL_VARIABLE] = previous
+
+
+def running_server(data_dir: Path) -> str | None:
+    """The URL of the redis-server that holds ``data_dir``'s lock and answers, if one does."""
+    lock_path = data_dir / "lock"
+    if not lock_path.exists():
+        return None
+    with open(lock_path, encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # held: by a server that runs, or by a command starting one
+        else:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+        found = re.search(r"redis-server on port (\d+)", handle.read())
+    if found is None or not answers_ping(("127.0.0.1", int(found[1]))):
+        return None
+    return f"redis://127.0.0.1:{found[1]}/0"
 
 
 @contextlib.contextmanager
