@@ -137,6 +137,15 @@ def test_every_command_finds_the_runs_a_run_left_in_this_directory(
     from tests.support.apps.phased import phased
     from tests.support.cli import APP
 
+    def shows(run_id: str, using: str) -> None:
+        """`runs show` as another process runs it (its private Redis stopped as it exits)."""
+        try:
+            shown = CliRunner().invoke(app, ["runs", "show", run_id, "--app", APP, "--json"])
+            assert shown.exit_code == 0, shown.output
+            assert run_id in shown.stdout and using in shown.stderr
+        finally:
+            common.LOCAL_REDIS.close()
+
     monkeypatch.chdir(tmp_path)
     with redis_for_cli() as first:  # as `run` does: a private server on ./.celery-durable/redis
         run_id = Engine([phased], Settings()).client().start_workflow("phased")
@@ -145,16 +154,8 @@ def test_every_command_finds_the_runs_a_run_left_in_this_directory(
             assert (second.source, second.url) == ("running", first.url)
         assert URL_VARIABLE not in os.environ  # put back as it was: unset
         try:
-            shown = CliRunner().invoke(app, ["runs", "show", run_id, "--app", APP, "--json"])
-            assert shown.exit_code == 0, shown.output
-            assert run_id in shown.stdout and "started by another command" in shown.stderr
+            shows(run_id, "started by another command")
         finally:
-            common.LOCAL_REDIS.close()
             os.environ[URL_VARIABLE] = first.url
     assert URL_VARIABLE not in os.environ
-    try:
-        shown = CliRunner().invoke(app, ["runs", "show", run_id, "--app", APP, "--json"])
-        assert shown.exit_code == 0, shown.output
-        assert run_id in shown.stdout and "private redis-server" in shown.stderr
-    finally:
-        common.LOCAL_REDIS.close()
+    shows(run_id, "private redis-server")  # none running: one started for the command
