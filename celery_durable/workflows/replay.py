@@ -130,7 +130,7 @@ class Replay(StopState):
         """Who journals a held-back main-body step: its next call, or ``held.watch``."""
         self._held_at = 0.0
         self._held_watched = False
-        self._held_trouble: tuple[PendingCommit, Recorded | Conflict] | None = None
+        self._held_trouble: tuple[Cursor, PendingCommit, Recorded | Conflict] | None = None
         """What ``held.watch`` met journaling a held step: for the body to act on at its next call."""
 
     # -- the other ops, one module each, made when a workflow first asks for one -------
@@ -394,7 +394,7 @@ class Replay(StopState):
             if isinstance(result, Recorded) and result.winner is None:
                 self.apply_flags(result.flags)
             else:
-                self._held_trouble = (commit, result)
+                self._held_trouble = (cursor, commit, result)
             return False
 
     def _take_held(self, cursor: Cursor) -> PendingCommit | None:
@@ -404,9 +404,13 @@ class Replay(StopState):
             return None  # nothing held: no lock to take
         with self._held_lock:
             taken, cursor.held = cursor.held, None
-            trouble, self._held_trouble = self._held_trouble, None
+            trouble = self._held_trouble
+            if trouble is not None and trouble[0] is cursor:
+                self._held_trouble = None
+            else:
+                trouble = None  # the main body's: met at its own next call
         if trouble is not None:
-            self._journaled_held(cursor, *trouble)
+            self._journaled_held(cursor, trouble[1], trouble[2])
         return taken
 
     def holds_steps(self, cursor: Cursor) -> bool:
