@@ -60,10 +60,9 @@ def _publishes(build: Callable[Concatenate[Settings, P], Outgoing]) -> Callable[
 HELD_STEP_SECONDS = 0.2
 """How long a pass's main body may hold a step's write back waiting for its
 next call before the step is journaled by itself (``workflows/held.py``,
-which looks every 0.1 s):
-well above the gap between two calls, well below a worker's death and
-restart, so a body busy with its own code after a step does not leave it
-to run again."""
+which looks every 0.1 s): well above the gap between two calls, well below
+a worker's death and restart, so a body busy with its own code after a step
+does not leave it to run again."""
 
 
 class Engine:

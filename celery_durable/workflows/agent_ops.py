@@ -10,7 +10,6 @@ without holding a worker, and the turn's task wakes it.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ def _agent_id(request: dict[str, Any], journaled: tuple[str, str | None] | None)
     calls are one turn whatever order a schema's keys were written in (SPEC §4).
     A turn journaled here before ids sorted keys keeps the id it has (the hash
     of the request as written), so a run in flight across the upgrade replays."""
-    canonical = _hash(json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    canonical = _hash(jsonvalue.dumps(request, sort_keys=True))
     if journaled is not None and journaled[0] != Identity.agent(canonical):
         as_written = _hash(jsonvalue.dumps(request))
         if journaled[0] == Identity.agent(as_written):

@@ -252,6 +252,17 @@ def start_waited(
     return cursor, lambda now: None if due_ms is None else now + due_ms
 
 
+def checked_first(cursor: Cursor, identity: str, request: Callable[[], R]) -> R | None:
+    """``request()`` (which raises the op's ``ValueError``) for an op the
+    journal does not hold here, before the journal is consulted, so a bad op
+    raises alike on every replay; None where the journal holds this op (it
+    passed its checks when first made)."""
+    journaled_here = cursor.journaled()
+    if journaled_here is None or journaled_here[0] != identity:
+        return request()
+    return None
+
+
 def reach(
     replay: Replay, cursor: Cursor, identity: str, what: str, request: Callable[[], R], *, check_first: bool = True
 ) -> Outcome | tuple[R, Recalled]:
@@ -260,10 +271,7 @@ def reach(
     when first made: a replay skips them and the JSON copy of the arguments,
     most of a replayed op's cost. Any other is checked first (``check_first``),
     so a bad one raises its ``ValueError`` before the journal is consulted."""
-    journaled_here = cursor.journaled()
-    made: R | None = None
-    if check_first and (journaled_here is None or journaled_here[0] != identity):
-        made = request()
+    made = checked_first(cursor, identity, request) if check_first else None
     found = replay.recall(cursor, identity, what, answered_elsewhere=True)
     if found.outcome is not None:
         return found.outcome

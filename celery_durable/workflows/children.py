@@ -38,7 +38,7 @@ from celery_durable.broker.journal import Conflict, PendingCommit
 from celery_durable.broker.schema import Identity, Outcome
 from celery_durable.errors import EXECUTION_LOST, StaleAttemptError, StepFailed
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.calls import reach, start_waited
+from celery_durable.workflows.calls import checked_first, reach, start_waited
 from celery_durable.workflows.cursor import check_key
 from celery_durable.workflows.limits import ceiling_fields, merge_limits, validate_limits
 from celery_durable.workflows.ops import Ops
@@ -146,20 +146,16 @@ class ChildOps(Ops):
         cursor = replay.current()
         replay.check_cancelled()
         identity = Identity.start_child(key)
-        # As reach() does for ctx.child: a start the journal does not hold here is
-        # checked first, so a bad one raises its ValueError (which the workflow may
-        # catch) on every replay alike, before the journal is consulted.
-        journaled_here = cursor.journaled()
-        made = None
-        if self._port is not None and (journaled_here is None or journaled_here[0] != identity):
-            made = self._request(key, workflow, args, limits)
+        # (A replay check has no port: it starts nothing, and checks no child first.)
+        making = partial(self._request, key, workflow, args, limits)
+        made = checked_first(cursor, identity, making) if self._port is not None else None
         journaled, raw = replay.expect(cursor, identity)
         if raw is not None:
             cursor.advance()
             return raw
         if not cursor.writes:
             raise StaleAttemptError(f"Run {replay.run.run_id}: start_child {key!r} is not journaled yet")
-        request = made if made is not None else self._request(key, workflow, args, limits)
+        request = made if made is not None else making()
         replay.flush(cursor)
         if not journaled:
             replay.check_pause(cursor)

@@ -115,9 +115,12 @@ def _default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not a JSON type")
 
 
-def dumps(value: Any) -> str:
-    """Compact, exact JSON; call only on values that passed ``json_problem``."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default)
+def dumps(value: Any, *, sort_keys: bool = False) -> str:
+    """Compact, exact JSON; call only on values that passed ``json_problem``.
+    ``sort_keys``: one text for equal values whatever their keys' order (an identity's hash)."""
+    return json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default, sort_keys=sort_keys
+    )
 
 
 def loads(text: str | bytes) -> Any:
