@@ -227,7 +227,13 @@ class Engine:
     def _wake_message(self, wake: Wake) -> Outgoing:
         if wake.owner == MAIN:
             return coordinator_message(
-                self.settings, wake.run_id, wake.epoch, wake.workflow, task_id=wake.task_id, queue=wake.home
+                self.settings,
+                wake.run_id,
+                wake.epoch,
+                wake.workflow,
+                task_id=wake.task_id,
+                queue=wake.home,
+                namespace=wake.namespace,
             )
         call, branch = branch_of(wake.owner)
         return branch_messages(self.settings, wake.run_id, wake.epoch, wake.workflow, call, [branch], [wake.task_id])[0]

@@ -480,26 +480,32 @@ def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) 
     d = durable([fence_fan])
     store = d.engine.store
     run_id, future, call, release = errored_then_resumed_and_held(d)
-    before = durable_state(store, run_id, ignore=HEARTBEAT_FIELDS)
-    counted = d.engine.refused_messages
+    # A coordinator message that names its namespace is refused by the fence of
+    # the script that would take the lock (Pass._activate_unread), which counts it.
+    ignored = HEARTBEAT_FIELDS | {"refused"}
+    before = durable_state(store, run_id, ignore=ignored)
+    counted, refused = d.engine.refused_messages, store.refused_writes(run_id)
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1, "tail": 2}
 
+    stale_pass = {"run_id": run_id, "epoch": 1, "workflow": "fence-fan"}
     with finished_tasks() as done:
         stale = [
             d.engine.celery.send_task(
                 BRANCH_TASK,
                 kwargs={"run_id": run_id, "epoch": 1, "workflow": "fence-fan", "call": call, "branches": [0, 1, 2]},
             ).id,
+            d.engine.celery.send_task(COORDINATOR_TASK, kwargs=stale_pass).id,
             d.engine.celery.send_task(
-                COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "fence-fan"}
+                COORDINATOR_TASK, kwargs={**stale_pass, "namespace": d.settings.namespace}
             ).id,
         ]
         poll(handled(done, stale), within=RUN_BOUND, what="the stale messages to be handled")
 
     # Nothing ran and nothing was written while attempt 2 is at work.
-    assert durable_state(store, run_id, ignore=HEARTBEAT_FIELDS) == before
+    assert durable_state(store, run_id, ignore=ignored) == before
+    assert store.refused_writes(run_id) == refused + 1
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1, "tail": 2}
-    assert d.engine.refused_messages == counted + 2
+    assert d.engine.refused_messages == counted + 3
 
     release.set()
     envelope = future.result(timeout=TIMEOUT)
@@ -515,7 +521,7 @@ def test_messages_of_an_older_epoch_are_refused_and_counted(durable, raw_redis) 
         poll(lambda: len(done) >= 2, within=RUN_BOUND, what="the stale messages to be handled")
         poll(lambda: queues_empty(raw_redis, d.settings), within=RUN_BOUND, what="the queues to drain")
     assert durable_state(store, run_id) == after
-    assert d.engine.refused_messages == counted + 4
+    assert d.engine.refused_messages == counted + 5
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1, "tail": 2}
     assert d.client.get_workflow_run(run_id) == envelope
 
@@ -612,7 +618,10 @@ def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_
         # version's, during a rolling upgrade. tests/test_message_formats.py)
         {},
     ]
+    named = {**good, "namespace": d.settings.namespace}  # checked by the script that would take the lock
     forged = [{**good, "workflow": "trip"}, {**good, "run_id": "0" * 32}]
+    forged_named = [{**named, "workflow": "trip"}, {**named, "run_id": "0" * 32}]
+    bad_namespaces: list[dict[str, Any]] = [{**good, "namespace": "../other"}, {**good, "namespace": 7}]
     bad_branches: list[dict[str, Any]] = [
         {"call": "m:1; FLUSHALL", "branches": [1]},
         {"call": call, "branches": [-1]},
@@ -623,7 +632,10 @@ def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_
         {"call": None, "branches": [1]},
     ]
     with finished_tasks() as done:
-        sent = [d.engine.celery.send_task(COORDINATOR_TASK, kwargs=kwargs).id for kwargs in bad_runs + forged]
+        sent = [
+            d.engine.celery.send_task(COORDINATOR_TASK, kwargs=kwargs).id
+            for kwargs in bad_runs + bad_namespaces + forged + forged_named
+        ]
         sent += [
             d.engine.celery.send_task(BRANCH_TASK, kwargs={**kwargs, "call": call, "branches": [1]}).id
             for kwargs in bad_runs + forged
@@ -649,11 +661,11 @@ def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_
     assert calls() == {"head": 1, "leg-0": 1, "leg-1": 1, "leg-2": 1}
     assert store.refused_writes(run_id) == 0
     rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
-    assert len([m for m in rejected if m.startswith("rejected coordinator message")]) == len(bad_runs)
+    assert len([m for m in rejected if m.startswith("rejected coordinator message")]) == len(bad_runs + bad_namespaces)
     assert len([m for m in rejected if m.startswith("rejected branch message")]) == len(bad_runs) + len(bad_branches)
     refusals = [r.getMessage() for r in caplog.records if "stale or forged" in r.getMessage()]
-    assert len(refusals) == 2 * len(forged), refusals
-    assert d.engine.refused_messages == counted + 2 * len(forged)
+    assert len(refusals) == 2 * len(forged) + len(forged_named), refusals
+    assert d.engine.refused_messages == counted + 2 * len(forged) + len(forged_named)
 
     # The worker is healthy: the held run and a new one complete.
     release.set()

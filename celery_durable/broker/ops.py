@@ -114,6 +114,9 @@ class Activate(Request):
     lock: Lock
     tail: Sequence[Any] = ()
     """A sequence and the index its tail is read from, or nothing."""
+    expect: Sequence[Any] = ()
+    """With a tail: the workflow and namespace a message names whose pass has
+    not read its run (``RunStore.activate_unread``), or nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,10 @@ from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
 from celery_durable.broker.replies import run as parse
-from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart
+from celery_durable.broker.replies.run import NotRun, Renewal, Requeued, TurnStart
 from celery_durable.broker.replies.shape import Refusal
-from celery_durable.broker.schema import live
+from celery_durable.broker.schema import MAIN, SequenceHistory, live
+from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
 
 
@@ -39,8 +40,31 @@ class RunPasses(StoreCore):
         reply = self._activate(run_id, epoch, token, namespace, resend, [seq, start])
         return parse.activate(reply, run_id, (seq, start))
 
-    def _activate(self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any]) -> Any:
-        request = request_of.Activate(epoch, token, self.clock(), self._lock(namespace, resend), tail)
+    def activate_unread(
+        self, run_id: str, epoch: int, workflow: str, namespace: str, token: str, resend: str
+    ) -> tuple[Flags, RunRecord, SequenceHistory] | int | NotRun:
+        """``activate_reading`` of the main body from its start, for a message
+        whose run was not read: the script checks what that read would have
+        (the attempt, the workflow and namespace the message names, the
+        attempt's throttle slot) and answers with the run's record as that
+        read would have found it, just before the lock was taken: a pass costs
+        one round trip fewer. A record that cannot be parsed raises
+        ``StorageCorruptError`` with the lock taken."""
+        reply = self._activate(run_id, epoch, token, namespace, resend, [MAIN, 0], [workflow, namespace])
+        found = parse.activate_unread(reply, run_id, MAIN)
+        if not isinstance(found, tuple):
+            return found
+        flags, raw, tail = found
+        record = schema.parse_run(run_id, raw)
+        self.indexes.remember(run_id, record.namespace)
+        return flags, record, tail
+
+    def _activate(
+        self, run_id: str, epoch: int, token: str, namespace: str, resend: str, tail: list[Any],
+        expect: Sequence[str] = (),
+    ) -> Any:
+        lock = self._lock(namespace, resend)
+        request = request_of.Activate(epoch, token, self.clock(), lock, tail, expect)
         return self.call("activate", self.run_keys(run_id), request)
 
     def _lock(self, namespace: str, resend: str) -> request_of.Lock:

@@ -117,7 +117,7 @@ class ControlMethods:
         if answer.verdict is SignalVerdict.REFUSED:
             detail = " and cannot be resumed" if answer.status == "error" else ""
             raise ValueError(f"Run {run_id} is {answer.status}{detail}: it takes no more signals")
-        self._deliver(woken(record.run_id, answer.epoch, record.workflow, answer.owners, prefix))
+        self._deliver(woken(record.run_id, answer.epoch, record.workflow, answer.owners, prefix, record.namespace))
 
     def resume_workflow(
         self,
@@ -178,5 +178,5 @@ class ControlMethods:
 
     def _dispatch(self, run_id: str, epoch: int, workflow: str, task_id: str | None = None) -> None:
         """Send a coordinator message for a run whose state is already written."""
-        wake = Wake(run_id, epoch, workflow, MAIN, task_id or new_task_id())
+        wake = Wake(run_id, epoch, workflow, MAIN, task_id or new_task_id(), namespace=self.namespace)
         self._deliver([wake], "the coordinator message", "the run is kept and is sent again")

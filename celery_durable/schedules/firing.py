@@ -134,7 +134,7 @@ def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tic
         message = new_task_id()
         if store.create_run(run_id, _run_fields(engine, stored, definition, tick_ms, run_id, created_ms), message):
             store.index_run(stored.namespace, run_id, None)
-            _deliver(engine, [Wake(run_id, 1, definition.name, MAIN, message)])
+            _deliver(engine, [Wake(run_id, 1, definition.name, MAIN, message, namespace=stored.namespace)])
             return run_id, True
         record = store.load_run(run_id)
         if record is None:
@@ -193,7 +193,8 @@ def start_ticks(engine: Engine, firings: Sequence[Firing]) -> list[bool]:
             )
             started[i] = False
         elif created:
-            new.append((firing.stored.namespace, Wake(run_id, 1, firing.definition.name, MAIN, message)))
+            wake = Wake(run_id, 1, firing.definition.name, MAIN, message, namespace=firing.stored.namespace)
+            new.append((firing.stored.namespace, wake))
         else:
             again.append((i, firing, tick_ms))
     store.index_runs([(namespace, wake.run_id) for namespace, wake in new])

@@ -109,7 +109,9 @@ def run_agent_task(
         record, request_json = started
         attempt = AgentAttempt(record, record.epoch)
         def wake_coordinator(task_id: str) -> None:
-            engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
+            engine.send_coordinator(
+                record.run_id, record.epoch, record.workflow, task_id=task_id, namespace=record.namespace
+            )
 
         with Heartbeat(engine.store, attempt, token=token, interval=engine.heartbeat_interval, wake=wake_coordinator):
             begun, clock = engine.store.now_ms(), time.monotonic()
@@ -167,7 +169,7 @@ def _finish(engine: Engine, record: RunRecord, agent: str, token: str, turn: Tur
     done = store.agent_finish(record.run_id, record.epoch, agent, turn.outcome.encode(), row, usage, token, prefix)
     if done.throttled:  # else no op of the run holds a slot: no round trip to look
         throttling.answered(engine, record.run_id, record.epoch, f"a/{agent}")
-    wake_owners(engine, record.run_id, record.epoch, record.workflow, done.owners, prefix)
+    wake_owners(engine, record.run_id, record.epoch, record.workflow, done.owners, prefix, namespace=record.namespace)
 
 
 def run_turn(engine: Engine, record: RunRecord, agent_id: str, request: dict[str, Any]) -> Turn:

@@ -93,7 +93,9 @@ def _branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[
     run_journal = store.journal(record.run_id, record.epoch, record.namespace)
 
     def wake(task_id: str) -> None:
-        engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id)
+        engine.send_coordinator(
+            record.run_id, record.epoch, record.workflow, task_id=task_id, namespace=record.namespace
+        )
 
     def hand_off(branches: list[int], tasks: int) -> bool:
         if store.steps_queue_busy():
@@ -187,4 +189,6 @@ def _end_quietly(engine: Engine, record: RunRecord, token: str) -> None:
     wake = new_task_id()
     with contextlib.suppress(StorageError):
         if engine.store.task_end(record.run_id, record.epoch, token, wake):
-            engine.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=wake)
+            engine.send_coordinator(
+                record.run_id, record.epoch, record.workflow, task_id=wake, namespace=record.namespace
+            )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable import telemetry
 from celery_durable.broker import Flags, RunRecord
 from celery_durable.broker.journal import Activation, PassHere
+from celery_durable.broker.replies.run import NotRun
 from celery_durable.broker.schema import MAIN, SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks import children, throttling
@@ -60,7 +61,7 @@ def run_coordinator_task(
     taken: TakenPass | None = None,
 ) -> None:
     try:
-        message = parse_run_message(run_id, epoch, workflow, extra)
+        message = parse_run_message(run_id, epoch, workflow, extra, extra.pop("namespace", None))
     except BadMessage as exc:
         logger.error("rejected coordinator message: %s", exc)
         return
@@ -153,6 +154,10 @@ class Pass:
         busy: sent again for later)."""
         engine, message, taken = self.engine, self.message, self.taken
         peeked = engine.parked.peek(message.run_id, message.epoch, message.workflow)
+        if peeked is None and taken is None and message.namespace is not None:
+            unread = self._activate_unread(message.namespace)
+            if not isinstance(unread, NotRun):
+                return unread
         record = peeked.replay.run if peeked is not None else self._load()
         if record is None or not _has_its_slot(engine, record, self.token):
             return None
@@ -164,11 +169,45 @@ class Pass:
         if isinstance(activation, int):
             # Another pass holds the lock and was told to run once more. Should
             # that pass be dead, its lock expires: look again then.
-            engine.send_coordinator(record.run_id, record.epoch, record.workflow, activation / 1000, task_id=resend)
+            engine.send_coordinator(
+                record.run_id, record.epoch, record.workflow, activation / 1000, task_id=resend,
+                namespace=record.namespace,
+            )
             return None
         replay = self._replay_to_run(record, peeked, tail)
         if replay is not None:
             replay.apply_flags(activation)
+        return replay
+
+    def _activate_unread(self, namespace: str) -> Replay | NotRun | None:
+        """``activate``, for a message that names its run's namespace and has
+        no kept body: the script that takes the lock checks the message as
+        ``_load`` would and answers with the run, one round trip for two.
+        ``NotRun.READ`` when the pass is to read the run first after all (a
+        slot to take, a record or a journal that cannot be parsed)."""
+        engine, message, token = self.engine, self.message, self.token
+        resend = new_task_id()
+        try:
+            found = engine.store.activate_unread(
+                message.run_id, message.epoch, message.workflow, namespace, token, resend
+            )
+        except StorageCorruptError:
+            return NotRun.READ  # judged as a pass that read first does (its token re-enters a lock taken)
+        if isinstance(found, NotRun):
+            if found in (NotRun.MISSING, NotRun.STALE, NotRun.FORGED):
+                engine.count_refused()
+                logger.warning("refused stale or forged coordinator message for run %s", message.run_id)
+                return None
+            return found if found is NotRun.READ else None
+        if isinstance(found, int):
+            engine.send_coordinator(
+                message.run_id, message.epoch, message.workflow, found / 1000, task_id=resend, namespace=namespace
+            )
+            return None
+        flags, record, tail = found
+        replay = self._replay_to_run(record, None, (MAIN, tail))
+        if replay is not None:
+            replay.apply_flags(flags)
         return replay
 
     def _take_lock(

@@ -148,13 +148,14 @@ def wake_owners(
     prefix: str,
     home: Home = Home.NONE,
     home_queue: Queue | None = None,
+    namespace: str | None = None,
 ) -> None:
     """Continue each owner woken by a script (task ids ``<prefix>-<n>``) where
     ``route`` says: at most one of them here, after the others are sent.
     ``home_queue`` is the queue of the home the answer named."""
     here: tuple[str, str] | None = None
     sent: list[Wake] = []
-    for wake in woken(run_id, epoch, workflow, owners, prefix):
+    for wake in woken(run_id, epoch, workflow, owners, prefix, namespace):
         verdict = route(gather(engine, run_id, epoch, workflow, wake.owner, home, slot_taken=here is not None))
         if verdict.wait_let_go:
             engine.parked.wait_let_go(run_id, LET_GO_SECONDS)

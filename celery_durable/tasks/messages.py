@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker.keys import RUN_ID_PATTERN
-from celery_durable.names import WORKFLOW_NAME_PATTERN
+from celery_durable.names import NAMESPACE_PATTERN, WORKFLOW_NAME_PATTERN
 from celery_durable.tasks.app import new_task_id
 
 if TYPE_CHECKING:
@@ -62,9 +62,16 @@ class RunMessage:
     run_id: str
     epoch: int
     workflow: str
+    namespace: str | None = None
+    """The run's namespace, which a coordinator message names when its
+    sender knew it (``coordinator_message``): the pass then reads its run in
+    the script that takes its lock. A claim like the rest of the message,
+    checked there."""
 
 
-def parse_run_message(run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any]) -> RunMessage:
+def parse_run_message(
+    run_id: Any, epoch: Any, workflow: Any, extra: dict[str, Any], namespace: Any = None
+) -> RunMessage:
     """The run a message names; ``extra``, the fields its task does not
     know, is ignored (module docstring)."""
     if extra:
@@ -75,7 +82,9 @@ def parse_run_message(run_id: Any, epoch: Any, workflow: Any, extra: dict[str, A
         raise BadMessage(f"epoch is not a positive integer: {epoch!r:.80}")
     if not isinstance(workflow, str) or not WORKFLOW_NAME.fullmatch(workflow):
         raise BadMessage(f"workflow is not a workflow name: {workflow!r:.80}")
-    return RunMessage(run_id, epoch, workflow)
+    if namespace is not None and (not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace)):
+        raise BadMessage(f"namespace is not a namespace name: {namespace!r:.80}")
+    return RunMessage(run_id, epoch, workflow, namespace)
 
 
 MAX_BRANCHES_PER_MESSAGE = 1_000_000

@@ -361,7 +361,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         return
     _note(engine, record, "recovered", cause, epoch)
     logger.warning("run %s: attempt died (%s); recovering as epoch %s", run_id, cause, epoch)
-    engine.deliver([Wake(run_id, epoch, record.workflow, MAIN, message)])
+    engine.deliver([Wake(run_id, epoch, record.workflow, MAIN, message, namespace=record.namespace)])
 
 
 def _note(engine: Engine, record: RunRecord, outcome: str, cause: str, epoch: int | None) -> None:

@@ -134,9 +134,14 @@ def coordinator_message(
     countdown: float | None = None,
     task_id: str | None = None,
     queue: Queue | None = None,
+    namespace: str | None = None,
 ) -> Outgoing:
-    """A coordinator pass, to the coordinator queue or to a worker's ``queue`` (its home)."""
-    kwargs = {"run_id": run_id, "epoch": epoch, "workflow": workflow}
+    """A coordinator pass, to the coordinator queue or to a worker's ``queue``
+    (its home); naming the run's ``namespace`` when the sender knows it
+    saves the pass a read (``RunMessage.namespace``)."""
+    kwargs: dict[str, Any] = {"run_id": run_id, "epoch": epoch, "workflow": workflow}
+    if namespace is not None:
+        kwargs["namespace"] = namespace
     return Outgoing(
         COORDINATOR_TASK,
         kwargs,

@@ -22,7 +22,8 @@ from kombu import Queue  # type: ignore[attr-defined]
 @dataclass(frozen=True, slots=True)
 class Wake:
     """Continue ``owner`` of attempt ``epoch`` ("m", or a top-level branch
-    "<call>/<j>") with message ``task_id``; a main body's at ``home`` when given."""
+    "<call>/<j>") with message ``task_id``; a main body's at ``home`` when
+    given, naming the run's ``namespace`` when the sender knows it."""
 
     run_id: str
     epoch: int
@@ -30,8 +31,14 @@ class Wake:
     owner: str
     task_id: str
     home: Queue | None = None
+    namespace: str | None = None
 
 
-def woken(run_id: str, epoch: int, workflow: str, owners: Sequence[str], prefix: str) -> list[Wake]:
+def woken(
+    run_id: str, epoch: int, workflow: str, owners: Sequence[str], prefix: str, namespace: str | None = None
+) -> list[Wake]:
     """The wakes a script counted: the n-th owner (from 1) by message ``<prefix>-<n>``."""
-    return [Wake(run_id, epoch, workflow, owner, f"{prefix}-{n}") for n, owner in enumerate(owners, start=1)]
+    return [
+        Wake(run_id, epoch, workflow, owner, f"{prefix}-{n}", namespace=namespace)
+        for n, owner in enumerate(owners, start=1)
+    ]

@@ -18,7 +18,7 @@ from celery_durable.broker import RunRecord, RunStore, schema
 from celery_durable.broker.journal import BeginCall, Conflict, Flags
 from celery_durable.broker.replies.control import Requested, RequestVerdict
 from celery_durable.broker.replies.fleet import Examined, Liveness
-from celery_durable.broker.replies.run import Renewal, TurnStart, TurnVerdict
+from celery_durable.broker.replies.run import NotRun, Renewal, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.config import Settings
@@ -211,6 +211,44 @@ def test_the_activation_lock_and_its_wake_flag() -> None:
     assert store.release(run_id, "pass-1", 1) is False
     assert run.state.live == {"pass-3": "q|c|40100"}
     assert store.activate(run_id, 1, "pass-3", "default", "pass-4") == Flags()
+
+
+def test_an_activation_that_reads_the_run_checks_the_message_as_the_read_would() -> None:
+    """``activate_unread``: a coordinator message that names its namespace
+    takes the lock and gets the run in one script; what ``_load`` refused
+    is refused by the script before it writes anything."""
+    run = Run(Clock(), "pass-1")
+    store, run_id = run.store, run.run_id
+    before = store.client.hgetall(store.run_keys(run_id).run)
+    assert store.activate_unread(run_id, 2, lifecycle.name, "default", "pass-1", "r") is NotRun.STALE
+    assert store.activate_unread(run_id, 1, "another", "default", "pass-1", "r") is NotRun.FORGED
+    # Another namespace named: nothing is refused, the pass reads the run and activates as before.
+    assert store.activate_unread(run_id, 1, lifecycle.name, "other", "pass-1", "r") is NotRun.READ
+    unchanged = store.client.hgetall(store.run_keys(run_id).run)
+    assert {k: v for k, v in unchanged.items() if k != "refused"} == before  # the stale one was counted only
+    assert store.activate_unread(uuid.uuid4().hex, 1, lifecycle.name, "default", "x", "r") is NotRun.MISSING
+    found = store.activate_unread(run_id, 1, lifecycle.name, "default", "pass-1", "r")
+    assert isinstance(found, tuple)
+    flags, record, tail = found
+    assert flags == Flags()
+    # The record as a read just before the lock would have found it: the attempt not yet started.
+    assert (record.run_id, record.status, record.epoch, record.workflow) == (run_id, "pending", 1, lifecycle.name)
+    assert record.started_at is None and run.record().status == "running"
+    assert (tail.start, tail.entries) == (0, [])
+    assert run.state.live == {"pass-1": "x|40000"}
+    # Busy for another message, as activate: the ms until its resend is due.
+    store.client.hset(store.run_keys(run_id).live, "pass-2", "q|c|10000")
+    assert store.activate_unread(run_id, 1, lifecycle.name, "default", "pass-2", "pass-3") == 30_100
+
+
+def test_an_activation_that_reads_the_run_leaves_a_throttled_attempt_without_its_slot_to_the_read() -> None:
+    run = Run(Clock(), "pass-1")
+    store, run_id = run.store, run.run_id
+    store.client.hset(store.run_keys(run_id).run, mapping={"throttle": "api", "slot": ""})
+    assert store.activate_unread(run_id, 1, lifecycle.name, "default", "pass-1", "r") is NotRun.READ
+    assert run.record().status == "pending"
+    store.client.hset(store.run_keys(run_id).run, "slot", "1")
+    assert isinstance(store.activate_unread(run_id, 1, lifecycle.name, "default", "pass-1", "r"), tuple)
 
 
 def test_active_time_runs_only_while_a_message_is_in_flight() -> None:

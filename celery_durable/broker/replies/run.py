@@ -105,6 +105,42 @@ def activate(reply: Any, run_id: str, tail: tuple[str, int] | None = None) -> Fl
     return flags(reply), schema.parse_sequence(run_id, seq, reply[4:], start)
 
 
+class NotRun(StrEnum):
+    """Why ``activate_unread`` took no lock: the message is not the run's
+    attempt's ('missing', 'stale', 'forged'), the run does not take passes
+    now ('settled', a paused run too), or the caller is to read the run and
+    activate as a pass that did ('read': the attempt's throttle slot is to
+    be taken first, or the message named another namespace)."""
+
+    MISSING = "missing"
+    STALE = "stale"
+    FORGED = "forged"
+    SETTLED = "settled"
+    READ = "read"
+
+
+Unread = tuple[Flags, dict[str, str], schema.SequenceHistory] | int | NotRun
+"""``activate_unread``'s answer: the flags, the run's hash read under the
+lock and the main body's sequence; the ms until the resend is due (busy);
+or why it took no lock."""
+
+
+@script("activate")
+def activate_unread(reply: Any, run_id: str, seq: str) -> Unread:
+    """activate.lua with the message's workflow and namespace: {'ok', cancel,
+    pause, limit, run hash, tail...}, {'busy', ms}, or a ``NotRun`` verdict
+    (the fence's refusals are returned, not raised: the caller refuses the
+    message as the read it saved would have)."""
+    said = reply[0]
+    if said in NotRun.__members__.values():
+        return NotRun(said)
+    if verdict(reply, None, "ok", "busy") == "busy":
+        return int(reply[1])
+    pairs = reply[4]
+    record = {str(pairs[i]): str(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+    return flags(reply), record, schema.parse_sequence(run_id, seq, reply[5:], 0)
+
+
 @script("release")
 def release(reply: Any, run_id: str) -> bool:
     """release.lua: 1 when the caller runs one more pass (another activation
