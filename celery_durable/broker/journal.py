@@ -22,7 +22,7 @@ a private redis-server.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,6 +96,12 @@ class BeginCall:
     step_row: str = ""
     records: Sequence[ProgressRecordArgs] = ()
 
+    def argv(self) -> list[Any]:
+        """The ARGV tail that begins a call (``begin_call`` in ``_prelude.lua``):
+        cut, step key, step row, then the buffered progress records, flat."""
+        records = self.records
+        return [self.cut or "", self.step_key, self.step_row, len(records), *(f for record in records for f in record)]
+
 
 @dataclass(frozen=True, slots=True)
 class PendingCommit:
@@ -108,6 +114,26 @@ class PendingCommit:
     value: str = ""
     step_key: str = ""
     step_row: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LastWrites:
+    """What a main body's pass that settles has not written yet: the step it
+    held back and its buffered progress, which go out with ``finish.lua``
+    rather than in a round trip of their own (``Replay.last_writes``).
+    ``knew_cancel``: whether the settlement was decided knowing of a cancel;
+    one it did not know of sends the writes back to be made as a pass that
+    did not settle makes them, and the settlement decided again."""
+
+    seq: str
+    commit: PendingCommit | None
+    call: BeginCall
+    knew_cancel: bool
+
+    def argv(self) -> list[Any]:
+        """``finish.lua``'s ARGV from its 12th on."""
+        commit = list(astuple(self.commit)) if self.commit is not None else [""] * 6
+        return [int(self.knew_cancel), self.seq, *commit, *self.call.argv()]
 
 
 @dataclass(frozen=True, slots=True)

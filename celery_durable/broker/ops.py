@@ -145,6 +145,8 @@ class Finish(Request):
     result: str
     message: str
     retention_ms: int
+    last: Sequence[Any] = ()
+    """A settling pass's writes not made yet (``RunControl.finish``), or nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +303,9 @@ OPS: dict[str, Op] = {
     "read_progress": Op(run.read_progress, "run progress progress_phases archive", fenced=_OUTSIDE, reads_only=True),
     "read_history": Op(history.read_history, "run history archive", fenced=_OUTSIDE, reads_only=True),
     # -- control (run_control.py) ---------------------------------------------
-    "finish": Op(control.finish, _SETTLE, indexed=True, request=Finish),
+    # finish.lua may journal what the settling pass has not written yet: the journal and phases by name.
+    "finish": Op(control.finish, "run progress steps running agents live waits history journal progress_phases *",
+                 indexed=True, request=Finish),
     "resume": Op(control.resume, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,
                  wakes=True, request=Resume),
     "halt": Op(control.halt, _SETTLE, fenced="its own: the epoch and status the caller read", indexed=True,

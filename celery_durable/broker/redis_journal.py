@@ -42,13 +42,6 @@ from celery_durable.errors import StaleAttemptError, StorageCorruptError
 ScriptRunner = Callable[[str, Sequence[str], Sequence[Any]], Any]
 
 
-def _begin_args(call: BeginCall) -> list[Any]:
-    """The ARGV tail that begins a call (``begin_call`` in ``_prelude.lua``):
-    cut, step key, step row, then the buffered progress records, flat."""
-    records = call.records
-    return [call.cut or "", call.step_key, call.step_row, len(records), *(f for record in records for f in record)]
-
-
 class RedisJournal(JournalIdentity):
     """One attempt's journal of one run, on Redis."""
 
@@ -93,12 +86,12 @@ class RedisJournal(JournalIdentity):
         return parse.read_sequences(reply, self._run_id, seqs)
 
     def begin(self, seq: str, call: BeginCall) -> Began:
-        args = [self._epoch, self._clock(), self._channel, seq, *_begin_args(call)]
+        args = [self._epoch, self._clock(), self._channel, seq, *call.argv()]
         reply = self._call("begin_op", args)
         return parse.begin_op(reply, self._run_id)
 
     def commit_begin(self, seq: str, commit: PendingCommit, call: BeginCall) -> Began | Conflict | Winner:
-        args = [self._epoch, self._clock(), self._channel, seq, *astuple(commit), *_begin_args(call)]
+        args = [self._epoch, self._clock(), self._channel, seq, *astuple(commit), *call.argv()]
         reply = self._call("commit_begin", args)
         return parse.commit_begin(reply, self._run_id)
 
@@ -148,7 +141,7 @@ class RedisJournal(JournalIdentity):
 
     def complete_begin(self, seq: str, held: HeldBranch, call: BeginCall) -> Began | Winner | Conflict:
         finished = [held.call, held.branch, held.outcome, held.wake, held.seq, *astuple(held.step)]
-        args = [self._epoch, self._clock(), self._channel, seq, *finished, *_begin_args(call)]
+        args = [self._epoch, self._clock(), self._channel, seq, *finished, *call.argv()]
         reply = self._call("complete_begin", args)
         return parse.complete_begin(reply, self._run_id)
 

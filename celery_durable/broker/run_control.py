@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from celery_durable.broker import ops as request_of
 from celery_durable.broker.fleet_store import FleetLiveness
+from celery_durable.broker.journal import LastWrites
 from celery_durable.broker.replies import control as parse
 from celery_durable.broker.replies.control import Requested, RequestVerdict, Signalled
 from celery_durable.broker.run_records import RunRecords
@@ -58,19 +59,25 @@ class RunControl(RunRecords, FleetLiveness):
         result_json: str | None = None,
         message: str = "",
         watch: bool = False,
-    ) -> None:
+        last: LastWrites | None = None,
+    ) -> bool:
         """Settle the run as its attempt ``epoch``; ``watch``: it is a child
-        whose parent must be told, and the sweep looks at it again until then."""
+        whose parent must be told, and the sweep looks at it again until then.
+        With ``last``, the pass's writes not made yet go first, in the same
+        script; False when it did not settle for what they met (``LastWrites``)."""
         request = request_of.Finish(
             epoch, self.clock(), self.channel(namespace), status, reason, error, can_resume,
             has_result=result_json is not None, result=result_json or "", message=message,
-            retention_ms=self.retention_ms,
+            retention_ms=self.retention_ms, last=last.argv() if last is not None else (),
         )
         reply = self.call("finish", self.run_keys(run_id), request)
         finished = parse.finish(reply, run_id)
+        if finished is None:
+            return False
         self._settled(run_id, namespace, finished.idempotency_key, watch=watch, archive=status in ARCHIVABLE)
         if finished.throttled:  # a run that never asked for a slot holds none: no round trip to find that out
             self._gave_up(run_id)
+        return True
 
     def resume(
         self,

@@ -336,18 +336,25 @@ class Pass:
         settlement = end.result()
         if settlement is None:
             return False
+        if self.settle(replay.run, settlement):
+            return True
+        assert settlement.flushed is not None
+        settlement = settlement.flushed()  # its last writes went back: made now, the run settles as they say
+        if settlement is None:
+            return False  # its last step lost a first-write race: the pass runs again
         self.settle(replay.run, settlement)
         return True
 
-    def settle(self, record: RunRecord, settlement: Settlement) -> None:
+    def settle(self, record: RunRecord, settlement: Settlement) -> bool:
         """Settle the run; one that ends ``error`` is said at WARNING, naming why
         (a run that stopped on nondeterminism is a task that succeeded to Celery).
         A cancelled run cancels the children it waits for first; a child tells
-        its parent once it settled."""
+        its parent once it settled. False (nothing settled) when the
+        settlement's last writes met what sends them back (``Settlement.flushed``)."""
         engine = self.engine
         if settlement.status == "cancelled":
             children.cancel_waited_children(engine, record)
-        engine.store.finish(
+        if not engine.store.finish(
             record.run_id,
             record.epoch,
             record.namespace,
@@ -358,7 +365,9 @@ class Pass:
             result_json=settlement.result_json,
             message=settlement.message,
             watch=record.parent_run_id is not None,
-        )
+            last=settlement.last,
+        ):
+            return False
         if record.parent_run_id is not None:
             result = jsonvalue.loads(settlement.result_json) if settlement.result_json is not None else None
             children.tell_parent(engine, record, settlement.status, settlement.reason, settlement.error, result)
@@ -371,6 +380,7 @@ class Pass:
                 settlement.reason,
                 settlement.error,
             )
+        return True
 
     def settle_overdue(self, flags: Flags) -> bool:
         """The pass ignored a cancellation or a ceiling for a whole lease: its

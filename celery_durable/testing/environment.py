@@ -36,7 +36,7 @@ from typing import Any, cast
 from celery_durable.agents import AgentRunner
 from celery_durable.broker import RunRecord, RunStore
 from celery_durable.broker.connection import connect
-from celery_durable.broker.journal import Journal
+from celery_durable.broker.journal import Journal, LastWrites
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.client.client import Client
 from celery_durable.config import Settings
@@ -64,6 +64,34 @@ class _Store(RunStore):
 
     def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:
         return CrashingJournal(super().journal(run_id, epoch, namespace), self._plan)
+
+    def finish(
+        self,
+        run_id: str,
+        epoch: int,
+        namespace: str,
+        status: str,
+        *,
+        reason: str = "",
+        error: str = "",
+        can_resume: bool = False,
+        result_json: str | None = None,
+        message: str = "",
+        watch: bool = False,
+        last: LastWrites | None = None,
+    ) -> bool:
+        """A settlement that journals the pass's last step (``LastWrites``) is a
+        journal write too: a dead attempt makes none, and the step's ``after``
+        point fires once it is journaled, as ``CrashingJournal``'s do."""
+        if last is not None:
+            self._plan.check_alive()
+        settled = super().finish(
+            run_id, epoch, namespace, status, reason=reason, error=error, can_resume=can_resume,
+            result_json=result_json, message=message, watch=watch, last=last,
+        )
+        if settled and last is not None and last.commit is not None and last.commit.step_key:
+            self._plan.reached(last.commit.step_key, "after")
+        return settled
 
 
 class _Engine(Engine):

@@ -10,10 +10,14 @@ the same way whichever drives it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
+from celery_durable.broker.journal import LastWrites
 from celery_durable.errors import (
     FATAL_ERRORS,
     NonDeterminismError,
@@ -28,6 +32,7 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.branches import run_kept
 from celery_durable.workflows.completion import Completions
 from celery_durable.workflows.context import WorkflowContext
+from celery_durable.workflows.cursor import Cursor
 from celery_durable.workflows.replay import MAIN, Replay
 from celery_durable.workflows.stopping import Mode
 from celery_durable.workflows.unwind import BranchFinished, PauseRequested, Suspend, unwound
@@ -47,6 +52,11 @@ class Settlement:
     can_resume: bool = False
     result_json: str | None = None
     message: str = ""
+    last: LastWrites | None = field(default=None, compare=False)
+    """The main body's writes not made yet, which go out with the settlement."""
+    flushed: Callable[[], Settlement | None] | None = field(default=None, compare=False)
+    """Should the settlement not take ``last``: write them as a pass that does
+    not settle, and decide again (None: the pass runs again)."""
 
 
 CANCELLED = Settlement("cancelled", reason="cancelled", error="Cancelled by request", message="Run cancelled")
@@ -89,15 +99,42 @@ def main_pass(replay: Replay) -> Settlement | None:
         return None  # user code swallowed the Suspend; the pass ends here all the same
     if replay.broken is not None:
         raise replay.broken
-    # Its progress and the step it ran last go out before the settlement
-    # is decided: the flags that come back may say it was cancelled.
+    # Its progress and the step it ran last go out with the settlement, in
+    # finish.lua; a cancel that came meanwhile, or a first write lost, sends
+    # them back to go out first as they would in a pass that did not settle,
+    # and the settlement is decided again (``_flushed``).
     try:
-        replay.flush(cursor)
+        last = replay.last_writes(cursor)
     except Suspend as rerun:
         unwound(rerun)
         return None  # that step lost a first-write race: the pass runs again
     except NonDeterminismError as exc:
+        failure, last = exc, None
+    settlement = _decided(replay, result, failure)
+    if last is None:
+        return settlement
+    again = functools.partial(_flushed, replay, cursor, last, result, failure)
+    return dataclasses.replace(settlement, last=last, flushed=again)
+
+
+def _flushed(
+    replay: Replay, cursor: Cursor, last: LastWrites, result: Any, failure: Exception | None
+) -> Settlement | None:
+    """Write ``last`` first, then decide: the flags that come back may say the
+    run was cancelled. None when its step lost a first-write race: the pass
+    runs again."""
+    replay.write_back(cursor, last)
+    try:
+        replay.flush(cursor)
+    except Suspend as rerun:
+        unwound(rerun)
+        return None
+    except NonDeterminismError as exc:
         failure = exc
+    return _decided(replay, result, failure)
+
+
+def _decided(replay: Replay, result: Any, failure: Exception | None) -> Settlement:
     if isinstance(replay.unwinding, PauseRequested):
         return PAUSED
     if failure is not None:

@@ -39,6 +39,7 @@ from celery_durable.broker.journal import (
     Conflict,
     GuardedJournal,
     Journal,
+    LastWrites,
     PendingCommit,
     Recorded,
     Winner,
@@ -338,6 +339,22 @@ class Replay(StopState):
             cursor.buffer.clear()
         self.apply_flags(began.flags)
         return began.existing
+
+    def last_writes(self, cursor: Cursor) -> LastWrites | None:
+        """What ``flush`` would write as the main body ends, taken to go out
+        with the run's settlement (``finish.lua``): one round trip for both.
+        None when there is nothing to write. Should the settlement not take
+        them, ``write_back`` hands them back to ``flush``."""
+        if not cursor.writes:
+            return None
+        held = self._take_held(cursor)
+        if not (cursor.buffer or held):
+            return None
+        return LastWrites(cursor.seq, held, BeginCall(records=list(cursor.buffer)), self.cancelled())
+
+    def write_back(self, cursor: Cursor, last: LastWrites) -> None:
+        """``last_writes`` untaken (their progress is still the cursor's): the next ``flush`` writes them."""
+        cursor.held = last.commit
 
     def _commit_and_begin(self, cursor: Cursor, held: PendingCommit, call: BeginCall) -> Began:
         """Journal the held-back step and begin the next call in one round trip."""

@@ -10,22 +10,25 @@ store tells every script its time.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import RunRecord, RunStore, schema
-from celery_durable.broker.journal import BeginCall, Conflict, Flags
+from celery_durable.broker.journal import BeginCall, Conflict, Flags, LastWrites
 from celery_durable.broker.replies.control import Requested, RequestVerdict
 from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.replies.run import NotRun, Renewal, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.run_records import RunHashes
+from celery_durable.broker.schema import position
 from celery_durable.config import Settings
 from celery_durable.errors import StepFailed
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import ceiling_fields, merge_limits
+from tests.support.contract import RUNNING, ok, step
 
 
 @workflow(name="lifecycle", description="A run to settle, cancel and resume", phases=[])
@@ -186,6 +189,46 @@ def test_finish_settles_and_fences_everything_after() -> None:
     assert (cancelled.status, cancelled.epoch, cancelled.attempt) == ("cancelled", 2, 1)
     assert store.cancel(run.run_id, "default", "") == Requested(RequestVerdict.SETTLED, status="cancelled")
     assert store.pause(run.run_id, "default", "") == Requested(RequestVerdict.SETTLED, status="cancelled")
+
+
+def test_finish_writes_the_passes_last_writes_first_or_hands_them_back_untouched() -> None:
+    """``finish`` given a pass's ``LastWrites``: the step it held back and its
+    buffered progress are journaled by the script that settles the run (one
+    round trip for both). A cancel the settlement was decided without, or a
+    step whose op conflicts with the journal, settles nothing and writes
+    nothing: the pass writes them as one that does not settle, and decides again."""
+    run = running()
+    store, run_id = run.store, run.run_id
+    journal = store.journal(run_id, 1, "default")
+    journal.begin("m", BeginCall(step_key="only", step_row=RUNNING))
+    records = [(position(1, 1), "log", "", "last words")]
+    last = LastWrites("m", step(0, "only", ok(7)), BeginCall(records=records), knew_cancel=False)
+
+    assert store.cancel(run_id, "default", "c-1").verdict is RequestVerdict.REQUESTED
+    before = run.state
+    assert store.finish(run_id, 1, "default", "completed", message="Run completed", last=last) is False
+    assert run.state == before and run.record().status == "running"
+
+    clash = dataclasses.replace(last, commit=step(0, "other", ok(7)), knew_cancel=True)
+    journal.record("m", step(0, "only", ok(7)))  # the journal holds another op at m:0
+    before = run.state
+    assert store.finish(run_id, 1, "default", "cancelled", message="Run cancelled", last=clash) is False
+    assert run.state == before and run.record().status == "running"
+
+
+def test_finish_journals_the_step_and_the_progress_it_is_given_before_it_settles() -> None:
+    run = running()
+    store, run_id = run.store, run.run_id
+    store.journal(run_id, 1, "default").begin("m", BeginCall(step_key="only", step_row=RUNNING))
+    records = [(position(1, 1), "log", "", "last words")]
+    last = LastWrites("m", step(0, "only", ok(7)), BeginCall(records=records), knew_cancel=False)
+    assert store.finish(run_id, 1, "default", "completed", message="Run completed", last=last) is True
+    state = run.state
+    assert state.journal[schema.step_field("only")] == ok(7) and state.running == {}
+    assert schema.StepRow.parse("only", state.steps["only"]).status == "completed"
+    page = store.progress_page(run_id, "", "after", 0, 500)
+    assert [r.message for r in page.records][-2:] == ["last words", "Run completed"]
+    assert run.record().status == "completed"
 
 
 def test_halt_stops_a_run_whose_attempt_died() -> None:

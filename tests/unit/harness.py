@@ -183,20 +183,28 @@ class Driver:
         replay = self.replay()
         replay.apply_flags(activation)
         settlement = main_pass(replay)
-        if settlement is not None:
-            self.store.finish(
-                self.run_id,
-                epoch,
-                self.namespace,
-                settlement.status,
-                reason=settlement.reason,
-                error=settlement.error,
-                can_resume=settlement.can_resume,
-                result_json=settlement.result_json,
-                message=settlement.message,
-            )
+        if settlement is not None and not self._finish(epoch, settlement):
+            # Its last writes went back (Settlement.flushed): made now, it settles as they say.
+            assert settlement.flushed is not None
+            settlement = settlement.flushed()
+            if settlement is not None:
+                assert self._finish(epoch, settlement)
         self.store.release(self.run_id, token, epoch)
         return settlement
+
+    def _finish(self, epoch: int, settlement: Settlement) -> bool:
+        return self.store.finish(
+            self.run_id,
+            epoch,
+            self.namespace,
+            settlement.status,
+            reason=settlement.reason,
+            error=settlement.error,
+            can_resume=settlement.can_resume,
+            result_json=settlement.result_json,
+            message=settlement.message,
+            last=settlement.last,
+        )
 
     def branch(self, call: str, index: int) -> bool:
         """One branch task (its message the last one sent for it); True when

@@ -133,6 +133,25 @@ def test_cancel_and_pause_asked_for_while_a_step_runs(env: WorkflowTestEnvironme
     assert env.resume(paused.run_id).result == "second"
 
 
+
+def test_a_cancel_asked_for_while_the_last_step_runs_still_settles_the_run_cancelled() -> None:
+    """The body returned, its settlement decided without the cancel: the
+    script that would journal its last step as it settles the run finds the
+    cancel and hands the step back, which is journaled first, as in a pass
+    that does not settle; the run then settles cancelled, as it always did."""
+
+    @workflow(name="stopped-last", description="Asks to be cancelled from inside its last step", phases=[])
+    def stopped_last(ctx: WorkflowContext) -> Any:
+        return ctx.step("only", lambda: env.cancel(ctx.run_id).status)
+
+    env = WorkflowTestEnvironment([stopped_last])
+    cancelled = env.run(stopped_last)
+    assert (cancelled.status, cancelled.reason, cancelled.result) == ("cancelled", "cancelled", None)
+    assert {row.key: row.status for row in env.detail(cancelled.run_id).steps} == {"only": "completed"}
+    history = env.client.get_workflow_run_history(cancelled.run_id).events
+    kinds = [event.kind for event in history]
+    assert kinds.index("cancel_requested") < kinds.index("step_completed") < kinds.index("run_settled")
+
 def test_agents_get_the_schema_check_and_one_retry(env: WorkflowTestEnvironment) -> None:
     answers = iter([{"score": "high"}, {"score": 9}])
 

@@ -2,14 +2,33 @@
 -- owns it.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] steps, KEYS[4] running
 -- steps, KEYS[5] agent rows, KEYS[6] live, KEYS[7] waits, KEYS[8] history,
--- KEYS[9..] every other key of the run (they all start the retention clock,
--- retain_run)
+-- KEYS[9] journal, KEYS[10] progress phase index, KEYS[11..] every other key
+-- of the run (they all start the retention clock, retain_run)
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message,
--- ARGV[11] retention (ms; 0 keeps the run for ever)
+-- ARGV[11] retention (ms; 0 keeps the run for ever); then, for a main
+-- body's pass that settles with writes it has not made yet (the step it
+-- held back, its buffered progress: one round trip for both, as
+-- commit_begin.lua makes them): ARGV[12] 1/0 whether the settlement knew of
+-- a cancel, ARGV[13] the sequence, ARGV[14..19] the step to journal ('' in
+-- ARGV[14] for none) as commit_begin.lua's ARGV[5..10], ARGV[20..] the
+-- records as its ARGV[11..]
 -- Returns {'ok', idempotency key or '', '1' if the run ever asked a throttle
--- for a slot else '0'} or {refusal}.
+-- for a slot else '0'} or {refusal}; with writes, and the run not settled:
+-- {'cancel'} (a cancel the settlement did not know of: nothing written, the
+-- caller writes as a pass that did not settle, and decides again), or
+-- commit_begin.lua's {'conflict', identity} or {'winner', value}.
+if ARGV[12] then
+  if ARGV[12] == '0' and redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'cancel'} end
+  if ARGV[14] ~= '' then
+    local verdict, detail = commit_call(KEYS[1], KEYS[9], KEYS[3], KEYS[4], ARGV[1], ARGV[13], ARGV[14], ARGV[15],
+                                        ARGV[16], ARGV[17], ARGV[18], ARGV[19], KEYS[8], ARGV[2])
+    if verdict ~= 'ok' then return {verdict, detail} end
+  end
+  begin_call(KEYS[1], KEYS[2], KEYS[9], KEYS[4], KEYS[10], ARGV[1], ARGV[2], ARGV[3], ARGV[13], ARGV[20], ARGV[21],
+             ARGV[22], ARGV, 24, tonumber(ARGV[23]), KEYS[8])
+end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
 set_status(KEYS[1], ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
   'can_resume', ARGV[7], 'has_result', ARGV[8], 'result', ARGV[9],

@@ -22,9 +22,13 @@ class Finished:
 
 
 @script("finish")
-def finish(reply: Any, run_id: str) -> Finished:
-    """finish.lua: {'ok', idempotency key or '', '1'/'0' throttled}, or {refusal}, raised."""
-    verdict(reply, run_id, "ok")
+def finish(reply: Any, run_id: str) -> Finished | None:
+    """finish.lua: {'ok', idempotency key or '', '1'/'0' throttled}, or {refusal},
+    raised; None when it was given a pass's last writes and did not settle
+    ({'cancel'}, {'conflict', identity}, {'winner', value}): the caller
+    writes them as a pass that did not settle, and decides again."""
+    if verdict(reply, run_id, "ok", "cancel", "conflict", "winner") != "ok":
+        return None
     return Finished(str(reply[1]), throttled_flag(reply[2]))
 
 
