@@ -233,7 +233,8 @@ class Engine:
                 wake.workflow,
                 task_id=wake.task_id,
                 queue=wake.home,
-                namespace=wake.namespace,
+                # Where the sender did not say it, the one this process met the run in (the pass checks it).
+                namespace=wake.namespace or self.store.indexes.known(wake.run_id),
             )
         call, branch = branch_of(wake.owner)
         return branch_messages(self.settings, wake.run_id, wake.epoch, wake.workflow, call, [branch], [wake.task_id])[0]

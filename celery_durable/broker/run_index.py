@@ -81,6 +81,10 @@ class IndexWrites:
             self._namespaces.clear()
         self._namespaces[run_id] = namespace
 
+    def known(self, run_id: str) -> str | None:
+        """The run's namespace if this process has met it (no round trip)."""
+        return self._namespaces.get(run_id)
+
     def _namespaces_of(self, run_ids: Sequence[str]) -> list[str | None]:
         """Each run's namespace: remembered, or read in one round trip for those not yet seen."""
         unknown = [run_id for run_id in run_ids if run_id not in self._namespaces]
