@@ -85,6 +85,20 @@ class IndexWrites:
         """The run's namespace if this process has met it (no round trip)."""
         return self._namespaces.get(run_id)
 
+    def claimed(self, run_id: str, namespace: str) -> bool:
+        """Remember a namespace a message claims for a run this process has
+        not met, sparing the read ``run_each`` would make; True when it was
+        remembered, to be ``doubted`` unless the script it is for checked it
+        (synced under a wrong one, a run is 'unlisted' there: nothing is written)."""
+        if run_id in self._namespaces:
+            return False
+        self.remember(run_id, namespace)
+        return True
+
+    def doubt(self, run_id: str) -> None:
+        """Forget a claimed namespace that was not checked."""
+        self._namespaces.pop(run_id, None)
+
     def _namespaces_of(self, run_ids: Sequence[str]) -> list[str | None]:
         """Each run's namespace: remembered, or read in one round trip for those not yet seen."""
         unknown = [run_id for run_id in run_ids if run_id not in self._namespaces]

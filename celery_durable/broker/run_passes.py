@@ -50,8 +50,14 @@ class RunPasses(StoreCore):
         read would have found it, just before the lock was taken: a pass costs
         one round trip fewer. A record that cannot be parsed raises
         ``StorageCorruptError`` with the lock taken."""
-        reply = self._activate(run_id, epoch, token, namespace, resend, [MAIN, 0], [workflow, namespace])
-        found = parse.activate_unread(reply, run_id, MAIN)
+        claimed = self.indexes.claimed(run_id, namespace)
+        found: parse.Unread | None = None
+        try:
+            reply = self._activate(run_id, epoch, token, namespace, resend, [MAIN, 0], [workflow, namespace])
+            found = parse.activate_unread(reply, run_id, MAIN)
+        finally:
+            if claimed and (found is None or isinstance(found, NotRun)):  # the script did not get to check it
+                self.indexes.doubt(run_id)
         if not isinstance(found, tuple):
             return found
         flags, raw, tail = found

@@ -65,30 +65,13 @@ class _Store(RunStore):
     def journal(self, run_id: str, epoch: int, namespace: str) -> Journal:
         return CrashingJournal(super().journal(run_id, epoch, namespace), self._plan)
 
-    def finish(
-        self,
-        run_id: str,
-        epoch: int,
-        namespace: str,
-        status: str,
-        *,
-        reason: str = "",
-        error: str = "",
-        can_resume: bool = False,
-        result_json: str | None = None,
-        message: str = "",
-        watch: bool = False,
-        last: LastWrites | None = None,
-    ) -> bool:
+    def finish(self, *args: Any, last: LastWrites | None = None, **options: Any) -> bool:
         """A settlement that journals the pass's last step (``LastWrites``) is a
         journal write too: a dead attempt makes none, and the step's ``after``
         point fires once it is journaled, as ``CrashingJournal``'s do."""
         if last is not None:
             self._plan.check_alive()
-        settled = super().finish(
-            run_id, epoch, namespace, status, reason=reason, error=error, can_resume=can_resume,
-            result_json=result_json, message=message, watch=watch, last=last,
-        )
+        settled = super().finish(*args, last=last, **options)
         if settled and last is not None and last.commit is not None and last.commit.step_key:
             self._plan.reached(last.commit.step_key, "after")
         return settled

@@ -267,6 +267,11 @@ def test_an_activation_that_reads_the_run_checks_the_message_as_the_read_would()
     assert store.activate_unread(run_id, 1, "another", "default", "pass-1", "r") is NotRun.FORGED
     # Another namespace named: nothing is refused, the pass reads the run and activates as before.
     assert store.activate_unread(run_id, 1, lifecycle.name, "other", "pass-1", "r") is NotRun.READ
+    # A process that never met the run takes the message's word for its namespace (no read of its
+    # own for the indexes' sake), and forgets it unless the script checked it.
+    fresh = RunStore(store.settings, clock=run.clock)
+    assert fresh.activate_unread(run_id, 1, lifecycle.name, "other", "pass-1", "r") is NotRun.READ
+    assert fresh.indexes.known(run_id) is None
     unchanged = store.client.hgetall(store.run_keys(run_id).run)
     assert {k: v for k, v in unchanged.items() if k != "refused"} == before  # the stale one was counted only
     assert store.activate_unread(uuid.uuid4().hex, 1, lifecycle.name, "default", "x", "r") is NotRun.MISSING
@@ -278,6 +283,7 @@ def test_an_activation_that_reads_the_run_checks_the_message_as_the_read_would()
     assert (record.run_id, record.status, record.epoch, record.workflow) == (run_id, "pending", 1, lifecycle.name)
     assert record.started_at is None and run.record().status == "running"
     assert (tail.start, tail.entries) == (0, [])
+    assert fresh.indexes.known(run_id) is None and store.indexes.known(run_id) == "default"
     assert run.state.live == {"pass-1": "x|40000"}
     # Busy for another message, as activate: the ms until its resend is due.
     store.client.hset(store.run_keys(run_id).live, "pass-2", "q|c|10000")
