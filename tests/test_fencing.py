@@ -584,6 +584,31 @@ def test_an_older_attempt_cannot_cancel_finish_or_journal_over_the_new_one(durab
 # -- 5. malformed messages are rejected, never executed ---------------------------------------------
 
 
+def test_a_coordinator_message_that_names_another_namespace_is_served_as_one_that_names_none(
+    durable, raw_redis, monkeypatch
+) -> None:
+    """The namespace a coordinator message names is a claim its pass checks
+    (``activate.lua``): a wrong one costs the pass a read of the run, never
+    the run, and leaves the indexes of neither namespace wrong."""
+    import celery_durable.engine
+
+    named = celery_durable.engine.coordinator_message
+
+    def elsewhere(*args: Any, **kwargs: Any) -> Any:
+        return named(*args, **{**kwargs, "namespace": "elsewhere"})
+
+    monkeypatch.setattr(celery_durable.engine, "coordinator_message", elsewhere)
+    d = durable([fence_fan])
+    store = d.engine.store
+    envelope = d.client.run_workflow("fence-fan", timeout=TIMEOUT)
+    assert (envelope.status, envelope.result) == ("completed", {**FAN_RESULT, "attempt": 1}), envelope.error
+    assert d.engine.refused_messages == 0 and store.refused_writes(envelope.run_id) == 0
+    assert store.indexes.known(envelope.run_id) == "default"
+    listed = d.client.list_workflow_runs(status="completed").runs
+    assert envelope.run_id in [run.run_id for run in listed]
+    assert d.engine.client("elsewhere").list_workflow_runs().runs == []
+
+
 def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_redis, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="celery_durable")
     d = durable([fence_fan], branch_batch_ms=0)  # the held leg in a branch task of its own
