@@ -31,6 +31,7 @@ from celery_durable.broker import RunStore
 from celery_durable.broker.journal import BeginCall, PendingCommit
 from celery_durable.broker.schema import StepRow
 from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK
+from celery_durable.tasks.coordinator import run_coordinator_task
 from tests.support.apps.trip import SERVICES, trip
 from tests.support.poll import RUN_BOUND, poll
 from tests.support.trip_crash import receipts
@@ -607,6 +608,35 @@ def test_a_coordinator_message_that_names_another_namespace_is_served_as_one_tha
     listed = d.client.list_workflow_runs(status="completed").runs
     assert envelope.run_id in [run.run_id for run in listed]
     assert d.engine.client("elsewhere").list_workflow_runs().runs == []
+
+
+def test_a_namespace_claim_is_taken_by_the_claiming_threads_calls_alone(durable, settings) -> None:
+    """A claim not yet checked must not send another writer's index sync of
+    the run astray: a cancel made by another thread of the same process while
+    a pass's claim is open is listed in the run's own namespace."""
+    d = durable([fence_fan], worker=False)
+    run_id = d.client.start_workflow("fence-fan")
+    store = Engine([fence_fan], settings).store  # a process that has not met the run
+    with store.indexes.claimed(run_id, "elsewhere"), ThreadPoolExecutor(1) as other:
+        other.submit(store.cancel, run_id, "default", "m-1").result()
+    assert d.client.get_workflow_run(run_id).status == "cancelled"
+    assert run_id in [run.run_id for run in d.client.list_workflow_runs(status="cancelled").runs]
+    assert store.indexes.known(run_id) == "default"
+
+
+def test_a_pass_whose_message_names_its_namespace_lets_go_of_a_run_it_cannot_read(durable, raw_redis) -> None:
+    """The record comes back from the script that took the lock: one that
+    cannot be parsed is refused as a pass that read it first refuses it,
+    and the lock and the message are let go, not held for a lease."""
+    d = durable([fence_fan], worker=False)
+    run_id = d.client.start_workflow("fence-fan")
+    keys = d.engine.store.run_keys(run_id)
+    raw_redis.hset(keys.run, "args", "{not json")
+    run_coordinator_task(
+        d.engine, task_id="pass-1", run_id=run_id, epoch=1, workflow="fence-fan", extra={"namespace": "default"}
+    )
+    assert raw_redis.hget(keys.run, "lock") == "" and "pass-1" not in raw_redis.hgetall(keys.live)
+    assert calls() == {}
 
 
 def test_malformed_messages_are_rejected_and_logged_never_executed(durable, raw_redis, caplog) -> None:

@@ -35,8 +35,10 @@ sweep's ``prune_expired``, or a listing that meets them gone).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from redis.cluster import RedisCluster
@@ -74,6 +76,7 @@ class IndexWrites:
         self._clock = clock
         self._cluster = isinstance(client, RedisCluster)
         self._namespaces: dict[str, str] = {}
+        self._claims = threading.local()
 
     def remember(self, run_id: str, namespace: str) -> None:
         """A run's namespace, as its record says (it never changes)."""
@@ -85,23 +88,24 @@ class IndexWrites:
         """The run's namespace if this process has met it (no round trip)."""
         return self._namespaces.get(run_id)
 
-    def claimed(self, run_id: str, namespace: str) -> bool:
-        """Remember a namespace a message claims for a run this process has
-        not met, sparing the read ``run_each`` would make; True when it was
-        remembered, to be ``doubted`` unless the script it is for checked it
-        (synced under a wrong one, a run is 'unlisted' there: nothing is written)."""
-        if run_id in self._namespaces:
-            return False
-        self.remember(run_id, namespace)
-        return True
-
-    def doubt(self, run_id: str) -> None:
-        """Forget a claimed namespace that was not checked."""
-        self._namespaces.pop(run_id, None)
+    @contextlib.contextmanager
+    def claimed(self, run_id: str, namespace: str) -> Iterator[None]:
+        """A namespace a message claims for a run, taken by this thread's
+        calls inside where none is known (sparing the read ``run_each`` would
+        make), and by no other thread's: unchecked, it must not send another
+        writer's sync astray. Synced under a wrong one, the run is 'unlisted'
+        there: nothing is written. Whoever checks it remembers it (``remember``)."""
+        self._claims.of = {run_id: namespace}
+        try:
+            yield
+        finally:
+            self._claims.of = {}
 
     def _namespaces_of(self, run_ids: Sequence[str]) -> list[str | None]:
-        """Each run's namespace: remembered, or read in one round trip for those not yet seen."""
-        unknown = [run_id for run_id in run_ids if run_id not in self._namespaces]
+        """Each run's namespace: remembered, claimed (``claimed``), or read in
+        one round trip for those not yet seen."""
+        claims: dict[str, str] = getattr(self._claims, "of", {})
+        unknown = [run_id for run_id in run_ids if run_id not in self._namespaces and run_id not in claims]
         if unknown:
             with storage_errors():
                 pipe = self._client.pipeline(transaction=False)
@@ -110,7 +114,7 @@ class IndexWrites:
                 for run_id, found in zip(unknown, pipe.execute(), strict=True):
                     if found:
                         self.remember(run_id, found)
-        return [self._namespaces.get(run_id) for run_id in run_ids]
+        return [self._namespaces.get(run_id) or claims.get(run_id) for run_id in run_ids]
 
     def run_each(self, name: str, calls: Calls, run_ids: Sequence[str], run: RunEach, first: First = ()) -> list[Any]:
         """Script ``name`` once per call, on run ``run_ids[i]``, inside the

@@ -20,6 +20,7 @@ from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN, SequenceHistory, live
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
+from celery_durable.errors import StorageCorruptError
 
 
 class RunPasses(StoreCore):
@@ -48,20 +49,22 @@ class RunPasses(StoreCore):
         (the attempt, the workflow and namespace the message names, the
         attempt's throttle slot) and answers with the run's record as that
         read would have found it, just before the lock was taken: a pass costs
-        one round trip fewer. A record that cannot be parsed raises
-        ``StorageCorruptError`` with the lock taken."""
-        claimed = self.indexes.claimed(run_id, namespace)
-        found: parse.Unread | None = None
-        try:
+        one round trip fewer. ``StorageCorruptError``: the main sequence
+        cannot be parsed (the lock taken: the caller's token re-enters it), or
+        the record cannot (the lock let go again: no pass can drive the run)."""
+        with self.indexes.claimed(run_id, namespace):
             reply = self._activate(run_id, epoch, token, namespace, resend, [MAIN, 0], [workflow, namespace])
-            found = parse.activate_unread(reply, run_id, MAIN)
-        finally:
-            if claimed and (found is None or isinstance(found, NotRun)):  # the script did not get to check it
-                self.indexes.doubt(run_id)
+        found = parse.activate_unread(reply, run_id, MAIN)
+        if isinstance(found, int):
+            self.indexes.remember(run_id, namespace)  # busy: past the script's check
         if not isinstance(found, tuple):
             return found
         flags, raw, tail = found
-        record = schema.parse_run(run_id, raw)
+        try:
+            record = schema.parse_run(run_id, raw)
+        except StorageCorruptError:
+            self.release(run_id, token, epoch)
+            raise
         self.indexes.remember(run_id, record.namespace)
         return flags, record, tail
 

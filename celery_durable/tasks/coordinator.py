@@ -184,7 +184,8 @@ class Pass:
         no kept body: the script that takes the lock checks the message as
         ``_load`` would and answers with the run, one round trip for two.
         ``NotRun.READ`` when the pass is to read the run first after all (a
-        slot to take, a record or a journal that cannot be parsed)."""
+        slot to take, another namespace named, a record or a main sequence
+        that cannot be parsed)."""
         engine, message, token = self.engine, self.message, self.token
         resend = new_task_id()
         try:
@@ -192,7 +193,10 @@ class Pass:
                 message.run_id, message.epoch, message.workflow, namespace, token, resend
             )
         except StorageCorruptError:
-            return NotRun.READ  # judged as a pass that read first does (its token re-enters a lock taken)
+            # Judged as a pass that reads first: a record that cannot be parsed is
+            # refused there (the lock was let go), a main sequence where the lock
+            # is taken again by this token and the run settles as corrupt.
+            return NotRun.READ
         if isinstance(found, NotRun):
             if found in (NotRun.MISSING, NotRun.STALE, NotRun.FORGED):
                 engine.count_refused()

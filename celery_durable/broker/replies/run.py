@@ -120,9 +120,9 @@ class NotRun(StrEnum):
 
 
 Unread = tuple[Flags, dict[str, str], schema.SequenceHistory] | int | NotRun
-"""``activate_unread``'s answer: the flags, the run's hash read under the
-lock and the main body's sequence; the ms until the resend is due (busy);
-or why it took no lock."""
+"""``activate_unread``'s answer: the flags, the run's hash as read in the
+script just before it took the lock, and the main body's sequence; the ms
+until the resend is due (busy); or why it took no lock."""
 
 
 @script("activate")
