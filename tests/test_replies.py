@@ -22,7 +22,6 @@ from celery_durable.broker.child_types import ChildCall, ChildDone, ChildVerdict
 from celery_durable.broker.journal import (
     AgentVerdict,
     Began,
-    CallDone,
     CallVerdict,
     Conflict,
     Dispatch,
@@ -36,7 +35,7 @@ from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
 from celery_durable.broker.replies.control import Finished, Requested, RequestVerdict, Signalled, SignalVerdict
 from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
-from celery_durable.broker.replies.run import Renewal, Requeued, TurnStart, TurnVerdict
+from celery_durable.broker.replies.run import CallDone, Renewal, Requeued, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.errors import StaleAttemptError, StorageCorruptError

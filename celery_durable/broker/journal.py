@@ -27,7 +27,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.broker.schema import Outcome, SequenceHistory
-from celery_durable.broker.schema.run import RunRecord
 
 if TYPE_CHECKING:
     from celery_durable.broker.child_types import ChildCall, ChildDone
@@ -48,40 +47,6 @@ class Flags:
     cancel: bool = False
     pause: bool = False
     limit: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PassHere:
-    """The main body's pass that a call's answer would run where it came:
-    ``call_done`` takes its lock in the same script, as ``activate_reading``
-    would (``token`` is the wake's task id, ``<prefix>-1``)."""
-
-    token: str
-    namespace: str
-    resend: str
-    seq: str
-    start: int
-    soft: bool = False
-    """A pass of the run holds the lock in the caller's process: a busy lock
-    is left alone (the caller waits for that pass, then activates)."""
-
-
-Activation = tuple[Flags, SequenceHistory] | int
-"""``activate_reading``'s answer: the flags and the sequence's tail once the
-lock is taken, or the ms until message ``resend`` is due (the lock was busy)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallDone:
-    """``call_done.lua``'s answer: the owners woken, and, when the caller asked
-    to run the main body's pass and the call woke it alone, that pass's
-    activation (its lock taken, or busy); None when it did not activate."""
-
-    owners: list[str]
-    activation: Activation | None = None
-    throttled: bool = True
-    """Whether an op of the run ever asked a throttle for a slot: only then
-    can the call hold one its answer gives back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,21 +173,6 @@ class WaitResult:
     flags: Flags
     outcome: str | None = None
     due: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BranchStart:
-    """A branch task's start (``branch_start``): the run as the task must see
-    it, and what its first reads would have read, taken in one round trip."""
-
-    record: RunRecord
-    flags: Flags
-    outcomes: list[str | None]
-    """The journaled outcome of each branch the task holds, in its order."""
-    handed_off: list[int]
-    """The branches an earlier delivery of this task handed on, in this attempt."""
-    sequences: dict[str, SequenceHistory]
-    """The sequences it opens first, read ahead (perhaps fewer than asked)."""
 
 
 class CallVerdict(StrEnum):

@@ -13,9 +13,18 @@ from typing import Any, cast
 from celery_durable.broker import ops as request_of
 from celery_durable.broker import schema
 from celery_durable.broker.connection import storage_errors
-from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Activation, BranchStart, CallDone, Flags, PassHere
+from celery_durable.broker.journal import READ_ENTRIES_BUDGET, Flags
 from celery_durable.broker.replies import run as parse
-from celery_durable.broker.replies.run import NotRun, Renewal, Requeued, TurnStart
+from celery_durable.broker.replies.run import (
+    Activation,
+    BranchStart,
+    CallDone,
+    NotRun,
+    PassHere,
+    Renewal,
+    Requeued,
+    TurnStart,
+)
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN, SequenceHistory, live
 from celery_durable.broker.schema.run import RunRecord

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable import telemetry
 from celery_durable.broker import RunRecord, schema
-from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.replies.run import BranchStart
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError

@@ -38,7 +38,7 @@ from kombu.serialization import dumps, loads
 
 from celery_durable import telemetry
 from celery_durable.broker import RunRecord, schema
-from celery_durable.broker.journal import CallDone
+from celery_durable.broker.replies.run import CallDone
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks import throttling

@@ -12,14 +12,14 @@ Redis.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable import telemetry
 from celery_durable.broker import Flags, RunRecord
-from celery_durable.broker.journal import Activation, PassHere
-from celery_durable.broker.replies.run import NotRun
+from celery_durable.broker.replies.run import Activation, NotRun, PassHere
 from celery_durable.broker.schema import MAIN, SequenceHistory
 from celery_durable.errors import StaleAttemptError, StorageCorruptError, StorageError
 from celery_durable.tasks import children, throttling
@@ -340,14 +340,7 @@ class Pass:
         settlement = end.result()
         if settlement is None:
             return False
-        if self.settle(replay.run, settlement):
-            return True
-        assert settlement.flushed is not None
-        settlement = settlement.flushed()  # its last writes went back: made now, the run settles as they say
-        if settlement is None:
-            return False  # its last step lost a first-write race: the pass runs again
-        self.settle(replay.run, settlement)
-        return True
+        return passes.settled(settlement, functools.partial(self.settle, replay.run)) is not None
 
     def settle(self, record: RunRecord, settlement: Settlement) -> bool:
         """Settle the run; one that ends ``error`` is said at WARNING, naming why
@@ -358,18 +351,9 @@ class Pass:
         engine = self.engine
         if settlement.status == "cancelled":
             children.cancel_waited_children(engine, record)
+        watch = record.parent_run_id is not None
         if not engine.store.finish(
-            record.run_id,
-            record.epoch,
-            record.namespace,
-            settlement.status,
-            reason=settlement.reason,
-            error=settlement.error,
-            can_resume=settlement.can_resume,
-            result_json=settlement.result_json,
-            message=settlement.message,
-            watch=record.parent_run_id is not None,
-            last=settlement.last,
+            record.run_id, record.epoch, record.namespace, settlement.status, watch=watch, **settlement.written()
         ):
             return False
         if record.parent_run_id is not None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kombu import Queue  # type: ignore[attr-defined]
 
-from celery_durable.broker.journal import Activation, PassHere
+from celery_durable.broker.replies.run import Activation, PassHere
 from celery_durable.broker.schema import MAIN, branch_of
 from celery_durable.tasks.app import BRANCH_TASK, COORDINATOR_TASK, DURABLE_TASK_PREFIX, new_task_id
 from celery_durable.tasks.coordinator import TakenPass

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.broker.journal import BranchStart
+from celery_durable.broker.replies.run import BranchStart
 from celery_durable.workflows.completion import CompletionRoute
 
 if TYPE_CHECKING:

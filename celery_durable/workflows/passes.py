@@ -58,6 +58,31 @@ class Settlement:
     """Should the settlement not take ``last``: write them as a pass that does
     not settle, and decide again (None: the pass runs again)."""
 
+    def written(self) -> dict[str, Any]:
+        """What ``RunStore.finish`` writes of it besides its status."""
+        return {
+            "reason": self.reason,
+            "error": self.error,
+            "can_resume": self.can_resume,
+            "result_json": self.result_json,
+            "message": self.message,
+            "last": self.last,
+        }
+
+
+def settled(settlement: Settlement, finish: Callable[[Settlement], bool]) -> Settlement | None:
+    """Settle the run with ``finish`` (True: it settled); a settlement whose
+    last writes came back is decided again once they are made, and that one
+    settles. The settlement that did, or None when the pass runs again (its
+    last step lost a first-write race)."""
+    if finish(settlement):
+        return settlement
+    assert settlement.flushed is not None
+    again = settlement.flushed()
+    if again is not None:
+        finish(again)
+    return again
+
 
 CANCELLED = Settlement("cancelled", reason="cancelled", error="Cancelled by request", message="Run cancelled")
 PAUSED = Settlement("paused", "paused", "Paused by request", True, message="Run paused")

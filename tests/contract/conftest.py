@@ -21,10 +21,10 @@ import pytest
 from celery_durable import Settings, define_workflow
 from celery_durable.broker import Flags, Journal, RunRecord, RunStore
 from celery_durable.broker.child_types import ChildDone
-from celery_durable.broker.journal import BranchStart, CallDone, PassHere
 from celery_durable.broker.progress import ProgressSlice
 from celery_durable.broker.replies.control import Signalled
 from celery_durable.broker.replies.fleet import Examined
+from celery_durable.broker.replies.run import BranchStart, CallDone, PassHere
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import Outcome, SequenceHistory
 from celery_durable.testing import VirtualClock

@@ -13,6 +13,7 @@ the test moves (``advance``): the store tells every script that time.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import uuid
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.branch_work import BranchTarget
 from celery_durable.workflows.calls import CallRequest
 from celery_durable.workflows.completion import CompletionRoute
-from celery_durable.workflows.passes import Settlement, branch_pass, main_pass
+from celery_durable.workflows.passes import Settlement, branch_pass, main_pass, settled
 from celery_durable.workflows.port import Port
 from celery_durable.workflows.replay import Replay
 
@@ -183,28 +184,13 @@ class Driver:
         replay = self.replay()
         replay.apply_flags(activation)
         settlement = main_pass(replay)
-        if settlement is not None and not self._finish(epoch, settlement):
-            # Its last writes went back (Settlement.flushed): made now, it settles as they say.
-            assert settlement.flushed is not None
-            settlement = settlement.flushed()
-            if settlement is not None:
-                assert self._finish(epoch, settlement)
+        if settlement is not None:
+            settlement = settled(settlement, functools.partial(self._finish, epoch))
         self.store.release(self.run_id, token, epoch)
         return settlement
 
     def _finish(self, epoch: int, settlement: Settlement) -> bool:
-        return self.store.finish(
-            self.run_id,
-            epoch,
-            self.namespace,
-            settlement.status,
-            reason=settlement.reason,
-            error=settlement.error,
-            can_resume=settlement.can_resume,
-            result_json=settlement.result_json,
-            message=settlement.message,
-            last=settlement.last,
-        )
+        return self.store.finish(self.run_id, epoch, self.namespace, settlement.status, **settlement.written())
 
     def branch(self, call: str, index: int) -> bool:
         """One branch task (its message the last one sent for it); True when

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, overload
 
 from celery_durable.broker import schema
-from celery_durable.broker.journal import Activation, BranchStart, CallDone, Flags
+from celery_durable.broker.journal import Flags
 from celery_durable.broker.progress import ProgressRecord, ProgressSlice
 from celery_durable.broker.replies.shape import (
     FENCED,
@@ -25,8 +25,58 @@ from celery_durable.broker.replies.shape import (
     verdict,
     wake_flag,
 )
+from celery_durable.broker.schema import SequenceHistory
 from celery_durable.broker.schema.archive import ARCHIVED, Archived
+from celery_durable.broker.schema.run import RunRecord
 
+
+@dataclass(frozen=True, slots=True)
+class PassHere:
+    """The main body's pass that a call's answer would run where it came:
+    ``call_done`` takes its lock in the same script, as ``activate_reading``
+    would (``token`` is the wake's task id, ``<prefix>-1``)."""
+
+    token: str
+    namespace: str
+    resend: str
+    seq: str
+    start: int
+    soft: bool = False
+    """A pass of the run holds the lock in the caller's process: a busy lock
+    is left alone (the caller waits for that pass, then activates)."""
+
+
+Activation = tuple[Flags, SequenceHistory] | int
+"""``activate_reading``'s answer: the flags and the sequence's tail once the
+lock is taken, or the ms until message ``resend`` is due (the lock was busy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallDone:
+    """``call_done.lua``'s answer: the owners woken, and, when the caller asked
+    to run the main body's pass and the call woke it alone, that pass's
+    activation (its lock taken, or busy); None when it did not activate."""
+
+    owners: list[str]
+    activation: Activation | None = None
+    throttled: bool = True
+    """Whether an op of the run ever asked a throttle for a slot: only then
+    can the call hold one its answer gives back."""
+
+
+@dataclass(frozen=True, slots=True)
+class BranchStart:
+    """A branch task's start (``branch_start``): the run as the task must see
+    it, and what its first reads would have read, taken in one round trip."""
+
+    record: RunRecord
+    flags: Flags
+    outcomes: list[str | None]
+    """The journaled outcome of each branch the task holds, in its order."""
+    handed_off: list[int]
+    """The branches an earlier delivery of this task handed on, in this attempt."""
+    sequences: dict[str, SequenceHistory]
+    """The sequences it opens first, read ahead (perhaps fewer than asked)."""
 
 @script("create_run")
 def create_run(reply: Any, run_id: str) -> bool:
@@ -119,7 +169,7 @@ class NotRun(StrEnum):
     READ = "read"
 
 
-Unread = tuple[Flags, dict[str, str], schema.SequenceHistory] | int | NotRun
+Unread = tuple[Flags, dict[str, str], SequenceHistory] | int | NotRun
 """``activate_unread``'s answer: the flags, the run's hash as read in the
 script just before it took the lock, and the main body's sequence; the ms
 until the resend is due (busy); or why it took no lock."""
