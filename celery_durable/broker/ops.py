@@ -347,7 +347,7 @@ OPS: dict[str, Op] = {
     "step_over": Op(children.step_over, "run journal"),
     "wake_branches": Op(children.wake_branches, "run waits", indexed=True),
     # -- the recovery sweep (fleet_store.py) ---------------------------------
-    "examine": Op(fleet.examine, "run live waits", fenced=_OUTSIDE, indexed=True, wakes=True,
+    "examine": Op(fleet.examine, "run live waits journal history", fenced=_OUTSIDE, indexed=True, wakes=True,
                   watched="the sweep, which has claimed the run (claim_due.lua)"),
     "claim_due": Op(fleet.claim_due, "due?", fenced=_SWEEP),
     "look": Op(fleet.look, "due?", fenced=_SWEEP),

@@ -79,6 +79,10 @@ class Backend:
         """The registered waits, decoded, by "<seq>:<i>"."""
         raise NotImplementedError
 
+    def events(self) -> list[tuple[str, str]]:
+        """The run's history so far, as (kind, key) in order."""
+        raise NotImplementedError
+
     def signal(self, name: str, payload_json: str = "null", prefix: str = "sig") -> Signalled:
         """signal.lua: deliver a signal."""
         raise NotImplementedError
@@ -192,6 +196,9 @@ class RedisBackend(Backend):
 
     def waits(self) -> dict[str, dict[str, Any]]:
         return {at: json.loads(raw) for at, raw in self.store.client.hgetall(self.keys.waits).items()}
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(fields["k"], fields["y"]) for _, fields in self.store.client.xrange(self.keys.history)]
 
     def signal(self, name: str, payload_json: str = "null", prefix: str = "sig") -> Signalled:
         return self.store.signal(self.run_id, "default", name, payload_json, prefix)

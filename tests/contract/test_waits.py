@@ -108,8 +108,12 @@ def test_a_timer_waits_before_its_due_time_and_ends_after_it(make_backend: Backe
     assert (examined.woken, examined.verdict) == (["m"], "alive")
     assert backend.live()["fire-1"].startswith("q|c|")  # the coordinator's wake-up is in flight
     assert backend.waits() == {} and backend.record().waiting_for is None
+    # The sweep journaled the timer's end: the woken pass reads it with its
+    # lock (activate.lua's tail) and makes no round trip for the wait.
+    assert journal.read_sequence("m").live_entries() == [("z|", FIRED)]
     assert fire(backend, "again") == []  # fired once
     assert sleep(journal, "m", 0, due) == WaitResult(True, NO_FLAGS, outcome=FIRED)
+    assert [event for event in backend.events() if event[0] == "timer_fired"] == [("timer_fired", "m:0")]
     assert journal.read_sequence("m").live_entries() == [("z|", FIRED)]
     # A timer already due when first reached ends there and then, never registered.
     assert sleep(journal, "m", 1, now_ms() - 1) == WaitResult(True, NO_FLAGS, outcome=FIRED)
@@ -203,6 +207,8 @@ def test_a_signal_wait_with_a_timeout_ends_not_received(make_backend: BackendFac
     assert backend.record().waiting_for == {"kind": "signal", "name": "approval", "until": due}
     backend.pass_time(HOUR)
     assert fire(backend) == ["m"]
+    # Woken, not ended, by the sweep: its owner's wait.lua takes a signal that came meanwhile first.
+    assert journal.read_sequence("m").live_entries() == [("g|approval", None)]
     assert wait_for(journal, "m", 0, "approval", due) == WaitResult(True, NO_FLAGS, outcome=TIMED_OUT)
     # A signal sent after the time-out is not that wait's: the next one takes it.
     assert backend.signal("approval", "null") == Signalled(SignalVerdict.OK, epoch=1)
@@ -305,6 +311,24 @@ def test_a_wait_abandoned_by_a_cut_gives_its_signal_back_to_the_wait_in_its_plac
     second = abandon(make_backend())
     # The same path again: the wait stands where the abandoned one stood.
     assert wait_for(second, "m", 1, "approval") == WaitResult(True, NO_FLAGS, outcome=YES)
+
+
+def test_a_timer_a_cut_abandoned_is_woken_but_not_ended_by_the_sweep(make_backend: BackendFactory) -> None:
+    """The sweep journals a due timer's end only where the sleep op is alive:
+    what a cut abandoned is left to the replay that reaches that index."""
+    backend = started(make_backend)
+    first = backend.journal(1)
+    first.record("m", step(0, "a", failed(1)))
+    due = now_ms() + HOUR
+    assert sleep(first, "m", 1, due) == WaitResult(False, NO_FLAGS, due=due)
+    second = backend.journal(backend.take_over())
+    second.begin("m", BeginCall(cut=cut_argument(0, position(0, 0)), step_key="a", step_row=RUNNING))
+    backend.pass_time(HOUR)
+    assert fire(backend) == ["m"]
+    assert backend.field("journal", "x:m:1") is None
+    assert "timer_fired" not in [kind for kind, _ in backend.events()]
+    second.record("m", step(0, "a", ok("a")))
+    assert second.read_sequence("m").live_entries() == [("s|a", ok("a"))]
 
 
 # -- liveness: waiting is not active time ----------------------------------------------------------

@@ -202,3 +202,28 @@ def test_a_run_that_never_stops_setting_timers_is_reported(monkeypatch: pytest.M
     env = WorkflowTestEnvironment([forever])
     with pytest.raises(RuntimeError, match="kept setting timers"):
         env.run(forever)
+
+
+def test_the_pass_a_fired_timer_wakes_finds_the_timers_end_in_what_it_read_with_its_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep journals a due timer's end as it wakes the owner
+    (``examine.lua``), and the woken pass reads the main body's journal in
+    the script that takes its lock: so it replays past the sleep with no
+    round trip of its own for it (``wait.lua`` runs once: to set the timer)."""
+    from celery_durable.broker.redis_journal import RedisJournal
+
+    waits: list[str] = []
+    wait = RedisJournal.wait
+
+    def counted(journal: RedisJournal, *args: Any, **options: Any) -> Any:
+        waits.append(args[2])  # the op's identity
+        return wait(journal, *args, **options)
+
+    monkeypatch.setattr(RedisJournal, "wait", counted)
+    env = WorkflowTestEnvironment([overnight])
+    run_id = env.start(overnight)
+    assert env.get(run_id).status == "running" and waits == ["z|"]
+    envelope = env.skip_to_next_timer(run_id)
+    assert (envelope.status, envelope.result) == ("completed", ["evening", "morning"])
+    assert waits == ["z|"]

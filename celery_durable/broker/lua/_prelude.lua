@@ -946,15 +946,15 @@ local function wake_call_wait(run_key, waits_key, live_key, prefix, now, at, mat
   return {owner}
 end
 
--- Wakes the owners of the waits that <match> picks (removing the waits);
--- each gets a queued coordinator or branch message "<prefix>-<n>". Returns
--- the owners, in the order of their messages.
+-- Wakes the owners of the waits that <match>(wait, its field "<seq>:<i>")
+-- picks (removing the waits); each gets a queued coordinator or branch
+-- message "<prefix>-<n>". Returns the owners, in the order of their messages.
 local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
   local entries = redis.call('HGETALL', waits_key)
   local owners, seen, summarized = {}, {}, false
   for i = 1, #entries, 2 do
     local ok, wait = pcall(cjson.decode, entries[i + 1])
-    if ok and type(wait) == 'table' and match(wait) then
+    if ok and type(wait) == 'table' and match(wait, entries[i]) then
       redis.call('HDEL', waits_key, entries[i])
       summarized = summarized or wait['kind'] ~= 'call'
       local owner = tostring(wait['owner'])
@@ -967,6 +967,26 @@ local function wake_waits(run_key, waits_key, live_key, prefix, now, match)
   end
   if summarized then refresh_waiting(run_key, waits_key) end
   return owners
+end
+
+-- How a timer ends (wait.lua, fire_timer): its outcome in the journal.
+local TIMER_FIRED = '{"fired":true}'
+
+-- A timer the sweep finds due ends here (examine.lua), written as wait.lua
+-- writes it when its owner's replay reaches a due timer: the owner's pass
+-- then finds the outcome in the sequence it reads with its lock (the tail
+-- activate.lua reads) and makes no round trip for the wait. Only a sleep op
+-- still alive at <at>: what a cut abandoned is left to the replay that
+-- reaches that index, as before.
+local function fire_timer(run_key, journal_key, history_key, at, due, now_arg)
+  local seq, index = string.match(at, '^(.*):(%d+)$')
+  local entry = seq and redis.call('HGET', journal_key, 'o:' .. at)
+  if not entry or string.sub(entry, string.find(entry, ':', 1, true) + 1) ~= 'z|' then return end
+  if not entry_alive(journal_key, seq, index, entry) then return end
+  if redis.call('HSETNX', journal_key, 'x:' .. at, TIMER_FIRED) == 0 then return end
+  redis.call('HSET', journal_key, 'wf:' .. at, now_arg)
+  record_event(run_key, history_key, 'timer_fired', at, now_arg, cjson.encode({op = at, ['until'] = due}))
+  made_progress(run_key)
 end
 
 -- == Child runs (ctx.child) ==============================================

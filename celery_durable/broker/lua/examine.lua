@@ -1,8 +1,10 @@
 -- Looks at one run for the recovery sweep, or for a resume deciding whether
 -- the attempt is alive: its status and its liveness (see _prelude.lua). For
--- the sweep it also fires the run's timers that are due: their owners get a
--- message each, and the sweeper sends them.
--- KEYS[1] run hash, KEYS[2] live, KEYS[3] waits
+-- the sweep it also fires the run's timers that are due: each is journaled
+-- as ended (fire_timer), and their owners get a message each, which the
+-- sweeper sends; a signal's wait whose time-out passed is woken alone (its
+-- owner's wait.lua takes a signal that came meanwhile first).
+-- KEYS[1] run hash, KEYS[2] live, KEYS[3] waits, KEYS[4] journal, KEYS[5] history
 -- ARGV[1] now (ms), ARGV[2] lease ttl (ms), ARGV[3] when each queue was last
 -- found empty ("c=<ms>,s=<ms>,a=<ms>"), ARGV[4] '1' to fire due timers,
 -- ARGV[5] prefix of the task ids that wake their owners ("<prefix>-<n>")
@@ -16,8 +18,10 @@ if f[1] ~= 'pending' and f[1] ~= 'running' then return {f[1], f[2], f[3] or '', 
 local now = tonumber(ARGV[1])
 local woken = {}
 if ARGV[4] == '1' and f[1] == 'running' then
-  woken = wake_waits(KEYS[1], KEYS[3], KEYS[2], ARGV[5], now, function(wait)
-    return type(wait['until']) == 'number' and wait['until'] <= now
+  woken = wake_waits(KEYS[1], KEYS[3], KEYS[2], ARGV[5], now, function(wait, at)
+    if type(wait['until']) ~= 'number' or wait['until'] > now then return false end
+    if wait['kind'] == 'timer' then fire_timer(KEYS[1], KEYS[4], KEYS[5], at, wait['until'], ARGV[1]) end
+    return true
   end)
 end
 local verdict, detail = liveness(KEYS[1], KEYS[2], KEYS[3], now, tonumber(ARGV[2]), parse_empty(ARGV[3]))

@@ -11,7 +11,9 @@
 -- pause, limit, due or ''}, {'conflict', identity} or {refusal}.
 -- History: timer_set when a timer's due time is fixed, timer_fired when it
 -- fires, wait_started the first time the wait is registered (not for a
--- wait that ends as it is reached: a signal already there).
+-- wait that ends as it is reached: a signal already there). A timer the
+-- sweep found due was journaled as fired there (fire_timer, examine.lua):
+-- its owner's replay usually finds it so and never comes here for it.
 local conflict, replaced = record_op(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[1])
 if conflict then return {'conflict', conflict} end
 local at = ARGV[3] .. ':' .. ARGV[4]
@@ -39,7 +41,7 @@ local now = tonumber(ARGV[2])
 local outcome = nil
 if ARGV[6] == 'signal' then outcome = take_signal(KEYS[2], KEYS[4], ARGV[7], at) end
 if not outcome and due ~= '' and now >= tonumber(due) then
-  if ARGV[6] == 'signal' then outcome = '{"received":false,"payload":null}' else outcome = '{"fired":true}' end
+  if ARGV[6] == 'signal' then outcome = '{"received":false,"payload":null}' else outcome = TIMER_FIRED end
 end
 if outcome then
   redis.call('HSET', KEYS[2], outcome_field, outcome, 'wf:' .. at, ARGV[2])
