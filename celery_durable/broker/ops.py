@@ -319,7 +319,8 @@ OPS: dict[str, Op] = {
     # After a settle for good (run_control.py): the run's history, steps, progress and journal folded into one key.
     "archive_run": Op(control.archive_run, "run history steps progress journal progress_phases archive",
                       fenced="its own: the run is completed or cancelled, its keys as the caller read them"),
-    "signal": Op(control.signal, "run signals waits live progress history", fenced=_OUTSIDE, indexed=True, wakes=True),
+    "signal": Op(control.signal, "run signals waits live progress history journal", fenced=_OUTSIDE, indexed=True,
+                 wakes=True),
     # -- the journal of one attempt (redis_journal.py) ---------------------
     "note_code": Op(journal.note_code, "run"),
     "read_sequence": Op(journal.read_sequence, "journal", fenced="reads only", reads_only=True),

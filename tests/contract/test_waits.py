@@ -178,25 +178,35 @@ def test_two_signals_are_consumed_in_order_by_two_waits(make_backend: BackendFac
     assert wait_for(journal, "m", 1, "step") == WaitResult(True, NO_FLAGS, outcome=received(2, "2"))
     assert wait_for(journal, "m", 2, "step") == WaitResult(False, NO_FLAGS)
     assert backend.record().waiting_for == {"kind": "signal", "name": "step", "until": None}
-    # One arriving now wakes the waiting owner, whose replay then takes it.
+    # One arriving now is taken for the waiting op, whose owner is woken to find it journaled.
     assert backend.signal("step", "3", prefix="sig") == Signalled(SignalVerdict.OK, epoch=1, owners=["m"])
     assert backend.live()["sig-1"].startswith("q|c|")
     assert backend.waits() == {} and backend.record().waiting_for is None
+    assert journal.read_sequence("m").live_entries()[2] == ("g|step", received(3, "3"))
     assert wait_for(journal, "m", 2, "step") == WaitResult(True, NO_FLAGS, outcome=received(3, "3"))
 
 
-def test_a_signal_wakes_every_owner_waiting_for_it_and_the_first_to_reach_takes_it(
-    make_backend: BackendFactory,
-) -> None:
+def test_a_signal_is_taken_by_one_wait_for_it_whose_owner_alone_is_woken(make_backend: BackendFactory) -> None:
+    """``signal.lua`` takes the signal for a wait of its name as that wait's
+    ``wait.lua`` would (the woken pass finds it journaled, no round trip of
+    its own); a wait left with no signal to take waits on, unwoken."""
     backend = started(make_backend)
     journal = backend.journal(1)
     wait_for(journal, "m.0.0", 0, "go", owner="m:0/0")
     wait_for(journal, "m.0.1", 0, "go", owner="m:0/1")
     answer = backend.signal("go", '"once"', prefix="sig")
-    assert sorted(answer.owners) == ["m:0/0", "m:0/1"]
-    assert {task for task in backend.live() if task.startswith("sig-")} == {"sig-1", "sig-2"}
-    assert wait_for(journal, "m.0.1", 0, "go", owner="m:0/1") == WaitResult(True, NO_FLAGS, received(1, '"once"'))
-    assert wait_for(journal, "m.0.0", 0, "go", owner="m:0/0") == WaitResult(False, NO_FLAGS)  # waits again
+    assert len(answer.owners) == 1
+    taker, other = answer.owners[0], ({"m:0/0", "m:0/1"} - set(answer.owners)).pop()
+    seq_of = {"m:0/0": "m.0.0", "m:0/1": "m.0.1"}
+    assert {task for task in backend.live() if task.startswith("sig-")} == {"sig-1"}
+    assert journal.read_sequence(seq_of[taker]).live_entries() == [("g|go", received(1, '"once"'))]
+    assert wait_for(journal, seq_of[taker], 0, "go", owner=taker) == WaitResult(True, NO_FLAGS, received(1, '"once"'))
+    assert list(backend.waits()) == [f"{seq_of[other]}:0"]
+    assert wait_for(journal, seq_of[other], 0, "go", owner=other) == WaitResult(False, NO_FLAGS)
+    # The next one is the other wait's.
+    assert backend.signal("go", '"twice"', prefix="again").owners == [other]
+    assert journal.read_sequence(seq_of[other]).live_entries() == [("g|go", received(2, '"twice"'))]
+    assert backend.waits() == {} and backend.record().waiting_for is None
 
 
 def test_a_signal_wait_with_a_timeout_ends_not_received(make_backend: BackendFactory) -> None:

@@ -204,26 +204,44 @@ def test_a_run_that_never_stops_setting_timers_is_reported(monkeypatch: pytest.M
         env.run(forever)
 
 
+@pytest.fixture
+def waits_reached(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The identities of the waits passes reach through ``wait.lua``, in order."""
+    from celery_durable.broker.redis_journal import RedisJournal
+
+    reached: list[str] = []
+    wait = RedisJournal.wait
+
+    def counted(journal: RedisJournal, *args: Any, **options: Any) -> Any:
+        reached.append(args[2])  # the op's identity
+        return wait(journal, *args, **options)
+
+    monkeypatch.setattr(RedisJournal, "wait", counted)
+    return reached
+
+
 def test_the_pass_a_fired_timer_wakes_finds_the_timers_end_in_what_it_read_with_its_lock(
-    monkeypatch: pytest.MonkeyPatch,
+    waits_reached: list[str],
 ) -> None:
     """The sweep journals a due timer's end as it wakes the owner
     (``examine.lua``), and the woken pass reads the main body's journal in
     the script that takes its lock: so it replays past the sleep with no
     round trip of its own for it (``wait.lua`` runs once: to set the timer)."""
-    from celery_durable.broker.redis_journal import RedisJournal
-
-    waits: list[str] = []
-    wait = RedisJournal.wait
-
-    def counted(journal: RedisJournal, *args: Any, **options: Any) -> Any:
-        waits.append(args[2])  # the op's identity
-        return wait(journal, *args, **options)
-
-    monkeypatch.setattr(RedisJournal, "wait", counted)
     env = WorkflowTestEnvironment([overnight])
     run_id = env.start(overnight)
-    assert env.get(run_id).status == "running" and waits == ["z|"]
+    assert env.get(run_id).status == "running" and waits_reached == ["z|"]
     envelope = env.skip_to_next_timer(run_id)
     assert (envelope.status, envelope.result) == ("completed", ["evening", "morning"])
-    assert waits == ["z|"]
+    assert waits_reached == ["z|"]
+
+
+def test_the_pass_a_signal_wakes_finds_it_taken_for_its_wait(waits_reached: list[str]) -> None:
+    """``signal.lua`` takes the signal for the wait of its name, as that
+    wait's ``wait.lua`` would: the woken pass replays past the wait with no
+    round trip of its own for it."""
+    env = WorkflowTestEnvironment([approval])
+    run_id = env.start(approval)
+    assert env.get(run_id).status == "running" and waits_reached == ["g|approval"]
+    envelope = env.signal(run_id, "approval", {"ok": True})
+    assert (envelope.status, envelope.result) == ("completed", {"ok": True})
+    assert waits_reached == ["g|approval"]

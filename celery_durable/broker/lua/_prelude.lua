@@ -972,21 +972,42 @@ end
 -- How a timer ends (wait.lua, fire_timer): its outcome in the journal.
 local TIMER_FIRED = '{"fired":true}'
 
--- A timer the sweep finds due ends here (examine.lua), written as wait.lua
--- writes it when its owner's replay reaches a due timer: the owner's pass
--- then finds the outcome in the sequence it reads with its lock (the tail
--- activate.lua reads) and makes no round trip for the wait. Only a sleep op
--- still alive at <at>: what a cut abandoned is left to the replay that
--- reaches that index, as before.
-local function fire_timer(run_key, journal_key, history_key, at, due, now_arg)
+-- Whether the op at <at> ("<seq>:<i>") is a wait of identity <ident>, alive
+-- and not ended: one the script that wakes its owner may end itself, as
+-- wait.lua would once the owner's replay reached it. What a cut abandoned is
+-- left to the replay that reaches that index.
+local function open_wait(journal_key, at, ident)
   local seq, index = string.match(at, '^(.*):(%d+)$')
   local entry = seq and redis.call('HGET', journal_key, 'o:' .. at)
-  if not entry or string.sub(entry, string.find(entry, ':', 1, true) + 1) ~= 'z|' then return end
-  if not entry_alive(journal_key, seq, index, entry) then return end
-  if redis.call('HSETNX', journal_key, 'x:' .. at, TIMER_FIRED) == 0 then return end
-  redis.call('HSET', journal_key, 'wf:' .. at, now_arg)
-  record_event(run_key, history_key, 'timer_fired', at, now_arg, cjson.encode({op = at, ['until'] = due}))
+  if not entry or string.sub(entry, string.find(entry, ':', 1, true) + 1) ~= ident then return false end
+  return entry_alive(journal_key, seq, index, entry) and redis.call('HEXISTS', journal_key, 'x:' .. at) == 0
+end
+
+-- A wake that carries its wait's end (a due timer, examine.lua; a signal,
+-- signal.lua) writes it as wait.lua writes it: the owner's pass then finds
+-- it in the sequence it reads with its lock (the tail activate.lua reads)
+-- and makes no round trip for the wait.
+local function end_wait(run_key, journal_key, at, outcome, now_arg)
+  redis.call('HSET', journal_key, 'x:' .. at, outcome, 'wf:' .. at, now_arg)
   made_progress(run_key)
+end
+
+local function fire_timer(run_key, journal_key, history_key, at, due, now_arg)
+  if not open_wait(journal_key, at, 'z|') then return end
+  end_wait(run_key, journal_key, at, TIMER_FIRED, now_arg)
+  record_event(run_key, history_key, 'timer_fired', at, now_arg, cjson.encode({op = at, ['until'] = due}))
+end
+
+-- A signal of <name> came for the wait at <at>: it takes the first signal
+-- of that name no live wait has taken (take_signal) and ends. Returns true
+-- (taken: wake its owner), false (none left for it: it waits on, unwoken)
+-- or nil (not a wait this script may end: wake its owner, whose replay decides).
+local function signal_wait(run_key, journal_key, signals_key, name, at, now_arg)
+  if not open_wait(journal_key, at, 'g|' .. name) then return nil end
+  local outcome = take_signal(journal_key, signals_key, name, at)
+  if not outcome then return false end
+  end_wait(run_key, journal_key, at, outcome, now_arg)
+  return true
 end
 
 -- == Child runs (ctx.child) ==============================================

@@ -1,8 +1,11 @@
 -- Delivers a signal to a run: kept in the run's signals hash (in arrival
--- order, whatever the run is doing now), and the sequences that wait for
--- it are woken. A run that can no longer continue refuses it.
+-- order, whatever the run is doing now), and taken here for the waits of
+-- its name, in the order they were registered, as their owners' wait.lua
+-- would take it (signal_wait): each wait that takes one ends, and its owner
+-- is woken; a wait left with none waits on. A run that can no longer
+-- continue refuses it.
 -- KEYS[1] run hash, KEYS[2] signals, KEYS[3] waits, KEYS[4] live,
--- KEYS[5] progress stream, KEYS[6] history
+-- KEYS[5] progress stream, KEYS[6] history, KEYS[7] journal
 -- ARGV[1] now (ms), ARGV[2] name, ARGV[3] payload json, ARGV[4] prefix of
 -- the task ids that wake the waiters ("<prefix>-<n>"), ARGV[5] events channel
 -- Returns {'ok', epoch, owner, owner, ...} (the owners to wake, in the order
@@ -28,8 +31,9 @@ end
 append_progress(KEYS[1], KEYS[5], 'system', '', 'Signal ' .. name .. ' received', f[3], ARGV[1], nil, false)
 local owners = {}
 if status == 'running' or status == 'pending' then
-  owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[4], now, function(wait)
-    return wait['kind'] == 'signal' and wait['name'] == name
+  owners = wake_waits(KEYS[1], KEYS[3], KEYS[4], ARGV[4], now, function(wait, at)
+    if wait['kind'] ~= 'signal' or wait['name'] ~= name then return false end
+    return signal_wait(KEYS[1], KEYS[7], KEYS[2], name, at, ARGV[1]) ~= false
   end)
 end
 redis.call('PUBLISH', ARGV[5], f[4] .. ' signal')
