@@ -227,8 +227,9 @@ class RunRecords(IndexReads):
         for good comes here (``finish``, and ``cancel`` when it settles the
         run itself). An optimisation, never the run's fate: a failure to build
         or keep it is logged (None) and the run stays unarchived, read as
-        before; so does a death in between. A ``StorageError`` of ``tell``'s
-        writes is raised."""
+        before; so does a death in between. ``tell``'s writes are made
+        whatever the archive's fate; a ``StorageError`` of theirs is raised
+        only when there is no archive to keep."""
         keys = self.run_keys(run_id)
         args: list[Any] | None = None
         try:
@@ -251,11 +252,11 @@ class RunRecords(IndexReads):
                     tell(pipe)
                     pipe.execute()
             return None
-        [reply] = self._run_each_with("archive_run", [(OPS["archive_run"].keys_of(keys), args)], tell or _nothing)
         try:
+            [reply] = self._run_each_with("archive_run", [(OPS["archive_run"].keys_of(keys), args)], tell or _nothing)
             return parse_control.archive_run(reply, run_id)
-        except StorageError as exc:
-            logger.warning("run %s settled, but could not be archived (it stays as it is): %s", run_id, exc)
+        except StorageError as exc:  # the script's, or a write's: either way a hint that others catch up on
+            logger.warning("run %s settled, but could not be archived or the sweep told: %s", run_id, exc)
             return None
 
     def _persist_idempotency(self, record: RunRecord) -> None:

@@ -156,21 +156,24 @@ class StoreCore:
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], writes: Callable[[Any], None]
     ) -> list[Any]:
         """Script ``name`` once per ``(keys, args)``, then ``writes`` (commands
-        on keys outside their slots, none of which depends on them): in one
-        round trip on one Redis, a pipeline but not a transaction; on a
-        Cluster, the scripts as ``_run_each`` sends them, then the writes,
-        which live on other nodes. Returns the scripts' replies; the first
-        that failed is raised. (Not for the scripts of ``INDEXED_SCRIPTS``.)"""
+        on keys outside their slots, none of which depends on them), made
+        whatever the scripts answer: in one round trip on one Redis, a
+        pipeline but not a transaction; on a Cluster, the scripts as
+        ``_run_each`` sends them, then the writes, which live on other nodes.
+        Returns the scripts' replies; the first failure, a script's or a
+        write's, is raised as a ``StorageError``. (Not for the scripts of
+        ``INDEXED_SCRIPTS``.)"""
         assert name not in INDEXED_SCRIPTS, name
-        if isinstance(self.client, RedisCluster):
-            replies = self._run_each(name, calls)
-            with storage_errors():
-                pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
-                writes(pipe)
-                pipe.execute()
-        else:
-            script = self._scripts[name]
-            with storage_errors():
+        with storage_errors():
+            if isinstance(self.client, RedisCluster):
+                try:
+                    replies = self._run_each(name, calls)
+                finally:
+                    pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+                    writes(pipe)
+                    pipe.execute()
+            else:
+                script = self._scripts[name]
                 pipe = self.client.pipeline(transaction=False)
                 for keys, args in calls:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -183,9 +186,9 @@ class StoreCore:
                 for failed in results[len(calls) :]:
                     if isinstance(failed, Exception):
                         raise failed
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         return replies
 
     def _look_then_run_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:

@@ -5,8 +5,9 @@ fixed the first time it is reached (so a resumed or recovered run keeps the
 original time, and never waits again for a wait that ended). When it cannot
 end at once, the sequence suspends without holding a worker: the wait is
 registered in Redis, and the recovery sweep (for a due timer) or
-``signal_workflow_run`` (for a signal) wakes its owner, whose replay then
-journals how the wait ended (``wait.lua``).
+``signal_workflow_run`` (for a signal) journals how the wait ended as it
+wakes its owner, whose replay finds it in the journal it read (or, for a
+wait those could not end, journals it itself: ``wait.lua``).
 """
 
 from __future__ import annotations

@@ -341,6 +341,56 @@ def test_a_timer_a_cut_abandoned_is_woken_but_not_ended_by_the_sweep(make_backen
     assert second.read_sequence("m").live_entries() == [("s|a", ok("a"))]
 
 
+def test_a_wait_a_cancelled_pass_stepped_over_is_woken_but_never_ended_by_the_sweep_or_a_signal(
+    make_backend: BackendFactory,
+) -> None:
+    """An op a cancelled pass stepped over has no answer, ever (``step_over.lua``):
+    neither a due timer nor a signal ends it, and a signal stays untaken."""
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    assert sleep(journal, "m", 0, due) == WaitResult(False, NO_FLAGS, due=due)
+    assert wait_for(journal, "m", 1, "approval") == WaitResult(False, NO_FLAGS)
+    journal.step_over("m", 0)
+    journal.step_over("m", 1)
+    backend.pass_time(HOUR)
+    assert fire(backend) == ["m"]
+    assert backend.signal("approval", '"yes"', prefix="sig").owners == ["m"]
+    assert backend.field("journal", "x:m:0") is None and backend.field("journal", "x:m:1") is None
+    assert "timer_fired" not in [kind for kind, _ in backend.events()]
+
+
+def test_the_waits_of_a_run_asked_to_cancel_are_woken_not_ended(make_backend: BackendFactory) -> None:
+    """Its pass never reaches a wait again (``check_cancelled`` comes first),
+    so nothing ends one for it: as before waits were ended by their wakes."""
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    assert sleep(journal, "m.0.0", 0, due, owner="m:0/0") == WaitResult(False, NO_FLAGS, due=due)
+    assert wait_for(journal, "m.0.1", 0, "approval", owner="m:0/1") == WaitResult(False, NO_FLAGS)
+    backend.write("run", {"cancel": "1"})
+    backend.pass_time(HOUR)
+    assert fire(backend) == ["m:0/0"]
+    assert backend.signal("approval", '"yes"', prefix="sig").owners == ["m:0/1"]
+    assert backend.field("journal", "x:m.0.0:0") is None and backend.field("journal", "x:m.0.1:0") is None
+
+
+def test_a_wait_whose_journal_entry_cannot_be_read_is_woken_and_the_sweep_goes_on(
+    make_backend: BackendFactory,
+) -> None:
+    """The pass that replays it settles the run corrupt, as before: the
+    sweep's look at the run (its liveness, its other timers) is not lost."""
+    backend = started(make_backend)
+    journal = backend.journal(1)
+    due = now_ms() + HOUR
+    assert sleep(journal, "m", 0, due) == WaitResult(False, NO_FLAGS, due=due)
+    backend.write("journal", {"k:m": "garbage"})  # a cut no script wrote
+    backend.pass_time(HOUR)
+    examined = backend.examine(fire_prefix="fire")
+    assert (examined.woken, examined.verdict) == (["m"], "alive")
+    assert backend.field("journal", "x:m:0") is None
+
+
 # -- liveness: waiting is not active time ----------------------------------------------------------
 
 

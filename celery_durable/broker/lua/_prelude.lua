@@ -858,8 +858,9 @@ end
 -- {"owner", "kind" ('timer', 'signal', 'call' or 'child'), "name", "until" (ms, or
 -- absent)}.
 -- Its owner is woken (a queued message, see token_queued) when the timer is
--- due (examine.lua) or the signal arrives (signal.lua), and its replay then
--- journals the wait's outcome (wait.lua). The run hash's 'waiting' field
+-- due (examine.lua) or the signal arrives (signal.lua), which journal the
+-- wait's outcome as they wake it (end_wait, below), or else its replay does
+-- (wait.lua). The run hash's 'waiting' field
 -- sums the waits up for snapshot.waiting_for: the one due first, a wait
 -- without a time only when none has one.
 local function refresh_waiting(run_key, waits_key)
@@ -974,13 +975,19 @@ local TIMER_FIRED = '{"fired":true}'
 
 -- Whether the op at <at> ("<seq>:<i>") is a wait of identity <ident>, alive
 -- and not ended: one the script that wakes its owner may end itself, as
--- wait.lua would once the owner's replay reached it. What a cut abandoned is
--- left to the replay that reaches that index.
-local function open_wait(journal_key, at, ident)
+-- wait.lua would once the owner's replay reached it. Not so, and left to the
+-- replay that reaches that index, as before: what a cut abandoned, what a
+-- cancelled pass stepped over (step_over.lua: no answer, ever), any wait of
+-- a run asked to cancel (its pass never reaches a wait again), and an entry
+-- that cannot be read (the pass settles the run corrupt; the sweep goes on).
+local function open_wait(run_key, journal_key, at, ident)
+  if redis.call('HGET', run_key, 'cancel') == '1' then return false end
   local seq, index = string.match(at, '^(.*):(%d+)$')
   local entry = seq and redis.call('HGET', journal_key, 'o:' .. at)
-  if not entry or string.sub(entry, string.find(entry, ':', 1, true) + 1) ~= ident then return false end
-  return entry_alive(journal_key, seq, index, entry) and redis.call('HEXISTS', journal_key, 'x:' .. at) == 0
+  if not entry or string.match(entry, '^%d+:(.*)$') ~= ident then return false end
+  if redis.call('HGET', journal_key, 'so:x:' .. at) == entry then return false end
+  local ok, alive = pcall(entry_alive, journal_key, seq, index, entry)
+  return ok and alive and redis.call('HEXISTS', journal_key, 'x:' .. at) == 0
 end
 
 -- A wake that carries its wait's end (a due timer, examine.lua; a signal,
@@ -993,7 +1000,7 @@ local function end_wait(run_key, journal_key, at, outcome, now_arg)
 end
 
 local function fire_timer(run_key, journal_key, history_key, at, due, now_arg)
-  if not open_wait(journal_key, at, 'z|') then return end
+  if not open_wait(run_key, journal_key, at, 'z|') then return end
   end_wait(run_key, journal_key, at, TIMER_FIRED, now_arg)
   record_event(run_key, history_key, 'timer_fired', at, now_arg, cjson.encode({op = at, ['until'] = due}))
 end
@@ -1003,7 +1010,7 @@ end
 -- (taken: wake its owner), false (none left for it: it waits on, unwoken)
 -- or nil (not a wait this script may end: wake its owner, whose replay decides).
 local function signal_wait(run_key, journal_key, signals_key, name, at, now_arg)
-  if not open_wait(journal_key, at, 'g|' .. name) then return nil end
+  if not open_wait(run_key, journal_key, at, 'g|' .. name) then return nil end
   local outcome = take_signal(journal_key, signals_key, name, at)
   if not outcome then return false end
   end_wait(run_key, journal_key, at, outcome, now_arg)

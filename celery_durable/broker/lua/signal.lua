@@ -1,9 +1,8 @@
 -- Delivers a signal to a run: kept in the run's signals hash (in arrival
--- order, whatever the run is doing now), and taken here for the waits of
--- its name, in the order they were registered, as their owners' wait.lua
--- would take it (signal_wait): each wait that takes one ends, and its owner
--- is woken; a wait left with none waits on. A run that can no longer
--- continue refuses it.
+-- order, whatever the run is doing now), and taken here for a wait of its
+-- name (the first the waits hash lists) as that wait's wait.lua would take
+-- it (signal_wait): a wait that takes one ends, and its owner is woken; a
+-- wait left with none waits on. A run that can no longer continue refuses it.
 -- KEYS[1] run hash, KEYS[2] signals, KEYS[3] waits, KEYS[4] live,
 -- KEYS[5] progress stream, KEYS[6] history, KEYS[7] journal
 -- ARGV[1] now (ms), ARGV[2] name, ARGV[3] payload json, ARGV[4] prefix of
