@@ -134,7 +134,7 @@ def unarchived(monkeypatch: pytest.MonkeyPatch) -> Any:
     a worker that died between the settle and the archive leaves them); the
     returned function archives one now, as the settle would have."""
     archive = RunControl.archive_run
-    monkeypatch.setattr(RunControl, "archive_run", lambda self, run_id, source=None, tell=None: None)
+    monkeypatch.setattr(RunControl, "archive_run", lambda self, run_id, read=None: None)
     return lambda env, run_id: archive(env.engine.store, run_id)
 
 

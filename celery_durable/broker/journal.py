@@ -96,7 +96,7 @@ class LastWrites:
     knew_cancel: bool
 
     def argv(self) -> list[Any]:
-        """``finish.lua``'s ARGV from its 13th on."""
+        """``finish.lua``'s ARGV from its 12th on."""
         commit = list(astuple(self.commit)) if self.commit is not None else [""] * 6
         return [int(self.knew_cancel), self.seq, *commit, *self.call.argv()]
 

@@ -145,8 +145,6 @@ class Finish(Request):
     result: str
     message: str
     retention_ms: int
-    read: bool
-    """Answer with what the run's archive is built from, if it settles for good."""
     last: Sequence[Any] = ()
     """A settling pass's writes not made yet (``RunControl.finish``), or nothing."""
 

@@ -68,13 +68,13 @@ class RunControl(RunRecords, FleetLiveness):
         request = request_of.Finish(
             epoch, self.clock(), self.channel(namespace), status, reason, error, can_resume,
             has_result=result_json is not None, result=result_json or "", message=message,
-            retention_ms=self.retention_ms, read=status in ARCHIVABLE, last=last.argv() if last is not None else (),
+            retention_ms=self.retention_ms, last=last.argv() if last is not None else (),
         )
         reply = self.call("finish", self.run_keys(run_id), request)
         finished = parse.finish(reply, run_id)
         if finished is None:
             return False
-        self._settled(run_id, namespace, finished.idempotency_key, watch=watch, archive=finished.archive or False)
+        self._settled(run_id, namespace, finished.idempotency_key, watch=watch, archive=status in ARCHIVABLE)
         if finished.throttled:  # a run that never asked for a slot holds none: no round trip to find that out
             self._gave_up(run_id)
         return True

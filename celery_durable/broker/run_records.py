@@ -7,7 +7,7 @@ Part of ``RunStore`` (a base class of it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ from celery_durable.broker.replies import control as parse_control
 from celery_durable.broker.replies import run as parse
 from celery_durable.broker.replies.control import ArchiveVerdict
 from celery_durable.broker.run_index import First
-from celery_durable.broker.schema.archive import Archive, Archived, ArchiveSource, parse_archive, progress_reply
+from celery_durable.broker.schema.archive import Archive, Archived, build_archive, parse_archive, progress_reply, shape
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageCorruptError, StorageError
@@ -31,10 +31,6 @@ HASHES = ("run", "journal", "steps", "running", "agents", "live", "waits", "sign
 
 NEVER_DECODE = {"NEVER_DECODE": True}
 """redis-py's option for a reply kept as bytes on a decoding client: an archive is zlib."""
-
-
-def _nothing(pipe: Any) -> None:
-    """No writes beside the script (``StoreCore._run_each_with``)."""
 
 
 def read_for_archive(pipe: Any, keys: Any) -> None:
@@ -173,13 +169,7 @@ class RunRecords(IndexReads):
         return self.settings.run_retention_seconds * 1000
 
     def _settled(
-        self,
-        run_id: str,
-        namespace: str,
-        idempotency_key: str,
-        *,
-        watch: bool = False,
-        archive: bool | ArchiveSource = False,
+        self, run_id: str, namespace: str, idempotency_key: str, *, watch: bool = False, archive: bool = False
     ) -> None:
         """After a script settled the run (and started its keys' retention): the
         sweep stops watching it, and knows when it will be gone, to take it
@@ -189,74 +179,59 @@ class RunRecords(IndexReads):
         takes it out of the index. ``watch``: the sweep looks at it once more a
         lease from now (a child whose end its parent must still be told).
         ``archive``: the run settled for good, and is archived
-        (``archive_run``) in the same round trip, from what the settling
-        script read (an ``ArchiveSource``), or (True) from a read first."""
+        (``archive_run``), its keys read in the same round trip."""
         ttl_ms = self.retention_ms
-
-        def tell(pipe: Any) -> None:
-            if watch:
-                pipe.zadd(self.keys.sweep_due, {run_id: self.clock() + self.lease_ms})
-            else:
-                pipe.zrem(self.keys.sweep_due, run_id)
-            if ttl_ms > 0:
-                pipe.zadd(self.keys.sweep_expiring, {f"{namespace} {run_id}": self.clock() + ttl_ms})
-                if idempotency_key:
-                    pipe.pexpire(self.keys.namespace(namespace).idempotency(idempotency_key), ttl_ms)
-
         try:
-            if archive is not False:
-                self.archive_run(run_id, None if archive is True else archive, tell)
-                return
             with storage_errors():
                 pipe = self.client.pipeline(transaction=False)
-                tell(pipe)
-                pipe.execute()
+                if watch:
+                    pipe.zadd(self.keys.sweep_due, {run_id: self.clock() + self.lease_ms})
+                else:
+                    pipe.zrem(self.keys.sweep_due, run_id)
+                told = 1  # the commands the sweep is told by (the async client's pipeline has no len())
+                if ttl_ms > 0:
+                    pipe.zadd(self.keys.sweep_expiring, {f"{namespace} {run_id}": self.clock() + ttl_ms})
+                    told += 1
+                    if idempotency_key:
+                        pipe.pexpire(self.keys.namespace(namespace).idempotency(idempotency_key), ttl_ms)
+                        told += 1
+                if archive:
+                    read_for_archive(pipe, self.run_keys(run_id))
+                replies = pipe.execute(raise_on_error=False)
         except StorageError as exc:  # the settling stands: the sweep, a listing or a reader catches up
-            logger.warning("run %s settled, but the sweep could not be told: %s", run_id, exc)
+            logger.warning("run %s settled, but the sweep could not be told (nor the run archived): %s", run_id, exc)
+            return
+        failed = [reply for reply in replies[:told] if isinstance(reply, Exception)]
+        if failed:
+            logger.warning("run %s settled, but the sweep could not be told: %s", run_id, failed[0])
+        if archive:
+            self.archive_run(run_id, replies[told:])
 
-    def archive_run(
-        self, run_id: str, source: ArchiveSource | None = None, tell: Callable[[Any], None] | None = None
-    ) -> ArchiveVerdict | None:
+    def archive_run(self, run_id: str, read: list[Any] | None = None) -> ArchiveVerdict | None:
         """Fold a run settled for good (completed or cancelled) into its archive
-        (``schema/archive.py``, issue 42): built from ``source``, what the
-        script that settled it read (``finish``), or from its history, steps,
-        progress and journal read now in one round trip; then
+        (``schema/archive.py``, issue 42): its history, steps, progress and
+        journal read in one round trip (``read``: read already, in the settle's
+        own, ``_settled``), the archive built from them, and
         ``archive_run.lua`` keeps it and deletes them if the run is still
-        settled so and they are still what was read, with ``tell``'s writes
-        (``_settled``'s, to the sweep) in the same round trip. Every settle
-        for good comes here (``finish``, and ``cancel`` when it settles the
-        run itself). An optimisation, never the run's fate: a failure to build
-        or keep it is logged (None) and the run stays unarchived, read as
-        before; so does a death in between. ``tell``'s writes are made
-        whatever the archive's fate; a ``StorageError`` of theirs is raised
-        only when there is no archive to keep."""
-        keys = self.run_keys(run_id)
-        args: list[Any] | None = None
+        settled so and they are still what was read. Every settle for good
+        comes here (``finish``, and ``cancel`` when it settles the run itself).
+        An optimisation, never the run's fate: a failure is logged (None) and
+        the run stays unarchived, read as before; so does a death in between."""
         try:
-            if source is None:
+            if read is None:
                 with storage_errors():
                     pipe = self.client.pipeline(transaction=False)
-                    read_for_archive(pipe, keys)
+                    read_for_archive(pipe, self.run_keys(run_id))
                     read = pipe.execute(raise_on_error=False)
-                for reply in read:
-                    if isinstance(reply, Exception):
-                        raise reply
-                source = ArchiveSource.piped(read)
-            args = source.archive_args()
+            for reply in read:
+                if isinstance(reply, Exception):
+                    raise reply
+            history, steps, progress, journal, phases = read
+            blob = build_archive(history, steps, progress, journal)
+            args = [blob, *shape(history, steps, progress, journal, phases)]
+            return parse_control.archive_run(self.call("archive_run", self.run_keys(run_id), args), run_id)
         except Exception as exc:
             logger.warning("run %s settled, but could not be archived (it stays as it is): %s", run_id, exc)
-        if args is None:
-            if tell is not None:
-                with storage_errors():
-                    pipe = self.client.pipeline(transaction=False)
-                    tell(pipe)
-                    pipe.execute()
-            return None
-        try:
-            [reply] = self._run_each_with("archive_run", [(OPS["archive_run"].keys_of(keys), args)], tell or _nothing)
-            return parse_control.archive_run(reply, run_id)
-        except StorageError as exc:  # the script's, or a write's: either way a hint that others catch up on
-            logger.warning("run %s settled, but could not be archived or the sweep told: %s", run_id, exc)
             return None
 
     def _persist_idempotency(self, record: RunRecord) -> None:

@@ -16,9 +16,7 @@ from typing import Any
 
 from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import RunRecord, RunStore, schema
-from celery_durable.broker import ops as request_of
 from celery_durable.broker.journal import BeginCall, Conflict, Flags, LastWrites
-from celery_durable.broker.replies import control as parse_control
 from celery_durable.broker.replies.control import Requested, RequestVerdict
 from celery_durable.broker.replies.fleet import Examined, Liveness
 from celery_durable.broker.replies.run import NotRun, Renewal, TurnStart, TurnVerdict
@@ -231,39 +229,6 @@ def test_finish_journals_the_step_and_the_progress_it_is_given_before_it_settles
     page = store.progress_page(run_id, "", "after", 0, 500)
     assert [r.message for r in page.records][-2:] == ["last words", "Run completed"]
     assert run.record().status == "completed"
-
-
-def test_a_run_finished_for_good_is_archived_from_what_finish_read_and_the_sweep_told_with_it() -> None:
-    """``finish.lua`` answers a run settled for good with the keys its archive
-    is built from, read as it settled; the archive and the sweep's bookkeeping
-    then go in one round trip (``RunRecords._settled``). A run that may be
-    resumed (``error``) is read and archived by no one."""
-    for status, archived in (("completed", True), ("error", False)):
-        run = running()
-        store, run_id = run.store, run.run_id
-        keys = store.run_keys(run_id)
-        journal = store.journal(run_id, 1, "default")
-        journal.begin("m", BeginCall(step_key="only", step_row=RUNNING))
-        journal.record("m", step(0, "only", ok(7)))
-        store.client.zadd(store.keys.sweep_due, {run_id: 1})
-        request = request_of.Finish(
-            1, store.clock(), store.channel("default"), status, "", "", False, False, "", "", 0, True
-        )
-        before = run.state
-        finished = parse_control.finish(store.call("finish", keys, request), run_id)
-        assert finished is not None
-        if not archived:
-            assert finished.archive is None
-            continue
-        assert finished.archive is not None
-        assert finished.archive.steps.keys() == {"only"} and finished.archive.journal == before.journal
-        assert len(finished.archive.history) == store.client.xlen(keys.history) > 0
-        assert len(finished.archive.progress) == store.client.xlen(keys.progress)
-        store._settled(run_id, "default", "", archive=finished.archive)
-        assert store.client.exists(keys.archive) == 1
-        assert store.client.exists(keys.history, keys.steps, keys.progress, keys.journal) == 0
-        assert store.client.zscore(store.keys.sweep_due, run_id) is None
-        assert run.state.journal == before.journal and run.record().status == "completed"
 
 
 def test_halt_stops_a_run_whose_attempt_died() -> None:

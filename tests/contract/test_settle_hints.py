@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from celery_durable.broker import run_records
 from celery_durable.broker.connection import script_source
-from celery_durable.broker.schema.archive import ArchiveSource
 from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageUnavailableError
 from tests.contract.conftest import BackendFactory
@@ -27,15 +27,15 @@ def test_an_archive_that_fails_after_the_settle_is_logged_and_the_run_goes_on(
     run = running()
     store, run_id = run.store, run.run_id
     keys = store.run_keys(run_id)
-    built = ArchiveSource.archive_args
+    built = run_records.build_archive
 
-    def then_corrupted(source: ArchiveSource) -> list[Any]:
-        args = built(source)
+    def then_corrupted(*read: Any) -> bytes:
+        blob = built(*read)
         store.client.delete(keys.steps)
         store.client.set(keys.steps, "not a hash")
-        return args
+        return blob
 
-    monkeypatch.setattr(ArchiveSource, "archive_args", then_corrupted)
+    monkeypatch.setattr(run_records, "build_archive", then_corrupted)
     gave_back: list[str] = []
     monkeypatch.setattr(type(store), "_gave_up", lambda self, settled: gave_back.append(settled))
     store.client.hset(keys.run, "throttled", "1")

@@ -116,8 +116,8 @@ def test_a_request_spreads_into_argv() -> None:
     assert Activate(7, "m-1", 100, lock, ("0", 3)).argv()[-2:] == ["0", 3]
     here = CallDone(7, 100, "k", "o{}", "", "p", ["p-1", lock, "0", 3, "1"]).argv()
     assert here == [7, 100, "k", "o{}", "", "p", "p-1", 30_000, 30_000, "events", "m-2", "0", 3, "1"]
-    finish = Finish(7, 100, "events", "completed", "", "", False, True, "{}", "done", 0, True)
-    assert finish.argv() == [7, 100, "events", "completed", "", "", 0, 1, "{}", "done", 0, 1]
+    finish = Finish(7, 100, "events", "completed", "", "", False, True, "{}", "done", 0)
+    assert finish.argv() == [7, 100, "events", "completed", "", "", 0, 1, "{}", "done", 0]
 
 
 ARCHIVED_ROLES = {"history", "steps", "progress", "journal", "progress_phases", "*"}

@@ -7,32 +7,27 @@
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] events channel, ARGV[4] status,
 -- ARGV[5] reason, ARGV[6] error, ARGV[7] can_resume (0/1),
 -- ARGV[8] has_result (0/1), ARGV[9] result json, ARGV[10] system message,
--- ARGV[11] retention (ms; 0 keeps the run for ever), ARGV[12] 1 to read
--- the keys a run settled for good is archived from (0 not to); then, for a
--- main body's pass that settles with writes it has not made yet (the step it
+-- ARGV[11] retention (ms; 0 keeps the run for ever); then, for a main
+-- body's pass that settles with writes it has not made yet (the step it
 -- held back, its buffered progress: one round trip for both, as
--- commit_begin.lua makes them): ARGV[13] 1/0 whether the settlement knew of
--- a cancel, ARGV[14] the sequence, ARGV[15..20] the step to journal ('' in
--- ARGV[15] for none) as commit_begin.lua's ARGV[5..10], ARGV[21..] the
+-- commit_begin.lua makes them): ARGV[12] 1/0 whether the settlement knew of
+-- a cancel, ARGV[13] the sequence, ARGV[14..19] the step to journal ('' in
+-- ARGV[14] for none) as commit_begin.lua's ARGV[5..10], ARGV[20..] the
 -- records as its ARGV[11..]
 -- Returns {'ok', idempotency key or '', '1' if the run ever asked a throttle
--- for a slot else '0'}, with ARGV[12] and a status of ARCHIVABLE followed by
--- what the archive is built from, read as settled (read_for_archive: the
--- history, steps, progress, journal and phase index; schema/archive.py), so
--- the caller archives the run without reading it again; or {refusal}; with
--- writes, and the run not settled:
+-- for a slot else '0'} or {refusal}; with writes, and the run not settled:
 -- {'cancel'} (a cancel the settlement did not know of: nothing written, the
 -- caller writes as a pass that did not settle, and decides again), or
 -- commit_begin.lua's {'conflict', identity} or {'winner', value}.
-if ARGV[13] then
-  if ARGV[13] == '0' and redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'cancel'} end
-  if ARGV[15] ~= '' then
-    local verdict, detail = commit_call(KEYS[1], KEYS[9], KEYS[3], KEYS[4], ARGV[1], ARGV[14], ARGV[15], ARGV[16],
-                                        ARGV[17], ARGV[18], ARGV[19], ARGV[20], KEYS[8], ARGV[2])
+if ARGV[12] then
+  if ARGV[12] == '0' and redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'cancel'} end
+  if ARGV[14] ~= '' then
+    local verdict, detail = commit_call(KEYS[1], KEYS[9], KEYS[3], KEYS[4], ARGV[1], ARGV[13], ARGV[14], ARGV[15],
+                                        ARGV[16], ARGV[17], ARGV[18], ARGV[19], KEYS[8], ARGV[2])
     if verdict ~= 'ok' then return {verdict, detail} end
   end
-  begin_call(KEYS[1], KEYS[2], KEYS[9], KEYS[4], KEYS[10], ARGV[1], ARGV[2], ARGV[3], ARGV[14], ARGV[21], ARGV[22],
-             ARGV[23], ARGV, 25, tonumber(ARGV[24]), KEYS[8])
+  begin_call(KEYS[1], KEYS[2], KEYS[9], KEYS[4], KEYS[10], ARGV[1], ARGV[2], ARGV[3], ARGV[13], ARGV[20], ARGV[21],
+             ARGV[22], ARGV, 24, tonumber(ARGV[23]), KEYS[8])
 end
 tokens_clear(KEYS[1], KEYS[6], KEYS[7], ARGV[2])
 set_status(KEYS[1], ARGV[4], 'reason', ARGV[5], 'error', ARGV[6],
@@ -63,12 +58,4 @@ announce_status(KEYS[1], ARGV[3])
 -- only then has its caller slots to give back (tasks/throttling.give_back).
 local throttled = (f[1] and f[1] ~= '') and '1' or throttled_flag(f[2])
 if ARGV[4] == 'paused' then return {'ok', '', throttled} end
-local reply = {'ok', retain_run(KEYS[1], ARGV[11], {KEYS[2], KEYS[8]}), throttled}
-if ARGV[12] == '1' and ARCHIVABLE[ARGV[4]] then
-  reply[4] = redis.call('XRANGE', KEYS[8], '-', '+')
-  reply[5] = redis.call('HGETALL', KEYS[3])
-  reply[6] = redis.call('XRANGE', KEYS[2], '-', '+')
-  reply[7] = redis.call('HGETALL', KEYS[9])
-  reply[8] = redis.call('ZRANGE', KEYS[10], 0, -1)
-end
-return reply
+return {'ok', retain_run(KEYS[1], ARGV[11], {KEYS[2], KEYS[8]}), throttled}

@@ -9,7 +9,6 @@ from enum import StrEnum
 from typing import Any
 
 from celery_durable.broker.replies.shape import script, throttled_flag, verdict
-from celery_durable.broker.schema.archive import ArchiveSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,21 +19,17 @@ class Finished:
 
     idempotency_key: str
     throttled: bool
-    archive: ArchiveSource | None = None
-    """What its archive is built from, when asked and the run settled for good."""
 
 
 @script("finish")
 def finish(reply: Any, run_id: str) -> Finished | None:
-    """finish.lua: {'ok', idempotency key or '', '1'/'0' throttled, the five
-    reads an archive is built from when asked for}, or {refusal}, raised;
-    None when it was given a pass's last writes and did not settle
+    """finish.lua: {'ok', idempotency key or '', '1'/'0' throttled}, or {refusal},
+    raised; None when it was given a pass's last writes and did not settle
     ({'cancel'}, {'conflict', identity}, {'winner', value}): the caller
     writes them as a pass that did not settle, and decides again."""
     if verdict(reply, run_id, "ok", "cancel", "conflict", "winner") != "ok":
         return None
-    archive = ArchiveSource.scripted(reply[3:8]) if len(reply) >= 8 else None
-    return Finished(str(reply[1]), throttled_flag(reply[2]), archive)
+    return Finished(str(reply[1]), throttled_flag(reply[2]))
 
 
 @script("resume")

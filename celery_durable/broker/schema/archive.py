@@ -49,7 +49,6 @@ __all__ = [
     "ARCHIVED",
     "ARCHIVE_VERSION",
     "Archive",
-    "ArchiveSource",
     "Archived",
     "StreamEntry",
     "build_archive",
@@ -96,41 +95,6 @@ def _entries(raw: Iterable[Any]) -> list[StreamEntry]:
         flat = [item for pair in fields.items() for item in pair] if isinstance(fields, Mapping) else list(fields)
         out.append((str(entry_id), [str(item) for item in flat]))
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveSource:
-    """What a run's archive is built from, read once it settled for good: by
-    the script that settled it (``finish.lua`` answers with it, so the run is
-    archived without a read of its own) or by a pipeline (``read_for_archive``)."""
-
-    history: list[Any]
-    steps: Mapping[str, str]
-    progress: list[Any]
-    journal: Mapping[str, str]
-    phases: list[str]
-
-    @classmethod
-    def scripted(cls, raw: Sequence[Any]) -> ArchiveSource:
-        """From a script's replies: XRANGE, HGETALL (a flat list), XRANGE,
-        HGETALL, ZRANGE, in that order."""
-        history, steps, progress, journal, phases = raw
-        return cls(list(history), _pairs(steps), list(progress), _pairs(journal), [str(p) for p in phases])
-
-    @classmethod
-    def piped(cls, replies: Sequence[Any]) -> ArchiveSource:
-        """From the replies of a pipeline's ``read_for_archive``, in its order."""
-        history, steps, progress, journal, phases = replies
-        return cls(list(history), dict(steps), list(progress), dict(journal), list(phases))
-
-    def archive_args(self) -> list[Any]:
-        """``archive_run.lua``'s ARGV: the archive, then the shape it was built from."""
-        blob = build_archive(self.history, self.steps, self.progress, self.journal)
-        return [blob, *shape(self.history, self.steps, self.progress, self.journal, self.phases)]
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def build_archive(
