@@ -167,12 +167,7 @@ class Pass:
             return None
         activation, tail = locked
         if isinstance(activation, int):
-            # Another pass holds the lock and was told to run once more. Should
-            # that pass be dead, its lock expires: look again then.
-            engine.send_coordinator(
-                record.run_id, record.epoch, record.workflow, activation / 1000, task_id=resend,
-                namespace=record.namespace,
-            )
+            self._busy(activation, resend, record.namespace)
             return None
         replay = self._replay_to_run(record, peeked, tail)
         if replay is not None:
@@ -204,15 +199,21 @@ class Pass:
                 return None
             return found if found is NotRun.READ else None
         if isinstance(found, int):
-            engine.send_coordinator(
-                message.run_id, message.epoch, message.workflow, found / 1000, task_id=resend, namespace=namespace
-            )
+            self._busy(found, resend, namespace)
             return None
         flags, record, tail = found
         replay = self._replay_to_run(record, None, (MAIN, tail))
         if replay is not None:
             replay.apply_flags(flags)
         return replay
+
+    def _busy(self, wait_ms: int, resend: str, namespace: str) -> None:
+        """Another pass holds the lock and was told to run once more. Should
+        that pass be dead, its lock expires: this message comes back then."""
+        message = self.message
+        self.engine.send_coordinator(
+            message.run_id, message.epoch, message.workflow, wait_ms / 1000, task_id=resend, namespace=namespace
+        )
 
     def _take_lock(
         self, record: RunRecord, resend: str, peeked: ParkedBody | None
