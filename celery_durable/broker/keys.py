@@ -269,22 +269,8 @@ class KeySpace:
 
     def run(self, run_id: str) -> RunKeys:
         base = f"{self.prefix}:{{{run_id}}}"
-        return RunKeys(
-            run=f"{base}:run",
-            journal=f"{base}:journal",
-            progress=f"{base}:progress",
-            progress_phases=f"{base}:progress:phases",
-            steps=f"{base}:steps",
-            running=f"{base}:running",
-            agents=f"{base}:agents",
-            live=f"{base}:live",
-            waits=f"{base}:waits",
-            signals=f"{base}:signals",
-            children=f"{base}:children",
-            history=f"{base}:history",
-            throttles=f"{base}:throttles",
-            archive=f"{base}:archive",
-        )
+        # A field's name is its key's suffix, an underscore standing for a colon.
+        return RunKeys(*(f"{base}:{part.replace('_', ':')}" for part in RunKeys.__dataclass_fields__))
 
     def take_overs(self, namespace: str) -> str:
         return f"{self.prefix}:{{fleet}}:takeovers:{namespace}"
