@@ -23,14 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-HISTORY_FIELDS = {
-    "k": "the event's kind as recorded",
-    "y": "the key it concerns, '' for none",
-    "a": "the run's attempt count then",
-    "t": "ms",
-    "d": "a JSON object's text, or ''",
-}
-
 ROW_KINDS = frozenset(
     {"step_completed", "step_failed", "step_interrupted", "call_sent", "call_completed", "call_failed"}
 )
