@@ -4,13 +4,13 @@
 The reads are split from what is made of them (``celery_durable.client.history``)
 so that a client of another kind (asyncio) runs the same decoding on its
 own I/O: ``read_history``'s row in ``ops.py`` says what to send,
-``parse_page`` what came back.
+``replies.history.read_history`` what came back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.replies import history as parse
@@ -19,26 +19,15 @@ from celery_durable.broker.schema.archive import Archived, history_reply
 from celery_durable.broker.schema.history import StoredEvent
 from celery_durable.broker.store_core import StoreCore
 
-HISTORY_SCRIPT = "read_history"
-VALUE_HASHES = ("journal", "signals")
-"""Where a previewed value lives: a journal field (``v:``, ``a:``, ``i:``) or a
-signal's payload and taker (``p:``, ``k:``)."""
-
-
-def parse_page(reply: Any, run_id: str) -> tuple[int, list[StoredEvent]] | Archived | None:
-    """The run's event count and the events read; None for a run that does
-    not exist; ``Archived`` for a run whose history is in its archive."""
-    return parse.read_history(reply, run_id)
-
 
 def _page(store: StoreCore, run_id: str, mode: str, after: int, count: int) -> tuple[int, list[StoredEvent]] | None:
     """read_history.lua's page; for an archived run, the same page from its
     archive (which never changes, so the count read with it still holds)."""
-    read = parse_page(store.call(HISTORY_SCRIPT, store.run_keys(run_id), [mode, after, count]), run_id)
+    read = parse.read_history(store.call("read_history", store.run_keys(run_id), [mode, after, count]), run_id)
     if not isinstance(read, Archived):
         return read
     archive = read_archive(store, run_id) or EMPTY
-    page = parse_page(history_reply(archive, read.counter, mode, after, count), run_id)
+    page = parse.read_history(history_reply(archive, read.counter, mode, after, count), run_id)
     assert not isinstance(page, Archived)
     return page
 
@@ -55,9 +44,10 @@ def read_tail(store: StoreCore, run_id: str, count: int) -> tuple[int, list[Stor
 
 
 def read_values(store: StoreCore, run_id: str, refs: Sequence[tuple[str, str]]) -> list[str | None]:
-    """The raw values at ``refs``, each (hash, field) with hash one of
-    ``VALUE_HASHES``; an archived run's journal values from its archive, read
-    in the same round trip."""
+    """The raw values at ``refs``, each (hash, field) with hash where a
+    previewed value lives: ``journal`` (a ``v:``, ``a:`` or ``i:`` field) or
+    ``signals`` (a signal's payload and taker, ``p:``, ``k:``); an archived
+    run's journal values from its archive, read in the same round trip."""
     if not refs:
         return []
     k = store.run_keys(run_id)
