@@ -46,8 +46,6 @@ from celery_durable.tasks.app import new_task_id
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
-WORKFLOW_NAME = WORKFLOW_NAME_PATTERN
-"""The names define_workflow accepts: a message naming anything else is forged."""
 logger = logging.getLogger(__name__)
 
 CALL_PATTERN = re.compile(r"m(\.\d{1,9}\.\d{1,9}){0,32}:\d{1,9}")
@@ -80,7 +78,7 @@ def parse_run_message(
         raise BadMessage(f"run_id is not a run id: {run_id!r:.80}")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
         raise BadMessage(f"epoch is not a positive integer: {epoch!r:.80}")
-    if not isinstance(workflow, str) or not WORKFLOW_NAME.fullmatch(workflow):
+    if not isinstance(workflow, str) or not WORKFLOW_NAME_PATTERN.fullmatch(workflow):
         raise BadMessage(f"workflow is not a workflow name: {workflow!r:.80}")
     if namespace is not None and (not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace)):
         raise BadMessage(f"namespace is not a namespace name: {namespace!r:.80}")
