@@ -38,6 +38,7 @@ from kombu.serialization import dumps, loads
 
 from celery_durable import telemetry
 from celery_durable.broker import RunRecord, schema
+from celery_durable.broker.connection import now_ms
 from celery_durable.broker.replies.run import CallDone
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
@@ -96,7 +97,8 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     as when it is called from plain Celery.
     """
     answer = answer_fields(record, request)
-    headers: dict[str, Any] = {CALLED_HEADER: telemetry.called_at()}
+    # When it was published (ms): telemetry.call_answered times its answer from it.
+    headers: dict[str, Any] = {CALLED_HEADER: now_ms()}
     if engine.home is not None:
         headers[HOME_HEADER] = engine.home.name  # where the body waiting for it is kept
     options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json", "headers": headers}

@@ -163,11 +163,6 @@ def inject_headers(headers: dict[str, Any]) -> dict[str, Any]:
     return headers
 
 
-def called_at() -> int:
-    """When a call was published (ms), for its answer's latency."""
-    return int(time.time() * 1000)
-
-
 def sweep_pass(runs: int, seconds: float) -> None:
     found = observer
     if found is not None:
