@@ -22,15 +22,12 @@ from typing import TYPE_CHECKING
 from celery_durable.broker import now_ms
 from celery_durable.broker.fleet_store import TAKE_OVER_WINDOW_MS, TakeOverNote
 from celery_durable.client.fleet_registry import MixedDeploy, mixed_deploys, read_workers
+from celery_durable.workflows.envelope import from_ms
 
 if TYPE_CHECKING:
     from celery_durable.client.client import Client
 
 TAKE_OVERS_SHOWN = 50
-
-
-def _time(ms: int | None) -> datetime | None:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +70,7 @@ class TakeOverRow:
 
     @classmethod
     def of(cls, note: TakeOverNote) -> TakeOverRow:
-        return cls(note.run_id, _time(note.at_ms) or datetime.now(UTC), note.outcome, note.cause, note.epoch)
+        return cls(note.run_id, from_ms(note.at_ms) or datetime.now(UTC), note.outcome, note.cause, note.epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +114,7 @@ def read_fleet(client: Client) -> FleetStatus:
         workers.append(
             WorkerRow(
                 name=name,
-                last_beat=_time(beats[name]) or datetime.now(UTC),
+                last_beat=from_ms(beats[name]) or datetime.now(UTC),
                 alive=now - beats[name] <= lease_ms,
                 held=len(messages),
                 runs=mine,
@@ -140,10 +137,10 @@ def read_fleet(client: Client) -> FleetStatus:
     total, notes = store.take_overs_since(namespace, now - TAKE_OVER_WINDOW_MS, TAKE_OVERS_SHOWN)
     return FleetStatus(
         namespace=namespace,
-        read_at=_time(now) or datetime.now(UTC),
+        read_at=from_ms(now) or datetime.now(UTC),
         workers=workers,
-        queues=[QueueRow(queue, role, depths.get(queue), _time(seen.get(queue))) for role, queue in roles.items()],
-        queues_checked_at=_time(checked),
+        queues=[QueueRow(queue, role, depths.get(queue), from_ms(seen.get(queue))) for role, queue in roles.items()],
+        queues_checked_at=from_ms(checked),
         broker_error=broker_error,
         take_overs_total=total,
         take_overs=[TakeOverRow.of(note) for note in notes],

@@ -10,11 +10,12 @@ import copy
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from celery_durable.workflows import versions as patches
 from celery_durable.workflows.branch_work import LENT
+from celery_durable.workflows.envelope import from_ms
 from celery_durable.workflows.replay import Replay
 from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.saga import Saga
@@ -48,8 +49,7 @@ class WorkflowContext:
     @property
     def scheduled_at(self) -> datetime | None:
         """That tick, an aware UTC datetime, else None: the same on every replay."""
-        at = self._replay.run.scheduled_at
-        return None if at is None else datetime.fromtimestamp(at / 1000, tz=UTC)
+        return from_ms(self._replay.run.scheduled_at)
 
     @property
     def attempt(self) -> int:
