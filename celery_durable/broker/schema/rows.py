@@ -3,21 +3,13 @@ JSON objects the run detail lists; Lua changes only their ``status``."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from celery_durable.broker.schema.outcomes import Outcome, _dumps
 from celery_durable.errors import StorageCorruptError
-
-if TYPE_CHECKING:
-    from celery_durable.broker.schema.outcomes import Outcome
-
-_dumps = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-"""Compact, exact JSON, as ``workflows.jsonvalue.dumps`` writes it; values
-reach this module already checked and plain (no ``JSON_NULL``)."""
-
 
 STEP_STATUSES = frozenset({"running", "completed", "failed", "interrupted"})
 
