@@ -157,6 +157,10 @@ class Engine:
     send_coordinator = _publishes(coordinator_message)
     send_agent = _publishes(agent_message)
 
+    def wake_main(self, record: RunRecord, task_id: str) -> None:
+        """Send the run's main body the wake a script counted in flight as ``task_id``."""
+        self.send_coordinator(record.run_id, record.epoch, record.workflow, task_id=task_id, namespace=record.namespace)
+
     def send_branches(
         self,
         run_id: str,

@@ -11,6 +11,7 @@ turn's usage, and wakes every sequence that waits for it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -108,11 +109,7 @@ def run_agent_task(
             return
         record, request_json = started
         attempt = AgentAttempt(record, record.epoch)
-        def wake_coordinator(task_id: str) -> None:
-            engine.send_coordinator(
-                record.run_id, record.epoch, record.workflow, task_id=task_id, namespace=record.namespace
-            )
-
+        wake_coordinator = functools.partial(engine.wake_main, record)
         with Heartbeat(engine.store, attempt, token=token, interval=engine.heartbeat_interval, wake=wake_coordinator):
             begun, clock = engine.store.now_ms(), time.monotonic()
             request = json.loads(request_json)

@@ -11,6 +11,7 @@ first, in one round trip.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -92,10 +93,7 @@ def _branches(engine: Engine, message: RunMessage, call_id: str, indices: tuple[
 
     run_journal = store.journal(record.run_id, record.epoch, record.namespace)
 
-    def wake(task_id: str) -> None:
-        engine.send_coordinator(
-            record.run_id, record.epoch, record.workflow, task_id=task_id, namespace=record.namespace
-        )
+    wake = functools.partial(engine.wake_main, record)
 
     def hand_off(branches: list[int], tasks: int) -> bool:
         if store.steps_queue_busy():
@@ -189,6 +187,4 @@ def _end_quietly(engine: Engine, record: RunRecord, token: str) -> None:
     wake = new_task_id()
     with contextlib.suppress(StorageError):
         if engine.store.task_end(record.run_id, record.epoch, token, wake):
-            engine.send_coordinator(
-                record.run_id, record.epoch, record.workflow, task_id=wake, namespace=record.namespace
-            )
+            engine.wake_main(record, wake)
