@@ -278,6 +278,27 @@ def test_user_tasks_keep_celerys_defaults_and_their_results_on_both_apps(setting
     assert app.tasks["gpu.add"].delay(2, 2).get(timeout=TIMEOUT) == 4, "on the plain worker, through its backend"
 
 
+def test_a_call_without_queue_goes_where_the_tasks_own_routing_says(settings: Settings) -> None:
+    """SPEC §5a: ``queue=`` wins; else the task's own routing applies, its
+    ``queue`` option included (not only ``task_routes``). Sent with an
+    explicit ``queue=None``, Celery let that None override the task's own
+    queue and routed the call to the default queue, which nobody serves here."""
+    own_queue = f"{settings.key_prefix}.own"
+
+    def run(ctx: WorkflowContext) -> Any:
+        return ctx.call("t", "user.tagged", args=(4,))
+
+    own = Engine([wf("tagged", run)], settings)
+
+    @own.celery.task(name="user.tagged", queue=own_queue, shared=False)
+    def tagged(x: int) -> int:
+        return x * 3
+
+    with worker_thread(own, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue, own_queue]):
+        envelope = own.client().run_workflow("tagged", timeout=TIMEOUT)
+    assert (envelope.status, envelope.result) == ("completed", 12), envelope.error
+
+
 def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Settings, gpu: Gpu, caplog) -> None:
     app = make_app(settings.redis_url, gpu.queue, accept_pickle=True)  # and early acks, prefetch 4
     app.conf.worker_hijack_root_logger = False  # the test reads the worker's log through pytest

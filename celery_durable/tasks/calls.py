@@ -109,7 +109,9 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         args=request.args,
         kwargs=request.kwargs,
         task_id=request.task_id,
-        queue=request.queue,
+        # No queue given: none passed, so the task's own routing applies, its
+        # own ``queue`` option included (an explicit None would override it).
+        **({"queue": request.queue} if request.queue is not None else {}),
         link=link,
         link_error=link_error,
         serializer="json",
