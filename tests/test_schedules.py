@@ -290,6 +290,28 @@ def test_a_trigger_buffered_behind_a_live_run_starts_once_that_run_settles(env: 
     assert actions(env.client.get_schedule("s")) == ["started", "buffered", "skipped", "started"]
 
 
+def test_a_paused_schedule_with_a_buffered_trigger_fires_only_that_tick(env: WorkflowTestEnvironment) -> None:
+    """SPEC §5d: a paused schedule fires nothing, and trigger works on it too.
+    The sweep looks at a paused schedule only for the tick a trigger buffered;
+    it used to fire the calendar's ticks as well, every 10 s while paused."""
+    env.client.create_schedule("s", "held", every=10, overlap="buffer_one")
+    first = env.client.trigger_schedule("s")
+    assert first is not None
+    env._fleet.runs.append(first)
+    env._fleet.drive()
+    env.client.pause_schedule("s")
+    buffered = env.client.trigger_schedule("s")
+    assert buffered is not None
+    assert env.signal(first, "stop", 1).status == "completed"
+    step(env, 45)  # four of the calendar's ticks pass, paused
+    assert [run.run_id for run in runs(env, "s")] == [first, buffered]
+    assert env.signal(buffered, "stop", 1).status == "completed"
+    step(env, 25)
+    assert [run.run_id for run in runs(env, "s")] == [first, buffered]
+    assert actions(env.client.get_schedule("s")) == ["started", "buffered", "started"]
+    assert env.client.get_schedule("s").paused
+
+
 def test_backfill_starts_each_tick_of_the_range_once(env: WorkflowTestEnvironment) -> None:
     info = env.client.create_schedule("s", "stamp", cron="0 * * * *")
     start = info.created_at.replace(minute=0, second=0, microsecond=0, tzinfo=None) - timedelta(hours=5)

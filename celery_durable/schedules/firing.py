@@ -299,11 +299,13 @@ class Firing:
             self.start(tick_ms)
 
     def fire_due(self, seen_ms: int) -> TickRecord:
-        """The sweep's fire: the buffered tick, missed ticks, then the due ones in order."""
+        """The sweep's fire: the buffered tick, missed ticks, then the due ones
+        in order. A paused schedule is here only for a tick a trigger buffered
+        (``record_as_is``): that one starts, its calendar fires nothing."""
         stored = self.stored
         self.release_buffered()
         next_ms = stored.next_ms
-        if next_ms is not None and next_ms <= self.now_ms:
+        if not stored.paused and next_ms is not None and next_ms <= self.now_ms:
             due = due_ticks(stored.calendar, next_ms, min(seen_ms, self.now_ms), self.now_ms, stored.catchup_ms)
             for tick_ms in due.missed:
                 self.note(tick_ms, "missed")
