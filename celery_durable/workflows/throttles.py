@@ -82,6 +82,9 @@ class ThrottleOps:
         verdict = port.acquire(epoch, op, name, key)
         if verdict == "unknown":
             replay.system(f"Throttle {name!r} does not exist: {what} runs unthrottled")
+            # Written now: an agent turn or a child suspends the pass before any
+            # write would take it along, and its replay never comes back here.
+            replay.flush(cursor)
             port.done(epoch, op, name)
             return None
         if verdict == "queued" and not port.wait(epoch, op, cursor.owner, name):

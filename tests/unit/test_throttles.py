@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from celery_durable import ThrottleNotFoundError, WorkflowContext, workflow
+from celery_durable import FunctionRunner, ThrottleNotFoundError, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
 
 THROTTLED = {"kind": "throttle", "name": "t", "until": None}
@@ -154,12 +154,36 @@ def test_a_throttle_deleted_under_waiters_lets_them_go_unthrottled() -> None:
     assert (env.get(y).status, env.get(y).result) == ("completed", 3)
 
 
+@workflow(name="asks-ghost", description="An agent turn under a throttle that does not exist", phases=[])
+def asks_ghost(ctx: WorkflowContext) -> Any:
+    return ctx.agent("hi", label="x", throttle="ghost")
+
+
+@workflow(name="kid", description="A child", phases=[])
+def kid(ctx: WorkflowContext) -> Any:
+    return 7
+
+
+@workflow(name="raises-ghost", description="A child under a throttle that does not exist", phases=[])
+def raises_ghost(ctx: WorkflowContext) -> Any:
+    return ctx.child("k", "kid", throttle="ghost")
+
+
 def test_an_op_naming_an_unknown_throttle_runs_unthrottled_and_says_so() -> None:
-    env = WorkflowTestEnvironment([calls_api])
-    done = env.run(calls_api, args={"n": 4})
-    assert (done.status, done.result) == ("completed", 4)
-    messages = [r.message for r in env.progress(done.run_id).records]
-    assert "Throttle 'api' does not exist: step 'call-api' runs unthrottled" in messages
+    """SPEC §5e: each of the four, once. An agent turn or a child suspends the
+    pass right after the gate, and lost the record before it was written."""
+    env = WorkflowTestEnvironment(
+        [calls_api, asks_ghost, kid, raises_ghost], agent_runner=FunctionRunner(default=lambda request: "ok")
+    )
+    for workflow_, args, result, said in [
+        (calls_api, {"n": 4}, 4, "Throttle 'api' does not exist: step 'call-api' runs unthrottled"),
+        (asks_ghost, None, "ok", "Throttle 'ghost' does not exist: agent turn"),
+        (raises_ghost, None, 7, "Throttle 'ghost' does not exist: child 'k' runs unthrottled"),
+    ]:
+        done = env.run(workflow_, args=args)
+        assert (done.status, done.result) == ("completed", result)
+        messages = [r.message for r in env.progress(done.run_id).records if r.kind == "system"]
+        assert len([m for m in messages if m.startswith(said)]) == 1, (workflow_.name, messages)
 
 
 def history(env: WorkflowTestEnvironment, run_id: str) -> list[tuple[str, str | None, dict[str, Any]]]:
