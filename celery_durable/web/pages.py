@@ -9,6 +9,7 @@ data. Every blocking read runs in one thread-pool call per request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from markupsafe import Markup
@@ -19,7 +20,7 @@ from starlette.routing import Route
 
 from celery_durable import Client, ProgressPage, RunDetail, RunPage
 from celery_durable.client import history
-from celery_durable.client.history import HistoryTail
+from celery_durable.client.history import HistoryEvent, HistoryTail
 from celery_durable.client.listing import ANY_WAIT
 from celery_durable.web import search
 from celery_durable.web.context import WebContext, web
@@ -80,6 +81,8 @@ class RunView:
     timeline: Markup
     inputs: dict[str, str]
     """A preview of each call's inputs, by key (``history.call_inputs``)."""
+    waiting_since: datetime | None
+    """When the wait ``snapshot.waiting_for`` names began (``_waiting_since``)."""
 
     def live(self) -> dict[str, Any]:
         """What ``run_live.html`` shows, on the page and in each live fragment."""
@@ -89,6 +92,7 @@ class RunView:
             "story": self.story,
             "timeline": self.timeline,
             "inputs": self.inputs,
+            "waiting_since": self.waiting_since,
         }
 
 
@@ -107,7 +111,19 @@ def _read_run(client: Client, run_id: str, *, before_seq: int | None, with_progr
     story = history.newest(store, detail.run.run_id, HISTORY_ON_PAGE)
     every = history.newest(store, detail.run.run_id, TIMELINE_EVENTS, previews=False).events
     inputs = history.call_inputs(store, detail.run.run_id, [step.key for step in detail.steps if step.task is not None])
-    return RunView(detail, progress, story, timeline_svg(detail, every), inputs)
+    since = _waiting_since(detail.run.snapshot.get("waiting_for"), every)
+    return RunView(detail, progress, story, timeline_svg(detail, every), inputs, since)
+
+
+def _waiting_since(waiting_for: dict[str, Any] | None, events: list[HistoryEvent]) -> datetime | None:
+    """When the run began the wait its snapshot names (SPEC §13: what it waits
+    for and since when): the newest ``wait_started`` of that kind and name,
+    else of that kind (one of several children); None past the events read."""
+    if not waiting_for:
+        return None
+    started = [e for e in events if e.kind == "wait_started" and e.data.get("kind") == waiting_for.get("kind")]
+    named = [e for e in started if e.data.get("name") == waiting_for.get("name")] or started
+    return max(named, key=lambda event: event.seq).at if named else None
 
 
 TIMELINE_EVENTS = 2000

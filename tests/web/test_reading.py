@@ -44,6 +44,10 @@ def visible(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body))
 
 
+SINCE = r" since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+"""How the waiting line ends: when the wait began (SPEC §13)."""
+
+
 def waiting_line(html: str) -> str:
     found = re.search(r'<p id="waiting"[^>]*>(.*?)</p>', html, flags=re.S)
     assert found, "the page says what the run waits for"
@@ -69,7 +73,21 @@ def test_a_run_waiting_for_three_children_says_three() -> None:
         env.signal(child.run_id, "go", 1)
     assert env.get(run_id).status == "running"
     line = waiting_line(page(env, run_id))
-    assert line == f"Waiting for the child run {children[2].run_id} · open it", line
+    assert re.fullmatch(f"Waiting for the child run {children[2].run_id}{SINCE} · open it", line), line
+
+
+def test_a_waiting_run_says_since_when_it_waits() -> None:
+    """SPEC §13: for a run that waits, what it waits for and since when: the
+    time of the wait's ``wait_started`` event, once more after a second wait."""
+    env = WorkflowTestEnvironment([metered])
+    run_id = env.start(metered)
+    started = [e for e in env.client.get_workflow_run_history(run_id).events if e.kind == "wait_started"]
+    assert len(started) == 1
+    html = page(env, run_id)
+    assert waiting_line(html) == f"Waiting for the signal go since {started[0].at:%Y-%m-%d %H:%M:%S} UTC"
+    assert f'<time id="waiting-since" datetime="{started[0].at.isoformat()}">' in html
+    env.signal(run_id, "go", 1)
+    assert "waiting-since" not in page(env, run_id), "a settled run waits for nothing"
 
 
 def test_times_read_as_the_other_times_and_events_are_numbered_for_a_reader() -> None:
@@ -79,7 +97,7 @@ def test_times_read_as_the_other_times_and_events_are_numbered_for_a_reader() ->
     due = env.get(run_id).snapshot["waiting_for"]["until"]
     assert RAW_ISO.match(str(due)), "the snapshot keeps ISO 8601 for scripts"
     line = waiting_line(html)
-    assert re.fullmatch(r"Waiting for a timer \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", line), line
+    assert re.fullmatch(r"Waiting for a timer \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)" + SINCE, line), line
     assert not RAW_ISO.search(visible(html)), RAW_ISO.search(visible(html))
     header = re.search(r"<thead><tr>(.*?)</tr></thead>", html.split('id="history"', 1)[1], flags=re.S)
     assert header and visible(header[1]).split()[0] == "#" and "Seq" not in header[1]
@@ -106,4 +124,4 @@ def test_a_run_waiting_for_a_throttle_names_it() -> None:
     env.client.set_throttle("api", concurrency=1)
     env.start(metered, throttle="api")
     waiter = env.start(metered, throttle="api")
-    assert waiting_line(page(env, waiter)) == "Waiting for a slot of the throttle api"
+    assert re.fullmatch("Waiting for a slot of the throttle api" + SINCE, waiting_line(page(env, waiter)))
