@@ -84,7 +84,6 @@ def check_exposure(host: str, credential: Credential | None) -> None:
 # (which does the check, in app.py) compares names as text, so the names it
 # is given must already be in the form a Host header has; and nothing in
 # Starlette or uvicorn derives them from the address a server is bound to.
-EVERY_INTERFACE = frozenset({"0.0.0.0", "[::]"})
 HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?\.?")
 
 
@@ -109,15 +108,15 @@ def host_name(text: str, *, what: str = "an allowed host") -> str:
 def served_hosts(bound: str, allowed: Iterable[str] = ()) -> list[str]:
     """The ``Host`` names a server bound to ``bound`` answers.
 
-    The loopback names when bound to loopback, else the bound name; and each
-    ``allowed`` name either way (a reverse proxy on the same machine that
-    keeps the public name in ``Host`` needs one). Bound to every interface
-    (``0.0.0.0``, ``::``) the server listens on loopback too, so the
-    loopback names are served as well: no site can rebind a name to them.
+    The loopback names when bound to loopback, else the bound name, as SPEC
+    §13 has it (bound to every interface too: there a browser on the
+    machine itself needs ``localhost`` allowed); and each ``allowed`` name
+    either way (a reverse proxy on the same machine that keeps the public
+    name in ``Host`` needs one).
     """
     own = host_name(bound, what="--host")
     names = [own]
-    if is_loopback(bound) or own in EVERY_INTERFACE:
+    if is_loopback(bound):
         names += LOOPBACK_NAMES
     names += (host_name(name, what="--allowed-host") for name in allowed)
     return list(dict.fromkeys(names))

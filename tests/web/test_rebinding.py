@@ -137,10 +137,9 @@ def test_the_names_served_follow_the_bound_address_and_the_allowed_hosts() -> No
     assert served_hosts("Ops.Example.com", ["ops", "2001:DB8::1", "[2001:db8::2]"]) == [
         "ops.example.com", "ops", "[2001:db8::1]", "[2001:db8::2]",
     ]
-    # Every interface includes loopback, and no site can rebind a name to a loopback name.
-    assert served_hosts("0.0.0.0", ["ops.example.com"]) == [
-        "0.0.0.0", "localhost", "127.0.0.1", "[::1]", "ops.example.com",
-    ]
+    # Every interface is "else" too (SPEC §13): the loopback names only when allowed, as any other.
+    assert served_hosts("0.0.0.0", ["ops.example.com"]) == ["0.0.0.0", "ops.example.com"]
+    assert served_hosts("::", ["localhost"]) == ["[::]", "localhost"]
     for bad in ("*", "*.example.com", "ops.example.com:8080", "[::1]:8080", "ops/x", "a b", ""):
         with pytest.raises(ValueError, match="must be a host name or an address, without a port or"):
             served_hosts("127.0.0.1", [bad])
