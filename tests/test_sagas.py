@@ -250,6 +250,45 @@ def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_
     assert step_status(d.client, run_id)["undo-a"] == "completed"
 
 
+def test_a_crash_while_compensating_keeps_the_failure_it_undoes_though_the_step_would_pass_now(
+    durable, raw_redis
+) -> None:
+    """SPEC §5c against §4: a failure is run again by a later attempt, unless
+    its attempt began compensating it. Run again and passing, the step used to
+    end the saga well: the journaled undo cut away, the rest never run, and
+    the run completed with its bookings undone."""
+
+    def flaky(rid: str) -> str:
+        did(rid, "fail")
+        if COUNTS[f"{rid}:fail"] == 1:
+            raise RuntimeError("original")
+        return "passed"
+
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as saga:
+            saga.compensate("undo-a", lambda: (gate(rid).wait(TIMEOUT), did(rid, "undo-a"))[1])
+            saga.compensate("undo-b", lambda: did(rid, "undo-b"))
+            ctx.step("fail", lambda: flaky(rid))
+        return "paid"
+
+    d = durable([wf("crashy-flaky", run)], lease_seconds=2)
+    run_id = d.client.start_workflow("crashy-flaky")
+    poll(
+        lambda: step_status(d.client, run_id).get("undo-a") == "running",
+        within=RUN_BOUND,
+        what="the second compensation",
+    )
+    kill_attempt(raw_redis, d.engine, run_id)
+    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, within=RUN_BOUND, what="the take-over")
+    gate(run_id).set()
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.error) == ("error", "StepFailed: step 'fail' raised RuntimeError: original")
+    assert COUNTS[f"{run_id}:fail"] == 1, "the failure the saga undid is not run again"
+    assert COUNTS[f"{run_id}:undo-b"] == 1
+    assert step_status(d.client, run_id)["undo-a"] == "completed"
+
+
 def test_a_ceiling_reached_runs_nothing_in_that_attempt_and_the_next_compensates_there(durable) -> None:
     def run(ctx: WorkflowContext) -> Any:
         rid = ctx.run_id

@@ -60,6 +60,9 @@ class Cursor:
     compensating: int = 0
     """Sagas of this sequence running their compensations now: their steps
     run though the run is cancelled (``workflows/saga.py``)."""
+    undo: list[str] = field(default_factory=list)
+    """The step identities of the compensations this sequence's open sagas
+    registered so far (``compensated_after``)."""
     patches: dict[str, bool] | None = None
     """The answers ``ctx.patched`` gave in this sequence, by patch id: the
     first answer for an id holds for the rest of it (``versions.py``)."""
@@ -113,6 +116,14 @@ class Cursor:
             except StorageCorruptError:
                 return False
         return True
+
+    def compensated_after(self) -> bool:
+        """Whether the journal holds, after the op here, a compensation of an
+        open saga of this sequence: the attempt that saw this op fail began
+        undoing the block, so its failure stands in every attempt after it
+        (SPEC §5c: a crash while compensating resumes the remaining
+        compensations), where another failure is run again (SPEC §4)."""
+        return bool(self.undo) and any(identity in self.undo for identity, _ in self.history[self.index + 1 :])
 
     def cut_here(self) -> str:
         """The op at the cursor re-runs an older attempt's failure: what that

@@ -242,15 +242,16 @@ class Replay(StopState):
     def recall(self, cursor: Cursor, identity: str, what: str, *, answered_elsewhere: bool = False) -> Recalled:
         """``expect`` for an op that runs again after an older attempt's failure.
 
-        A live outcome is the op's (the cursor moves past it). A failure is
-        cut here when this execution writes; one that only replays cannot run
-        the op again, nor wait for one another task answers
-        (``answered_elsewhere``): it is older than the run's history.
+        A live outcome is the op's (the cursor moves past it), and so is a
+        failure a saga began to compensate (``Cursor.compensated_after``). Any
+        other failure is cut here when this execution writes; one that only
+        replays cannot run the op again, nor wait for one another task
+        answers (``answered_elsewhere``): it is older than the run's history.
         """
         journaled, raw = self.expect(cursor, identity)
         if raw is not None:
             outcome = self.decode(raw)
-            if outcome.is_live(self.epoch):
+            if outcome.is_live(self.epoch) or cursor.compensated_after():
                 self.flush(cursor)
                 cursor.advance()
                 return Recalled(True, outcome)
@@ -437,7 +438,11 @@ class Replay(StopState):
         held-back value is what the journal will say. So do branches run one
         after another in one thread (``cursor.completions``), whose last step
         goes with the branch's outcome: there another execution may journal
-        the key first, and the branch runs again (``BranchRerun``)."""
+        the key first, and the branch runs again (``BranchRerun``).
+        A compensation is never held: journaled before the next one runs, it
+        is what keeps the failure it undoes standing (``Cursor.compensated_after``)."""
+        if cursor.compensating:
+            return False
         return cursor.completions is not None or (cursor.is_main and self.mode is Mode.PASS)
 
     def commit(self, cursor: Cursor, commit: PendingCommit) -> str | None:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.broker.schema import Identity
 from celery_durable.errors import (
     EXECUTION_LOST,
     CompensationFailed,
@@ -45,6 +46,7 @@ from celery_durable.errors import (
 from celery_durable.workflows.cursor import MAX_KEY_LENGTH
 
 if TYPE_CHECKING:
+    from celery_durable.workflows.cursor import Cursor
     from celery_durable.workflows.replay import Replay
 
 NOT_COMPENSATED: tuple[type[Exception], ...] = (*EXECUTION_LOST, WorkflowLimitReached, NonDeterminismError)
@@ -57,6 +59,8 @@ class Saga:
     def __init__(self, replay: Callable[[], Replay]) -> None:
         self._replay = replay
         self._undo: list[tuple[str, Callable[[], Any]]] = []
+        self._cursor: Cursor | None = None
+        """The sequence whose ops the undos follow, which knows their identities (``Cursor.undo``)."""
 
     def compensate(self, key: str, producer: Callable[[], Any]) -> None:
         """Register ``producer`` to undo what the block did so far, as a step
@@ -69,7 +73,9 @@ class Saga:
             raise ValueError(f"Compensation {key!r} producer must be callable, got {type(producer).__name__}")
         self._undo.append((key, producer))
         replay = self._replay()
-        replay.mark_compensable(replay.current())
+        self._cursor = replay.current()
+        self._cursor.undo.append(Identity.step(key))
+        replay.mark_compensable(self._cursor)
 
     def __enter__(self) -> Saga:
         return self
@@ -78,6 +84,9 @@ class Saga:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         undo, self._undo = self._undo, []
+        if self._cursor is not None:
+            for key, _ in undo:
+                self._cursor.undo.remove(Identity.step(key))
         if exc is None or not undo or not isinstance(exc, Exception):
             return  # a normal exit, nothing registered, or the engine's own way out
         replay = self._replay()
