@@ -325,13 +325,16 @@ def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Se
 
 
 def test_two_engines_on_one_broker_stay_apart(redis_server: Any, tmp_path: Path) -> None:
-    """Two key prefixes, queue names left to their defaults: each engine's
+    """Two key prefixes, each with its own queue names (README): each engine's
     worker takes its own runs' messages only, and both finish."""
     from tests.support.apps.basic import fan
     from tests.support.fleet import WorkerProcess
 
-    settings = [Settings(redis_url=redis_server.url, key_prefix=f"two{n}x{os.getpid()}") for n in (1, 2)]
-    assert settings[0].steps_queue == f"durable.two1x{os.getpid()}.steps" != settings[1].steps_queue
+    def apart(prefix: str) -> Settings:
+        queues = {f"{kind}_queue": f"durable.{prefix}.{kind}" for kind in ("coordinator", "steps", "agents")}
+        return Settings(redis_url=redis_server.url, key_prefix=prefix, **queues)
+
+    settings = [apart(f"two{n}x{os.getpid()}") for n in (1, 2)]
     workers = [
         WorkerProcess(s, "tests.support.apps.basic:engine", log_dir=tmp_path, name=f"engine{n}").start()
         for n, s in enumerate(settings)

@@ -186,15 +186,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _queues_distinct(self) -> Settings:
-        # Queue names follow the key prefix, so two engines on one broker
-        # (two CELERY_DURABLE_KEY_PREFIX values) never take each other's
-        # messages: "durable.steps" for the default prefix, "durable.<prefix>.steps"
-        # for any other. A name set explicitly wins.
-        if self.key_prefix != DEFAULT_KEY_PREFIX:
-            for field in ("coordinator_queue", "steps_queue", "agents_queue"):
-                if field not in self.model_fields_set:
-                    kind = str(getattr(self, field)).rpartition(".")[2]
-                    object.__setattr__(self, field, f"durable.{self.key_prefix}.{kind}")
         queues = {self.coordinator_queue, self.steps_queue, self.agents_queue}
         if len(queues) != 3:
             raise ValueError("coordinator_queue, steps_queue and agents_queue must differ")

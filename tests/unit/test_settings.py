@@ -36,8 +36,12 @@ def test_a_cluster_journal_needs_a_broker_of_its_own() -> None:
     assert settings.effective_broker_url == "redis://single:6379/0"
 
 
-def test_queue_names_follow_the_key_prefix_unless_set() -> None:
-    assert Settings(key_prefix="billing").steps_queue == "durable.billing.steps"
+def test_queue_names_are_the_specs_defaults_whatever_the_key_prefix() -> None:
+    """SPEC §10: defaults durable.coordinator, durable.steps, durable.agents."""
+    for settings in (Settings(), Settings(key_prefix="billing")):
+        assert (settings.coordinator_queue, settings.steps_queue, settings.agents_queue) == (
+            "durable.coordinator", "durable.steps", "durable.agents",
+        )
     assert Settings(key_prefix="billing", steps_queue="mine").steps_queue == "mine"
     with pytest.raises(ValidationError, match="must differ"):
         Settings(steps_queue="same", agents_queue="same")
