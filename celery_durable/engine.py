@@ -21,7 +21,7 @@ from celery_durable.client.fleet_registry import ServedWatch
 from celery_durable.config import Settings
 from celery_durable.errors import DurableError
 from celery_durable.tasks import throttling
-from celery_durable.tasks.app import build_celery_app, new_task_id
+from celery_durable.tasks.app import COORDINATOR_TASK, build_celery_app, new_task_id
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.home import HomeWakes
 from celery_durable.tasks.home import install as install_home
@@ -190,14 +190,19 @@ class Engine:
         each run now: a message counted and never sent would keep the run
         looking alive, or get it taken over while healthy; forgotten, a run
         left with nothing to move it is taken over, and its new attempt finds
-        in the journal whatever the lost message was to wake it for.
+        in the journal whatever the lost message was to wake it for. With
+        ``auto_recover`` off no attempt would take it over: a coordinator
+        message stays counted, as a caller that died before its publish
+        leaves it, and the sweep sends it again at the same epoch once its
+        queue is found empty (``examine.lua``).
         """
         try:
             self.sender.send(messages)
         except Exception:
             by_run: dict[tuple[str, int], list[str]] = {}
             for m in messages:
-                by_run.setdefault((m.kwargs["run_id"], m.kwargs["epoch"]), []).append(m.task_id)
+                kept = not self.settings.auto_recover and m.task == COORDINATOR_TASK
+                by_run.setdefault((m.kwargs["run_id"], m.kwargs["epoch"]), []).extend([] if kept else [m.task_id])
             for (run_id, epoch), task_ids in by_run.items():
                 try:
                     self.store.journal(run_id, epoch, self.settings.namespace).unsent(task_ids)

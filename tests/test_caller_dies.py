@@ -21,6 +21,10 @@ import pytest
 from celery_durable import Settings
 from celery_durable.broker.ops import SCRIPT_NAMES, WAKING_SCRIPTS
 from celery_durable.broker.store_core import LOOK_FIRST, WATCHED_CALLERS
+from celery_durable.errors import StorageUnavailableError
+from celery_durable.testing.crash import SimulatedCrash
+from celery_durable.testing.explorer import ExplorerEnvironment
+from celery_durable.testing.tracer import Tracer
 from tests.conftest import DurableFactory
 from tests.support.apps.waits import await_signal
 from tests.support.waits import waiting_for_the_signal
@@ -81,6 +85,46 @@ def test_a_run_whose_caller_dies_at_the_publish_goes_on_by_itself(durable: Durab
     else:
         assert done.status == "cancelled"
     assert done.attempt == 2, "taken over by the sweep, which found the counted message gone"
+
+
+@pytest.mark.parametrize("lost", ["caller dies", "broker refuses"])
+@pytest.mark.parametrize("request_kind", ["signal", "cancel", "pause"])
+def test_without_auto_recovery_a_lost_request_wake_is_sent_again_and_the_run_is_not_halted(
+    monkeypatch: pytest.MonkeyPatch, request_kind: str, lost: str
+) -> None:
+    """With auto_recover off, a healthy run whose request's wake never reached
+    the broker is no attempt that died (SPEC §8): the sweep sends the main
+    body's wake again at the same epoch, and the run still receives the request
+    within a few leases (SPEC §3), never halted. In-process, on the explorer's
+    virtual clock, with the real sweep and scripts."""
+    monkeypatch.setenv("CELERY_DURABLE_AUTO_RECOVER", "false")
+    env = ExplorerEnvironment([await_signal], Tracer())
+    assert env.settings.auto_recover is False
+    run_id = env.client.start_workflow(await_signal)
+    assert env.recover(lambda: env.waits_for_signal(run_id)) and env.status(run_id) == "running"
+
+    def publish(_messages: object) -> None:
+        raise SimulatedCrash() if lost == "caller dies" else OSError("the broker refuses")
+
+    monkeypatch.setattr(env.engine.sender, "send", publish)
+    with pytest.raises(SimulatedCrash if lost == "caller dies" else StorageUnavailableError):
+        if request_kind == "signal":
+            env.client.signal_workflow_run(run_id, "go", {"by": "ops"})
+        elif request_kind == "cancel":
+            env.client.cancel_workflow_run(run_id, timeout=1)
+        else:
+            env.client.pause_workflow_run(run_id, timeout=1)
+    monkeypatch.undo()  # the broker is back; nobody sends the request again
+
+    # A look within a lease finds the counted wake gone from its queue, five seconds later lost.
+    assert env.recover(lambda: env.settled(run_id), leases=2), env.status(run_id)
+    done = env.client.get_workflow_run(run_id)
+    expected = {"signal": "completed", "cancel": "cancelled", "pause": "paused"}[request_kind]
+    assert (done.status, done.attempt) == (expected, 1), (done.status, done.error)
+    if request_kind == "signal":
+        assert done.result == {"before": "journaled", "payload": {"by": "ops"}}
+    system = [r.message for r in env.client.get_workflow_run_progress(run_id).records if r.kind == "system"]
+    assert not [m for m in system if "halted" in m or "recovered" in m], system
 
 
 def waiting_for_the_signal_go(d: object, run_id: str) -> None:

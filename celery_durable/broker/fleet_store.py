@@ -77,15 +77,18 @@ class FleetLiveness(StoreCore):
         return parse.examine(self.call("examine", self.run_keys(run_id), args), run_id)
 
     def examine_each(
-        self, run_ids: Sequence[str], room: str, fire_prefixes: Sequence[str]
+        self, run_ids: Sequence[str], room: str, fire_prefixes: Sequence[str], *, resend: bool = False
     ) -> list[Examined | StorageCorruptError | None]:
         """``examine`` of many runs, their due timers fired, in one round trip
         (each run's script touches its own slot alone): the i-th run's woken
-        owners by messages ``f"{fire_prefixes[i]}-{n}"``. A run whose record
-        is corrupt has its error in its place, so that the others go on."""
+        owners by messages ``f"{fire_prefixes[i]}-{n}"``. With ``resend``
+        (automatic recovery off), a run whose only fault is a coordinator
+        message lost before it started is not dead: its main body is among the
+        woken, at the same epoch. A run whose record is corrupt has its error
+        in its place, so that the others go on."""
         now = self.clock()
         calls = [
-            (self.run_keys(run_id), [now, self.lease_ms, room, int(bool(prefix)), prefix])
+            (self.run_keys(run_id), [now, self.lease_ms, room, int(bool(prefix)), prefix, int(resend)])
             for run_id, prefix in zip(run_ids, fire_prefixes, strict=True)
         ]
         looks: list[Examined | StorageCorruptError | None] = []

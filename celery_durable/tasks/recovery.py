@@ -12,7 +12,9 @@ of it is in flight and it waits for nothing. A backlog is never death: a
 message that waits in a queue stays alive however long it waits. A dead run
 is taken over with a new attempt (epoch + 1, ``resume.lua`` in recovery
 mode, a compare-and-set that re-checks the death in the same script, so of
-several sweepers exactly one wins); with ``auto_recover`` off it is halted.
+several sweepers exactly one wins); with ``auto_recover`` off it is halted,
+and a run whose only fault is a coordinator message lost before it started
+is no dead run: its main body is woken again at the same epoch.
 
 Every sweep asks the broker how many messages wait in each of the engine's
 queues (a passive declare, which both Redis and RabbitMQ answer) and
@@ -274,7 +276,9 @@ class RecoverySweep:
         done: list[str] = []
         wakes: list[Wake] = []
         dead: list[tuple[str, Examined]] = []
-        examined_each = store.examine_each(run_ids, room, prefixes)
+        # Automatic recovery off: a coordinator message lost before it started
+        # is sent again at the same epoch (among the woken), not a halt.
+        examined_each = store.examine_each(run_ids, room, prefixes, resend=not self.engine.settings.auto_recover)
         for run_id, prefix, examined in zip(run_ids, prefixes, examined_each, strict=True):
             if isinstance(examined, StorageCorruptError):
                 # One damaged run must not stop the recovery of every other:

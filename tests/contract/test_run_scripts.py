@@ -456,6 +456,56 @@ def test_a_request_with_nothing_in_flight_to_act_on_it_is_not_a_wait() -> None:
     assert examined.detail == "a cancel it was asked for has nothing in flight to act on it"
 
 
+def test_without_auto_recovery_a_lost_coordinator_message_is_sent_again_but_a_death_still_halts() -> None:
+    """The sweep with auto_recover off (``examine_each(resend=True)``): a
+    coordinator message lost before it started, or the one a cancel with
+    nothing in flight lacks, is no death of the attempt: the main body is woken
+    again at the same epoch in its place. A running message whose heartbeat
+    stopped is a death, whichever entry the script reads first; so is a lost
+    branch message, which only its sender could build again."""
+    clock = Clock()
+    run = running(clock)
+    store, run_id = run.store, run.run_id
+    store.journal(run_id, 1, "default").wait("m", 0, schema.Identity.signal("go"), "signal", "go", None, "m")
+    store.release(run_id, "pass-1", 1)
+    store.pause(run_id, "default", "pause-1")  # its caller died before it published the wake
+    clock.now += 2_500
+    assert run.examine("c=12100").verdict is Liveness.ALIVE  # found gone
+    clock.now += 5_000
+    assert run.examine("c=12100").detail == "task pause-1 left its queue and never started"  # the sweep's own view
+    [again] = store.examine_each([run_id], "c=12100", ["w"], resend=True)
+    assert isinstance(again, Examined)
+    assert (again.verdict, again.epoch, again.woken) == (Liveness.ALIVE, 1, ["m"])
+    assert run.state.live == {"w-1": f"q|c|{clock.now}"} and run.record().pause_requested
+
+    asked = running()
+    journal = asked.store.journal(asked.run_id, 1, "default")
+    journal.wait("m", 0, schema.Identity.signal("go"), "signal", "go", None, "m")
+    asked.store.release(asked.run_id, "pass-1", 1)
+    asked.store.cancel(asked.run_id, "default", "cancel-1")
+    journal.unsent(["cancel-1"])  # forgotten, as an engine with auto_recover on forgets a refused one
+    [woken] = asked.store.examine_each([asked.run_id], "", ["w"], resend=True)
+    assert isinstance(woken, Examined) and (woken.verdict, woken.woken) == (Liveness.ALIVE, ["m"])
+
+    died = Run(Clock(), "first")  # queued, listed before the pass below
+    died.store.activate(died.run_id, 1, "pass-2", "default", "resend")
+    died.clock.now += 2_500
+    died.examine("c=12100")
+    died.clock.now += 30_000  # "first" lost, and pass-2's heartbeat stopped
+    [dead] = died.store.examine_each([died.run_id], "c=12100", ["w"], resend=True)
+    assert isinstance(dead, Examined)
+    assert (dead.verdict, dead.detail, dead.woken) == (Liveness.DEAD, "its worker stopped renewing task pass-2", [])
+
+    branch = Run(Clock(), "first")
+    branch.store.client.hset(branch.store.run_keys(branch.run_id).live, "first", "q|s|10000")
+    branch.clock.now += 2_500
+    branch.examine("s=12100")
+    branch.clock.now += 5_000
+    [lost] = branch.store.examine_each([branch.run_id], "s=12100", ["w"], resend=True)
+    assert isinstance(lost, Examined)
+    assert (lost.verdict, lost.detail) == (Liveness.DEAD, "task first left its queue and never started")
+
+
 def test_a_look_asked_for_while_the_sweep_looks_outlives_its_verdict() -> None:
     """The sweep claims a run, finds it waiting with nothing due, and drops it
     from its schedule (``looked.lua``): unless, meanwhile, a script that counts

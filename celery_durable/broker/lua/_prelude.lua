@@ -668,15 +668,21 @@ end
 --    message that would act on it was never sent, and waiting for a timer or
 --    a signal would leave the request unheard (the take-over keeps it).
 -- Only waits remain: the run waits for the outside world, which is not death.
+-- With <spare> (the sweep, automatic recovery off: examine.lua) a coordinator
+-- message lost before it started (queued or held, as above), or the one a
+-- cancel or pause with nothing in flight lacks, is no death of the attempt:
+-- the verdict is 'lost' with that message's id ('' for none), for a wake at
+-- the same epoch, unless a death above is found too. A branch or agent
+-- message carries what only its sender knows: its loss stays a death.
 -- A message is counted before it is published, so the empty-queue rule
 -- judges it only by a look at its queue made SEND_MARGIN_MS after it was
 -- due: a look between the count and the publish saw no message that was
 -- about to be there.
 local START_MARGIN_MS = 5000
 local SEND_MARGIN_MS = 2000
-local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
+local function liveness(run_key, live_key, waits_key, now, lease_ms, empty, spare)
   local entries = redis.call('HGETALL', live_key)
-  local next_check = nil
+  local next_check, lost = nil, nil
   for i = 1, #entries, 2 do
     local id, value = entries[i], entries[i + 1]
     local check
@@ -691,16 +697,20 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
       due = tonumber(due or '0')
       local gone = tonumber(string.match(rest or '', '^|gone (%d+)$') or '')
       local held = tonumber(string.match(rest or '', '^|held (%d+)$') or '')
+      local resend = spare and kind == 'c'
       if held then
         local since = math.max(held, due)
-        if now - since >= lease_ms then
+        if now - since < lease_ms then
+          check = since + lease_ms
+        elseif resend then
+          lost = lost or id
+        else
           return 'dead', 'task ' .. id .. ' was received and never started'
         end
-        check = since + lease_ms
+      elseif gone and now - gone >= START_MARGIN_MS then
+        if not resend then return 'dead', 'task ' .. id .. ' left its queue and never started' end
+        lost = lost or id
       else
-        if gone and now - gone >= START_MARGIN_MS then
-          return 'dead', 'task ' .. id .. ' left its queue and never started'
-        end
         if not gone and tonumber(empty[kind or ''] or '0') > due + SEND_MARGIN_MS then
           gone = now
           redis.call('HSET', live_key, id, 'q|' .. kind .. '|' .. due .. '|gone ' .. now)
@@ -708,8 +718,9 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
         if gone then check = gone + START_MARGIN_MS else check = math.max(due + SEND_MARGIN_MS, now + lease_ms) end
       end
     end
-    if not next_check or check < next_check then next_check = check end
+    if check and (not next_check or check < next_check) then next_check = check end
   end
+  if lost then return 'lost', lost end
   local waits = redis.call('HVALS', waits_key)
   local due = nil
   for _, raw in ipairs(waits) do
@@ -728,6 +739,7 @@ local function liveness(run_key, live_key, waits_key, now, lease_ms, empty)
     return 'dead', 'nothing of it is in flight'
   end
   if f[2] == '1' or f[3] == '1' then
+    if spare then return 'lost', '' end
     return 'dead', 'a ' .. (f[2] == '1' and 'cancel' or 'pause') .. ' it was asked for has nothing in flight to act on it'
   end
   return 'waiting', due or ''
