@@ -32,8 +32,11 @@ if ARGV[4] == '1' and f[1] == 'running' then
 end
 local spare = ARGV[6] == '1' and ARGV[5] ~= ''
 local verdict, detail = liveness(KEYS[1], KEYS[2], KEYS[3], now, tonumber(ARGV[2]), parse_empty(ARGV[3]), spare)
-while verdict == 'lost' do
-  -- Each turn takes a lost message out, or (none lost) wakes the main body, which is then in flight.
+-- Each turn takes a lost message out, or (none lost) wakes the main body,
+-- which is then in flight; bounded all the same, as a script that loops
+-- would stop the whole Redis.
+for _ = 1, 64 do
+  if verdict ~= 'lost' then break end
   if detail ~= '' then redis.call('HDEL', KEYS[2], detail) end
   local main = false
   for _, owner in ipairs(woken) do main = main or owner == 'm' end
@@ -43,6 +46,7 @@ while verdict == 'lost' do
   end
   verdict, detail = liveness(KEYS[1], KEYS[2], KEYS[3], now, tonumber(ARGV[2]), parse_empty(ARGV[3]), spare)
 end
+if verdict == 'lost' then verdict, detail = 'dead', 'its lost messages could not all be replaced' end
 local out = {f[1], f[2], f[3] or '', verdict, tostring(detail)}
 for _, owner in ipairs(woken) do table.insert(out, owner) end
 return out
