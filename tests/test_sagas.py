@@ -224,6 +224,22 @@ def test_a_cancelled_run_waits_for_its_waiting_branches_to_compensate_before_it_
     assert d.client.wait_for_workflow_run(child_run_id(run_id, "kid-0"), timeout=TIMEOUT).status == "cancelled"
 
 
+def crashed_at_undo_a(d: Any, raw_redis: Any, workflow: str) -> tuple[str, Any]:
+    """Start ``workflow``, kill its attempt while compensation ``undo-a`` runs
+    (held at its gate), open the gate once another attempt took over; the run
+    id and how the run settled."""
+    run_id = d.client.start_workflow(workflow)
+    poll(
+        lambda: step_status(d.client, run_id).get("undo-a") == "running",
+        within=RUN_BOUND,
+        what="the second compensation",
+    )
+    kill_attempt(raw_redis, d.engine, run_id)  # its attempt is dead; its thread still waits at the gate
+    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, within=RUN_BOUND, what="the take-over")
+    gate(run_id).set()
+    return run_id, d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+
+
 def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_one_again(
     durable, raw_redis
 ) -> None:
@@ -235,16 +251,7 @@ def test_a_crash_while_compensating_resumes_the_rest_without_running_a_finished_
             ctx.step("fail", lambda: boom("original"))
 
     d = durable([wf("crashy", run)], lease_seconds=2)
-    run_id = d.client.start_workflow("crashy")
-    poll(
-        lambda: step_status(d.client, run_id).get("undo-a") == "running",
-        within=RUN_BOUND,
-        what="the second compensation",
-    )
-    kill_attempt(raw_redis, d.engine, run_id)  # its attempt is dead; its thread still waits at the gate
-    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, within=RUN_BOUND, what="the take-over")
-    gate(run_id).set()
-    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    run_id, envelope = crashed_at_undo_a(d, raw_redis, "crashy")
     assert envelope.status == "error" and envelope.error == "StepFailed: step 'fail' raised RuntimeError: original"
     assert COUNTS[f"{run_id}:undo-b"] == 1, "a compensation journaled before the crash does not run again"
     assert step_status(d.client, run_id)["undo-a"] == "completed"
@@ -273,16 +280,7 @@ def test_a_crash_while_compensating_keeps_the_failure_it_undoes_though_the_step_
         return "paid"
 
     d = durable([wf("crashy-flaky", run)], lease_seconds=2)
-    run_id = d.client.start_workflow("crashy-flaky")
-    poll(
-        lambda: step_status(d.client, run_id).get("undo-a") == "running",
-        within=RUN_BOUND,
-        what="the second compensation",
-    )
-    kill_attempt(raw_redis, d.engine, run_id)
-    poll(lambda: d.client.get_workflow_run(run_id).attempt == 2, within=RUN_BOUND, what="the take-over")
-    gate(run_id).set()
-    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    run_id, envelope = crashed_at_undo_a(d, raw_redis, "crashy-flaky")
     assert (envelope.status, envelope.error) == ("error", "StepFailed: step 'fail' raised RuntimeError: original")
     assert COUNTS[f"{run_id}:fail"] == 1, "the failure the saga undid is not run again"
     assert COUNTS[f"{run_id}:undo-b"] == 1
