@@ -21,6 +21,7 @@ from celery_durable.broker.history_log import read_events, read_tail
 from celery_durable.broker.journal_export import read_journal
 from celery_durable.broker.replies.control import ArchiveVerdict, RequestVerdict
 from celery_durable.broker.run_control import RunControl
+from celery_durable.broker.run_records import ARCHIVED_ENTRIES_MAX
 from celery_durable.broker.schema.archive import build_archive, parse_archive, shape
 from celery_durable.client.history import newest
 from celery_durable.testing import WorkflowTestEnvironment
@@ -68,10 +69,16 @@ def flaky(ctx: WorkflowContext) -> Any:
     return ctx.step("flaky", fails_once_step, retry=None)
 
 
+@workflow(name="arch-long", description="More history events than an archive holds", phases=[])
+def long_run(ctx: WorkflowContext) -> Any:
+    ctx.parallel([lambda i=i: ctx.step(f"s-{i}", lambda: i) for i in range(ARCHIVED_ENTRIES_MAX)])
+    return "done"
+
+
 @pytest.fixture
 def env() -> WorkflowTestEnvironment:
     FLAKY.clear()
-    return WorkflowTestEnvironment([shipped, held, flaky])
+    return WorkflowTestEnvironment([shipped, held, flaky, long_run])
 
 
 def suffixes(env: WorkflowTestEnvironment, run_id: str) -> set[str]:
@@ -200,6 +207,21 @@ def test_every_settle_for_good_archives_and_its_readers_agree(env: WorkflowTestE
     assert env.engine.store.cancel(paused, "default", "m-1").verdict is RequestVerdict.CANCELLED
     assert_archived(env, paused)
     assert [r.message for r in env.progress(done).records][-1] == "Run completed"
+
+
+def test_a_run_longer_than_an_archive_keeps_its_streams_paged_by_id(env: WorkflowTestEnvironment) -> None:
+    """SPEC §3: a history page costs time in proportion to its limit, not to
+    the run's size. A page of an archived run decodes the whole archive, so a
+    run of more events than the largest page is not archived: its streams
+    stay, each page one XRANGE, as while it ran."""
+    run_id = env.run(long_run).run_id
+    left = suffixes(env, run_id)
+    assert "archive" not in left and {"history", "progress", "steps", "journal"} <= left, left
+    first = env.client.get_workflow_run_history(run_id, limit=1)
+    assert [e.seq for e in first.events] == [1] and first.next == 1
+    events = env.client.get_workflow_run_history(run_id, after=ARCHIVED_ENTRIES_MAX, limit=3).events
+    assert [e.seq for e in events] == [ARCHIVED_ENTRIES_MAX + 1, ARCHIVED_ENTRIES_MAX + 2, ARCHIVED_ENTRIES_MAX + 3]
+    assert env.get(run_id).result == "done"
 
 
 def test_an_error_run_is_not_archived_and_resumes(env: WorkflowTestEnvironment) -> None:

@@ -33,12 +33,20 @@ NEVER_DECODE = {"NEVER_DECODE": True}
 """redis-py's option for a reply kept as bytes on a decoding client: an archive is zlib."""
 
 
+ARCHIVED_ENTRIES_MAX = 500
+"""A run is archived only with at most this many history events and progress
+records (the largest page): a page of an archived run decodes the whole
+archive, and SPEC §3 has a page cost time in proportion to its limit, not to
+the run's size. A longer run keeps its streams, paged by id as while it ran."""
+
+
 def read_for_archive(pipe: Any, keys: Any) -> None:
     """Queue on ``pipe`` the reads an archive is built from (``keys``: the
-    run's ``RunKeys``): history, steps, progress, journal, phase index."""
-    pipe.xrange(keys.history)
+    run's ``RunKeys``): history, steps, progress, journal, phase index; of
+    each stream one entry more than an archive may hold, to tell."""
+    pipe.xrange(keys.history, count=ARCHIVED_ENTRIES_MAX + 1)
     pipe.hgetall(keys.steps)
-    pipe.xrange(keys.progress)
+    pipe.xrange(keys.progress, count=ARCHIVED_ENTRIES_MAX + 1)
     pipe.hgetall(keys.journal)
     pipe.zrange(keys.progress_phases, 0, -1)
 
@@ -216,7 +224,8 @@ class RunRecords(IndexReads):
         settled so and they are still what was read. Every settle for good
         comes here (``finish``, and ``cancel`` when it settles the run itself).
         An optimisation, never the run's fate: a failure is logged (None) and
-        the run stays unarchived, read as before; so does a death in between."""
+        the run stays unarchived, read as before; so does a death in between,
+        and a run too long to archive (``ARCHIVED_ENTRIES_MAX``: None)."""
         try:
             if read is None:
                 with storage_errors():
@@ -227,6 +236,8 @@ class RunRecords(IndexReads):
                 if isinstance(reply, Exception):
                     raise reply
             history, steps, progress, journal, phases = read
+            if max(len(history), len(progress)) > ARCHIVED_ENTRIES_MAX:
+                return None
             blob = build_archive(history, steps, progress, journal)
             args = [blob, *shape(history, steps, progress, journal, phases)]
             return parse_control.archive_run(self.call("archive_run", self.run_keys(run_id), args), run_id)
