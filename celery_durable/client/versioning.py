@@ -19,7 +19,8 @@ A history document::
 ``journal`` is the run's journal hash, field by field as stored
 (``broker/schema``): the faithful form, replayed by the same scripts that
 read the run. ``epoch`` says which journaled failures belong to the run's
-latest attempt (a later attempt runs them again).
+latest attempt (a later attempt runs them again); the three fields after
+``run`` are optional in a document read back (SPEC §8a names the others).
 """
 
 from __future__ import annotations
@@ -232,7 +233,10 @@ def _record(history: Mapping[str, Any], run: Mapping[str, Any]) -> RunRecord:
     status = run["status"]
     if status not in STATUSES:
         raise ValueError(f"status {status!r}")
-    epoch = history["epoch"]
+    # SPEC §8a's document is format, version, run and journal: without the
+    # epoch (export_history writes it), the envelope's attempt, which is the
+    # epoch but after a Redis restart.
+    epoch = history.get("epoch", run["attempt"])
     for name, value in (("epoch", epoch), ("attempt", run["attempt"])):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} {value!r}")
