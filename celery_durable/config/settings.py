@@ -55,7 +55,7 @@ class Settings(BaseSettings):
         ge=1,
         le=1_000_000,
         description=(
-            "Take-overs (or redeliveries of a message whose worker died) in a row, with nothing journaled between "
+            "Take-overs (or redeliveries of a message whose worker died) in a row, with nothing new journaled between "
             "them, after which a run whose passes die every time ends error, reason recovery_limit, resumable, "
             "instead of being taken over for ever."
         ),

@@ -323,7 +323,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
     """The run's attempt died (``cause`` says how): a new attempt takes it over
     (epoch + 1, a system record, its first coordinator message sent), or,
     with auto_recover off, it is halted; one whose passes die every time
-    (``max_recoveries`` take-overs in a row, nothing journaled between) ends
+    (``max_recoveries`` take-overs in a row, nothing new journaled between) ends
     ``error``/``recovery_limit``. ``forced``: a message of the attempt came back
     from a holder that died, as RabbitMQ gives a dead worker's messages back
     at once; the death is known, not judged by liveness (``tasks/redelivery.py``).
@@ -339,7 +339,7 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
         return
     if record.recoveries >= settings.max_recoveries:
         error = (
-            f"Taken over {record.recoveries} times in a row with nothing journaled between: its passes die "
+            f"Taken over {record.recoveries} times in a row with nothing new journaled between: its passes die "
             f"every time (the last: {cause}); fix the cause and resume it"
         )
         stop = Stop("error", "recovery_limit", error, f"Run stopped: {error}", recoveries=settings.max_recoveries)

@@ -536,6 +536,20 @@ local function made_progress(run_key)
   if redis.call('HGET', run_key, 'recoveries') then redis.call('HDEL', run_key, 'recoveries') end
 end
 
+-- Whether journaling <outcome> in a field that held <previous> (nil or false:
+-- absent) is a new journal entry, the progress that starts the take-over
+-- count again (SPEC 8): a field that was absent, or a value ('o', see
+-- schema/outcomes.py). A failure in place of another is not: failures are
+-- retried by every attempt, so a pass that re-runs a failed step, catches
+-- its failure and then dies journals it again each time, and were that
+-- progress such a run would be taken over for ever, never recovery_limit.
+-- <outcome> nil: a field that holds no outcome (a now()/uuid4() value, in
+-- place of the value of an op a cut abandoned: the next attempt replaces
+-- it again), new only where it was absent.
+local function journals_new(previous, outcome)
+  return not previous or (outcome ~= nil and string.sub(outcome, 1, 1) == 'o')
+end
+
 -- A script that wakes owners runs twice for one call when its reply was lost
 -- on the way (the caller retries on a broken connection, with the same
 -- arguments): counted twice, or answered 'late' with no one to wake while the
@@ -570,7 +584,7 @@ local function branch_outcome(run_key, journal_key, call, index, outcome, epoch)
     return tonumber(redis.call('HGET', journal_key, counter) or '0') <= 0
   end
   redis.call('HSET', journal_key, field, outcome)
-  made_progress(run_key)
+  if journals_new(current, outcome) then made_progress(run_key) end
   local left = redis.call('HINCRBY', journal_key, counter, -1)
   return left <= 0 or string.sub(outcome, 1, 1) == 'f'
 end
@@ -771,6 +785,7 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
   local winner = ''
   if value_field ~= '' then
     local current = redis.call('HGET', journal_key, value_field)
+    local previous = current
     local is_step = string.sub(value_field, 1, 2) == 'v:'
     -- A now()/uuid4() value of an abandoned op is not this op's value.
     if current and not is_step and replaced then current = nil end
@@ -778,7 +793,7 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
       winner = current
     else
       redis.call('HSET', journal_key, value_field, value)
-      made_progress(run_key)
+      if journals_new(previous, is_step and value or nil) then made_progress(run_key) end
       if step_key ~= '' and string.sub(value, 1, 1) == 'o' then
         redis.call('HINCRBY', run_key, 'steps_done', 1)
       end

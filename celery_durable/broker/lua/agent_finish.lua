@@ -18,7 +18,7 @@ local id = ARGV[3]
 local current = redis.call('HGET', KEYS[2], 'a:' .. id)
 if not current or is_stale_failure(current, ARGV[1]) then
   redis.call('HSET', KEYS[2], 'a:' .. id, ARGV[4])
-  made_progress(KEYS[1])
+  if journals_new(current, ARGV[4]) then made_progress(KEYS[1]) end
   local kind = string.sub(ARGV[4], 1, 1) == 'o' and 'agent_completed' or 'agent_failed'
   record_event(KEYS[1], KEYS[5], kind, id, ARGV[2], ARGV[5])
 end

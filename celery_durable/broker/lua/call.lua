@@ -42,7 +42,7 @@ if due ~= '' and now >= tonumber(due) then
   redis.call('HSET', KEYS[5], key, text)
   record_event(KEYS[1], KEYS[6], 'call_failed', key, ARGV[2], text)
   redis.call('HDEL', KEYS[3], at)
-  made_progress(KEYS[1])
+  if journals_new(outcome, ARGV[11]) then made_progress(KEYS[1]) end
   f = flags(KEYS[1])
   return {'hit', f[1], f[2], f[3], ARGV[11]}
 end

@@ -39,7 +39,7 @@ if current and not is_stale_failure(current, ARGV[1]) then return {'late'} end
 -- A cancelled pass stepped over the call (step_over.lua): its answer is late.
 if redis.call('HEXISTS', KEYS[2], 'so:v:' .. key) == 1 then return {'late'} end
 redis.call('HSET', KEYS[2], 'v:' .. key, ARGV[4])
-made_progress(KEYS[1])
+if journals_new(current, ARGV[4]) then made_progress(KEYS[1]) end
 if string.sub(ARGV[4], 1, 1) == 'o' then redis.call('HINCRBY', KEYS[1], 'steps_done', 1) end
 -- The running row call.lua wrote, settled (schema.StepRow).
 local ok, row = pcall(cjson.decode, redis.call('HGET', KEYS[5], key) or '{}')

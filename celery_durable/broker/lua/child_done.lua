@@ -49,7 +49,7 @@ if redis.call('HEXISTS', KEYS[2], 'so:v:' .. key) == 1 then return {'late', epoc
 local outcome
 if ARGV[4] == 'o' then outcome = 'o' .. ARGV[5] else outcome = ARGV[4] .. epoch .. '|' .. ARGV[5] end
 redis.call('HSET', KEYS[2], 'v:' .. key, outcome)
-made_progress(KEYS[1])
+if journals_new(current, outcome) then made_progress(KEYS[1]) end
 record_event(KEYS[1], KEYS[6], 'child_settled', key, ARGV[1], cjson.encode({
   op = type(entry['at']) == 'string' and entry['at'] or '', run_id = ARGV[3], workflow = entry['workflow'],
   waited = true, status = ARGV[9] or ''}))

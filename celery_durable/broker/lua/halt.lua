@@ -1,6 +1,6 @@
 -- Stops a run whose attempt died, resumably, instead of taking it over:
 -- while automatic recovery is off (status halted, reason interrupted), or
--- once it was taken over max_recoveries times in a row with nothing
+-- once it was taken over max_recoveries times in a row with nothing new
 -- journaled between (status error, reason recovery_limit: its passes die
 -- every time). The epoch is bumped so the dead attempt, should it wake, is
 -- fenced out. Compare-and-set like resume.lua, the death and the count of

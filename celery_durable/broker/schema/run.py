@@ -52,7 +52,8 @@ class RunRecord:
     waiting_for: dict[str, Any] | None = None
     """What the run waits for: {"kind": "timer"|"signal"|"child"|"throttle", "name", "until" (ms or None)}."""
     recoveries: int = 0
-    """Take-overs in a row with nothing journaled between them."""
+    """Take-overs in a row with nothing new journaled between them (a failure
+    in place of another is nothing new: ``journals_new`` in ``_prelude.lua``)."""
     unserved_since: int | None = None
     """Since when (ms) its messages find only workers that do not know its workflow."""
     parent_run_id: str | None = None
@@ -136,7 +137,7 @@ RUN_FIELDS: dict[str, str] = {
     "lock_until": "ms the lock expires",
     "wake": "'1' when an activation arrived while the lock was held",
     "lease_until": "ms the attempt's lease runs out",
-    "recoveries": "take-overs since the run last journaled something",
+    "recoveries": "take-overs since the run last journaled something new",
     "refused": "writes the fence refused (stale epochs), for operators",
     "unserved_since": "ms a message of the run first reached a worker that does not know its workflow, "
     "since a pass last ran; '' while one that knows it runs it (requeue.lua)",
