@@ -435,6 +435,40 @@ def test_a_halted_run_cancelled_inside_a_saga_compensates_and_one_without_a_saga
     assert DONE[runs["halts"]] == ["book-a", "book-b", "undo-b", "undo-a"]
 
 
+def test_a_run_stopped_on_nondeterminism_inside_a_saga_is_cancelled_at_once(durable) -> None:
+    """A non-resumable error (nondeterminism, the code that diverged still
+    registered) is not given the attempt a resumable one compensates in: that
+    attempt would replay the same code, diverge again and end error, never
+    meeting the cancellation, at every cancel (SPEC §8: non_resumable). The
+    cancel settles it itself, as it does a run with nothing to undo; no pass
+    runs its code again, so its undo does not run."""
+
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as saga:
+            ctx.step("book", lambda: did(rid, "book"))
+            saga.compensate("undo", lambda: did(rid, "undo"))
+            COUNTS[f"{rid}:pass"] += 1
+            ctx.step(f"pass-{COUNTS[f'{rid}:pass']}", lambda: did(rid, "keyed by the pass"))  # nondeterministic
+            return ctx.wait_for_signal("never")
+
+    d = durable([wf("diverges-in-saga", run)])
+    run_id = d.client.start_workflow("diverges-in-saga")
+    poll(lambda: d.client.get_workflow_run(run_id).snapshot["waiting_for"], within=RUN_BOUND, what="the wait")
+    # A take-over replays the body from the top: its step key is another, and the run stops.
+    stopped = d.client.resume_workflow(run_id, force=True, timeout=TIMEOUT)
+    assert (stopped.status, stopped.reason, stopped.can_resume) == ("error", "nondeterminism", False), stopped.error
+    passes = COUNTS[f"{run_id}:pass"]
+    envelope = d.client.cancel_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.reason, envelope.error) == ("cancelled", "cancelled", "Cancelled while error"), (
+        envelope.status, envelope.reason, envelope.error,
+    )  # fmt: skip
+    assert envelope.attempt == stopped.attempt, "no attempt was given to it"
+    assert COUNTS[f"{run_id}:pass"] == passes, "no pass ran its code again"
+    assert DONE[run_id] == ["book", "keyed by the pass"], DONE[run_id]
+    assert system_records(d.client, run_id)[-2:] == ["Cancel requested", "Run cancelled"]
+
+
 def test_a_run_stopped_by_a_ceiling_inside_a_saga_and_cancelled_compensates_past_its_ceiling(durable) -> None:
     """A resumable error (a ceiling reached) is cancelled through one more
     attempt too; the ceiling that stopped it must not stop its undo."""

@@ -135,7 +135,8 @@ class RunControl(RunRecords, FleetLiveness):
         sends coordinator message ``message``: to the live attempt, or to the
         one a resumable run whose saga registered undos was given to
         compensate in. ``CANCELLED``: settled here (a pending run no attempt
-        started, or a resumable one with nothing to undo). ``watch``: as
+        started, a resumable one with nothing to undo, or a non-resumable
+        error, whose attempt would end as it did). ``watch``: as
         ``finish``'s, should it settle here."""
         args = [self.clock(), self.channel(namespace), message, self.retention_ms, self.lease_ms]
         requested = parse.cancel(self.call("cancel", self.run_keys(run_id), args), run_id)

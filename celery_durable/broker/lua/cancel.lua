@@ -5,15 +5,20 @@
 --  * a pending run, which no attempt has started (activate_run is what turns
 --    pending into running): nothing of it ran, so nothing is to undo, and no
 --    worker need serve its workflow for it to end (SPEC 3);
---  * a settled but resumable run (paused, halted, error with can_resume)
---    whose saga never registered a compensation.
--- A settled but resumable run marked compensable (compensable.lua: a saga of
--- it registered an undo) is not settled here: its undos may not have run, and
--- only its code can run them. It gets one more attempt, as resume.lua gives,
--- with the cancel flag set: the pass replays to where the run stood, meets
--- the cancellation at its next call, compensates and settles cancelled
--- (SPEC 5c). Its ceilings are cleared: a limit reached must not stop the
--- undo of a run being cancelled.
+--  * a settled run (paused, halted, error) whose saga never registered a
+--    compensation;
+--  * an error run that is not resumable (can_resume '0': nondeterminism,
+--    say), even one marked compensable: an attempt would replay the same
+--    code and end as it did, never reaching the cancellation, so its undos
+--    would not run that way either, and the cancel would never end (SPEC 8:
+--    such a run is non_resumable).
+-- A settled but resumable run (paused, halted, error with can_resume) marked
+-- compensable (compensable.lua: a saga of it registered an undo) is not
+-- settled here: its undos may not have run, and only its code can run them.
+-- It gets one more attempt, as resume.lua gives, with the cancel flag set:
+-- the pass replays to where the run stood, meets the cancellation at its
+-- next call, compensates and settles cancelled (SPEC 5c). Its ceilings are
+-- cleared: a limit reached must not stop the undo of a run being cancelled.
 -- KEYS[1] run hash, KEYS[2] progress stream, KEYS[3] live, KEYS[4] waits,
 -- KEYS[5] steps, KEYS[6] running steps, KEYS[7] agent rows, KEYS[8] history,
 -- KEYS[9..] every other key of the run (for retain_run, and persisted for a
@@ -23,7 +28,7 @@
 -- (ms; 0 keeps the run for ever), ARGV[5] lease ttl (ms)
 -- Returns {'requested', epoch}, {'cancelled', idempotency key or ''} or
 -- {'settled', status}.
-local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id', 'compensates')
+local f = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'id', 'compensates', 'can_resume')
 local status = f[1]
 if ARCHIVABLE[status] then return {'settled', status} end
 if not status then return {'settled'} end
@@ -37,7 +42,7 @@ if status == 'running' then
   redis.call('PUBLISH', ARGV[2], f[3] .. ' cancel')
   return {'requested', f[2]}
 end
-if status ~= 'pending' and f[4] == '1' then
+if status ~= 'pending' and f[4] == '1' and (status ~= 'error' or f[5] == '1') then
   local now = tonumber(ARGV[1])
   if first_request then
     append_progress(KEYS[1], KEYS[2], 'system', '', 'Cancel requested', f[2], ARGV[1], nil, KEYS[8])
