@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from celery_durable import StepFailed, WorkflowContext, workflow
+from celery_durable.broker import schema
 from celery_durable.broker.schema import schedule_run_id
 from celery_durable.schedules.calendar import to_ms
 from celery_durable.schedules.firing import fire_due
@@ -204,6 +205,31 @@ def two_through_one_slot(env: ExplorerEnvironment) -> tuple[str, bool]:
     return second, env.recover(lambda: env.settled(first) and env.settled(second) and no_slot_held(env))
 
 
+# -- (j) a child call that times out: the child is cancelled, the call fails ChildTimeout -------
+
+
+@workflow(name="x-slow-kid", description="A child that sleeps past its parent's time-out", phases=[])
+def slow_kid(ctx: WorkflowContext) -> Any:
+    ctx.sleep(600)
+    return ctx.step("late", lambda: did("late"))
+
+
+@workflow(name="x-impatient", description="Waits a minute for a child, then gives up on it", phases=[])
+def impatient(ctx: WorkflowContext) -> Any:
+    try:
+        return ctx.child("slow", slow_kid, timeout=60)
+    except StepFailed as exc:
+        error_type = exc.error_type
+    return ctx.step("gave-up", lambda: did("gave-up", {"error_type": error_type}))
+
+
+def child_times_out(env: ExplorerEnvironment) -> tuple[str, bool]:
+    run_id = env.client.start_workflow(impatient)
+    kid = schema.child_run_id(run_id, "slow")
+    # Settled means the parent gave up and its cancelled child settled too.
+    return run_id, env.recover(lambda: env.settled(run_id) and env.settled(kid))
+
+
 # -- the scenarios: what the clients do --------------------------------------------------------
 
 
@@ -280,6 +306,7 @@ SCENARIOS = [
     ),
     Scenario("schedule-tick", (hourly,), fire_a_tick),
     Scenario("throttled", (throttled,), two_through_one_slot),
+    Scenario("child-timeout", (impatient, slow_kid), child_times_out),
 ]
 
 CANCEL_PASS = ["activate#2", "begin_op#2", "commit_begin#2"]
@@ -296,6 +323,7 @@ KNOWN_FAILING: dict[str, set[str]] = {
     "cancel-over-call": set(),
     "schedule-tick": set(),
     "throttled": set(),
+    "child-timeout": set(),
 }
 """Points (``Boundary.name``) today's main fails at (hangs, or runs an effect
 twice). Strict: a listed point that settles cleanly fails the test, so the
@@ -403,3 +431,24 @@ def test_the_cancel_over_a_call_steps_over_it_and_its_answer_comes_late() -> Non
     assert clean.env.status(clean.run_id) == "cancelled"
     assert "so:v:charge" in journal and "v:charge" not in journal
     assert dict(clean.tracer.effects) == {"reserve": 1, "charge": 1, "unreserve": 1}
+
+
+def test_a_parent_dead_inside_a_child_time_out_ends_the_call_by_the_time_out() -> None:
+    """Scenario (j) at the deaths that used to end it otherwise: the parent's
+    pass dies after cancelling the child, or after journaling ChildTimeout;
+    the cancelled child's end reaches the attempt that takes over first. That
+    attempt still fails the call with ChildTimeout (SPEC 5b), as the clean run
+    does, never with ChildWorkflowFailed for the child the time-out cancelled."""
+    scenario = next(s for s in SCENARIOS if s.name == "child-timeout")
+    clean = execute(scenario, None, TRACER)
+    assert clean.env.get(clean.run_id).result == {"error_type": "ChildTimeout"}
+    points = ["after publish coordinator#2 (in coordinator)", "after child_done#1 (in coordinator)"]
+    for point in points:
+        target = next(b.index for b in clean.tracer.trace.boundaries if b.name == point)
+        crashed = execute(scenario, target, TRACER)
+        assert crashed.tracer.crashed_at is not None and crashed.tracer.crashed_at.name == point
+        assert crashed.settled, point
+        envelope = crashed.env.get(crashed.run_id)
+        assert (envelope.status, envelope.attempt) == ("completed", 2), point
+        assert envelope.result == {"error_type": "ChildTimeout"}, point
+        assert crashed.env.status(schema.child_run_id(crashed.run_id, "slow")) == "cancelled", point

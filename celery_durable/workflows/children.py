@@ -17,7 +17,11 @@ recovered parent, or one whose wake was lost, learns of an end it missed. A
 child that completed returns its result; one that ended ``error`` or
 ``cancelled`` raises ``ChildWorkflowFailed``, retried on resume as a failed
 step is; ``timeout`` cancels the child and raises
-``StepFailed(error_type="ChildTimeout")``. ``ctx.start_child`` returns the
+``StepFailed(error_type="ChildTimeout")``: ``child.lua`` marks the entry
+timed out when it first answers ``due``, after which the child's settling
+journals nothing (``child_done.lua``), so an attempt that takes over from
+one that died after the cancel ends the call by the time-out too, never as
+``ChildWorkflowFailed`` for the child it cancelled. ``ctx.start_child`` returns the
 child's run id once it exists, and nothing waits for it.
 
 Replay knows nothing of Celery: the engine's side (the registry, creating

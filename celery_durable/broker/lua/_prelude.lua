@@ -329,7 +329,8 @@ end
 -- recorded, a replaced entry's wait due time cleared. Returns the script's
 -- reply when it must stop there ({'conflict', identity}; the fence rule ran
 -- before the script), else
--- nil and the op's place "<seq>:<index>".
+-- nil, the op's place "<seq>:<index>", and the dead identity the op replaced
+-- there (nil when none: see record_op).
 local function enter_op(journal_key, epoch, seq, index, ident, cut)
   if cut ~= '' then
     local colon = string.find(cut, ':', 1, true)
@@ -339,7 +340,7 @@ local function enter_op(journal_key, epoch, seq, index, ident, cut)
   if conflict then return {'conflict', conflict} end
   local at = seq .. ':' .. index
   if replaced then redis.call('HDEL', journal_key, 'wd:' .. at) end
-  return nil, at
+  return nil, at, replaced
 end
 
 -- Redis's run_id changes when the server restarts. An epoch bump that was

@@ -6,6 +6,14 @@
 -- journaled by child_done.lua; until then the op waits for it: a wait of
 -- kind 'child', due at the call's time-out, fixed the first time it is
 -- reached. Nothing of the child's own run is touched here (another slot).
+-- The first 'due' marks the child's entry timed out at this op ('timed_out'
+-- = the op's place): from then on the op never waits for the child again
+-- (its due is fixed and past), so the child's end, told by its settling, is
+-- not journaled (child_done.lua): the cancel that follows is the time-out's,
+-- and every attempt that reaches the op ends it the same way, by the
+-- time-out (or the child's result, had it completed first). An op that
+-- replaces an abandoned one at the same place starts afresh: its due and
+-- the mark are cleared.
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] children,
 -- KEYS[5] progress stream, KEYS[6] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
@@ -21,7 +29,7 @@
 -- cancels the child and journals the time-out); or {'conflict', identity}
 -- or {refusal}.
 local seq, index, key, now = ARGV[3], ARGV[4], ARGV[6], tonumber(ARGV[2])
-local stop, at = enter_op(KEYS[2], ARGV[1], seq, index, ARGV[5], ARGV[9])
+local stop, at, replaced = enter_op(KEYS[2], ARGV[1], seq, index, ARGV[5], ARGV[9])
 if stop then return stop end
 local entry = nil
 local raw = redis.call('HGET', KEYS[4], key)
@@ -45,6 +53,7 @@ if ARGV[12] == 'wait' then
   entry['mode'] = 'wait'
   entry['at'] = at
 end
+if replaced and entry['timed_out'] == at then entry['timed_out'] = nil end
 redis.call('HSET', KEYS[4], key, cjson.encode(entry))
 local workflow = tostring(entry['workflow'])
 local f = flags(KEYS[1])
@@ -60,7 +69,13 @@ if first then
   due = ARGV[8]
   redis.call('HSET', KEYS[2], 'wd:' .. at, due)
 end
-if due ~= '' and now >= tonumber(due) then return {'due', f[1], f[2], f[3], workflow, due} end
+if due ~= '' and now >= tonumber(due) then
+  if entry['timed_out'] ~= at then
+    entry['timed_out'] = at
+    redis.call('HSET', KEYS[4], key, cjson.encode(entry))
+  end
+  return {'due', f[1], f[2], f[3], workflow, due}
+end
 local wait = {owner = ARGV[7], kind = 'child', name = entry['run_id']}
 if due ~= '' then wait['until'] = tonumber(due) end
 if redis.call('HSET', KEYS[3], at, cjson.encode(wait)) == 1 then summarize_child_wait(KEYS[1], wait) end

@@ -4,6 +4,11 @@
 -- worker die first), or by the parent itself when it finds the child already
 -- ended; each journals the same end, and the first write wins. A failure is
 -- tagged with the parent's epoch (a later attempt looks at the child again).
+-- A child whose call timed out (child.lua marked its entry 'timed_out' at
+-- the op that waits for it) is ended by the parent alone: its settling's
+-- end is late and journals nothing, so an attempt that takes over from one
+-- that died inside the time-out ends the call by the time-out as the first
+-- did, never by the cancelled child's end.
 -- KEYS[1] run hash (the parent's), KEYS[2] journal, KEYS[3] waits, KEYS[4]
 -- live, KEYS[5] children, KEYS[6] history
 -- ARGV[1] now (ms), ARGV[2] key, ARGV[3] the child's run id, ARGV[4] outcome
@@ -46,6 +51,10 @@ local current = redis.call('HGET', KEYS[2], 'v:' .. key)
 if current and not is_stale_failure(current, epoch) then return {'late', epoch, f[4], current} end
 -- A cancelled pass stepped over the wait for it (step_over.lua): its end is late.
 if redis.call('HEXISTS', KEYS[2], 'so:v:' .. key) == 1 then return {'late', epoch, f[4], ''} end
+-- Its call timed out: the parent ends it (child.lua answers 'due'), not the child's settling.
+if ARGV[7] == '' and entry['timed_out'] ~= nil and entry['timed_out'] == entry['at'] then
+  return {'late', epoch, f[4], ''}
+end
 local outcome
 if ARGV[4] == 'o' then outcome = 'o' .. ARGV[5] else outcome = ARGV[4] .. epoch .. '|' .. ARGV[5] end
 redis.call('HSET', KEYS[2], 'v:' .. key, outcome)

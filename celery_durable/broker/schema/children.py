@@ -3,13 +3,17 @@ and how a child's end is journaled in its parent.
 
 **Children hash** (``P:{R}:children``), one field per child key of run R,
 written by ``child.lua`` when the parent first reaches the call: a JSON
-object (``ChildEntry``) ``{"run_id", "workflow", "mode", "at"?, "warned"?}``
+object (``ChildEntry``) ``{"run_id", "workflow", "mode", "at"?, "warned"?, "timed_out"?}``
 where ``mode`` is ``"wait"`` (``ctx.child``: the parent waits for it, and
 cancelling the parent cancels it) or ``"start"`` (``ctx.start_child``:
 detached), ``at`` the ``"<seq>:<i>"`` of the op that waits for it (its
 entry in the waits hash), ``warned`` a workflow name the parent asked for
 under the key after it had started another (said once, by a ``system``
-progress record).
+progress record), ``timed_out`` the ``at`` of the op whose time-out passed
+(set by ``child.lua`` when it first answers ``due``; absent on entries
+written before it existed, which read as not timed out): while it equals
+``at``, the parent ends the call itself, by the time-out, and the child's
+settling journals nothing (``child_done.lua``).
 
 **A child's run hash** names its parent (``parent_run_id``, ``parent_key``):
 when the child settles, its end is told to the parent (``child_done.lua``),
@@ -39,7 +43,8 @@ from celery_durable.broker.schema.outcomes import Outcome, value_outcome
 from celery_durable.errors import ChildWorkflowFailed, StepFailed, StorageCorruptError
 
 CHILD_FIELDS: dict[str, str] = {
-    "<key>": "the child run started under <key>: JSON {run_id, workflow, mode 'wait'|'start', at?, warned?}",
+    "<key>": "the child run started under <key>: JSON {run_id, workflow, mode 'wait'|'start', at?, warned?, "
+    "timed_out?}",
 }
 """The children hash's one kind of field (see the module docstring)."""
 
