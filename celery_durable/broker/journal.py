@@ -270,7 +270,10 @@ class Journal(Protocol):
         """Journal ``commit`` (the step the sequence ran last) and begin its next call, atomically."""
         ...
 
-    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict: ...
+    def record(self, seq: str, commit: PendingCommit, *, compensation: bool = False) -> Recorded | Conflict:
+        """Journal ``commit``; a saga's ``compensation`` is named as the sequence's last one
+        (``SequenceHistory.compensated``)."""
+        ...
 
     def dispatch(
         self, seq: str, index: int, identity: str, width: int, token: str, position: int

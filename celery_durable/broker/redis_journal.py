@@ -95,8 +95,8 @@ class RedisJournal(JournalIdentity):
         reply = self._call("commit_begin", args)
         return parse.commit_begin(reply, self._run_id)
 
-    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
-        reply = self._call("record_op", [self._epoch, self._clock(), seq, *astuple(commit)])
+    def record(self, seq: str, commit: PendingCommit, *, compensation: bool = False) -> Recorded | Conflict:
+        reply = self._call("record_op", [self._epoch, self._clock(), seq, *astuple(commit), int(compensation)])
         return parse.record_op(reply, self._run_id)
 
     def dispatch(

@@ -121,9 +121,9 @@ class CrashingJournal(GuardedJournal):
             self._committed(held)
         return result
 
-    def record(self, seq: str, commit: PendingCommit) -> Recorded | Conflict:
+    def record(self, seq: str, commit: PendingCommit, *, compensation: bool = False) -> Recorded | Conflict:
         self._plan.check_alive()
-        result = self._inner.record(seq, commit)
+        result = self._inner.record(seq, commit, compensation=compensation)
         if isinstance(result, Recorded):
             self._committed(commit)
         return result

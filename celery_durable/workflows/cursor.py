@@ -63,6 +63,10 @@ class Cursor:
     undo: list[str] = field(default_factory=list)
     """The step identities of the compensations this sequence's open sagas
     registered so far (``compensated_after``)."""
+    compensated: int = -1
+    """The index of the last compensation journaled in this sequence's live
+    history, -1 for none or in a journal that does not name it
+    (``SequenceHistory.last_compensation``; ``compensated_after``)."""
     patches: dict[str, bool] | None = None
     """The answers ``ctx.patched`` gave in this sequence, by patch id: the
     first answer for an id holds for the rest of it (``versions.py``)."""
@@ -118,11 +122,19 @@ class Cursor:
         return True
 
     def compensated_after(self) -> bool:
-        """Whether the journal holds, after the op here, a compensation of an
-        open saga of this sequence: the attempt that saw this op fail began
-        undoing the block, so its failure stands in every attempt after it
-        (SPEC §5c: a crash while compensating resumes the remaining
-        compensations), where another failure is run again (SPEC §4)."""
+        """Whether the journal holds a saga's compensation after the op here:
+        an older attempt failed later in this sequence and began undoing, so
+        a failure here stands in every attempt after it (SPEC §5c: a crash
+        while compensating resumes the remaining compensations), where
+        another failure is run again (SPEC §4). Run again, it would cut the
+        sequence across that compensation, and the failure it undoes with it.
+
+        The journal names the last compensation of each sequence
+        (``compensated``). A journal older than that name holds no mark: there
+        it is a compensation of an open saga of this sequence, registered by
+        the op here, found after it."""
+        if self.index < self.compensated < len(self.history):
+            return True
         return bool(self.undo) and any(identity in self.undo for identity, _ in self.history[self.index + 1 :])
 
     def cut_here(self) -> str:

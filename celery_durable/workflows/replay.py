@@ -180,7 +180,12 @@ class Replay(StopState):
         if history is None:
             history = self.journal.read_sequence(seq)
         return Cursor(
-            seq=seq, history=history.live_entries(), high_water=history.high_water, writes=writes, phase_id=phase_id
+            seq=seq,
+            history=history.live_entries(),
+            high_water=history.high_water,
+            writes=writes,
+            phase_id=phase_id,
+            compensated=history.last_compensation(),
         )
 
     def read_ahead(self, seqs: Sequence[str]) -> None:
@@ -243,7 +248,7 @@ class Replay(StopState):
         """``expect`` for an op that runs again after an older attempt's failure.
 
         A live outcome is the op's (the cursor moves past it), and so is a
-        failure a saga began to compensate (``Cursor.compensated_after``). Any
+        failure with a compensation journaled after it (``Cursor.compensated_after``). Any
         other failure is cut here when this execution writes; one that only
         replays cannot run the op again, nor wait for one another task
         answers (``answered_elsewhere``): it is older than the run's history.
@@ -445,9 +450,11 @@ class Replay(StopState):
             return False
         return cursor.completions is not None or (cursor.is_main and self.mode is Mode.PASS)
 
-    def commit(self, cursor: Cursor, commit: PendingCommit) -> str | None:
-        """Journal the op at the cursor and advance; returns a winning earlier value."""
-        result = self.journal.record(cursor.seq, commit)
+    def commit(self, cursor: Cursor, commit: PendingCommit, *, compensation: bool = False) -> str | None:
+        """Journal the op at the cursor and advance; returns a winning earlier value.
+        A saga's ``compensation`` is named in the journal as its sequence's
+        last (``Cursor.compensated_after``)."""
+        result = self.journal.record(cursor.seq, commit, compensation=compensation)
         if isinstance(result, Conflict):
             self.conflict(cursor, result, commit.identity)
         self.apply_flags(result.flags)

@@ -15,9 +15,11 @@ the same point and compensates there.
 Compensating is replay, like everything else: the registrations are made
 again by each replay as it passes them, and a compensation journaled by an
 earlier attempt returns its journaled value. The failure that started the
-compensations stands in the attempts after it, though failures are
-otherwise run again (``Cursor.compensated_after``): run again and passing,
-it would end the block well with its work already undone. A cancelled run's next op
+compensations, and any failure before it in its sequence, stands in the
+attempts after it, though failures are otherwise run again
+(``Cursor.compensated_after``; the journal names the last compensation of
+each sequence): run again and passing, it would end the block well with
+its work already undone, or cut the journaled undos away. A cancelled run's next op
 raises ``WorkflowCancelled``; its compensations must still run, so while a
 saga compensates, cancellation is not raised at its ops (``Cursor.compensating``;
 the count is the execution's stop state, ``StopState.compensation``),

@@ -594,3 +594,17 @@ def test_a_fanout_journaled_afresh_reads_no_branch_outcome(make_backend: Backend
     assert hgets() - before < 8
     # Dispatched again by the same execution: read, and found dispatched already.
     assert journal.dispatch("m", 0, "p|64", 64, "x1", position(0, 0)).pending
+
+
+def test_a_compensation_is_named_as_its_sequence_last_until_a_cut_abandons_it(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    first = backend.journal(1)
+    first.record("m", step(0, "a", failed(1)))
+    assert first.read_sequence("m").compensated is None  # no compensation: the journal names none
+    first.record("m", step(1, "undo-b", ok(1)), compensation=True)
+    assert first.read_sequence("m").compensated == (1, 1)
+    assert first.read_sequence("m").last_compensation() == 1
+    second = backend.journal(backend.take_over())
+    assert second.read_sequence("m").last_compensation() == 1
+    second.begin("m", BeginCall(cut=cut_argument(0, position(0, 0)), step_key="a", step_row=RUNNING))
+    assert second.read_sequence("m").last_compensation() == -1  # cut away with what followed the failure

@@ -5,11 +5,15 @@ the compensations, not run the failure again (which passes now)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from celery_durable import StepFailed, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
+from celery_durable.workflows.cursor import Cursor
 
 calls: Counter[str] = Counter()
 
@@ -52,3 +56,58 @@ def test_a_fanout_failure_a_saga_began_to_undo_stands_in_the_next_attempt() -> N
     resumed = env.resume(crashed.run_id)
     assert (resumed.status, resumed.attempt, resumed.result) == ("completed", 2, "undone after b")
     assert calls == Counter({"a0": 1, "a": 1, "b": 1, "undo-a1": 1, "undo-a0": 1}), "b is not run again"
+
+
+@workflow(name="saga-caught", description="A saga whose block catches a failure, then fails", phases=[])
+def saga_caught(ctx: WorkflowContext) -> Any:
+    try:
+        with ctx.saga() as saga:
+            ctx.step("a0", lambda: did("a0"))
+            saga.compensate("undo-a0", lambda: did("undo-a0"))
+            if ctx.args["fanout"]:
+                ctx.parallel([lambda: ctx.step("a", lambda: did("a")), lambda: ctx.step("b", lambda: did_fail("b"))])
+            else:
+                with contextlib.suppress(StepFailed):
+                    ctx.step("b", lambda: did_fail("b"))
+            saga.compensate("undo-a1", lambda: did("undo-a1"))
+            ctx.step("c", lambda: fails_first_time("c"))
+            return "booked"
+    except StepFailed as failed:
+        return f"undone after {failed.key}"
+
+
+def did_fail(key: str) -> str:
+    did(key)
+    raise RuntimeError(f"{key} always fails")
+
+
+@pytest.mark.parametrize("fanout", [False, True], ids=["caught-step", "fanout-slot"])
+def test_a_failure_caught_before_a_journaled_compensation_is_not_run_again(fanout: bool) -> None:
+    """A failure the block caught (a step, a failed slot of an errors='none'
+    fan-out) before the saga registered the undo it began: run again, it cut
+    the sequence there, erasing the later failure and its journaled undo, and
+    the run completed with undo-a1 run."""
+    calls.clear()
+    env = WorkflowTestEnvironment([saga_caught])
+    env.crash_after("undo-a1")
+    crashed = env.run(saga_caught, args={"fanout": fanout})
+    assert (crashed.status, crashed.attempt) == ("running", 1)
+    ran = Counter({"a0": 1, "b": 1, "c": 1, "undo-a1": 1}) + (Counter({"a": 1}) if fanout else Counter())
+    assert calls == ran
+    resumed = env.resume(crashed.run_id)
+    assert (resumed.status, resumed.attempt, resumed.result) == ("completed", 2, "undone after c")
+    assert calls == ran + Counter({"undo-a0": 1}), "neither b nor c is run again"
+
+
+def test_a_journal_that_names_no_compensation_reads_as_before() -> None:
+    """Runs journaled before compensations were named (no ``u:<seq>``): a
+    failure stands where a compensation its open sagas registered follows it."""
+    history: list[tuple[str, str | None]] = [("s|b", None), ("s|undo", 'o"undo"')]
+    unnamed = Cursor(seq="m", history=list(history), high_water=-1, writes=True)
+    assert not unnamed.compensated_after()
+    unnamed.undo.append("s|undo")
+    assert unnamed.compensated_after()
+    named = Cursor(seq="m", history=list(history), high_water=-1, writes=True, compensated=1)
+    assert named.compensated_after()
+    named.advance()
+    assert not named.compensated_after(), "the compensation itself has none after it"

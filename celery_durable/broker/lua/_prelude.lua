@@ -216,11 +216,14 @@ local function hash_values(key, fields)
   return out
 end
 
+-- One sequence as replay reads it: {cut or '', high-water or '', last
+-- compensation ('<epoch>:<index>', record_op.lua) or '', entry, value or
+-- false, ...} from entry <start> (schema.parse_sequence).
 local function sequence_reply(journal_key, seq, start, any_stepped)
-  local head = redis.call('HMGET', journal_key, 'n:' .. seq, 'k:' .. seq, 'h:' .. seq, 'stepped')
+  local head = redis.call('HMGET', journal_key, 'n:' .. seq, 'k:' .. seq, 'h:' .. seq, 'stepped', 'u:' .. seq)
   local count = tonumber(head[1] or '0')
   if any_stepped == nil then any_stepped = head[4] ~= false end
-  local out = {head[2] or '', head[3] or ''}
+  local out = {head[2] or '', head[3] or '', head[5] or ''}
   local first = tonumber(start or '0')
   local names = {}
   for i = first, count - 1 do names[#names + 1] = 'o:' .. seq .. ':' .. i end
@@ -260,7 +263,7 @@ local function sequence_replies(journal_key, args, first, budget)
   for i = first, #args do
     local reply = sequence_reply(journal_key, args[i], 0, any_stepped)
     out[#out + 1] = reply
-    budget = budget - (#reply - 2) / 2
+    budget = budget - (#reply - 3) / 2
     if budget <= 0 then break end
   end
   return out
@@ -273,7 +276,7 @@ local function forget_fanout(journal_key, seq, index, width, epoch)
   local call = seq .. ':' .. index
   for j = 0, width - 1 do
     local branch = seq .. '.' .. index .. '.' .. j
-    redis.call('HDEL', journal_key, 'r:' .. call .. ':' .. j, 'h:' .. branch)
+    redis.call('HDEL', journal_key, 'r:' .. call .. ':' .. j, 'h:' .. branch, 'u:' .. branch)
     redis.call('HSET', journal_key, 'k:' .. branch, epoch .. ':-1')
   end
   redis.call('HDEL', journal_key, 'c:' .. call, 'd:' .. call, 's:' .. call)

@@ -174,11 +174,11 @@ def _value_field(seq: str, index: int, entry: str) -> str | None:
 def sequence_reply(journal: Mapping[str, str], seq: str, start: int = 0) -> list[Any]:
     """What ``sequence_reply`` of ``_prelude.lua`` (read_sequence.lua,
     read_sequences.lua) answers for sequence ``seq`` of the journal hash
-    ``journal``, from ``start``: {cut or '', high-water or '', entry, value or
-    None, ...}. A replay check reads an archived run's journal this way."""
+    ``journal``, from ``start``: {cut or '', high-water or '', last
+    compensation or '', entry, value or None, ...}. A replay check reads an archived run's journal this way."""
     count = int(journal.get(f"n:{seq}") or "0")
     any_stepped = "stepped" in journal
-    out: list[Any] = [journal.get(f"k:{seq}", ""), journal.get(f"h:{seq}", "")]
+    out: list[Any] = [journal.get(f"k:{seq}", ""), journal.get(f"h:{seq}", ""), journal.get(f"u:{seq}", "")]
     for index in range(start, count):
         entry = journal.get(f"o:{seq}:{index}", "0:")
         field = _value_field(seq, index, entry)

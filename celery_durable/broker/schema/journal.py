@@ -21,6 +21,8 @@ JOURNAL_FIELDS: dict[str, str] = {
     "g:": "g:<call>:<task id>: '<epoch>|<j>,<j>,...' branches that branch task handed on to new tasks",
     "h:": "h:<seq>: progress high-water mark",
     "k:": "k:<seq>: cut '<epoch>:<op index>'",
+    "u:": "u:<seq>: the last saga compensation journaled in the sequence, '<epoch>:<op index>' "
+    "(dead past a cut as that op is; absent in journals older than it: Cursor.compensated_after)",
     "a:": "a:<id>: agent turn outcome",
     "q:": "q:<id>: agent turn request",
     "qe:": "qe:<id>: epoch that asked for the turn",
@@ -185,6 +187,9 @@ class SequenceHistory:
     entries: list[tuple[int, str, str | None]]
     start: int = 0
     """The index of the first entry: a read of the tail leaves out the rest."""
+    compensated: tuple[int, int] | None = None
+    """(epoch, index) of the last compensation of a saga journaled in the
+    sequence (field ``u:<seq>``; none in a journal older than it)."""
 
     def live_entries(self) -> list[tuple[str, str | None]]:
         """The history replay must follow: entries up to the first dead one."""
@@ -195,20 +200,35 @@ class SequenceHistory:
             live.append((identity, value))
         return live
 
+    def last_compensation(self) -> int:
+        """The index of the last compensation journaled in the live history,
+        or -1: a dead one (past the cut, from an older epoch) is no history."""
+        if self.compensated is None:
+            return -1
+        epoch, index = self.compensated
+        if self.cut is not None and index > self.cut[1] and epoch < self.cut[0]:
+            return -1
+        return index
+
 
 def parse_sequence(run_id: str, seq: str, reply: Sequence[Any], start: int = 0) -> SequenceHistory:
     """A reply of ``sequence_reply`` (``_prelude.lua``; read_sequence, read_sequences and
-    activate scripts): cut, high-water mark, then entry/value pairs."""
+    activate scripts): cut, high-water mark, last compensation, then entry/value pairs."""
     try:
         cut: tuple[int, int] | None = None
         if reply[0]:
             cut_epoch, cut_index = str(reply[0]).split(":", 1)
             cut = (int(cut_epoch), int(cut_index))
+        compensated: tuple[int, int] | None = None
+        if reply[2]:
+            compensated_epoch, compensated_index = str(reply[2]).split(":", 1)
+            compensated = (int(compensated_epoch), int(compensated_index))
         entries: list[tuple[int, str, str | None]] = []
-        for i in range(2, len(reply), 2):
+        for i in range(3, len(reply), 2):
             epoch, identity = str(reply[i]).split(":", 1)
             value = reply[i + 1]
             entries.append((int(epoch), identity, str(value) if value else None))
-        return SequenceHistory(cut=cut, high_water=int(reply[1]) if reply[1] else -1, entries=entries, start=start)
+        high_water = int(reply[1]) if reply[1] else -1
+        return SequenceHistory(cut=cut, high_water=high_water, entries=entries, start=start, compensated=compensated)
     except (ValueError, IndexError, TypeError) as exc:
         raise StorageCorruptError(f"Journal of run {run_id} is corrupt in sequence {seq}: {exc!r}") from None
