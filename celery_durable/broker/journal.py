@@ -368,7 +368,8 @@ class Journal(Protocol):
         """Call a task of the fleet under ``key`` (``call.lua``): answered from
         the journal, published once per attempt (showing ``running_row``, and
         keeping ``inputs``, the call's arguments as JSON, for the history), or
-        waited for until ``due_ms`` (fixed when first reached), past which
+        waited for until ``due_ms`` (fixed when first reached, and again by an
+        attempt that calls again after an older attempt's failure), past which
         ``timeout_outcome`` is journaled."""
         ...
 

@@ -71,6 +71,48 @@ def test_a_failed_call_is_retried_by_the_next_attempt(make_backend: BackendFacto
     assert call(second, "flaky").verdict in ("publish", "pending")
 
 
+def test_a_call_that_timed_out_gets_a_due_time_of_its_own_from_the_attempt_that_calls_again(
+    make_backend: BackendFactory,
+) -> None:
+    """SPEC 4, 5a: a resumed run calls a timed-out call again; attempt 1's due time,
+    long past, is not the new attempt's (it would fail the call at once, unsent)."""
+    backend = make_backend()
+    start = now_ms()
+    assert call(backend.journal(1), "slow", due=start + 60_000).verdict == "publish"
+    backend.pass_time(120_000)
+    assert call(backend.journal(1), "slow", due=start + 60_000) == TaskCall("hit", NO_FLAGS, TIMED_OUT)
+    epoch = backend.take_over()
+    second = backend.journal(epoch)
+    own = start + 120_000 + 60_000
+    timed_out = failed(epoch, "TaskTimeout", "did not finish within 5 s")
+    assert second.call("m", 0, "slow", "m", own, "0:0", RUNNING, timed_out) == TaskCall("publish", NO_FLAGS)
+    assert backend.waits()["m:0"]["until"] == own
+    assert StepRow.parse("slow", backend.step_rows()["slow"]).status == "running"
+    backend.pass_time(30_000)
+    later = own + 30_000
+    assert second.call("m", 0, "slow", "m", later, "0:0", RUNNING, timed_out) == TaskCall("pending", NO_FLAGS)
+    assert backend.waits()["m:0"]["until"] == own, "a later pass of the attempt keeps the due time it fixed"
+    backend.pass_time(30_000)
+    assert second.call("m", 0, "slow", "m", later, None, RUNNING, timed_out) == TaskCall("hit", NO_FLAGS, timed_out)
+
+
+def test_a_failed_call_called_again_is_timed_from_the_new_attempt(make_backend: BackendFactory) -> None:
+    """A call whose task raised, past its time-out when the run is resumed: the
+    new attempt sends it again rather than fail it as timed out."""
+    backend = make_backend()
+    start = now_ms()
+    assert call(backend.journal(1), "flaky", due=start + 60_000).verdict == "publish"
+    boom = failed(1, "KeyError", "'x'")
+    assert backend.call_done(1, "flaky", boom, "KeyError: 'x'") == ["m"]
+    backend.pass_time(120_000)
+    epoch = backend.take_over()
+    timed_out = failed(epoch, "TaskTimeout", "did not finish within 5 s")
+    own = start + 120_000 + 60_000
+    assert backend.journal(epoch).call("m", 0, "flaky", "m", own, "0:0", RUNNING, timed_out).verdict == "publish"
+    assert backend.call_done(epoch, "flaky", ok("fine"), prefix="again") == ["m"]
+    assert call(backend.journal(epoch), "flaky") == TaskCall("hit", NO_FLAGS, ok("fine"))
+
+
 def test_a_call_where_the_journal_holds_another_op_is_a_conflict(make_backend: BackendFactory) -> None:
     backend = make_backend()
     journal = backend.journal(1)

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_durable import StepFailed, WorkflowContext, define_workflow
 from celery_durable.testing import WorkflowTestEnvironment
+from celery_durable.testing.explorer import ExplorerEnvironment
+from celery_durable.testing.fleet import InProcessSender
+from celery_durable.testing.tracer import Tracer
 
 CALLS: list[tuple[str, Any]] = []
 
@@ -50,3 +55,37 @@ def test_calls_run_the_environments_tasks_and_are_journaled_once() -> None:
     assert CALLS == [("resize", "a.png"), ("resize", "b.png")]
     steps = {row.key: row.status for row in env.detail(envelope.run_id).steps}
     assert steps == {"a": "completed", "b": "completed", "broken": "failed", "missing": "failed"}
+
+
+def slow_render(ctx: WorkflowContext) -> Any:
+    return ctx.call("render", "fleet.resize", args=("r.png",), timeout=60)
+
+
+SLOW = define_workflow({"name": "slow-render", "description": "a call with a time-out", "phases": []}, slow_render)
+
+
+def test_a_call_that_timed_out_is_sent_again_when_its_run_is_resumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC 4, 5a: the first message goes to a queue nobody serves and the call
+    times out; once resumed, the run sends the task again and completes."""
+    CALLS.clear()
+    sent: list[int] = []
+    send_call = InProcessSender.send_call
+
+    def lose_the_first(self: InProcessSender, engine: Any, record: Any, request: Any) -> None:
+        sent.append(record.attempt)
+        if len(sent) > 1:
+            send_call(self, engine, record, request)
+
+    monkeypatch.setattr(InProcessSender, "send_call", lose_the_first)
+    env = ExplorerEnvironment([SLOW], Tracer(), tasks={"fleet.resize": resize})
+    run_id = env.client.start_workflow(SLOW)
+    assert env.recover(lambda: env.settled(run_id))
+    timed_out = env.get(run_id)
+    assert (timed_out.status, timed_out.can_resume) == ("error", True)
+    assert "TaskTimeout" in str(timed_out.error)
+    env.resume(run_id)
+    assert env.recover(lambda: env.settled(run_id))
+    envelope = env.get(run_id)
+    assert (envelope.status, envelope.result) == ("completed", {"url": "r.png", "size": 64}), envelope.error
+    assert sent == [1, 2]
+    assert CALLS == [("resize", "r.png")]

@@ -1,8 +1,11 @@
 -- A sequence calls a Celery task of the fleet (ctx.call): the op is journaled
 -- under its key, exactly as a step's, and the call is answered from the
 -- journal, or published once per attempt, or waited for. Its due time (the
--- call's timeout) is fixed the first time it is reached; past it, with no
--- result, the call fails as a time-out (journaled like a step's failure).
+-- call's timeout) is fixed the first time it is reached, and fixed again by
+-- an attempt that re-runs an older attempt's failure (a time-out too) before
+-- it sends the task: the old due time is that attempt's, and may be past.
+-- Past it, with no result, the call fails as a time-out (journaled like a
+-- step's failure).
 -- KEYS[1] run hash, KEYS[2] journal, KEYS[3] waits, KEYS[4] running steps,
 -- KEYS[5] steps, KEYS[6] history
 -- ARGV[1] epoch, ARGV[2] now (ms), ARGV[3] sequence, ARGV[4] op index,
@@ -25,7 +28,13 @@ if outcome and not is_stale_failure(outcome, ARGV[1]) then
   f = flags(KEYS[1])
   return {'hit', f[1], f[2], f[3], outcome}
 end
-local due = redis.call('HGET', KEYS[2], 'wd:' .. at)
+-- Here any outcome is an older attempt's failure: this attempt calls again
+-- (SPEC 4, 5a). Until it has sent the task (ce:<key>), the old due time is
+-- void; once sent, later passes of this attempt keep the one it fixed.
+local due
+if not outcome or redis.call('HGET', KEYS[2], 'ce:' .. key) == ARGV[1] then
+  due = redis.call('HGET', KEYS[2], 'wd:' .. at)
+end
 if not due then
   due = ARGV[8]
   redis.call('HSET', KEYS[2], 'wd:' .. at, due)

@@ -27,7 +27,10 @@ JOURNAL_FIELDS: dict[str, str] = {
     "q:": "q:<id>: agent turn request",
     "qe:": "qe:<id>: epoch that asked for the turn",
     "w:": "w:<id>: owners waiting for the turn",
-    "wd:": "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none)",
+    "wd:": (
+        "wd:<seq>:<i>: due time (ms) of a wait or call op, fixed when first reached ('' for none;"
+        " a call run again after an older attempt's failure fixes its own)"
+    ),
     "wt:": "wt:<seq>:<i>: when (ms) a wait op was first reached (the run's history)",
     "wf:": "wf:<seq>:<i>: when (ms) a wait op's outcome was journaled (the run's history)",
     "ce:": "ce:<key>: the epoch that published the task call <key>",
