@@ -64,8 +64,9 @@ class Saga:
     def __init__(self, replay: Callable[[], Replay]) -> None:
         self._replay = replay
         self._undo: list[tuple[str, Callable[[], Any]]] = []
-        self._cursor: Cursor | None = None
-        """The sequence whose ops the undos follow, which knows their identities (``Cursor.undo``)."""
+        self._marks: list[tuple[Cursor, str]] = []
+        """Each undo's identity, on the sequence that registered it (``Cursor.undo``):
+        the block's, or a branch's of a fan-out inside it."""
 
     def compensate(self, key: str, producer: Callable[[], Any]) -> None:
         """Register ``producer`` to undo what the block did so far, as a step
@@ -78,9 +79,10 @@ class Saga:
             raise ValueError(f"Compensation {key!r} producer must be callable, got {type(producer).__name__}")
         self._undo.append((key, producer))
         replay = self._replay()
-        self._cursor = replay.current()
-        self._cursor.undo.append(Identity.step(key))
-        replay.mark_compensable(self._cursor)
+        cursor = replay.current()
+        cursor.undo.append(Identity.step(key))
+        self._marks.append((cursor, Identity.step(key)))
+        replay.mark_compensable(cursor)
 
     def __enter__(self) -> Saga:
         return self
@@ -89,9 +91,9 @@ class Saga:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         undo, self._undo = self._undo, []
-        if self._cursor is not None:
-            for key, _ in undo:
-                self._cursor.undo.remove(Identity.step(key))
+        marks, self._marks = self._marks, []
+        for cursor, identity in marks:
+            cursor.undo.remove(identity)
         if exc is None or not undo or not isinstance(exc, Exception):
             return  # a normal exit, nothing registered, or the engine's own way out
         replay = self._replay()

@@ -111,3 +111,31 @@ def test_a_journal_that_names_no_compensation_reads_as_before() -> None:
     assert named.compensated_after()
     named.advance()
     assert not named.compensated_after(), "the compensation itself has none after it"
+
+
+@workflow(name="saga-undos-in-branches", description="A saga whose undos are registered by its branches", phases=[])
+def saga_undos_in_branches(ctx: WorkflowContext) -> Any:
+    with ctx.saga() as saga:
+        ctx.step("a", lambda: did("a"))
+        saga.compensate("undo-a", lambda: did("undo-a"))
+
+        def branch(j: int) -> Any:
+            ctx.step(f"b{j}", lambda: did(f"b{j}"))
+            saga.compensate(f"undo-b{j}", lambda: did(f"undo-b{j}"))
+            return j
+
+        ctx.parallel([lambda: branch(0), lambda: branch(1)])
+        ctx.step("boom", lambda: fails_first_time("boom"))
+    return "booked"
+
+
+def test_undos_registered_by_branches_leave_the_block_with_it() -> None:
+    """Each undo's identity is kept on the sequence that registered it and
+    taken off that one when the block ends: taken off the block's last
+    registering sequence, the block failed with a ValueError and undid nothing."""
+    calls.clear()
+    env = WorkflowTestEnvironment([saga_undos_in_branches])
+    done = env.run(saga_undos_in_branches)
+    assert done.status == "error"
+    assert done.error == "StepFailed: step 'boom' raised RuntimeError: boom fails the first time"
+    assert {key: calls[key] for key in ("undo-a", "undo-b0", "undo-b1")} == {"undo-a": 1, "undo-b0": 1, "undo-b1": 1}
