@@ -171,7 +171,7 @@ class _DryFanout(FanoutOps):
             if j % 64 == 0:
                 replay.read_ahead(seqs[j : j + 64])
             self._branch(cursor, call, j, thunk, raws[j])
-        results = self._collect(call, len(branches), stands=cursor.compensated_after())
+        results = self._collect(call, len(branches), stands=cursor.compensated_after)
         if results is None:
             replay.stop_here(cursor)  # the run waits for branches still running
         cursor.advance()

@@ -95,7 +95,7 @@ class FanoutOps(Ops):
             run_target(replay, cursor, identity, branches)  # a branch task's own fan-out: it ends there
         if not cursor.writes:
             # The main body of a branch task, on its way to a later fan-out.
-            results = self._collect(call, len(branches), stands=cursor.compensated_after())
+            results = self._collect(call, len(branches), stands=cursor.compensated_after)
             if results is None:
                 raise StaleAttemptError(f"Run {replay.run.run_id}: {describe(identity)} {call} is not finished yet")
             cursor.advance()
@@ -125,7 +125,7 @@ class FanoutOps(Ops):
             # An older attempt's failed branches run again (SPEC §4), unless
             # that attempt began compensating after the fan-out: then they
             # stand as they are (``Cursor.compensated_after``), nothing is sent.
-            results = self._collect(call, len(branches), stands=cursor.compensated_after())
+            results = self._collect(call, len(branches), stands=cursor.compensated_after)
             if results is not None:
                 cursor.advance()
                 return results
@@ -233,20 +233,24 @@ class FanoutOps(Ops):
             error = StorageUnavailableError(f"Broker unavailable while sending branches of {call}: {exc}")
             raise replay.break_with(error) from None
 
-    def _collect(self, call: str, count: int, *, stands: bool = False) -> list[schema.Outcome] | None:
+    def _collect(
+        self, call: str, count: int, *, stands: Callable[[], bool] | None = None
+    ) -> list[schema.Outcome] | None:
         """All branch outcomes when every one is journaled and live, else None;
-        with ``stands``, an older attempt's failed branch counts as it is: a
-        saga began compensating after the fan-out (``Cursor.compensated_after``).
+        where ``stands()`` (asked only then), an older attempt's failed branch
+        counts as it is: a saga began compensating after the fan-out
+        (``Cursor.compensated_after``).
 
         A live fatal outcome is raised at once: fatal errors abort the whole call.
         """
         replay = self._replay
         raws = replay.journal.branch_outcomes(call, count)
         decoded = [replay.decode(raw) if raw is not None else None for raw in raws]
-        missing = any(
-            outcome is None or not (outcome.is_live(replay.epoch) or (stands and outcome.kind != "f"))
-            for outcome in decoded
-        )
+        missing = any(outcome is None or not outcome.is_live(replay.epoch) for outcome in decoded)
+        if missing and stands is not None and stands():
+            missing = any(
+                outcome is None or (outcome.kind == "f" and not outcome.is_live(replay.epoch)) for outcome in decoded
+            )
         if missing and replay.cancelled() and replay.run.compensates:
             return None  # cancelled: every branch compensates and ends before the cancellation goes on
         for outcome in decoded:
