@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_durable import Engine, Settings, StepFailed, WorkflowContext
@@ -26,9 +27,9 @@ from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
 from celery_durable.workflows.calls import call_task_id
 from tests.conftest import worker_thread
 from tests.support.apps.gpu import make_app
-from tests.support.fleet import ROOT, settings_env
+from tests.support.fleet import ROOT, Fleet, settings_env
 from tests.support.gpu_workers import Gpu
-from tests.support.poll import RUN_BOUND, START_BOUND, poll
+from tests.support.poll import RUN_BOUND, START_BOUND, lease_bound, poll
 from tests.support.workflows import refusal_of, wf
 
 TIMEOUT = 40
@@ -257,6 +258,37 @@ def test_a_calls_worker_killed_mid_task_is_redelivered_and_one_result_journaled(
     assert envelope.status == "completed" and envelope.attempt == 1
     assert envelope.result["runs"] == 2, "delivered again after its worker died"
     assert gpu.runs(task_id) == 2
+
+
+ANSWER_DIES = "tests.support.apps.answer_dies:engine"
+
+
+@pytest.mark.slow
+@pytest.mark.topologies("redis", "rabbitmq")
+def test_an_answer_whose_worker_died_holding_it_is_given_back_within_a_lease(settings: Settings, fleet: Fleet) -> None:
+    """A call's answer is no run's message in flight: a worker that died
+    holding it left it unacknowledged in Redis for the engine's visibility
+    timeout (6 hours), and the run waited that long. The sweep that buries
+    the worker gives it back: the run ends in its first attempt, the called
+    task run once. (RabbitMQ gives a dead consumer's messages back itself.)"""
+    from tests.support.apps import answer_dies
+
+    queues = [settings.coordinator_queue, settings.steps_queue]
+    fleet.start(ANSWER_DIES, queues=[f"{settings.key_prefix}.calls"], name="calls")
+    dying = fleet.start(ANSWER_DIES, queues=queues, env={"DIE_HOLDING_ANSWER": "1"}, name="dying")
+    client = Engine([answer_dies.answered_call], settings).client()
+    run_id = client.start_workflow("answered-call")
+    poll(lambda: not dying.alive(), within=START_BOUND + RUN_BOUND, what="the worker to die holding the answer")
+    raw = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    runs = f"{settings.key_prefix}:test:runs:{call_task_id(run_id, 'render')}"
+    assert raw.get(runs) == "1"
+    assert client.get_workflow_run(run_id).status == "running"
+
+    fleet.start(ANSWER_DIES, queues=queues, name="after")
+    envelope = client.wait_for_workflow_run(run_id, timeout=START_BOUND + lease_bound(settings, 2) + RUN_BOUND)
+    assert (envelope.status, envelope.attempt) == ("completed", 1), envelope.error
+    assert envelope.result == {"item": "a", "runs": 1}
+    assert raw.get(runs) == "1", "the called task ran once"
 
 
 def test_user_tasks_keep_celerys_defaults_and_their_results_on_both_apps(settings: Settings, gpu: Gpu) -> None:

@@ -34,7 +34,7 @@ from celery_durable.broker.journal import (
 from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.broker.replies import children, control, fleet, history, index, journal, run, schedules, throttles
 from celery_durable.broker.replies.control import Finished, Requested, RequestVerdict, Signalled, SignalVerdict
-from celery_durable.broker.replies.fleet import DueRuns, Examined, Liveness
+from celery_durable.broker.replies.fleet import DeadWorker, DueRuns, Examined, Liveness
 from celery_durable.broker.replies.run import CallDone, Renewal, Requeued, TurnStart, TurnVerdict
 from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema.history import StoredEvent
@@ -112,6 +112,12 @@ GOOD: list[tuple[str, tuple[Any, ...], Any, Any]] = [
     ("pause", (), ["settled"], Requested(RequestVerdict.SETTLED)),
     ("signal", (), ["ok", 2, "m", "m.0.1"], Signalled(SignalVerdict.OK, epoch=2, owners=["m", "m.0.1"])),
     ("claim_due", (), ["", "1700000015000.5", "r1"], DueRuns(["r1"], None, "1700000015000.5")),
+    (
+        "claim_dead_workers",
+        (),
+        ["w1", "t1|r1 t2|r1 a1|r2@tag-1", "w2", ""],
+        {"w1": DeadWorker({"r1": ["t1", "t2"]}, ["tag-1"]), "w2": DeadWorker()},
+    ),
     ("look", (), 1, 1),
     ("looked", (), 0, 0),
     ("examine", (), ["paused", "2", "w", "", ""], Examined("paused", 2, "w", Liveness.SETTLED, "")),

@@ -16,7 +16,8 @@ from typing import Any, cast
 from celery_durable.broker.connection import storage_errors
 from celery_durable.broker.ops import OPS
 from celery_durable.broker.replies import fleet as parse
-from celery_durable.broker.replies.fleet import DueRuns, Examined
+from celery_durable.broker.replies.fleet import DeadWorker, DueRuns, Examined
+from celery_durable.broker.schema.live import HeldMessage
 from celery_durable.broker.store_core import StoreCore
 from celery_durable.errors import StorageCorruptError
 
@@ -123,14 +124,17 @@ class FleetLiveness(StoreCore):
             pipe.execute()
 
     def hold_messages(self, worker: str, held: Sequence[tuple[str, str]], at_ms: int) -> None:
-        """Worker ``worker`` received these messages (``(task_id, run_id)``),
-        not yet started: said in its beat's record, and marked held in each
-        run's live hash (``received.lua``, one per run). The fleet's keys and
+        """Worker ``worker`` received these messages (``(task_id, held value)``,
+        ``schema.live.HeldMessage``), not yet started: said in its beat's
+        record, and a run's own marked held in its live hash (``received.lua``,
+        one per run; a call's answer has no entry there). The fleet's keys and
         a run's live hash have different hash tags: one round trip on one
         Redis, more on a Cluster."""
         by_run: dict[str, list[str]] = {}
-        for task_id, run_id in held:
-            by_run.setdefault(run_id, []).append(task_id)
+        for task_id, value in held:
+            message = HeldMessage.parse(value)
+            if message.answer_tag is None:
+                by_run.setdefault(message.run_id, []).append(task_id)
 
         def beat(pipe: Any) -> None:
             pipe.zadd(self.keys.workers, {worker: at_ms})
@@ -151,9 +155,9 @@ class FleetLiveness(StoreCore):
             pipe.hdel(self.keys.profiles, worker)
             pipe.execute()
 
-    def claim_dead_workers(self, silent_since_ms: int) -> dict[str, dict[str, list[str]]]:
-        """Workers silent since before ``silent_since_ms``, claimed by this caller alone:
-        worker -> run id -> the task ids of the run it held."""
+    def claim_dead_workers(self, silent_since_ms: int) -> dict[str, DeadWorker]:
+        """Workers silent since before ``silent_since_ms``, claimed by this caller
+        alone, with the messages each held."""
         return parse.claim_dead_workers(
             self.call("claim_dead_workers", self.keys, [silent_since_ms, self.keys.held_prefix])
         )

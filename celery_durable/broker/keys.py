@@ -112,7 +112,8 @@ Layout (``P`` is ``settings.key_prefix``, ``R`` a run id, ``N`` a namespace)::
                              queue empty in the broker (liveness)
     P:{fleet}:workers zset   live workers, scored by the ms of their last beat
     P:{fleet}:held:W hash    messages worker W held at its last beat, task
-                             id -> run id
+                             id -> run id, or run id@delivery tag for a
+                             call's answer (schema.live.HeldMessage)
     P:{fleet}:registry zset  every worker that beat in the last day, scored
                              by its last beat (not buried with its messages:
                              what list_workers shows, dead ones too)

@@ -56,6 +56,7 @@ from celery_durable.tasks import flower_names, throttling
 from celery_durable.tasks.app import new_task_id
 from celery_durable.tasks.children import settled_child, tell_parent
 from celery_durable.tasks.queue_depths import BrokerQueues
+from celery_durable.tasks.redelivery import give_back
 from celery_durable.tasks.wakes import Wake, woken
 from celery_durable.tasks.worker_beat import WorkerBeat
 from celery_durable.workflows import jsonvalue
@@ -191,12 +192,21 @@ class RecoverySweep:
         """Messages a dead worker had received but not started died with it."""
         store = self.engine.store
         silent_since = now_ms() - int(self.engine.settings.lease_seconds * 1000)
-        for worker, runs in store.claim_dead_workers(silent_since).items():
-            lost = {run_id: store.mark_lost(run_id, task_ids) for run_id, task_ids in runs.items()}
+        for worker, held in store.claim_dead_workers(silent_since).items():
+            lost = {run_id: store.mark_lost(run_id, task_ids) for run_id, task_ids in held.runs.items()}
             for run_id, marked in lost.items():
                 if marked:
                     store.schedule_check(run_id, 0)
             logger.warning("worker %s stopped beating; %d of its messages were lost", worker, sum(lost.values()))
+            try:
+                given = give_back(self.engine, held.answers)
+            except Exception:  # kombu and amqp connection errors have no common base
+                # Claimed, so no other sweep gives them back: the transport's
+                # own restore does, once its visibility timeout has passed.
+                logger.exception("worker %s: %d call answer(s) it held not given back", worker, len(held.answers))
+            else:
+                if given:
+                    logger.warning("worker %s held %d call answer(s): given back to their queue", worker, given)
 
     def _watch_queues(self) -> None:
         try:

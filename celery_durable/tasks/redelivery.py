@@ -1,5 +1,8 @@
 """A message delivered again after its first delivery started: its holder died.
 
+Two halves: a run's own message that comes back (below), and a call's
+answer that a dead worker held, which is given back (``give_back``).
+
 RabbitMQ gives a dead worker's unacknowledged messages back at once (Redis
 after its visibility timeout). Run again as if new, the message would go on
 in the dead attempt's name: no new epoch, no ``system`` record that the run
@@ -16,6 +19,7 @@ the new epoch fences it out of every write.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.errors import StorageError
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
     from celery_durable.engine import Engine
 
 logger = logging.getLogger(__name__)
+
+REDIS_DRIVER = "redis"
 
 
 def recovered_on_redelivery(engine: Engine, task_id: str, kwargs: dict[str, Any]) -> bool:
@@ -49,3 +55,30 @@ def recovered_on_redelivery(engine: Engine, task_id: str, kwargs: dict[str, Any]
         logger.warning("run %s: a message delivered again could not be judged: %s", message.run_id, exc)
         return False
     return True
+
+
+def give_back(engine: Engine, tags: Sequence[str]) -> int:
+    """Put the calls' answers a dead worker held back in their queue, at its head.
+
+    An answer is the one message of a call that no run counts in flight: its
+    called task may run for hours, so no rule can judge it lost, and a run
+    taken over for it would run the called task again. RabbitMQ gives a
+    dead consumer's messages back at once. kombu's Redis transport keeps
+    them in its ``unacked`` hash until the visibility timeout (hours, above
+    the longest step) has passed, and a run would wait as long. So the sweep
+    that buries the worker gives them back, by the delivery tags the worker
+    said it held, with the transport's own restore (the one its warm
+    shutdown uses for what it delivered; an answer acknowledged meanwhile is
+    no longer there, and nothing is restored). An answer journaled before
+    its holder died and given back again changes nothing: the first write
+    of an outcome wins. Returns how many tags were looked up.
+    """
+    if not tags:
+        return 0
+    with engine.celery.connection_for_write() as connection:
+        if connection.transport.driver_type != REDIS_DRIVER:
+            return 0
+        qos = connection.default_channel.qos
+        for tag in tags:
+            qos.restore_by_tag(tag, leftmost=True)
+    return len(tags)

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 from celery.worker import state as worker_state
 
 from celery_durable.broker import now_ms
+from celery_durable.broker.keys import RUN_ID_PATTERN
+from celery_durable.broker.schema.live import HeldMessage
 from celery_durable.errors import StorageError
-from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, CALL_FAILED_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.versions import profile_of
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 BEAT_SPACING = 0.02
 """Beats that received messages ask for are this far apart at least: one write per 20 ms at worst."""
 DURABLE_TASKS = frozenset({COORDINATOR_TASK, BRANCH_TASK, AGENT_TASK})
+ANSWER_TASKS = frozenset({CALL_RESULT_TASK, CALL_FAILED_TASK})
 FRESH_SECONDS = 5.0
 """A received message is reported from this worker's own record this long at most (see beat)."""
 
@@ -64,11 +67,11 @@ class WorkerBeat:
         self._turn = turn
         self._beat_now = threading.Event()
         self._fresh: dict[str, tuple[str, float]] = {}
-        """Messages received lately (task id -> run id, when), until Celery's own requests list them."""
+        """Messages received lately (task id -> held value, when), until Celery's own requests list them."""
         self._reported: set[str] = set()
         """The messages the last beat reported held."""
         self._to_hold: deque[tuple[str, str]] = deque()
-        """Messages received and not yet said held (task id, run id): ``_hold_loop`` says so."""
+        """Messages received and not yet said held (task id, held value): ``_hold_loop`` says so."""
         self._hold_now = threading.Event()
         self._holder: threading.Thread | None = None
 
@@ -96,12 +99,12 @@ class WorkerBeat:
         (within ``interval``) takes out what finished. Not written, the beat
         comes soon and reports it with the rest (a beat per message cost a
         burst of wakes 5 % of the worker's time)."""
-        run_id = _durable_run(request)
-        if run_id is None:
+        held = _held(request)
+        if held is None:
             return  # another task (a call's own, say): no run counts it in flight
         task_id = str(request.id)
-        self._fresh[task_id] = (run_id, time.monotonic())
-        self._to_hold.append((task_id, run_id))
+        self._fresh[task_id] = (held, time.monotonic())
+        self._to_hold.append((task_id, held))
         self._hold_now.set()
 
     def _hold_loop(self) -> None:
@@ -132,17 +135,17 @@ class WorkerBeat:
         received, waiting for a countdown, or running (Celery's own bookkeeping)."""
         held: dict[str, str] = {}
         for task_id, request in list(worker_state.requests.items()):
-            run_id = _durable_run(request)
-            if run_id is not None:
-                held[str(task_id)] = run_id
+            value = _held(request)
+            if value is not None:
+                held[str(task_id)] = value
         # Received but not yet in Celery's requests (the task_received signal
         # comes first), or in and out again between two beats: still held.
         now = time.monotonic()
-        for task_id, (run_id, at) in list(self._fresh.items()):
+        for task_id, (value, at) in list(self._fresh.items()):
             if task_id in held or now - at > FRESH_SECONDS:
                 self._fresh.pop(task_id, None)
             else:
-                held[task_id] = run_id
+                held[task_id] = value
         # Only what this beat saw go is removed: a message received while it
         # looked was written by received() and is in no snapshot yet.
         gone = [task_id for task_id in self._reported if task_id not in held]
@@ -152,14 +155,23 @@ class WorkerBeat:
         self._reported = set(held)
 
 
-def _durable_run(request: Any) -> str | None:
-    """The run a received durable task's message belongs to; None for any other task.
+def _held(request: Any) -> str | None:
+    """What the held hash says of a received message (``HeldMessage``): the
+    run of one of the engine's messages, and of a call's answer its delivery
+    tag too; None for any other task, and for a message that names no run
+    (a value the claim could not parse would stop every sweep's burial).
 
     By the task's registered name (``Request.type``): ``Request.name`` is the
     shadow name the message shows in Flower, which says the workflow instead.
     """
     kwargs = getattr(request, "kwargs", None)
     run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
-    if getattr(request, "type", None) in DURABLE_TASKS and isinstance(run_id, str):
+    kind = getattr(request, "type", None)
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
+        return None  # not a run's (the task refuses it, and says why): nothing of it is held
+    if kind in DURABLE_TASKS:
         return run_id
+    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+    if kind in ANSWER_TASKS and tag is not None:
+        return HeldMessage(run_id, str(tag)).value()
     return None

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from celery_durable.broker.replies.shape import count, script
+from celery_durable.broker.schema.live import HeldMessage
 from celery_durable.broker.schema.run import STATUSES
 
 
@@ -45,19 +46,32 @@ def looked(reply: Any) -> int:
     return count(reply)
 
 
+@dataclass(frozen=True, slots=True)
+class DeadWorker:
+    """What a worker that stopped beating held (``schema.live.HeldMessage``)."""
+
+    runs: dict[str, list[str]] = field(default_factory=dict)
+    """Run id -> the task ids of the run's own messages: marked lost."""
+    answers: list[str] = field(default_factory=list)
+    """The broker's delivery tags of the calls' answers it held: given back."""
+
+
 @script("claim_dead_workers")
-def claim_dead_workers(reply: Any) -> dict[str, dict[str, list[str]]]:
-    """claim_dead_workers.lua: {worker, 'task|run task|run ...', worker, ...},
-    as worker -> run id -> the task ids of the run it held."""
-    dead: dict[str, dict[str, list[str]]] = {}
+def claim_dead_workers(reply: Any) -> dict[str, DeadWorker]:
+    """claim_dead_workers.lua: {worker, 'task|held task|held ...', worker, ...}."""
+    dead: dict[str, DeadWorker] = {}
     for worker, text in zip(reply[::2], reply[1::2], strict=True):
-        runs: dict[str, list[str]] = {}
+        held = DeadWorker()
         for pair in str(text).split():
-            task_id, bar, run_id = pair.partition("|")
+            task_id, bar, value = pair.partition("|")
             if not bar:
                 raise ValueError(f"held message {pair!r}")
-            runs.setdefault(run_id, []).append(task_id)
-        dead[str(worker)] = runs
+            message = HeldMessage.parse(value)
+            if message.answer_tag is not None:
+                held.answers.append(message.answer_tag)
+            else:
+                held.runs.setdefault(message.run_id, []).append(task_id)
+        dead[str(worker)] = held
     return dead
 
 
