@@ -38,7 +38,7 @@ local cancel = requested[1] or '0'
 local pause = recovery and (requested[2] or '0') or '0'
 local epoch = next_epoch(KEYS[1])
 if recovery then
-  redis.call('HINCRBY', KEYS[1], 'recoveries', 1)
+  count_recovery(KEYS[1])
 else
   made_progress(KEYS[1])  -- a resume by hand starts the count again
 end
