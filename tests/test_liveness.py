@@ -124,6 +124,37 @@ def test_a_received_message_is_judged_by_its_workers_beats_not_by_its_queue(dura
     assert store.examine(run_id, empty).detail == f"the worker holding task {message} died"
 
 
+def test_a_held_answer_is_its_runs_for_every_reader_and_given_back_not_marked_lost(durable) -> None:
+    """A call's answer is held as ``<run id>@<delivery tag>``: the fleet view
+    counts it as its run's, the claim hands its tag back (to be restored in
+    the broker) and marks nothing lost, and a held task id the claim could not
+    read back is never written (``HELD_TOKEN``)."""
+    from types import SimpleNamespace
+
+    from celery_durable.broker.schema.live import HeldMessage
+    from celery_durable.tasks.app import CALL_RESULT_TASK, COORDINATOR_TASK
+    from celery_durable.tasks.worker_beat import _held
+
+    d = durable([load], worker=False)
+    run_id = d.client.start_workflow("load")
+    store = d.engine.store
+    [message] = store.client.hkeys(store.run_keys(run_id).live)
+    answer = HeldMessage(run_id, "tag-1").value()
+    store.hold_messages("worker-a", [(message, run_id), ("answer-1", answer)], int(time.time() * 1000))
+    assert store.held_messages(["worker-a"]) == {"worker-a": {message: run_id, "answer-1": run_id}}
+    [(worker, held)] = store.claim_dead_workers(int(time.time() * 1000) + 1).items()
+    assert (worker, held.runs, held.answers) == ("worker-a", {run_id: [message]}, ["tag-1"])
+
+    def request(task: str, task_id: str, tag: str = "tag-1") -> Any:
+        kwargs = {"run_id": run_id}
+        return SimpleNamespace(type=task, id=task_id, kwargs=kwargs, message=SimpleNamespace(delivery_tag=tag))
+
+    assert _held(request(CALL_RESULT_TASK, "answer-1")) == answer
+    assert _held(request(COORDINATOR_TASK, "c-1")) == run_id
+    assert _held(request(CALL_RESULT_TASK, "answer-1", tag="x y")) is None
+    assert _held(request(COORDINATOR_TASK, "forged|id")) is None
+
+
 def test_a_received_message_that_never_starts_is_dead_a_lease_after(durable) -> None:
     """Celery's prefork pool has been seen to lose a job it handed to a child:
     a live worker's held message that does not start within a lease is dead."""

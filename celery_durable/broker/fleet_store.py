@@ -275,7 +275,10 @@ class FleetLiveness(StoreCore):
             for worker in workers:
                 pipe.hgetall(self.keys.held_prefix + worker)
             held = pipe.execute()
-        return dict(zip(workers, cast(list[dict[str, str]], held), strict=True))
+        return {
+            worker: {task_id: HeldMessage.parse(value).run_id for task_id, value in messages.items()}
+            for worker, messages in zip(workers, cast(list[dict[str, str]], held), strict=True)
+        }
 
     def queues_seen_empty(self) -> tuple[dict[str, int], int | None]:
         """When each queue was last found empty, and when the sweeps last looked (None: never)."""

@@ -189,24 +189,31 @@ class RecoverySweep:
         return True
 
     def bury_dead_workers(self) -> None:
-        """Messages a dead worker had received but not started died with it."""
+        """Messages a dead worker had received but not started died with it;
+        the calls' answers it held are given back first, as nothing else would
+        find them before the broker's visibility timeout."""
         store = self.engine.store
         silent_since = now_ms() - int(self.engine.settings.lease_seconds * 1000)
-        for worker, held in store.claim_dead_workers(silent_since).items():
+        dead = store.claim_dead_workers(silent_since)
+        for worker, held in dead.items():  # all before any mark_lost, which may fail for the rest
+            self._give_back(worker, held.answers)
+        for worker, held in dead.items():
             lost = {run_id: store.mark_lost(run_id, task_ids) for run_id, task_ids in held.runs.items()}
             for run_id, marked in lost.items():
                 if marked:
                     store.schedule_check(run_id, 0)
             logger.warning("worker %s stopped beating; %d of its messages were lost", worker, sum(lost.values()))
-            try:
-                given = give_back(self.engine, held.answers)
-            except Exception:  # kombu and amqp connection errors have no common base
-                # Claimed, so no other sweep gives them back: the transport's
-                # own restore does, once its visibility timeout has passed.
-                logger.exception("worker %s: %d call answer(s) it held not given back", worker, len(held.answers))
-            else:
-                if given:
-                    logger.warning("worker %s held %d call answer(s): given back to their queue", worker, given)
+
+    def _give_back(self, worker: str, answers: Sequence[str]) -> None:
+        try:
+            given = give_back(self.engine, answers)
+        except Exception:  # kombu and amqp connection errors have no common base
+            # Claimed, so no other sweep gives them back: the transport's
+            # own restore does, once its visibility timeout has passed.
+            logger.exception("worker %s: %d call answer(s) it held not given back", worker, len(answers))
+            return
+        if given:
+            logger.warning("worker %s held %d call answer(s): given back to their queue", worker, given)
 
     def _watch_queues(self) -> None:
         try:

@@ -58,7 +58,7 @@ def recovered_on_redelivery(engine: Engine, task_id: str, kwargs: dict[str, Any]
 
 
 def give_back(engine: Engine, tags: Sequence[str]) -> int:
-    """Put the calls' answers a dead worker held back in their queue, at its head.
+    """Put the calls' answers a dead worker held back in their queue, to be taken next.
 
     An answer is the one message of a call that no run counts in flight: its
     called task may run for hours, so no rule can judge it lost, and a run
@@ -80,5 +80,6 @@ def give_back(engine: Engine, tags: Sequence[str]) -> int:
             return 0
         qos = connection.default_channel.qos
         for tag in tags:
-            qos.restore_by_tag(tag, leftmost=True)
+            # The end consumers pop from (kombu publishes with LPUSH, consumes with BRPOP), as its own restore does.
+            qos.restore_by_tag(tag, leftmost=False)
     return len(tags)

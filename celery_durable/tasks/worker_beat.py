@@ -23,7 +23,7 @@ from celery.worker import state as worker_state
 
 from celery_durable.broker import now_ms
 from celery_durable.broker.keys import RUN_ID_PATTERN
-from celery_durable.broker.schema.live import HeldMessage
+from celery_durable.broker.schema.live import HELD_TOKEN, HeldMessage
 from celery_durable.errors import StorageError
 from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, CALL_FAILED_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.versions import profile_of
@@ -158,8 +158,8 @@ class WorkerBeat:
 def _held(request: Any) -> str | None:
     """What the held hash says of a received message (``HeldMessage``): the
     run of one of the engine's messages, and of a call's answer its delivery
-    tag too; None for any other task, and for a message that names no run
-    (a value the claim could not parse would stop every sweep's burial).
+    tag too; None for any other task, and for a message whose run id, task
+    id or tag is not one (``HELD_TOKEN``: the claim must be able to read it).
 
     By the task's registered name (``Request.type``): ``Request.name`` is the
     shadow name the message shows in Flower, which says the workflow instead.
@@ -167,11 +167,11 @@ def _held(request: Any) -> str | None:
     kwargs = getattr(request, "kwargs", None)
     run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
     kind = getattr(request, "type", None)
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id) or not HELD_TOKEN.match(str(request.id)):
         return None  # not a run's (the task refuses it, and says why): nothing of it is held
     if kind in DURABLE_TASKS:
         return run_id
-    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
-    if kind in ANSWER_TASKS and tag is not None:
-        return HeldMessage(run_id, str(tag)).value()
+    tag = str(getattr(getattr(request, "message", None), "delivery_tag", ""))
+    if kind in ANSWER_TASKS and HELD_TOKEN.match(tag):
+        return HeldMessage(run_id, tag).value()
     return None

@@ -15,6 +15,7 @@ and ``liveness`` in ``_prelude.lua``); its values are:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -31,6 +32,11 @@ def started(value: str | None) -> bool:
 # message itself is given back (``tasks/redelivery.py``), where the Redis
 # transport would keep it unacknowledged for the whole visibility timeout.
 ANSWER_MARK = "@"
+HELD_TOKEN = re.compile(r"\A[0-9A-Za-z_.:-]{1,128}\Z")
+"""What a task id or delivery tag in a held hash may be (Celery's and kombu's
+are UUIDs): the claim joins them with '|' and ' ', so a forged message's id
+with either in it would make the claim's reply unreadable, and the workers
+it claimed would be buried with nothing marked lost."""
 
 
 @dataclass(frozen=True, slots=True)
