@@ -41,7 +41,7 @@ from celery_durable.tasks.sending import Outgoing
 from celery_durable.testing.clock import VirtualClock
 from celery_durable.testing.crash import SimulatedCrash
 from celery_durable.testing.environment import WorkflowTestEnvironment, _Client
-from celery_durable.testing.fleet import TaskCall
+from celery_durable.testing.fleet import CallAnswer, TaskCall
 from celery_durable.testing.mechanisms import Mechanisms
 from celery_durable.testing.tracer import Boundary, Trace, Tracer, _TracedSender, _TracedStore, short
 from celery_durable.workflows.definition import Workflow
@@ -157,9 +157,11 @@ class ExplorerEnvironment(WorkflowTestEnvironment):
                 try:
                     fleet._deliver(worker, message)
                 except SimulatedCrash:
-                    if isinstance(message, TaskCall):
+                    if isinstance(message, TaskCall | CallAnswer):
                         # A called task is the user's plain Celery task, acks_late:
-                        # the broker gives a dead worker's message to another (SPEC 5a).
+                        # the broker gives a dead worker's message to another (SPEC 5a);
+                        # so is its answer, which no run counts in flight (on Redis,
+                        # the sweep that buries its worker gives it back: give_back).
                         fleet.queue.append(message)
                     raise
             self._release_due()

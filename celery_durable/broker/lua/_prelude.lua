@@ -289,32 +289,39 @@ local function forget_fanout(journal_key, seq, index, width, epoch)
 end
 
 -- Records op <index> of sequence <seq> with identity <ident>. Returns
--- (conflict, replaced, fresh): the live identity already there when it differs
--- (non-determinism), the dead identity this write replaced, if any, and
--- whether the op is written here (not found journaled and alive).
-local function record_op(journal_key, seq, index, ident, epoch)
+-- (conflict, replaced, fresh, also): the live identity already there when it
+-- differs (non-determinism), the dead identity this write replaced, if any,
+-- whether the op is written here (not found journaled and alive), and the
+-- journal field <also> (nil: none), read in the same HMGET (false: absent;
+-- nothing here writes a 'v:' or 'x:' field).
+local function record_op(journal_key, seq, index, ident, epoch, also)
   local field, count_field = 'o:' .. seq .. ':' .. index, 'n:' .. seq
-  local read = redis.call('HMGET', journal_key, field, count_field)
+  local read
+  if also then
+    read = redis.call('HMGET', journal_key, field, count_field, also)
+  else
+    read = redis.call('HMGET', journal_key, field, count_field)
+  end
   local existing = read[1]
   if existing then
     local old = string.sub(existing, string.find(existing, ':', 1, true) + 1)
     if entry_alive(journal_key, seq, index, existing) then
       if old ~= ident then return old, nil end
-      return nil, nil
+      return nil, nil, nil, read[3]
     end
     redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
     local kind = string.sub(old, 1, 1)
     if kind == 'p' or kind == 'l' then
       forget_fanout(journal_key, seq, index, tonumber(string.sub(old, 3)), epoch)
     end
-    return nil, old, true
+    return nil, old, true, read[3]
   end
   if tonumber(index) + 1 > tonumber(read[2] or '0') then
     redis.call('HSET', journal_key, field, epoch .. ':' .. ident, count_field, tonumber(index) + 1)
   else
     redis.call('HSET', journal_key, field, epoch .. ':' .. ident)
   end
-  return nil, nil, true
+  return nil, nil, true, read[3]
 end
 
 -- Cuts sequence <seq> at op <index> for attempt <epoch>: entries after it
@@ -794,7 +801,8 @@ end
 -- the caller must use that one), else ('ok', '').
 local function commit_call(run_key, journal_key, steps_key, running_key, epoch, seq, index, ident,
                            value_field, value, step_key, step_row, history_key, now)
-  local conflict, replaced, fresh = record_op(journal_key, seq, index, ident, epoch)
+  local conflict, replaced, fresh, current = record_op(journal_key, seq, index, ident, epoch,
+                                                     value_field ~= '' and value_field or nil)
   if conflict then return 'conflict', conflict end
   if fresh and string.sub(ident, 1, 2) == 'v|' then
     record_event(run_key, history_key, 'patched', string.sub(ident, 3), now,
@@ -802,7 +810,6 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
   end
   local winner = ''
   if value_field ~= '' then
-    local current = redis.call('HGET', journal_key, value_field)
     local previous = current
     local is_step = string.sub(value_field, 1, 2) == 'v:'
     -- A now()/uuid4() value of an abandoned op is not this op's value.
