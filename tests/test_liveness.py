@@ -155,6 +155,39 @@ def test_a_held_answer_is_its_runs_for_every_reader_and_given_back_not_marked_lo
     assert _held(request(COORDINATOR_TASK, "forged|id")) is None
 
 
+def test_an_answer_waiting_for_its_retry_is_held_after_its_first_delivery_ended(durable) -> None:
+    """An answer that could not be journaled retries under its own task id
+    with a countdown: Celery's ``requests`` loses that id when the first
+    delivery ends, while the retry waits among the scheduled requests. The
+    beat still says it is held, with the retry's delivery tag."""
+    import threading
+
+    from celery.worker import state as worker_state
+
+    from celery_durable.broker.schema.live import HeldMessage
+    from celery_durable.tasks.app import CALL_RESULT_TASK
+    from celery_durable.tasks.worker_beat import WorkerBeat
+
+    class Request:  # weakly referable, as Celery's are
+        def __init__(self, tag: str) -> None:
+            self.type, self.id, self.kwargs = CALL_RESULT_TASK, "answer-1", {"run_id": "a" * 32}
+            self.message = type("Message", (), {"delivery_tag": tag})()
+
+    d = durable([load], worker=False)
+    store = d.engine.store
+    beat = WorkerBeat(d.engine, "worker-b", list, 1.0, threading.Event(), lambda act, _: bool(act()))
+    retry = Request("tag-2")
+    worker_state.scheduled_requests.add(retry)
+    try:
+        assert worker_state.requests.get("answer-1") is None  # the first delivery ended and took the id along
+        beat.beat()
+    finally:
+        worker_state.scheduled_requests.discard(retry)
+    assert store.client.hgetall(store.keys.held_prefix + "worker-b") == {
+        "answer-1": HeldMessage("a" * 32, "tag-2").value()
+    }
+
+
 def test_a_received_message_that_never_starts_is_dead_a_lease_after(durable) -> None:
     """Celery's prefork pool has been seen to lose a job it handed to a child:
     a live worker's held message that does not start within a lease is dead."""

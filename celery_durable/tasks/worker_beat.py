@@ -134,10 +134,10 @@ class WorkerBeat:
         """Say this worker is alive, and which of the engine's messages it holds:
         received, waiting for a countdown, or running (Celery's own bookkeeping)."""
         held: dict[str, str] = {}
-        for task_id, request in list(worker_state.requests.items()):
+        for request in _requests():
             value = _held(request)
             if value is not None:
-                held[str(task_id)] = value
+                held[str(request.id)] = value
         # Received but not yet in Celery's requests (the task_received signal
         # comes first), or in and out again between two beats: still held.
         now = time.monotonic()
@@ -153,6 +153,23 @@ class WorkerBeat:
         profile = profile_of(self.engine.workflows, self._queues())
         self.engine.store.report_worker(self.worker_id, held, gone, now_ms(), profile)
         self._reported = set(held)
+
+
+def _requests() -> list[Any]:
+    """Celery's requests of this worker: by id, and the reserved and
+    scheduled ones by object. A message that retries itself under its own
+    id (an answer that could not be journaled, with a countdown) is
+    scheduled while its first delivery ends, and that end pops the id from
+    ``requests``; the scheduled one is still held. The sets change under the
+    consumer's thread: one that changed while it was read is read at the
+    next beat."""
+    requests = list(worker_state.requests.values())
+    for pending in (worker_state.reserved_requests, worker_state.scheduled_requests):
+        try:
+            requests.extend(list(pending))
+        except RuntimeError:  # "Set changed size during iteration"
+            continue
+    return requests
 
 
 def _held(request: Any) -> str | None:
