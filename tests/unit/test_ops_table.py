@@ -160,3 +160,26 @@ def test_a_script_carries_the_prelude_functions_it_needs_and_no_other() -> None:
         assert "local function fence(" in source or script not in ops.FENCED
     assert "local function throttle_admit(" not in script_source("look")
     assert calls  # the graph the other tests read
+
+
+CACHED_RUN_FIELDS = ("id", "attempt", "progress_max", "recoveries")
+"""The run fields a script reads once (``RUN_FIELDS`` in ``_prelude.lua``,
+seeded by the fence): a write that goes around the helpers that keep that
+cache would leave the rest of the script reading the old value."""
+CACHE_KEEPERS = {"add_attempt", "made_progress", "count_recovery"}
+
+
+def test_the_run_fields_a_script_caches_are_written_only_through_the_helpers_that_keep_the_cache() -> None:
+    writes = re.compile(
+        r"(?:redis\.call\('(?:HSET|HSETNX|HDEL|HINCRBY\w*)'|set_status\()[^\n]*'(" + "|".join(CACHED_RUN_FIELDS) + r")'"
+    )
+    keepers = dict(_prelude_parts())
+    offenders = []
+    for name in ops.SCRIPT_NAMES:
+        if name == "create_run":  # writes the record before anything of it is read
+            continue
+        offenders += [f"{name}.lua: {m.group(0)}" for m in writes.finditer(body(name))]
+    for function, text in keepers.items():
+        if function is not None and function not in CACHE_KEEPERS:
+            offenders += [f"_prelude.lua {function}: {m.group(0)}" for m in writes.finditer(text)]
+    assert not offenders
