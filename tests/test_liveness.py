@@ -155,11 +155,13 @@ def test_a_held_answer_is_its_runs_for_every_reader_and_given_back_not_marked_lo
     assert _held(request(COORDINATOR_TASK, "forged|id")) is None
 
 
-def test_an_answer_waiting_for_its_retry_is_held_after_its_first_delivery_ended(durable) -> None:
+def test_an_answer_waiting_for_its_retry_is_held_after_its_first_delivery_ended(durable, monkeypatch) -> None:
     """An answer that could not be journaled retries under its own task id
     with a countdown: Celery's ``requests`` loses that id when the first
     delivery ends, while the retry waits among the scheduled requests. The
-    beat still says it is held, with the retry's delivery tag."""
+    beat still says it is held, with the retry's delivery tag, also while
+    both deliveries are there; and a beat that could not read Celery's sets
+    whole says nothing gone."""
     import threading
 
     from celery.worker import state as worker_state
@@ -173,19 +175,40 @@ def test_an_answer_waiting_for_its_retry_is_held_after_its_first_delivery_ended(
             self.type, self.id, self.kwargs = CALL_RESULT_TASK, "answer-1", {"run_id": "a" * 32}
             self.message = type("Message", (), {"delivery_tag": tag})()
 
+    class Changing:
+        def __iter__(self) -> Any:
+            raise RuntimeError("Set changed size during iteration")
+
     d = durable([load], worker=False)
     store = d.engine.store
+    held_key = store.keys.held_prefix + "worker-b"
     beat = WorkerBeat(d.engine, "worker-b", list, 1.0, threading.Event(), lambda act, _: bool(act()))
-    retry = Request("tag-2")
+    olders, retry = [Request(f"tag-old-{i}") for i in range(20)], Request("tag-2")
+    retried = {"answer-1": HeldMessage("a" * 32, "tag-2").value()}
     worker_state.scheduled_requests.add(retry)
     try:
         assert worker_state.requests.get("answer-1") is None  # the first delivery ended and took the id along
         beat.beat()
+        assert store.client.hgetall(held_key) == retried
+        monkeypatch.setattr(worker_state, "scheduled_requests", Changing())
+        beat.beat()
+        assert store.client.hgetall(held_key) == retried, "a set it could not read is no message gone"
+        monkeypatch.undo()
+        # Older deliveries reserved with the retry (its countdown was 0), in
+        # the set's own order: the newest, by id, wins whatever that order.
+        worker_state.scheduled_requests.discard(retry)
+        for older in olders:
+            worker_state.reserved_requests.add(older)
+        worker_state.reserved_requests.add(retry)
+        monkeypatch.setitem(worker_state.requests, "answer-1", retry)
+        for _ in range(5):
+            beat.beat()
+            assert store.client.hgetall(held_key) == retried
     finally:
         worker_state.scheduled_requests.discard(retry)
-    assert store.client.hgetall(store.keys.held_prefix + "worker-b") == {
-        "answer-1": HeldMessage("a" * 32, "tag-2").value()
-    }
+        for older in olders:
+            worker_state.reserved_requests.discard(older)
+        worker_state.reserved_requests.discard(retry)
 
 
 def test_a_received_message_that_never_starts_is_dead_a_lease_after(durable) -> None:

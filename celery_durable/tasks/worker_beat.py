@@ -134,7 +134,8 @@ class WorkerBeat:
         """Say this worker is alive, and which of the engine's messages it holds:
         received, waiting for a countdown, or running (Celery's own bookkeeping)."""
         held: dict[str, str] = {}
-        for request in _requests():
+        requests, complete = _requests()
+        for request in requests:
             value = _held(request)
             if value is not None:
                 held[str(request.id)] = value
@@ -147,29 +148,34 @@ class WorkerBeat:
             else:
                 held[task_id] = value
         # Only what this beat saw go is removed: a message received while it
-        # looked was written by received() and is in no snapshot yet.
-        gone = [task_id for task_id in self._reported if task_id not in held]
+        # looked was written by received() and is in no snapshot yet; with a
+        # set left unread, nothing is.
+        gone = [task_id for task_id in self._reported if task_id not in held] if complete else []
         # What it serves goes with every beat (list_workers, a mixed deploy named).
         profile = profile_of(self.engine.workflows, self._queues())
         self.engine.store.report_worker(self.worker_id, held, gone, now_ms(), profile)
-        self._reported = set(held)
+        self._reported = set(held) if complete else self._reported | set(held)
 
 
-def _requests() -> list[Any]:
-    """Celery's requests of this worker: by id, and the reserved and
-    scheduled ones by object. A message that retries itself under its own
-    id (an answer that could not be journaled, with a countdown) is
-    scheduled while its first delivery ends, and that end pops the id from
-    ``requests``; the scheduled one is still held. The sets change under the
-    consumer's thread: one that changed while it was read is read at the
-    next beat."""
-    requests = list(worker_state.requests.values())
+def _requests() -> tuple[list[Any], bool]:
+    """Celery's requests of this worker, and whether every one was read.
+
+    The reserved and scheduled ones by object, then those by id: a message
+    that retries itself under its own id (an answer that could not be
+    journaled, with a countdown) is scheduled while its first delivery ends,
+    and that end pops the id from ``requests``; while both are there, the
+    by-id entry is the newer, whose delivery tag must win, so it comes last.
+    The sets change under the consumer's thread; one that changed while it
+    was read is left out, and the beat then says nothing gone."""
+    requests: list[Any] = []
+    complete = True
     for pending in (worker_state.reserved_requests, worker_state.scheduled_requests):
         try:
             requests.extend(list(pending))
         except RuntimeError:  # "Set changed size during iteration"
-            continue
-    return requests
+            complete = False
+    requests.extend(list(worker_state.requests.values()))
+    return requests, complete
 
 
 def _held(request: Any) -> str | None:
