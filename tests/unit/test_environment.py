@@ -206,6 +206,30 @@ def test_time_moved_on_by_the_clock_counts_against_timeout_seconds() -> None:
     assert "timeout_seconds" in str(envelope.error)
 
 
+def test_time_a_dead_attempt_lay_unrecovered_is_not_active_time() -> None:
+    """SPEC §6: timeout_seconds counts active time, not time between attempts.
+    An attempt that dies after 40 s of work and lies dead for an hour (every
+    worker down) resumes with 40 s used: 15 s more pass, 30 s more do not."""
+
+    @workflow(name="interrupted", description="Works, dies, is resumed an hour later", phases=[])
+    def interrupted(ctx: WorkflowContext) -> Any:
+        ctx.step("first", lambda: dead_env.clock.advance(40) and None)
+        ctx.step("second", lambda: dead_env.clock.advance(15) and None)
+        ctx.step("third", lambda: dead_env.clock.advance(30) and None)
+        return ctx.step("last", lambda: produce("last"))
+
+    dead_env = WorkflowTestEnvironment([interrupted])
+    dead_env.crash_after("first")
+    crashed = dead_env.run(interrupted, limits={"timeout_seconds": 60})
+    assert (crashed.status, crashed.attempt) == ("running", 1)
+    dead_env.clock.advance(3600)
+    stopped = dead_env.resume(crashed.run_id)
+    assert (stopped.status, stopped.reason) == ("error", "workflow_limit_reached")
+    steps = {row.key: row.status for row in dead_env.detail(crashed.run_id).steps}
+    assert steps["second"] == "completed" and steps["third"] == "completed" and "last" in steps
+    assert steps["last"] != "completed"
+
+
 def test_what_the_environment_refuses(env: WorkflowTestEnvironment) -> None:
     with pytest.raises(ValueError, match=r"args do not match args_schema at \$\['parcels'\]"):
         env.start(order, args={"parcels": -1})

@@ -675,6 +675,19 @@ local function tokens_clear(run_key, live_key, waits_key, now)
   set_waiting(run_key, '')
 end
 
+-- The end of a dead attempt's active time: the moment its lease ran out (it
+-- renewed it while it worked), or now when that is sooner (a forced take-over
+-- of a live attempt). The time the run then lay dead, until a recovery or a
+-- resume found it, is time between attempts, not active time (SPEC 6). Never
+-- before the clock last started (a message that died queued, its lease older).
+local function attempt_end(run_key, now)
+  local f = redis.call('HMGET', run_key, 'lease_until', 'active_since')
+  local lease, since = tonumber(f[1] or ''), tonumber(f[2] or '')
+  if not lease or lease >= now then return now end
+  if since and since > lease then return math.min(since, now) end
+  return lease
+end
+
 -- The queue a message of an owner goes to: the coordinator's, or a branch's.
 local function owner_kind(owner)
   if owner == 'm' then return 'c' end

@@ -24,7 +24,7 @@ local now = tonumber(ARGV[3])
 if ARGV[12] ~= '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[5]), parse_empty(ARGV[6])) ~= 'dead' then
   return {'changed'}
 end
-tokens_clear(KEYS[1], KEYS[6], KEYS[7], now)
+tokens_clear(KEYS[1], KEYS[6], KEYS[7], attempt_end(KEYS[1], now))  -- the dead time is no active time
 redis.call('HSET', KEYS[1], 'agents_running', '0')
 local epoch = next_epoch(KEYS[1])
 add_attempt(KEYS[1], -1)  -- no new attempt runs: the count stays

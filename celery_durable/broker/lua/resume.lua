@@ -27,7 +27,9 @@ local recovery = ARGV[9] == '1' or ARGV[9] == '2'
 if ARGV[9] == '1' and liveness(KEYS[1], KEYS[6], KEYS[7], now, tonumber(ARGV[7]), parse_empty(ARGV[12])) ~= 'dead' then
   return {'changed', f[1], f[2]}
 end
-tokens_clear(KEYS[1], KEYS[6], KEYS[7], now)
+-- A run still 'running' had an attempt, alive or dead: its clock stops when it
+-- was last known alive (a paused, halted or failed run's stopped when it settled).
+tokens_clear(KEYS[1], KEYS[6], KEYS[7], f[2] == 'running' and attempt_end(KEYS[1], now) or now)
 for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]) end
 -- A new attempt takes over the old one, not the requests made of it: a
 -- cancel asked for still holds, whoever resumes (SPEC 3: a cancel made
