@@ -183,12 +183,15 @@ class CallOps(Ops):
             too_large="{noun} are {size} bytes, above max_payload_bytes ({limit})",
         )
         plain = jsonvalue.loads(encoded)
+        # The signature's own queue leaves its options whether or not queue= wins
+        # (SPEC 5a): left there, it would be sent twice (publish_call).
+        routed = options.pop("queue", None)
         return CallRequest(
             key=key,
             task_name=name,
             args=plain["args"],
             kwargs=plain["kwargs"],
-            queue=queue or options.pop("queue", None),
+            queue=queue or routed,
             options=options,
             task_id=call_task_id(self._replay.run.run_id, key),
             inputs=encoded,

@@ -89,3 +89,27 @@ def test_a_call_that_timed_out_is_sent_again_when_its_run_is_resumed(monkeypatch
     assert (envelope.status, envelope.result) == ("completed", {"url": "r.png", "size": 64}), envelope.error
     assert sent == [1, 2]
     assert CALLS == [("resize", "r.png")]
+
+
+def test_queue_given_to_the_call_wins_over_the_signatures_and_is_sent_once() -> None:
+    """SPEC 5a: ``queue=`` wins; a signature that names its own queue must not
+    make the publish carry ``queue`` twice (a TypeError the pass took for a
+    broker outage, so the task was never sent)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from celery import Celery
+
+    from celery_durable.tasks.calls import publish_call
+    from celery_durable.workflows.calls import CallOps
+
+    app = Celery("probe", broker="memory://")
+    replay = SimpleNamespace(max_payload_bytes=1 << 20, run=SimpleNamespace(run_id="r" * 32))
+    signature = app.signature("fleet.resize", args=("a.png",), queue="cpu")
+    engine = SimpleNamespace(home=None, settings=SimpleNamespace(coordinator_queue="durable.coordinator"))
+    record = SimpleNamespace(run_id="r" * 32, epoch=1, workflow="gallery")
+    for queue, expected in (("gpu", "gpu"), (None, "cpu")):
+        request = CallOps(replay)._request("k", signature, (), None, queue)  # type: ignore[arg-type]
+        with mock.patch.object(app, "send_task") as send_task:
+            publish_call(app, engine, record, request)  # type: ignore[arg-type]
+        assert send_task.call_args.kwargs["queue"] == expected
