@@ -239,14 +239,13 @@ def _rate(name: str, value: object) -> tuple[int, float] | None:
     n, period = value
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{name}'s n must be a positive int, got {short_repr(n)}")
-    if (
-        isinstance(period, bool)
-        or not isinstance(period, int | float)
-        or not math.isfinite(period)
-        or period <= 0
-        or period > MAX_PERIOD_SECONDS
-    ):
+    if isinstance(period, bool) or not isinstance(period, int | float) or not math.isfinite(period) or period <= 0:
         raise ValueError(f"{name}'s period must be a positive number of seconds, got {short_repr(period)}")
+    if period > MAX_PERIOD_SECONDS:
+        # A period the store cannot keep is refused for what it is: too long, not "not positive".
+        raise ValueError(
+            f"{name}'s period must be at most {MAX_PERIOD_SECONDS:.0f} seconds (366 days), got {short_repr(period)}"
+        )
     if round(period * 1000) < 1:
         raise ValueError(f"{name}'s period must be at least a millisecond, got {short_repr(period)}")
     return (n, float(period))

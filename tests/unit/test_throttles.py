@@ -233,3 +233,14 @@ def test_a_throttled_call_gives_its_slot_back_when_its_answer_is_journaled() -> 
     for run_id in (first, second):
         env.signal(run_id, "go", "went")
     assert [env.get(run_id).result for run_id in (first, second)] == [[1, "went"], [2, "went"]]
+
+
+def test_a_period_too_long_is_refused_as_too_long() -> None:
+    """A period above what the store keeps is positive: the error says what is wrong with it."""
+    env = WorkflowTestEnvironment([quick])
+    for option in ("rate", "per_key_rate"):
+        with pytest.raises(ValueError, match=rf"^{option}'s period must be at most 31622400 seconds") as raised:
+            env.client.set_throttle("long", **{option: (1, 400 * 86_400)})
+        assert "positive" not in str(raised.value)
+    with pytest.raises(ThrottleNotFoundError):
+        env.client.get_throttle("long")  # nothing was written
