@@ -244,3 +244,18 @@ def test_a_period_too_long_is_refused_as_too_long() -> None:
         assert "positive" not in str(raised.value)
     with pytest.raises(ThrottleNotFoundError):
         env.client.get_throttle("long")  # nothing was written
+
+
+@workflow(name="one-throttled-step", description="A step under throttle t", phases=[])
+def one_throttled_step(ctx: WorkflowContext) -> Any:
+    return ctx.step("s", lambda: 1, throttle="t")
+
+
+def test_an_unthrottled_runs_priority_orders_its_ops_waits() -> None:
+    """``priority=`` without ``throttle=`` is not dropped: the run's throttled ops wait by it."""
+    env = WorkflowTestEnvironment([holds, one_throttled_step])
+    env.client.set_throttle("t", concurrency=1)
+    env.start(holds, throttle="t")
+    low = env.start(one_throttled_step)
+    high = env.start(one_throttled_step, priority=3)
+    assert [w.run_id for w in env.client.get_throttle("t").waiters] == [high, low]
