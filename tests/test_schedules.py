@@ -260,6 +260,17 @@ def test_pause_fires_nothing_and_unpause_does_not_catch_up(env: WorkflowTestEnvi
     assert len(runs(env, "s")) == 1 and actions(env.client.get_schedule("s")) == ["started"]
 
 
+def test_a_pause_note_follows_create_s_rule_so_a_later_update_is_not_refused(env: WorkflowTestEnvironment) -> None:
+    """SPEC §5d: bad input raises a ValueError naming the problem, and nothing is stored."""
+    env.client.create_schedule("s", "stamp", every=10)
+    for method in (env.client.pause_schedule, env.client.unpause_schedule):
+        with pytest.raises(ValueError, match="note must be a string of at most 1000 characters"):
+            method("s", note="x" * 1001)
+    info = env.client.get_schedule("s")
+    assert (info.paused, info.note) == (False, None)
+    assert env.client.update_schedule("s", every=30).every == 30
+
+
 def test_trigger_starts_a_run_now_even_paused_and_overlap_applies(env: WorkflowTestEnvironment) -> None:
     env.client.create_schedule("s", "held", every=3600, paused=True)
     run_id = env.client.trigger_schedule("s")
