@@ -270,12 +270,14 @@ class StartSlot:
     def fields(self, granted: bool) -> dict[str, str]:
         """The run hash's throttle fields (``schema.RUN_FIELDS``); ``granted``:
         its first attempt has its slot already."""
-        return {
-            "throttle": self.name,
-            "throttle_key": self.key,
-            "priority": str(self.priority),
-            "slot": "1" if granted else "",
-        }
+        slot = "1" if granted else ""
+        return {"throttle": self.name, "throttle_key": self.key, "slot": slot, **priority_field(self.priority)}
+
+
+def priority_field(priority: int) -> dict[str, str]:
+    """The run hash's ``priority`` (absent: 0), which its throttled ops wait by,
+    whether or not the run's start took a slot itself."""
+    return {"priority": str(priority)} if priority else {}
 
 
 def check_start(throttle: object, throttle_key: object, priority: object) -> StartSlot | None:

@@ -122,9 +122,8 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         )
         if slot is not None:
             fields.update(throttling.start_slot(self.engine, self.namespace, run_id, slot))
-        elif priority:
-            # Not throttled itself, its throttled ops still wait by its priority (SPEC 5e).
-            fields["priority"] = str(priority)
+        else:
+            fields.update(throttles.priority_field(priority))  # its throttled ops wait by it (SPEC 5e)
         message = new_task_id()
         owner = store.start_run(self.namespace, run_id, fields, message, idempotency_key)
         first = store.load_run(owner) if owner != run_id else None
