@@ -34,7 +34,6 @@ from celery_durable import (
     WorkflowResumeError,
     workflow,
 )
-from celery_durable.broker.journal import BeginCall
 from celery_durable.broker.schema import StepRow
 from celery_durable.local.redis_server import RedisServer, free_port
 from celery_durable.tasks.app import BRANCH_TASK
@@ -244,26 +243,6 @@ def test_out_of_memory_is_unavailable_not_corrupt(private_redis: RedisServer) ->
         admin.config_set("maxmemory", 0)
         admin.close()
     assert engine.client().list_workflow_runs().runs == [], "the refused start left no run behind"
-
-
-def test_out_of_memory_in_a_script_that_counts_is_unavailable_not_corrupt(private_redis: RedisServer) -> None:
-    """A script that moves the run's counters runs inside a pcall, so that it
-    writes them as it ends (connection.script_source): the error it answers
-    must keep its code, or an OOM would stop the run as corrupt data."""
-    engine = Engine([plain], Settings(redis_url=private_redis.url, key_prefix="oomc"))
-    run_id = engine.client().start_workflow("plain")
-    journal = engine.store.journal(run_id, 1, "default")
-    admin = redis.Redis.from_url(private_redis.url)
-    admin.config_set("maxmemory", 1)
-    try:
-        with pytest.raises(StorageUnavailableError, match="cannot serve the journal now"):
-            journal.begin("m", BeginCall(step_key="s", step_row=StepRow.running(1, 1_000).encode()))
-    finally:
-        admin.config_set("maxmemory", 0)
-        admin.close()
-    journal.begin("m", BeginCall(step_key="s", step_row=StepRow.running(1, 1_000).encode()))
-    record = engine.store.load_run(run_id)
-    assert record is not None and record.steps_running == 1, "the refused begin moved nothing"
 
 
 def run_end_to_end(url: str, prefix: str) -> str:

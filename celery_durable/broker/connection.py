@@ -152,20 +152,6 @@ LUA = resources.files("celery_durable.broker") / "lua"
 def script_source(name: str) -> str:
     body = (LUA / f"{name}.lua").read_text(encoding="utf-8")
     fenced = name in FENCED
-    if "local function move_counter(" in _prelude_for(body, fenced):
-        # The run's counters a script moved are written once, as it ends
-        # (move_counter in _prelude.lua), also when the body fails half-way:
-        # as with the HINCRBYs this replaces, a write done stays done. The
-        # failure is answered as the body's own error: error() would prefix
-        # it with ERR on Redis 7, and an OOM or a READONLY would then read as
-        # data Redis refused, not as a Redis that cannot write now.
-        body = (
-            f"local function script()\n{body}\nend\n"
-            "local done, reply = pcall(script)\n"
-            "write_counts()\n"
-            "if done or type(reply) == 'table' then return reply end\n"
-            "return redis.error_reply(reply)"
-        )
     return f"local FENCED = {'true' if fenced else 'false'}\n{_prelude_for(body, fenced)}\n{body}"
 
 

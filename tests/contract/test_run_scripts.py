@@ -14,8 +14,6 @@ import dataclasses
 import uuid
 from typing import Any
 
-import pytest
-
 from celery_durable import WorkflowContext, workflow
 from celery_durable.broker import RunRecord, RunStore, schema
 from celery_durable.broker.journal import BeginCall, Conflict, Flags, LastWrites
@@ -26,7 +24,7 @@ from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.run_records import RunHashes
 from celery_durable.broker.schema import position
 from celery_durable.config import Settings
-from celery_durable.errors import StepFailed, StorageCorruptError
+from celery_durable.errors import StepFailed
 from celery_durable.testing.server import environment_redis_url
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.limits import ceiling_fields, merge_limits
@@ -556,25 +554,3 @@ def test_a_script_that_ran_beside_a_look_not_yet_loaded_is_not_run_again() -> No
         )  # fmt: skip
         assert store.create_run(run_id, fields, "first") is True
         assert store.client.zscore(store.keys.sweep_due, run_id) == 10_000 + store.lease_ms
-
-
-def test_a_script_that_fails_half_way_still_writes_the_counters_it_moved_and_answers_its_own_error() -> None:
-    """A script writes the run's counters it moved as it ends (move_counter
-    in _prelude.lua), also when a command fails after its first writes: as
-    with one HINCRBY per move, a write done stays done, and the history's
-    next event does not take a number already used. The error is the
-    command's own, its code kept: an OOM must not read as corrupt data."""
-    run = running()
-    store, run_id = run.store, run.run_id
-    journal = store.journal(run_id, 1, "default")
-    journal.begin("m", BeginCall(step_key="first", step_row=RUNNING))
-    before = run.record()
-    steps = store.run_keys(run_id).steps
-    store.client.delete(steps)
-    store.client.set(steps, "not a hash")  # the step's row is the commit's last write
-    with pytest.raises(StorageCorruptError, match="WRONGTYPE"):
-        journal.commit_begin("m", step(0, "first", ok(1)), BeginCall())
-    after = run.record()
-    assert (after.steps_done, after.steps_running) == (before.steps_done + 1, before.steps_running - 1)
-    events = store.client.hget(store.run_keys(run_id).run, "events")
-    assert int(events or 0) == store.client.xlen(store.run_keys(run_id).history), "one number per event"

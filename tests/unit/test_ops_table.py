@@ -162,14 +162,11 @@ def test_a_script_carries_the_prelude_functions_it_needs_and_no_other() -> None:
     assert calls  # the graph the other tests read
 
 
-COUNTERS = ("events", "next_seq", "steps_done", "steps_running")
-"""The run's counters a script moves in its cache and writes as it ends
-(``move_counter`` in ``_prelude.lua``)."""
-CACHED_RUN_FIELDS = ("id", "attempt", "progress_max", "recoveries", *COUNTERS)
+CACHED_RUN_FIELDS = ("id", "attempt", "progress_max", "recoveries")
 """The run fields a script reads once (``RUN_FIELDS`` in ``_prelude.lua``,
 seeded by the fence): a write that goes around the helpers that keep that
 cache would leave the rest of the script reading the old value."""
-CACHE_KEEPERS = {"add_attempt", "made_progress", "count_recovery", "move_counter"}
+CACHE_KEEPERS = {"add_attempt", "made_progress", "count_recovery"}
 CACHED_LITERAL = re.compile(r"""['"](""" + "|".join(CACHED_RUN_FIELDS) + r""")['"]""")
 CALL_START = re.compile(r"""redis\.p?call\(\s*['"](\w+)['"]|\b(\w+)\(""")
 HASH_WRITES = {"HSET", "HSETNX", "HMSET", "HDEL", "HINCRBY", "HINCRBYFLOAT"}
@@ -202,39 +199,4 @@ def test_the_run_fields_a_script_caches_are_written_only_through_the_helpers_tha
     for function, text in _prelude_parts():
         if function is not None and function not in CACHE_KEEPERS:
             offenders += _cached_field_writes(f"_prelude.lua {function}", text)
-    assert not offenders
-
-
-HASH_READS = {"HGET", "HMGET", "HGETALL", "HVALS", "HSCAN"}
-COUNTER_LITERAL = re.compile(r"""['"](""" + "|".join(COUNTERS) + r""")['"]""")
-RUN_HASH_WHOLE = re.compile(r"""redis\.p?call\(\s*['"](HGETALL|HVALS|HSCAN)['"],\s*(KEYS\[1\]|run_key\b)""")
-READS_BEFORE_MOVES = {"activate"}
-"""Scripts that read the run hash whole before anything is moved: activate
-answers with the record as it was before the lock was taken."""
-
-
-def test_a_script_that_counts_reads_the_counters_only_through_its_cache() -> None:
-    """A script that moves a counter writes it only as it ends: a read of the
-    run hash that goes around the cache (a counter by name, or the hash
-    whole) would see the value from before the script's moves."""
-    offenders = []
-    for name in ops.SCRIPT_NAMES:
-        source = script_source(name)
-        if "local function move_counter(" not in source:
-            continue
-        assert source.rstrip().endswith("return redis.error_reply(reply)"), f"{name}.lua is not wrapped"
-        parts = [(f"{name}.lua", body(name))] + [
-            (f"_prelude.lua {function}", text)
-            for function, text in _prelude_parts()
-            if function is not None and function not in CACHE_KEEPERS | {"fence"}
-            and f"local function {function}(" in source
-        ]
-        for where, text in parts:
-            text = COMMENT.sub("", text)
-            for literal in COUNTER_LITERAL.finditer(text):
-                calls = list(CALL_START.finditer(text, 0, literal.start()))
-                if calls and (calls[-1].group(1) or "").upper() in HASH_READS:
-                    offenders.append(f"{where}: reads {literal.group(0)}")
-            if name not in READS_BEFORE_MOVES and RUN_HASH_WHOLE.search(text):
-                offenders.append(f"{where}: reads the run hash whole")
     assert not offenders

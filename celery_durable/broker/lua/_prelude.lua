@@ -3,11 +3,11 @@
 
 -- Fields of a run hash read once per script however often it needs them:
 -- 'id' and 'progress_max' never change once the run exists, 'attempt'
--- changes only through add_attempt, 'recoveries' through made_progress and
--- count_recovery, and the counters (COUNTERS, below) through move_counter, which
--- keep this up to date. Keyed by run hash and field (a few scripts touch
--- several runs); false is a field found absent. The fence reads them with
--- the epoch and status: one HMGET, not eight HGETs, in every fenced script.
+-- changes only through add_attempt and 'recoveries' through made_progress and
+-- count_recovery, which keep this up to date. Keyed by run hash and field (a
+-- few scripts touch several runs); false is a field found absent. The fence
+-- reads them with the epoch and status: one HMGET, not four HGETs, in every
+-- fenced script.
 local RUN_FIELDS = {}
 
 local function run_field(run_key, field)
@@ -29,68 +29,15 @@ local function add_attempt(run_key, by)
   RUN_FIELDS[run_key .. '\0attempt'] = tostring(redis.call('HINCRBY', run_key, 'attempt', by))
 end
 
--- The run's counters, which one script may move several times: a step's
--- commit_begin moves all four, 'steps_running' down for the step it
--- journals and up for the one it begins. A script moves them in RUN_FIELDS
--- (move_counter) and writes those it moved in one HSET as it ends (write_counts:
--- the loader, connection.py, runs it after the body of every script that
--- counts, whether the body returned or failed), instead of one HINCRBY per
--- move: about 80 of a typical run's 538 commands (issue 42). A script that
--- counts therefore never reads a counter but through move_counter, nor the run
--- hash whole after a move (tests/unit/test_ops_table.py holds both).
-local COUNTERS = {'events', 'next_seq', 'steps_done', 'steps_running'}
-local MOVED = {}
-
--- Moves counter <field> of the run by <by> (to <to> when given) and returns
--- its new value. A counter the fence did not seed (a script it does not
--- guard) is written at once, as before, and its later moves as the script ends.
-local function move_counter(run_key, field, by, to)
-  local name = run_key .. '\0' .. field
-  local value
-  if RUN_FIELDS[name] == nil then
-    if to then
-      redis.call('HSET', run_key, field, to)
-      value = to
-    else
-      value = redis.call('HINCRBY', run_key, field, by)
-    end
-  else
-    value = to or (tonumber(RUN_FIELDS[name] or '0') + by)
-    if not MOVED[run_key] then
-      MOVED[run_key] = true
-      table.insert(MOVED, run_key)
-    end
-  end
-  RUN_FIELDS[name] = tostring(value)
-  return value
-end
-
--- Writes every counter known of a run whose counters moved: those left
--- unmoved as read, since no other write of them exists in a script that counts.
-local function write_counts()
-  for _, run_key in ipairs(MOVED) do
-    local fields = {}
-    for _, counter in ipairs(COUNTERS) do
-      local value = RUN_FIELDS[run_key .. '\0' .. counter]
-      if value then
-        table.insert(fields, counter)
-        table.insert(fields, value)
-      end
-    end
-    redis.call('HSET', run_key, unpack(fields))
-  end
-end
-
 -- The fencing check. Returns nil when the caller's epoch owns the run and the
 -- run still accepts work, else the refusal: 'missing', 'stale' or 'settled'.
 local function fence(run_key, epoch)
-  local fields = redis.call('HMGET', run_key, 'epoch', 'status', 'id', 'attempt', 'progress_max', 'recoveries',
-    'events', 'next_seq', 'steps_done', 'steps_running')
+  local fields = redis.call('HMGET', run_key, 'epoch', 'status', 'id', 'attempt', 'progress_max', 'recoveries')
   if not fields[1] then return 'missing' end
-  for i, field in ipairs({'id', 'attempt', 'progress_max', 'recoveries', 'events', 'next_seq', 'steps_done',
-                          'steps_running'}) do
-    RUN_FIELDS[run_key .. '\0' .. field] = fields[i + 2]
-  end
+  RUN_FIELDS[run_key .. '\0id'] = fields[3]
+  RUN_FIELDS[run_key .. '\0attempt'] = fields[4]
+  RUN_FIELDS[run_key .. '\0progress_max'] = fields[5]
+  RUN_FIELDS[run_key .. '\0recoveries'] = fields[6]
   if fields[1] ~= epoch then
     -- Counted, so tests and operators can see the fence at work.
     redis.call('HINCRBY', run_key, 'refused', 1)
@@ -176,7 +123,7 @@ end
 -- store) loses that event rather than leave this script's writes half done.
 local function record_event(run_key, history_key, kind, key, at, data)
   if not history_key then error('record_event: no history key for ' .. kind) end
-  local n = move_counter(run_key, 'events', 1)
+  local n = redis.call('HINCRBY', run_key, 'events', 1)
   redis.pcall('XADD', history_key, n .. '-0', 'k', kind, 'y', key or '', 'a', attempt_of(run_key), 't', at,
     'd', data or '')
   return n
@@ -208,7 +155,7 @@ local function append_progress(run_key, stream_key, kind, phase_id, message, _ep
   if kind == 'system' and history_key == nil then
     error('append_progress: a system record needs the history key')
   end
-  local seq = move_counter(run_key, 'next_seq', 1)
+  local seq = redis.call('HINCRBY', run_key, 'next_seq', 1)
   redis.call('XADD', stream_key, seq .. '-0',
     'kind', kind, 'phase_id', phase_id, 'message', message, 'attempt', attempt_of(run_key), 'at', at)
   if phase_id ~= '' then
@@ -458,7 +405,7 @@ local function interrupt_steps(run_key, running_key, steps_key, history_key, now
     end
   end
   redis.call('DEL', running_key)
-  move_counter(run_key, 'steps_running', 0, 0)
+  redis.call('HSET', run_key, 'steps_running', '0')
 end
 
 -- Agent turns queued or running when their attempt ends can no longer
@@ -886,7 +833,7 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
       redis.call('HSET', journal_key, value_field, value)
       if journals_new(previous, is_step and value or nil) then made_progress(run_key) end
       if step_key ~= '' and string.sub(value, 1, 1) == 'o' then
-        move_counter(run_key, 'steps_done', 1)
+        redis.call('HINCRBY', run_key, 'steps_done', 1)
       end
       if is_step and step_key ~= '' and step_row ~= '' then
         local kind = string.sub(value, 1, 1) == 'o' and 'step_completed' or 'step_failed'
@@ -896,7 +843,7 @@ local function commit_call(run_key, journal_key, steps_key, running_key, epoch, 
   end
   if step_key ~= '' then
     if redis.call('HDEL', running_key, step_key) == 1 then
-      move_counter(run_key, 'steps_running', -1)
+      redis.call('HINCRBY', run_key, 'steps_running', -1)
     end
     if step_row == '' then
       redis.call('HDEL', steps_key, step_key)
@@ -960,7 +907,7 @@ local function begin_call(run_key, progress_key, journal_key, running_key, phase
   end
   if step_key ~= '' and outcome == '' then
     if redis.call('HSET', running_key, step_key, step_row) == 1 then
-      move_counter(run_key, 'steps_running', 1)
+      redis.call('HINCRBY', run_key, 'steps_running', 1)
     end
   end
   if wrote then

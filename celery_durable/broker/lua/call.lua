@@ -46,7 +46,7 @@ if due ~= '' and now >= tonumber(due) then
   local ok, row = pcall(cjson.decode, redis.call('HGET', KEYS[4], key) or ARGV[10])
   if not ok or type(row) ~= 'table' then row = {} end
   row['status'], row['finished_at'], row['error'] = 'failed', now, ARGV[12]
-  if redis.call('HDEL', KEYS[4], key) == 1 then move_counter(KEYS[1], 'steps_running', -1) end
+  if redis.call('HDEL', KEYS[4], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
   local text = cjson.encode(row)
   redis.call('HSET', KEYS[5], key, text)
   record_event(KEYS[1], KEYS[6], 'call_failed', key, ARGV[2], text)
@@ -66,7 +66,7 @@ if redis.call('HGET', KEYS[2], 'ce:' .. key) ~= ARGV[1] then
   -- Not published by this attempt yet: publish now, and show it running.
   redis.call('HSET', KEYS[2], 'ce:' .. key, ARGV[1])
   if ARGV[14] and ARGV[14] ~= '' then redis.call('HSET', KEYS[2], 'i:' .. key, ARGV[14]) end
-  if redis.call('HSET', KEYS[4], key, ARGV[10]) == 1 then move_counter(KEYS[1], 'steps_running', 1) end
+  if redis.call('HSET', KEYS[4], key, ARGV[10]) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', 1) end
   record_event(KEYS[1], KEYS[6], 'call_sent', key, ARGV[2], ARGV[10])
   verdict = 'publish'
 end

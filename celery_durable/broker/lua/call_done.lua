@@ -40,7 +40,7 @@ if current and not is_stale_failure(current, ARGV[1]) then return {'late'} end
 if redis.call('HEXISTS', KEYS[2], 'so:v:' .. key) == 1 then return {'late'} end
 redis.call('HSET', KEYS[2], 'v:' .. key, ARGV[4])
 if journals_new(current, ARGV[4]) then made_progress(KEYS[1]) end
-if string.sub(ARGV[4], 1, 1) == 'o' then move_counter(KEYS[1], 'steps_done', 1) end
+if string.sub(ARGV[4], 1, 1) == 'o' then redis.call('HINCRBY', KEYS[1], 'steps_done', 1) end
 -- The running row call.lua wrote, settled (schema.StepRow).
 local ok, row = pcall(cjson.decode, redis.call('HGET', KEYS[5], key) or '{}')
 if not ok or type(row) ~= 'table' then row = {} end
@@ -48,7 +48,7 @@ local at = type(row['op']) == 'string' and row['op'] or ''
 row['status'] = ARGV[5] == '' and 'completed' or 'failed'
 row['finished_at'] = tonumber(ARGV[2])
 if ARGV[5] ~= '' then row['error'] = ARGV[5] end
-if redis.call('HDEL', KEYS[5], key) == 1 then move_counter(KEYS[1], 'steps_running', -1) end
+if redis.call('HDEL', KEYS[5], key) == 1 then redis.call('HINCRBY', KEYS[1], 'steps_running', -1) end
 local text = cjson.encode(row)
 redis.call('HSET', KEYS[6], key, text)
 record_event(KEYS[1], KEYS[7], ARGV[5] == '' and 'call_completed' or 'call_failed', key, ARGV[2], text)
