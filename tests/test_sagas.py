@@ -486,3 +486,36 @@ def test_a_run_stopped_by_a_ceiling_inside_a_saga_and_cancelled_compensates_past
     envelope = d.client.cancel_workflow_run(stopped.run_id, timeout=TIMEOUT)
     assert (envelope.status, envelope.reason) == ("cancelled", "cancelled"), envelope.error
     assert DONE[stopped.run_id] == ["undo"]
+
+
+def test_an_undo_registered_from_a_branch_with_the_blocks_saga_is_refused_wherever_the_branch_runs(
+    durable,
+) -> None:
+    """SPEC §5c: a saga's scope is its own sequence. An undo a branch registered
+    with the saga of the block around its fan-out was run by the block's
+    failure only where the fan-out's thunks ran in the same pass (in process,
+    inline); on a fleet, where branches run as tasks and the pass after the
+    fan-out takes their results from the journal, it was dropped: the
+    branch's booking was never undone and nothing said so."""
+
+    def run(ctx: WorkflowContext) -> Any:
+        rid = ctx.run_id
+        with ctx.saga() as saga:
+            ctx.step("book-a", lambda: did(rid, "book-a"))
+            saga.compensate("undo-a", lambda: did(rid, "undo-a"))
+
+            def branch(i: int) -> Any:
+                ctx.step(f"book-b{i}", lambda: did(rid, f"book-b{i}"))
+                saga.compensate(f"undo-b{i}", lambda: did(rid, f"undo-b{i}"))
+                return i
+
+            ctx.parallel([lambda i=i: branch(i) for i in range(2)], errors="raise")
+            ctx.step("fail", lambda: boom("no car left"))
+
+    d = durable([wf("branch-undos", run)], fanout_tasks=2, branch_batch_ms=0)
+    envelope = d.client.run_workflow("branch-undos", timeout=TIMEOUT)
+    assert envelope.status == "error"
+    assert envelope.error is not None and "registered in a branch with a saga opened outside it" in envelope.error, (
+        envelope.error
+    )
+    assert sorted(DONE[envelope.run_id]) == ["book-a", "book-b0", "book-b1", "undo-a"]

@@ -30,7 +30,11 @@ settling at once (``passes.main_pass``), and compensates there.
 Scope is lexical: a saga undoes only what was registered with it, in the
 sequence it runs in. Nested sagas each undo their own, innermost first, as
 the exception passes through them; a saga in a ``parallel`` branch undoes
-that branch only.
+that branch only. An undo registered from a branch with a saga opened
+outside it is refused (a ``ValueError`` in that branch): the block's
+replays after the fan-out take its results from the journal without
+running its thunks (and a branch may have run in another process), so such
+an undo was kept or lost by where and when the branches ran.
 """
 
 from __future__ import annotations
@@ -65,8 +69,9 @@ class Saga:
         self._replay = replay
         self._undo: list[tuple[str, Callable[[], Any]]] = []
         self._marks: list[tuple[Cursor, str]] = []
-        """Each undo's identity, on the sequence that registered it (``Cursor.undo``):
-        the block's, or a branch's of a fan-out inside it."""
+        """Each undo's identity, on the block's sequence (``Cursor.undo``)."""
+        self._seq: str | None = None
+        """The sequence the block runs in: the only one that may register an undo."""
 
     def compensate(self, key: str, producer: Callable[[], Any]) -> None:
         """Register ``producer`` to undo what the block did so far, as a step
@@ -77,14 +82,21 @@ class Saga:
             )
         if not callable(producer):
             raise ValueError(f"Compensation {key!r} producer must be callable, got {type(producer).__name__}")
-        self._undo.append((key, producer))
         replay = self._replay()
         cursor = replay.current()
+        if self._seq is not None and cursor.seq != self._seq:
+            raise ValueError(
+                f"Compensation {key!r} is registered in a branch with a saga opened outside it: a saga undoes "
+                "only what its own sequence registers; open a saga inside the branch, or register the undo "
+                "after the fan-out returns"
+            )
+        self._undo.append((key, producer))
         cursor.undo.append(Identity.step(key))
         self._marks.append((cursor, Identity.step(key)))
         replay.mark_compensable(cursor)
 
     def __enter__(self) -> Saga:
+        self._seq = self._replay().current().seq
         return self
 
     def __exit__(
