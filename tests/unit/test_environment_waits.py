@@ -135,6 +135,24 @@ def test_a_signal_sent_while_the_run_is_paused_is_kept_for_the_resumed_attempt()
     assert env.resume(run_id).result == "while paused"
 
 
+@workflow(name="two-replies", description="Waits twice for a reply, a minute each", phases=[])
+def two_replies(ctx: WorkflowContext) -> Any:
+    return [[s.payload, s.received] for s in (ctx.wait_for_signal("reply", timeout=60) for _ in range(2))]
+
+
+def test_a_signal_sent_after_the_timeout_passed_while_paused_goes_to_the_next_wait() -> None:
+    """SPEC §5: received is false when the timeout passed first; the due time
+    is kept across a pause. The wait of a run paused past its due time took a
+    signal sent after it (received), where the running run timed out and gave
+    the signal to its next wait."""
+    env = WorkflowTestEnvironment([two_replies])
+    paused = env.start(two_replies)
+    assert env.pause(paused).status == "paused"
+    env.clock.advance(120)
+    env.signal(paused, "reply", "late")
+    assert env.resume(paused).result == [[None, False], ["late", True]]
+
+
 def test_branches_sleep_concurrently_on_threads() -> None:
     @workflow(name="staggered", description="Three branches sleep one, two and three hours", phases=[])
     def staggered(ctx: WorkflowContext) -> Any:

@@ -153,6 +153,27 @@ def test_a_timeout_is_told_apart_from_a_none_payload() -> None:
     assert Signal("reply", None, False) != Signal("reply", None, True)
 
 
+def test_a_signal_that_comes_after_the_timeout_passed_is_not_received_by_that_wait() -> None:
+    """SPEC §5: ``received`` is false when the timeout passed first. A signal
+    sent after the due time, before the sweep fired it, was taken by the wait
+    it came too late for (received, where a moment later it timed out); it is
+    kept for the next wait instead."""
+
+    @workflow(name="late-reply", description="Waits twice with a timeout", phases=[])
+    def late_reply(ctx: WorkflowContext) -> Any:
+        first = ctx.wait_for_signal("reply", timeout=60)
+        second = ctx.wait_for_signal("reply", timeout=60)
+        return [[s.payload, s.received] for s in (first, second)]
+
+    driver = Driver.of(late_reply)
+    assert driver.main() is None
+    driver.clock.advance(61)  # due; the sweep has not looked yet
+    assert driver.signal("reply", "late").owners == []
+    assert driver.advance(0) == ["m"]
+    settlement = driver.main()
+    assert settlement is not None and settlement.result_json == '[[null,false],["late",true]]'
+
+
 def test_a_signal_wait_in_a_branch_wakes_that_branch() -> None:
     @workflow(name="branch-signal", description="A branch waits for a signal", phases=[])
     def branch_signal(ctx: WorkflowContext) -> Any:

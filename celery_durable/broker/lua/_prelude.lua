@@ -968,12 +968,19 @@ local function claim_alive(journal_key, at, name, k)
 end
 
 -- The first signal of <name> no live wait has taken, claimed for the wait
--- op <at>: its outcome JSON, or nil when none is left.
+-- op <at>: its outcome JSON, or nil when none is left. Given <due> (ms: the
+-- time-out of a wait that began before), it takes only a signal that
+-- arrived by then: one that came later came after the time-out passed
+-- (SPEC 5: received is false), though the wait ends only now (its run was
+-- paused, halted or down, or the sweep had not fired it yet), and is kept
+-- for the next wait. Signals of a name arrive in order: none after it is due
+-- either. A wait as it begins takes what is there (its due time is the
+-- worker's clock, a signal's time its sender's).
 -- Signals 1..k of a name all claimed by live waits stay so until a cut gives
 -- one back, and cuts are counted ('cuts' in the journal): 'f:<name>' keeps
 -- "<cuts>:<k>", so a wait looks from k + 1 on while no cut came since,
 -- instead of walking every signal of the name the run ever received.
-local function take_signal(journal_key, signals_key, name, at)
+local function take_signal(journal_key, signals_key, name, at, due)
   local received = tonumber(redis.call('HGET', signals_key, 'n:' .. name) or '0')
   local cuts = redis.call('HGET', journal_key, 'cuts') or '0'
   local floor_cuts, floor = string.match(redis.call('HGET', signals_key, 'f:' .. name) or '', '^(%d+):(%d+)$')
@@ -985,6 +992,7 @@ local function take_signal(journal_key, signals_key, name, at)
     -- A claim naming this very op is a replaced op's (wait.lua takes a
     -- signal only for an op without an outcome, and writes both together).
     if not claim or claim == at or not claim_alive(journal_key, claim, name, k) then
+      if due and tonumber(redis.call('HGET', signals_key, 't:' .. name .. ':' .. k) or '0') > due then break end
       redis.call('HSET', signals_key, 'k:' .. name .. ':' .. k, at)
       local payload = redis.call('HGET', signals_key, 'p:' .. name .. ':' .. k) or 'null'
       taken = '{"received":true,"index":' .. k .. ',"payload":' .. payload .. '}'
@@ -1076,7 +1084,8 @@ end
 -- or nil (not a wait this script may end: wake its owner, whose replay decides).
 local function signal_wait(run_key, journal_key, signals_key, name, at, now_arg)
   if not open_wait(run_key, journal_key, at, 'g|' .. name) then return nil end
-  local outcome = take_signal(journal_key, signals_key, name, at)
+  local outcome = take_signal(journal_key, signals_key, name, at,
+    tonumber(redis.call('HGET', journal_key, 'wd:' .. at) or ''))
   if not outcome then return false end
   end_wait(run_key, journal_key, at, outcome, now_arg)
   return true

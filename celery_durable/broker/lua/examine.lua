@@ -3,7 +3,7 @@
 -- the sweep it also fires the run's timers that are due: each is journaled
 -- as ended (fire_timer), and their owners get a message each, which the
 -- sweeper sends; a signal's wait whose time-out passed is woken alone (its
--- owner's wait.lua takes a signal that came meanwhile first).
+-- owner's wait.lua takes a signal that came by its time-out first).
 -- KEYS[1] run hash, KEYS[2] live, KEYS[3] waits, KEYS[4] journal, KEYS[5] history
 -- ARGV[1] now (ms), ARGV[2] lease ttl (ms), ARGV[3] when each queue was last
 -- found empty ("c=<ms>,s=<ms>,a=<ms>"), ARGV[4] '1' to fire due timers,

@@ -39,7 +39,9 @@ if first then
 end
 local now = tonumber(ARGV[2])
 local outcome = nil
-if ARGV[6] == 'signal' then outcome = take_signal(KEYS[2], KEYS[4], ARGV[7], at) end
+if ARGV[6] == 'signal' then
+  outcome = take_signal(KEYS[2], KEYS[4], ARGV[7], at, (not first) and tonumber(due) or nil)
+end
 if not outcome and due ~= '' and now >= tonumber(due) then
   if ARGV[6] == 'signal' then outcome = '{"received":false,"payload":null}' else outcome = TIMER_FIRED end
 end
