@@ -319,6 +319,46 @@ def test_invalid_args_schema_is_rejected_at_definition(schema: Any) -> None:
         define(args_schema=schema)
 
 
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"$ref": "#/$defs/missing"}, "has a $ref that does not resolve within it: '#/$defs/missing'"),
+        ({"properties": {"p": {"$ref": "#/properties/q"}}}, "does not resolve within it: '#/properties/q'"),
+        # Never fetched: jsonschema would have fetched it over HTTP on every start_workflow.
+        ({"items": {"$ref": "http://example.invalid/s.json"}}, "'http://example.invalid/s.json'"),
+        ({"type": "object", "default": {1, 2}}, "must be a JSON value: set is not a JSON type"),
+    ],
+    ids=["dangling", "sibling", "remote", "not-json"],
+)
+def test_an_args_schema_that_cannot_be_used_is_rejected_at_definition(schema: Any, message: str) -> None:
+    """SPEC §2: an invalid args_schema is rejected at definition, as a
+    WorkflowDefinitionError. A dangling $ref passed the metaschema check, and
+    start_workflow then raised jsonschema's private referencing error (not a
+    ValueError); a set in the schema was a TypeError from the code hash."""
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        define(args_schema=schema)
+    assert str(raised.value).startswith("Workflow args_schema ")
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}},
+        {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"n": {"type": "integer"}},
+         "properties": {"x": {"$ref": "#/definitions/n"}}},
+        {"$id": "https://example.test/root", "properties": {"x": {"$id": "sub", "$defs": {"n": {"type": "integer"}},
+                                                              "$ref": "#/$defs/n"}}},
+        {"properties": {"x": {"$ref": "https://json-schema.org/draft/2020-12/meta/validation#/$defs/nonNegativeInteger"}}},
+        {"properties": {"$ref": {"type": "integer"}}},
+    ],
+    ids=["defs", "draft7-definitions", "nested-id", "metaschema", "property-named-ref"],
+)
+def test_an_args_schema_whose_refs_resolve_is_kept_and_followed(schema: Any) -> None:
+    handle = define(args_schema=schema)
+    handle.validate_args({"x": 1} if "$ref" not in schema.get("properties", {}) else {"$ref": 1})
+
+
 def test_args_schema_is_read_in_the_draft_its_schema_keyword_declares() -> None:
     """Full JSON Schema via jsonschema (SPEC §2): a draft-07 schema is valid and checked as draft-07."""
     draft7 = {
