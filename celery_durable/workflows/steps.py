@@ -23,11 +23,11 @@ from celery_durable.errors import FATAL_ERRORS, StepFailed
 from celery_durable.workflows import jsonvalue
 from celery_durable.workflows.cursor import check_key
 from celery_durable.workflows.ops import Ops
+from celery_durable.workflows.retry import RetryPolicy
 from celery_durable.workflows.throttles import Throttled
 
 if TYPE_CHECKING:
     from celery_durable.workflows.replay import Replay
-    from celery_durable.workflows.retry import RetryPolicy
 
 
 class StepOps(Ops):
@@ -52,6 +52,9 @@ class StepOps(Ops):
         check_key("Step", key)
         if not callable(producer):
             raise ValueError(f"Step {key!r} producer must be callable, got {type(producer).__name__}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            # Else only a failing producer found out, with an AttributeError in place of its StepFailed.
+            raise ValueError(f"Step {key!r} retry must be a RetryPolicy or None, got {type(retry).__name__}")
         cursor = replay.current()
         replay.check_cancelled()
         if volatile:
