@@ -420,6 +420,24 @@ def test_handle_does_not_share_state_with_the_meta_it_was_built_from() -> None:
     assert handle.code_hash == before
 
 
+def test_handle_does_not_share_the_nested_args_schema_of_its_meta() -> None:
+    """SPEC §2: an immutable handle. The schema was copied one level deep, so
+    a change to the caller's nested dicts changed what the handle validated,
+    while its code hash still said the workflow was the same."""
+    def schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"n": {"type": "integer"}}}
+
+    meta = make_meta(args_schema=schema())
+    handle = define_workflow(meta, run_fn)
+    meta["args_schema"]["properties"]["n"]["type"] = "string"
+    meta["args_schema"]["properties"]["m"] = {"type": "integer"}
+    assert handle.args_schema == schema()
+    handle.validate_args({"n": 1})
+    with pytest.raises(ValueError, match=r"\$\['n'\]: 'one' is not of type 'integer'"):
+        handle.validate_args({"n": "one"})
+    assert handle.code_hash == define(args_schema=schema()).code_hash
+
+
 # --- code hash -------------------------------------------------------------------------------
 
 

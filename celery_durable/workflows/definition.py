@@ -7,6 +7,7 @@ hash of a workflow does not depend on how pydantic parses it.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import inspect
@@ -186,7 +187,9 @@ def define_workflow(meta: Mapping[str, Any], run: RunFunction) -> Workflow:
     # The mappings as given, not as parsed: the code hash must not depend on pydantic.
     limits = dict(meta.get("limits", {}))
     raw_schema = meta.get("args_schema")
-    args_schema = dict(raw_schema) if raw_schema is not None else None
+    # A deep copy: the caller's nested dicts, changed later, changed what the
+    # handle validated while its code hash stayed the same.
+    args_schema = copy.deepcopy(dict(raw_schema)) if raw_schema is not None else None
     canonical = {
         "name": checked.name,
         "description": checked.description,
