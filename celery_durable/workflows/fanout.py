@@ -16,7 +16,8 @@ branch runs on that branch's worker, in threads. How branches run here is
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.broker import schema
@@ -72,10 +73,13 @@ class FanoutOps(Ops):
     def _items(self, items: Iterable[Any], name: str, noun: str) -> list[Any]:
         if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
             raise ValueError(f"{name} takes a list of {noun}, got {type(items).__name__}")
-        values = list(items)
         limit = self._replay.max_fanout
+        # One past the cap, not all of it: an endless generator of thunks hung
+        # the pass, its memory growing, instead of being refused.
+        values = list(itertools.islice(items, limit + 1))
         if len(values) > limit:
-            raise ValueError(f"{name} accepts at most {limit} {noun} (settings.max_fanout), got {len(values)}")
+            got = len(items) if isinstance(items, Sized) else f"more than {limit}"
+            raise ValueError(f"{name} accepts at most {limit} {noun} (settings.max_fanout), got {got}")
         return values
 
     def _fanout(self, kind: str, branches: list[Thunk], errors: str) -> list[Any]:
