@@ -21,6 +21,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.json_schemas import unresolved_ref
 from celery_durable.workflows.ops import Ops
 from celery_durable.workflows.throttles import Throttled
 
@@ -114,4 +115,10 @@ class AgentOps(Ops):
                 jsonschema.Draft202012Validator.check_schema(schema_)
             except jsonschema.exceptions.SchemaError as exc:
                 raise ValueError(f"ctx.agent schema is not a valid JSON Schema: {exc.message}") from None
+            # Else the agent task died on it every time, and the run was taken over again and again.
+            unresolved = unresolved_ref(jsonschema.Draft202012Validator, schema_)
+            if unresolved is not None:
+                raise ValueError(
+                    f"ctx.agent schema has a $ref that does not resolve within it: {jsonvalue.short_repr(unresolved)}"
+                )
         return {"prompt": prompt, "label": label, "schema": schema_, "model": model}

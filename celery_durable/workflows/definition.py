@@ -20,14 +20,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import jsonschema
 import jsonschema.exceptions
-import referencing
-import referencing.exceptions
-import referencing.jsonschema
-from jsonschema_specifications import REGISTRY as METASCHEMAS  # type: ignore[import-untyped]  # jsonschema's own dependency
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from celery_durable.errors import WorkflowDefinitionError
 from celery_durable.names import WORKFLOW_NAME_MAX, WORKFLOW_NAME_PATTERN, name_rule
+from celery_durable.workflows.json_schemas import unresolved_ref
 from celery_durable.workflows.jsonvalue import json_problem, short_repr
 from celery_durable.workflows.limits import Limits, limits_label
 from celery_durable.workflows.validation import Loc, explain
@@ -76,32 +73,10 @@ def _json_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
         validator.check_schema(dict(schema))
     except jsonschema.exceptions.SchemaError as exc:
         raise ValueError(f"is not a valid JSON Schema: {exc.message}") from None
-    unresolved = _unresolved_ref(validator, schema)
+    unresolved = unresolved_ref(validator, schema)
     if unresolved is not None:
         raise ValueError(f"has a $ref that does not resolve within it: {short_repr(unresolved)}")
     return schema
-
-
-def _unresolved_ref(validator: type[jsonschema.protocols.Validator], schema: Mapping[str, Any]) -> str | None:
-    """The first ``$ref`` of ``schema`` that resolves neither within it nor to a
-    metaschema, else None. The metaschema check passes a dangling ``$ref``,
-    which jsonschema only follows when an instance reaches it: ``start_workflow``
-    then raised its private referencing error, not a ``ValueError``, and a
-    remote one made the client fetch it over HTTP. Nothing is fetched here."""
-    dialect = validator.META_SCHEMA.get("$id") or validator.META_SCHEMA.get("id") or ""
-    specification = referencing.jsonschema.specification_with(dialect, default=referencing.Specification.OPAQUE)
-    root = specification.create_resource(dict(schema))
-    stack = [(METASCHEMAS.resolver_with_root(root), root)]
-    while stack:
-        resolver, resource = stack.pop()
-        ref = resource.contents.get("$ref") if isinstance(resource.contents, dict) else None
-        if isinstance(ref, str):
-            try:
-                resolver.lookup(ref)
-            except referencing.exceptions.Unresolvable:
-                return ref
-        stack.extend((resolver.in_subresource(sub), sub) for sub in resource.subresources())
-    return None
 
 
 Text = Annotated[StrictStr, AfterValidator(_not_blank)]

@@ -132,3 +132,26 @@ def test_a_turn_journaled_under_the_id_of_the_request_as_written_keeps_it() -> N
     assert agent_ops._agent_id(request, (Identity.agent(as_written), None)) == as_written
     assert agent_ops._agent_id(request, (Identity.agent(canonical), None)) == canonical
     assert agent_ops._agent_id(request, (Identity.step("other"), None)) == canonical
+
+
+def test_a_schema_whose_ref_points_nowhere_is_refused_at_the_call() -> None:
+    """SPEC §4: ``schema`` is a JSON Schema the result must satisfy. A dangling
+    $ref passed the metaschema check; the agent task then died on it every
+    time (jsonschema's private referencing error), and the run was taken over
+    again and again with an agent row left running, never settling."""
+    asked: list[str] = []
+
+    @workflow(name="dangling-ref", description="Asks with a schema whose $ref points nowhere", phases=[])
+    def dangling_ref(ctx: WorkflowContext) -> Any:
+        try:
+            return ctx.agent("Review cart.js", schema={"$ref": "#/$defs/verdict"})
+        except ValueError as exc:
+            return str(exc)
+
+    env = WorkflowTestEnvironment([dangling_ref], agent_runner=FunctionRunner(default=lambda r: asked.append(r.prompt)))
+    envelope = env.run(dangling_ref)
+    assert (envelope.status, envelope.result) == (
+        "completed",
+        "ctx.agent schema has a $ref that does not resolve within it: '#/$defs/verdict'",
+    )
+    assert asked == [] and env.detail(envelope.run_id).agents == []

@@ -1,0 +1,41 @@
+"""JSON Schemas the user gives (``args_schema``, ``ctx.agent``'s ``schema``): what
+the metaschema check cannot see.
+
+A schema can pass its metaschema and still hold a ``$ref`` that points
+nowhere; jsonschema follows it only when an instance reaches it, so the
+failure came late and in jsonschema's private referencing error: a
+``start_workflow`` that raised it instead of a ``ValueError``, an agent task
+that died on it every time. And a remote ``$ref`` made jsonschema fetch it
+over HTTP. Refs are resolved here, within the schema and the metaschemas
+only; nothing is fetched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema.protocols
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
+from jsonschema_specifications import REGISTRY as METASCHEMAS  # type: ignore[import-untyped]  # jsonschema's own dependency
+
+
+def unresolved_ref(validator: type[jsonschema.protocols.Validator], schema: Mapping[str, Any]) -> str | None:
+    """The first ``$ref`` of ``schema``, read as ``validator``'s draft, that
+    resolves neither within it nor to a metaschema; None when every one does."""
+    dialect = validator.META_SCHEMA.get("$id") or validator.META_SCHEMA.get("id") or ""
+    specification = referencing.jsonschema.specification_with(dialect, default=referencing.Specification.OPAQUE)
+    root = specification.create_resource(dict(schema))
+    stack = [(METASCHEMAS.resolver_with_root(root), root)]
+    while stack:
+        resolver, resource = stack.pop()
+        ref = resource.contents.get("$ref") if isinstance(resource.contents, dict) else None
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable:
+                return ref
+        stack.extend((resolver.in_subresource(sub), sub) for sub in resource.subresources())
+    return None
