@@ -60,6 +60,10 @@ class Cursor:
     compensating: int = 0
     """Sagas of this sequence running their compensations now: their steps
     run though the run is cancelled (``workflows/saga.py``)."""
+    compensation_end: int = -1
+    """While a saga compensates: the index of its last compensation, where
+    the cut goes when one of them re-runs an older attempt's failure
+    (``cut_here``)."""
     undo: list[str] = field(default_factory=list)
     """The step identities of the compensations this sequence's open sagas
     registered so far (``compensated_after``)."""
@@ -129,10 +133,17 @@ class Cursor:
         another failure is run again (SPEC §4). Run again, it would cut the
         sequence across that compensation, and the failure it undoes with it.
 
+        Never while a saga compensates: the op here is then one of its
+        compensations, a step like any other (SPEC §4: a resumed run runs it
+        again, so that the user who fixed what made it fail gets it undone).
+        It re-runs in place, the cut past the saga's last one (``cut_here``).
+
         The journal names the last compensation of each sequence
         (``compensated``). A journal older than that name holds no mark: there
         it is a compensation of an open saga of this sequence, registered by
         the op here, found after it."""
+        if self.compensating:
+            return False
         if self.index < self.compensated < len(self.history):
             return True
         return bool(self.undo) and any(identity in self.undo for identity, _ in self.history[self.index + 1 :])
@@ -140,11 +151,20 @@ class Cursor:
     def cut_here(self) -> str:
         """The op at the cursor re-runs an older attempt's failure: what that
         attempt journaled after it is no longer history, and progress records
-        from here are new. Returns the cut the journal must record."""
-        cut = schema.cut_argument(self.index, self.position())
-        self.history = self.history[: self.index + 1]
-        self.high_water = min(self.high_water, self.position() - 1)
-        return cut
+        from here are new. Returns the cut the journal must record.
+
+        A saga's compensation re-runs in place: the compensations it runs
+        after this one are history still (a journaled one is not run again),
+        so the cut goes after the last of them (``compensation_end``). What
+        the older attempt did past them followed the exception the saga
+        raised then, which may not be the one it raises now."""
+        end, at = self.index, self.position()
+        if self.compensating and self.compensation_end > self.index:
+            end = self.compensation_end
+            at = schema.position(end + 1, 0)
+        self.history = self.history[: end + 1]
+        self.high_water = min(self.high_water, at - 1)
+        return schema.cut_argument(end, at)
 
     @property
     def is_main(self) -> bool:

@@ -450,11 +450,12 @@ class Replay(StopState):
             return False
         return cursor.completions is not None or (cursor.is_main and self.mode is Mode.PASS)
 
-    def commit(self, cursor: Cursor, commit: PendingCommit, *, compensation: bool = False) -> str | None:
+    def commit(self, cursor: Cursor, commit: PendingCommit) -> str | None:
         """Journal the op at the cursor and advance; returns a winning earlier value.
-        A saga's ``compensation`` is named in the journal as its sequence's
-        last (``Cursor.compensated_after``)."""
-        result = self.journal.record(cursor.seq, commit, compensation=compensation)
+        A saga's compensation is named in the journal as its sequence's last
+        (``Cursor.compensated_after``), its outcome new or found under its key
+        (journaled by an attempt whose entry a cut abandoned)."""
+        result = self.journal.record(cursor.seq, commit, compensation=bool(cursor.compensating))
         if isinstance(result, Conflict):
             self.conflict(cursor, result, commit.identity)
         self.apply_flags(result.flags)

@@ -19,8 +19,11 @@ compensations, and any failure before it in its sequence, stands in the
 attempts after it, though failures are otherwise run again
 (``Cursor.compensated_after``; the journal names the last compensation of
 each sequence): run again and passing, it would end the block well with
-its work already undone, or cut the journaled undos away. A cancelled run's next op
-raises ``WorkflowCancelled``; its compensations must still run, so while a
+its work already undone, or cut the journaled undos away. A compensation
+that failed is a step like any other: a resumed attempt runs it again, in
+place, its later ones staying history (the cut goes past the last of them:
+``Cursor.cut_here``); with none failing now, the first exception goes on.
+A cancelled run's next op raises ``WorkflowCancelled``; its compensations must still run, so while a
 saga compensates, cancellation is not raised at its ops (``Cursor.compensating``;
 the count is the execution's stop state, ``StopState.compensation``),
 and a run whose saga registered anything is marked (``compensable.lua``):
@@ -130,7 +133,7 @@ def _run(replay: Replay, undo: list[tuple[str, Callable[[], Any]]], cause: Excep
     keys = [key for key, _ in reversed(undo)]
     replay.system(f"Compensating after {type(cause).__name__}: running {', '.join(keys)}")
     failures: list[dict[str, str]] = []
-    with replay.compensation(replay.current()):
+    with replay.compensation(replay.current(), len(undo)):
         for key, producer in reversed(undo):
             try:
                 replay.steps.step(key, producer, volatile=False, retry=None)

@@ -94,7 +94,7 @@ class StepOps(Ops):
             replay.hold(cursor, commit)
             cursor.advance()
             return outcome.step_result(key)
-        winner = replay.commit(cursor, commit, compensation=bool(cursor.compensating))
+        winner = replay.commit(cursor, commit)
         # A throttled step's outcome is journaled at once (never held back), then its slot goes back.
         if slot is not None:
             replay.throttles.release(slot)

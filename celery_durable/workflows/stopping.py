@@ -220,14 +220,17 @@ class StopState:
             return self._compensating > 0
 
     @contextlib.contextmanager
-    def compensation(self, cursor: Cursor) -> Iterator[None]:
-        """A saga's compensations run at ``cursor``: its ops are not cancelled."""
+    def compensation(self, cursor: Cursor, count: int) -> Iterator[None]:
+        """A saga's ``count`` compensations run at ``cursor``, one op each:
+        its ops are not cancelled, and they end at ``Cursor.compensation_end``."""
+        outer_end, cursor.compensation_end = cursor.compensation_end, cursor.index + count - 1
         cursor.compensating += 1
         with self._lock:
             self._compensating += 1
         try:
             yield
         finally:
+            cursor.compensation_end = outer_end
             cursor.compensating -= 1
             with self._lock:
                 self._compensating -= 1

@@ -18,7 +18,10 @@ local verdict, detail = commit_call(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1],
                                     ARGV[6], ARGV[7], ARGV[8], ARGV[9], KEYS[5], ARGV[2])
 if verdict == 'conflict' then return {'conflict', detail} end
 if ARGV[10] == '1' then
-  -- Always past the live history, so past any live compensation named before.
+  -- Past the live history, so past any live compensation named before; or a
+  -- compensation that re-runs an older attempt's failure in place, named back
+  -- from the later ones of its saga, which the cut past them keeps
+  -- (Cursor.cut_here): only compensations lie between.
   redis.call('HSET', KEYS[2], 'u:' .. ARGV[3], ARGV[1] .. ':' .. ARGV[4])
 end
 local f = flags(KEYS[1])
