@@ -12,6 +12,7 @@ only; nothing is fetched.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,14 @@ def unresolved_ref(validator: type[jsonschema.protocols.Validator], schema: Mapp
     dialect = validator.META_SCHEMA.get("$id") or validator.META_SCHEMA.get("id") or ""
     specification = referencing.jsonschema.specification_with(dialect, default=referencing.Specification.OPAQUE)
     root = specification.create_resource(dict(schema))
-    stack = [(METASCHEMAS.resolver_with_root(root), root)]
+    uri = root.id() or ""
+    registry = METASCHEMAS.with_resource(uri, root)
+    # Crawled once: a registry not crawled crawls the whole schema again at
+    # each lookup of an anchor or an embedded $id, quadratic in the schema.
+    # An $id that is no URI stops it: the lookups that need it then fail, as jsonschema's would.
+    with contextlib.suppress(ValueError):
+        registry = registry.crawl()
+    stack = [(registry.resolver(uri), root)]
     while stack:
         resolver, resource = stack.pop()
         ref = resource.contents.get("$ref") if isinstance(resource.contents, dict) else None
