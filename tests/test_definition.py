@@ -330,8 +330,12 @@ def test_invalid_args_schema_is_rejected_at_definition(schema: Any) -> None:
         # Never fetched: jsonschema would have fetched it over HTTP on every start_workflow.
         ({"items": {"$ref": "http://example.invalid/s.json"}}, "'http://example.invalid/s.json'"),
         ({"type": "object", "default": {1, 2}}, "must be a JSON value: set is not a JSON type"),
+        # referencing raised a TypeError or its int() ValueError for these, not Unresolvable.
+        ({"$defs": {"a": True}, "properties": {"x": {"$ref": "#/$defs/a/b"}}}, "within it: '#/$defs/a/b'"),
+        ({"title": "t", "properties": {"x": {"$ref": "#/title/x"}}}, "within it: '#/title/x'"),
+        ({"prefixItems": [{}], "properties": {"x": {"$ref": "#/prefixItems/x"}}}, "within it: '#/prefixItems/x'"),
     ],
-    ids=["dangling", "sibling", "remote", "not-json"],
+    ids=["dangling", "sibling", "remote", "not-json", "through-boolean", "into-string", "array-by-name"],
 )
 def test_an_args_schema_that_cannot_be_used_is_rejected_at_definition(schema: Any, message: str) -> None:
     """SPEC §2: an invalid args_schema is rejected at definition, as a

@@ -43,7 +43,9 @@ def unresolved_ref(validator: type[jsonschema.protocols.Validator], schema: Mapp
         if isinstance(ref, str):
             try:
                 resolver.lookup(ref)
-            except referencing.exceptions.Unresolvable:
+            # Not only Unresolvable: a pointer through a boolean schema or
+            # into a string is referencing's own TypeError or ValueError.
+            except (referencing.exceptions.Unresolvable, LookupError, TypeError, ValueError):
                 return ref
         stack.extend((resolver.in_subresource(sub), sub) for sub in resource.subresources())
     return None

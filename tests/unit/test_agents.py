@@ -155,3 +155,22 @@ def test_a_schema_whose_ref_points_nowhere_is_refused_at_the_call() -> None:
         "ctx.agent schema has a $ref that does not resolve within it: '#/$defs/verdict'",
     )
     assert asked == [] and env.detail(envelope.run_id).agents == []
+
+
+def test_a_schema_whose_ref_points_through_a_boolean_schema_is_refused_at_the_call_as_a_value_error() -> None:
+    """SPEC §4: as any other schema that cannot be used; referencing's own
+    TypeError came out of ctx.agent instead."""
+
+    @workflow(name="ref-through-boolean", description="Asks with a $ref through a boolean schema", phases=[])
+    def through_boolean(ctx: WorkflowContext) -> Any:
+        try:
+            return ctx.agent("Review cart.js", schema={"$defs": {"a": True}, "$ref": "#/$defs/a/b"})
+        except ValueError as exc:
+            return str(exc)
+
+    env = WorkflowTestEnvironment([through_boolean], agent_runner=FunctionRunner(default=lambda r: None))
+    envelope = env.run(through_boolean)
+    assert (envelope.status, envelope.result) == (
+        "completed",
+        "ctx.agent schema has a $ref that does not resolve within it: '#/$defs/a/b'",
+    ), envelope.error
