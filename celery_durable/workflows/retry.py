@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import types
+import typing
 from dataclasses import dataclass
 
 
@@ -35,6 +37,9 @@ class RetryPolicy:
         if _exception_class(retry_on):
             # One class, as isinstance takes it: that always worked.
             object.__setattr__(self, "retry_on", retry_on := (retry_on,))
+        elif isinstance(retry_on, types.UnionType) or typing.get_origin(retry_on) is typing.Union:
+            # KeyError | OSError, as isinstance takes it too: that always worked as well.
+            object.__setattr__(self, "retry_on", retry_on := typing.get_args(retry_on))
         if not isinstance(retry_on, tuple) or not all(_exception_class(kind) for kind in retry_on):
             raise ValueError(f"RetryPolicy.retry_on must be a tuple of exception classes, got {retry_on!r}")
 

@@ -5,6 +5,7 @@ into something other than ``StepFailed``."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,12 +25,13 @@ def flaky() -> str:
 
 @workflow(name="retrying", description="A flaky step, retried as its args say", phases=[])
 def retrying(ctx: WorkflowContext) -> Any:
-    policies: dict[str, Any] = {
-        "int": 3,
-        "one-class": RetryPolicy(retry_on=KeyError, initial_interval=0),
+    policies: dict[str, Callable[[], Any]] = {
+        "int": lambda: 3,
+        "one-class": lambda: RetryPolicy(retry_on=KeyError, initial_interval=0),
+        "union": lambda: RetryPolicy(retry_on=KeyError | OSError, initial_interval=0),  # type: ignore[arg-type]
     }
     try:
-        return ctx.step("flaky", flaky, retry=policies[ctx.args["policy"]])
+        return ctx.step("flaky", flaky, retry=policies[ctx.args["policy"]]())
     except Exception as exc:
         return {"type": type(exc).__name__, "message": str(exc)}
 
@@ -51,8 +53,13 @@ def test_a_retry_that_is_not_a_policy_is_refused_before_the_step_runs(env: Workf
     assert env.detail(envelope.run_id).steps == []
 
 
-def test_a_policy_retrying_one_exception_class_retries_it(env: WorkflowTestEnvironment) -> None:
-    envelope = env.run(retrying, args={"policy": "one-class"})
+@pytest.mark.parametrize("policy", ["one-class", "union"])
+def test_a_policy_retrying_exception_classes_as_isinstance_takes_them_retries_them(
+    env: WorkflowTestEnvironment, policy: str
+) -> None:
+    """One class, or a union of classes (KeyError | OSError): isinstance
+    takes both, and both always retried; the check refused the union."""
+    envelope = env.run(retrying, args={"policy": policy})
     assert (envelope.status, envelope.result, tries["flaky"]) == ("completed", "done", 3)
 
 
