@@ -21,7 +21,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import jsonschema.exceptions
 
 from celery_durable import telemetry
@@ -38,6 +37,7 @@ from celery_durable.tasks.in_place import wake_owners
 from celery_durable.tasks.messages import CALL_PATTERN, BadMessage, RunMessage, knows, parse_run_message, pass_on
 from celery_durable.tasks.retrying import retry_storage
 from celery_durable.workflows import jsonvalue
+from celery_durable.workflows.json_schemas import validator_for
 from celery_durable.workflows.limits import nano_credits
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def _output_problem(output: Any, schema: dict[str, Any] | None, max_bytes: int) 
     except jsonvalue.PayloadError as exc:
         return str(exc)
     if schema is not None:
-        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(output))
+        error = jsonschema.exceptions.best_match(validator_for(schema)(schema).iter_errors(output))
         if error is not None:
             path = "$" + "".join(f"[{part!r}]" for part in error.absolute_path)
             return f"at {path}: {error.message}"

@@ -21,7 +21,7 @@ from celery_durable.broker import schema
 from celery_durable.broker.journal import AgentVerdict, Conflict
 from celery_durable.broker.schema import Identity
 from celery_durable.workflows import jsonvalue
-from celery_durable.workflows.json_schemas import unresolved_ref
+from celery_durable.workflows.json_schemas import unresolved_ref, validator_for
 from celery_durable.workflows.ops import Ops
 from celery_durable.workflows.throttles import Throttled
 
@@ -111,12 +111,13 @@ class AgentOps(Ops):
         if schema_ is not None:
             if not isinstance(schema_, dict) or jsonvalue.json_problem(schema_) is not None:
                 raise ValueError("ctx.agent schema must be a JSON Schema given as a dict")
+            validator = validator_for(schema_)
             try:
-                jsonschema.Draft202012Validator.check_schema(schema_)
+                validator.check_schema(schema_)
             except jsonschema.exceptions.SchemaError as exc:
                 raise ValueError(f"ctx.agent schema is not a valid JSON Schema: {exc.message}") from None
             # Else the agent task died on it every time, and the run was taken over again and again.
-            unresolved = unresolved_ref(jsonschema.Draft202012Validator, schema_)
+            unresolved = unresolved_ref(validator, schema_)
             if unresolved is not None:
                 raise ValueError(
                     f"ctx.agent schema has a $ref that does not resolve within it: {jsonvalue.short_repr(unresolved)}"

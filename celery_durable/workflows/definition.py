@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, Va
 
 from celery_durable.errors import WorkflowDefinitionError
 from celery_durable.names import WORKFLOW_NAME_MAX, WORKFLOW_NAME_PATTERN, name_rule
-from celery_durable.workflows.json_schemas import unresolved_ref
+from celery_durable.workflows.json_schemas import unresolved_ref, validator_for
 from celery_durable.workflows.jsonvalue import json_problem, short_repr
 from celery_durable.workflows.limits import Limits, limits_label
 from celery_durable.workflows.validation import Loc, explain
@@ -58,17 +58,12 @@ def _short_version(version: str) -> str:
     return version
 
 
-def _validator(schema: Mapping[str, Any]) -> type[jsonschema.protocols.Validator]:
-    """The draft the schema's own ``$schema`` declares; 2020-12 where it declares none."""
-    return jsonschema.validators.validator_for(dict(schema), default=jsonschema.Draft202012Validator)
-
-
 def _json_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     problem = json_problem(dict(schema))
     if problem is not None:
         # It is hashed as JSON (code_hash): a set in it was a TypeError from json.dumps.
         raise ValueError(f"must be a JSON value: {problem}")
-    validator = _validator(schema)
+    validator = validator_for(schema)
     try:
         validator.check_schema(dict(schema))
     except jsonschema.exceptions.SchemaError as exc:
@@ -140,7 +135,7 @@ class Workflow:
         """Check ``args`` against ``args_schema``; the error names the failing path."""
         if self.args_schema is None:
             return
-        validator = _validator(self.args_schema)(dict(self.args_schema))
+        validator = validator_for(self.args_schema)(dict(self.args_schema))
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
         if error is not None:
             path = "$" + "".join(f"[{part!r}]" for part in error.absolute_path)

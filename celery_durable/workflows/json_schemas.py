@@ -16,11 +16,20 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+import jsonschema
 import jsonschema.protocols
+import jsonschema.validators
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
 from jsonschema_specifications import REGISTRY as METASCHEMAS  # type: ignore[import-untyped]  # jsonschema's own dependency
+
+
+def validator_for(schema: Mapping[str, Any]) -> type[jsonschema.protocols.Validator]:
+    """The draft ``schema``'s own ``$schema`` declares; 2020-12 where it declares
+    none. One rule for ``args_schema`` and for ``ctx.agent``'s ``schema``, at
+    the call and in the agent task that checks the output."""
+    return jsonschema.validators.validator_for(dict(schema), default=jsonschema.Draft202012Validator)
 
 
 def unresolved_ref(validator: type[jsonschema.protocols.Validator], schema: Mapping[str, Any]) -> str | None:

@@ -174,3 +174,23 @@ def test_a_schema_whose_ref_points_through_a_boolean_schema_is_refused_at_the_ca
         "completed",
         "ctx.agent schema has a $ref that does not resolve within it: '#/$defs/a/b'",
     ), envelope.error
+
+
+def test_a_schema_that_declares_its_draft_is_read_as_that_draft_at_the_call_and_on_the_output() -> None:
+    """``args_schema`` honours the draft its ``$schema`` declares; ``ctx.agent``'s
+    ``schema`` did not: a draft-07 schema with ``items`` as a list (a tuple's
+    items, in that draft) was refused at the call as 2020-12, where that form
+    is no schema. One rule now (``json_schemas.validator_for``), at the call and
+    in the agent task, which also checks the output by it."""
+    pair = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+            "items": [{"type": "string"}, {"type": "integer"}]}
+    outputs = iter([["cart.js", "three"], ["cart.js", 3]])
+
+    @workflow(name="draft-07-agent", description="Asks with a draft-07 schema", phases=[])
+    def draft_07(ctx: WorkflowContext) -> Any:
+        return ctx.agent("Count the issues in cart.js", schema=pair)
+
+    env = WorkflowTestEnvironment([draft_07], agent_runner=FunctionRunner(default=lambda r: next(outputs)))
+    envelope = env.run(draft_07)
+    assert (envelope.status, envelope.result) == ("completed", ["cart.js", 3]), envelope.error
+    assert next(outputs, None) is None, "the first output broke the draft-07 tuple and was asked again"
