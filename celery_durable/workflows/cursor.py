@@ -157,10 +157,13 @@ class Cursor:
         after this one are history still (a journaled one is not run again),
         so the cut goes after the last of them (``compensation_end``). What
         the older attempt did past them followed the exception the saga
-        raised then, which may not be the one it raises now."""
+        raised then, which may not be the one it raises now. Only those in
+        the live history: past its end the journal may hold entries an older
+        cut abandoned, which a cut further on would make history again."""
         end, at = self.index, self.position()
-        if self.compensating and self.compensation_end > self.index:
-            end = self.compensation_end
+        last = min(self.compensation_end, len(self.history) - 1) if self.compensating else -1
+        if last > self.index:
+            end = last
             at = schema.position(end + 1, 0)
         self.history = self.history[: end + 1]
         self.high_water = min(self.high_water, at - 1)
