@@ -9,7 +9,8 @@ ends the sequence's check where the journal has no usable value:
 
 - past the journal's end (the first new call), or at an op the run waits
   for (a pending wait, a task call or agent turn not answered yet) or would
-  run again (a failure of an older attempt): the run is there, so that
+  run again (a failure of an older attempt, unless a saga compensated
+  after it: ``Cursor.compensated_after``): the run is there, so that
   sequence's check is over (it ends as a wait does: ``wait_for_wake``);
 - where the journal holds another op: a divergence, said as a run would
   say it (``Replay.nondeterminism``).
@@ -124,7 +125,10 @@ class DryReplay(Replay):
         if found != identity:
             raise self.nondeterminism(cursor, f"expected {describe(found)}, got {describe(identity)}")
         kind = identity.partition("|")[0]
-        unfinished = value is None or (kind in OUTCOMES and not self.decode(value).is_live(self.epoch))
+        # An older attempt's failure runs again, unless a saga compensated after it: then it stands.
+        unfinished = value is None or (
+            kind in OUTCOMES and not self.decode(value).is_live(self.epoch) and not cursor.compensated_after()
+        )
         if unfinished and kind not in VALUELESS:
             self.stop_here(cursor)  # the run waits here, or would run the op again
         return True, value
