@@ -133,17 +133,22 @@ class Cursor:
         another failure is run again (SPEC §4). Run again, it would cut the
         sequence across that compensation, and the failure it undoes with it.
 
-        Never while a saga compensates: the op here is then one of its
-        compensations, a step like any other (SPEC §4: a resumed run runs it
-        again, so that the user who fixed what made it fail gets it undone).
-        It re-runs in place, the cut past the saga's last one (``cut_here``).
+        While a saga compensates, the op here is one of its compensations, a
+        step like any other (SPEC §4: a resumed run runs it again, so that the
+        user who fixed what made it fail gets it undone), re-run in place, the
+        cut past the saga's last one (``cut_here``). Unless a compensation is
+        journaled past that last one: an enclosing or a later saga already
+        undid work for the exception this saga raised then, and run again and
+        passing, the undo would change that exception, and the run could end
+        well with that work undone. It stands then, as the failures it
+        undid do.
 
         The journal names the last compensation of each sequence
         (``compensated``). A journal older than that name holds no mark: there
         it is a compensation of an open saga of this sequence, registered by
         the op here, found after it."""
         if self.compensating:
-            return False
+            return self.compensation_end < self.compensated < len(self.history)
         if self.index < self.compensated < len(self.history):
             return True
         return bool(self.undo) and any(identity in self.undo for identity, _ in self.history[self.index + 1 :])

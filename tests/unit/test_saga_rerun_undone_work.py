@@ -1,21 +1,15 @@
-"""Known defect of the in-place re-run of a failed compensation (6125f08).
-
-The re-run cuts what the older attempt journaled past the saga, including
-compensations another saga journaled there. The failure that started those
-compensations then runs again (or a path that raised no longer does), and
-a block whose work is already undone can end well: SPEC §5c's reason for
-keeping a compensated failure standing (``Cursor.compensated_after``).
-Fixing it is a design decision (keep a failed compensation standing when a
-compensation is journaled past its saga, losing the re-run there; or re-run
-it without cutting), so these probes are strict xfails."""
+"""SPEC §5c: a failed compensation runs again on resume (``Cursor.compensated_after``),
+unless a compensation is journaled past its saga. There an enclosing or a
+later saga already undid work for the exception the saga raised then: run
+again and passing, the undo would change that exception, and the run could
+end well with that work undone (the train cancelled, the run completed). So
+it stands, as the failures that saga undid do."""
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
 from typing import Any
-
-import pytest
 
 from celery_durable import CompensationFailed, StepFailed, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
@@ -70,7 +64,6 @@ def nested_caught(ctx: WorkflowContext) -> Any:
     return "train only"
 
 
-@pytest.mark.xfail(strict=True, reason="the re-run cuts a later saga's compensation; its failure runs again")
 def test_a_later_sagas_compensated_failure_stands_when_an_earlier_undo_reruns() -> None:
     calls.clear()
     env = WorkflowTestEnvironment([later_saga])
@@ -82,7 +75,6 @@ def test_a_later_sagas_compensated_failure_stands_when_an_earlier_undo_reruns() 
     assert resumed.status == "error", "the run completed with its train cancelled"
 
 
-@pytest.mark.xfail(strict=True, reason="the re-run changes the exception an outer saga already compensated for")
 def test_an_outer_saga_that_compensated_does_not_end_well_after_an_inner_undo_reruns() -> None:
     calls.clear()
     env = WorkflowTestEnvironment([nested_caught])
