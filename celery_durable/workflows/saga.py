@@ -23,6 +23,8 @@ its work already undone, or cut the journaled undos away. A compensation
 that failed is a step like any other: a resumed attempt runs it again, in
 place, its later ones staying history (the cut goes past the last of them:
 ``Cursor.cut_here``); with none failing now, the first exception goes on.
+Not once a compensation is journaled past its saga (an enclosing or a later
+saga undid work for the exception it raised then): it stands there.
 A cancelled run's next op raises ``WorkflowCancelled``; its compensations must still run, so while a
 saga compensates, cancellation is not raised at its ops (``Cursor.compensating``;
 the count is the execution's stop state, ``StopState.compensation``),
