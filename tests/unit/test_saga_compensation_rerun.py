@@ -15,23 +15,7 @@ from typing import Any
 
 from celery_durable import CompensationFailed, StepFailed, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
-
-calls: Counter[str] = Counter()
-BROKEN: set[str] = set()
-"""Undos that fail however often they run (the user has not fixed them yet)."""
-
-
-def did(key: str) -> str:
-    calls[key] += 1
-    return key
-
-
-def flaky(key: str) -> str:
-    """Fails its first run, and every run while ``key`` is in ``BROKEN``."""
-    did(key)
-    if calls[key] == 1 or key in BROKEN:
-        raise RuntimeError(f"{key} failed on run {calls[key]}")
-    return f"{key}-done"
+from tests.support.producers import BROKEN, calls, did, fails_first
 
 
 def car_fails() -> str:
@@ -45,7 +29,7 @@ def book_and_fail(ctx: WorkflowContext) -> None:
         ctx.step("book-flight", lambda: did("book-flight"))
         saga.compensate("cancel-flight", lambda: did("cancel-flight"))
         ctx.step("book-hotel", lambda: did("book-hotel"))
-        saga.compensate("cancel-hotel", lambda: flaky("cancel-hotel"))
+        saga.compensate("cancel-hotel", lambda: fails_first("cancel-hotel"))
         ctx.step("book-car", car_fails)
 
 
@@ -181,9 +165,9 @@ def trip_with_a_caught_failure(ctx: WorkflowContext) -> Any:
         ctx.step("book-flight", lambda: did("book-flight"))
         saga.compensate("cancel-flight", lambda: did("cancel-flight"))
         with contextlib.suppress(StepFailed):
-            ctx.step("seat", lambda: flaky("seat"))
+            ctx.step("seat", lambda: fails_first("seat"))
         ctx.step("book-hotel", lambda: did("book-hotel"))
-        saga.compensate("cancel-hotel", lambda: flaky("cancel-hotel"))
+        saga.compensate("cancel-hotel", lambda: fails_first("cancel-hotel"))
         ctx.step("book-car", car_fails)
 
 
@@ -214,7 +198,7 @@ def then_the_bus(ctx: WorkflowContext) -> Any:
     with contextlib.suppress(StepFailed):
         book_and_fail(ctx)
     with contextlib.suppress(StepFailed):
-        ctx.step("log", lambda: flaky("log"))
+        ctx.step("log", lambda: fails_first("log"))
     with ctx.saga() as saga:
         ctx.step("book-train", lambda: did("book-train"))
         saga.compensate("cancel-train", lambda: did("cancel-train"))

@@ -14,20 +14,7 @@ import pytest
 from celery_durable import StepFailed, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
 from celery_durable.workflows.cursor import Cursor
-
-calls: Counter[str] = Counter()
-
-
-def did(key: str) -> str:
-    calls[key] += 1
-    return key
-
-
-def fails_first_time(key: str) -> str:
-    did(key)
-    if calls[key] == 1:
-        raise RuntimeError(f"{key} fails the first time")
-    return f"{key}-passed"
+from tests.support.producers import calls, did, fails_first
 
 
 @workflow(name="saga-fanout", description="A saga around a fan-out whose branch fails", phases=[])
@@ -38,7 +25,7 @@ def saga_fanout(ctx: WorkflowContext) -> Any:
             saga.compensate("undo-a0", lambda: did("undo-a0"))
             saga.compensate("undo-a1", lambda: did("undo-a1"))
             ctx.parallel(
-                [lambda: ctx.step("a", lambda: did("a")), lambda: ctx.step("b", lambda: fails_first_time("b"))],
+                [lambda: ctx.step("a", lambda: did("a")), lambda: ctx.step("b", lambda: fails_first("b"))],
                 errors="raise",
             )
             return "booked"
@@ -70,7 +57,7 @@ def saga_caught(ctx: WorkflowContext) -> Any:
                 with contextlib.suppress(StepFailed):
                     ctx.step("b", lambda: did_fail("b"))
             saga.compensate("undo-a1", lambda: did("undo-a1"))
-            ctx.step("c", lambda: fails_first_time("c"))
+            ctx.step("c", lambda: fails_first("c"))
             return "booked"
     except StepFailed as failed:
         return f"undone after {failed.key}"
@@ -125,7 +112,7 @@ def saga_undos_in_branches(ctx: WorkflowContext) -> Any:
             return j
 
         ctx.parallel([lambda: branch(0), lambda: branch(1)], errors="return")
-        ctx.step("boom", lambda: fails_first_time("boom"))
+        ctx.step("boom", lambda: fails_first("boom"))
     return "booked"
 
 
@@ -139,5 +126,5 @@ def test_undos_registered_by_branches_with_the_blocks_saga_are_refused_in_proces
     env = WorkflowTestEnvironment([saga_undos_in_branches])
     done = env.run(saga_undos_in_branches)
     assert done.status == "error"
-    assert done.error == "StepFailed: step 'boom' raised RuntimeError: boom fails the first time"
+    assert done.error == "StepFailed: step 'boom' raised RuntimeError: boom failed on run 1"
     assert {key: calls[key] for key in ("undo-a", "undo-b0", "undo-b1")} == {"undo-a": 1, "undo-b0": 0, "undo-b1": 0}

@@ -5,30 +5,11 @@ abandoned, which a cut further on would make history again."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from celery_durable import StepFailed, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
-
-calls: Counter[str] = Counter()
-
-
-def did(key: str) -> str:
-    calls[key] += 1
-    return key
-
-
-def fails_first(key: str) -> str:
-    did(key)
-    if calls[key] == 1:
-        raise RuntimeError(f"{key} failed on run 1")
-    return key
-
-
-def fails(key: str) -> str:
-    did(key)
-    raise RuntimeError(key)
+from tests.support.producers import calls, did, fails, fails_first
 
 
 @workflow(name="saga-rerun-cut-abandoned", description="A saga reached only once a caught failure passes", phases=[])

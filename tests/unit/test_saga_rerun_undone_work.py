@@ -8,30 +8,11 @@ it stands, as the failures that saga undid do."""
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from typing import Any
 
 from celery_durable import CompensationFailed, StepFailed, WorkflowContext, workflow
 from celery_durable.testing import WorkflowTestEnvironment
-
-calls: Counter[str] = Counter()
-
-
-def did(key: str) -> str:
-    calls[key] += 1
-    return key
-
-
-def fails_first(key: str) -> str:
-    did(key)
-    if calls[key] == 1:
-        raise RuntimeError(f"{key} failed on run 1")
-    return key
-
-
-def fails(key: str) -> str:
-    did(key)
-    raise RuntimeError(key)
+from tests.support.producers import calls, did, fails, fails_first
 
 
 @workflow(name="saga-rerun-later-saga", description="A caught saga, then a saga whose bus fails once", phases=[])
