@@ -59,12 +59,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``after_all`` run after every other test of the session;
-    before them, the files that hold a ``slow`` test go first. xdist hands
-    out whole files (``--dist loadfile``) in this order, so a long file
-    handed out last would keep one process busy after the others finished."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: (item.get_closest_marker("after_all") is not None, item.path not in slow_files))
+    """Tests marked ``after_all`` run after every other test of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("after_all") is not None)
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ CASES = {
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.slow
 def test_quick_benchmark_runs_every_case_and_writes_both_files(tmp_path: Path) -> None:
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--repeat", "1", "--output", str(tmp_path)],
