@@ -1,4 +1,4 @@
-"""What Redis itself counted: commands (``INFO commandstats``) and memory (``INFO memory``).
+"""What Redis itself counted: commands (``INFO commandstats``), its CPU (``INFO cpu``) and memory (``INFO memory``).
 
 Redis counts every command it executes, those a Lua script calls included
 (``redis.call`` inside ``EVALSHA`` shows up under its own name), so a delta
@@ -60,21 +60,33 @@ def command_stats(raw: redis.Redis) -> Commands:
 
 
 class CommandWindow:
-    """``with CommandWindow(raw) as window:`` ... ``window.commands``: what Redis ran meanwhile."""
+    """``with CommandWindow(raw) as window:`` ... ``window.commands``: what Redis ran
+    meanwhile; ``window.cpu_seconds``: the server's CPU meanwhile (its whole
+    process: commands, scripts, network I/O, background work)."""
 
     def __init__(self, raw: redis.Redis) -> None:
         self.raw = raw
         self.commands = Commands()
+        self.cpu_seconds = 0.0
         self._before = Commands()
+        self._cpu_before = 0.0
 
     def __enter__(self) -> CommandWindow:
         self._before = command_stats(self.raw)
+        self._cpu_before = server_cpu_seconds(self.raw)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.cpu_seconds = server_cpu_seconds(self.raw) - self._cpu_before
         self.commands = command_stats(self.raw) - self._before
+
+
+def server_cpu_seconds(raw: redis.Redis) -> float:
+    """``used_cpu_user + used_cpu_sys`` of ``INFO cpu``: the server process's CPU since it started."""
+    cpu = cast(dict[str, Any], raw.info("cpu"))
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def used_memory(raw: redis.Redis) -> int:

@@ -27,12 +27,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import redis
 
 from benchmarks.cases import capacity
-from benchmarks.redisstats import command_stats
+from benchmarks.redisstats import command_stats, server_cpu_seconds
 from celery_durable.broker.connection import script_source
 from celery_durable.broker.ops import SCRIPT_NAMES
 from celery_durable.local.redis_server import RedisServer
@@ -70,8 +70,7 @@ def compare(runs: int, recordings: list[str]) -> None:
         for name, _, raw, _ in sides:
             stats = command_stats(raw)
             scripts = stats.usec["evalsha"]
-            cpu = cast(dict[str, Any], raw.info("cpu"))
-            server_us = (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6
+            server_us = server_cpu_seconds(raw) * 1e6
             other = (stats.total_usec - scripts) / runs
             print(
                 f"{name:24s} scripts {scripts / runs:6.0f} us/run   other commands {other:5.0f} us/run"

@@ -40,7 +40,7 @@ from benchmarks.cases.timers import FireWatch
 from benchmarks.harness import Bench, WorkerSetup
 from benchmarks.model import CaseResult, Row, Target, median, percentile
 from benchmarks.plan import Plan
-from benchmarks.redisstats import command_stats
+from benchmarks.redisstats import command_stats, server_cpu_seconds
 from celery_durable import Engine
 from celery_durable.tasks.entry import run_durable_task
 
@@ -108,11 +108,11 @@ def _burst(bench: Bench, plan: Plan, builder: tuple[Engine, KeptSender], n: int,
     lead = at_ms / 1000 - time.time()
     if lead <= 0:
         raise RuntimeError("the instant came before every run was waiting: raise MARGIN")
-    cpu_before, redis_before, load_before = _cpu(bench), _redis_cpu(bench), os.getloadavg()[0]
+    cpu_before, redis_before, load_before = _cpu(bench), server_cpu_seconds(bench.raw), os.getloadavg()[0]
     commands_before = command_stats(bench.raw)
     with profiled(bench, f"burst-{n}"), FireWatch(bench, at_ms, WATCH_SECONDS) as watch:
         states = wait_settled(bench.raw, bench.engine, run_ids, plan.timeout + lead, poll=0.5)
-    worker_cpu, redis_cpu = _cpu(bench) - cpu_before, _redis_cpu(bench) - redis_before
+    worker_cpu, redis_cpu = _cpu(bench) - cpu_before, server_cpu_seconds(bench.raw) - redis_before
     # Lua's own calls included, and the polling's: an upper bound, by command.
     commands = command_stats(bench.raw) - commands_before
     bad = [s for s in states if s.status != "completed"]
@@ -153,10 +153,6 @@ def _cpu(bench: Bench) -> float:
         total += (int(fields[11]) + int(fields[12])) / ticks
     return total
 
-
-def _redis_cpu(bench: Bench) -> float:
-    info = bench.raw.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def run(bench: Bench, plan: Plan) -> CaseResult:

@@ -150,17 +150,15 @@ def _forget(raw: redis.Redis) -> None:
 def _fleet_runs(bench: Bench, runs: int, timeout: float) -> dict[str, float]:
     """``runs`` typical runs on the fleet: what Redis did for each (broker included)."""
     bench.use_fleet()
-    before_cpu = bench.raw.info("cpu")
     before_memory = used_memory(bench.raw)
     started = time.perf_counter()
     with CommandWindow(bench.raw) as window:
         ids = [run_id for run_id, _ in start_runs(bench.client, WORKFLOW, [{}] * runs)]
         states = wait_settled(bench.raw, bench.engine, ids, timeout)
     seconds = time.perf_counter() - started
-    after_cpu = bench.raw.info("cpu")
     if any(s.status != "completed" for s in states):
         raise RuntimeError("a typical run did not complete")
-    cpu = sum(float(after_cpu[k]) - float(before_cpu[k]) for k in ("used_cpu_user", "used_cpu_sys"))
+    cpu = window.cpu_seconds
     commands = window.commands
     scripts = commands.calls["evalsha"] + commands.calls["eval"]
     return {

@@ -34,7 +34,7 @@ from benchmarks.cases.common import CELERY, DURABLE, flush_results, fmt_int, pro
 from benchmarks.harness import Bench, WorkerSetup, cpu_seconds
 from benchmarks.model import CaseResult, Row, Target, median, percentile
 from benchmarks.plan import Plan
-from benchmarks.redisstats import Commands, CommandWindow, used_memory
+from benchmarks.redisstats import CommandWindow, used_memory
 
 PROFILE_DURABLE_ONLY = True
 """--py-spy records the fleet during the durable batches only (``common.profiled``)."""
@@ -62,11 +62,13 @@ class Batch:
         return [end - start for start, end in zip(self.sent, self.done, strict=True)]
 
 
-def _per_item(commands: Commands, n: int) -> dict[str, Any]:
-    """Redis commands per run (or chain), all and the telling ones: messages sent, events, scripts."""
+def _per_item(window: CommandWindow, n: int) -> dict[str, Any]:
+    """Redis commands and CPU per run (or chain), all and the telling ones: messages sent, events, scripts."""
+    commands = window.commands
     calls = commands.calls
     return {
         "commands": commands.total / n,
+        "redis_cpu_ms": 1000 * window.cpu_seconds / n,
         "redis_ms": commands.total_usec / 1000 / n,
         "messages_sent (lpush)": calls["lpush"] / n,
         "events_published (publish)": calls["publish"] / n,
@@ -91,7 +93,7 @@ def _durable(bench: Bench, n: int, timeout: float) -> Batch:
         "statuses": sorted({s.status for s in states}),
         "take_overs": sum(s.attempt - 1 for s in states),
         "runs_taken_over": sum(1 for s in states if s.attempt > 1),
-        "redis_per_run": _per_item(window.commands, n),
+        "redis_per_run": _per_item(window, n),
     }
     return Batch(sent, [(s.finished_ms or 0) / 1000 for s in completed], memory, cpu, extra)
 
@@ -142,7 +144,7 @@ def _celery(bench: Bench, n: int, timeout: float) -> Batch:
     finally:
         backend.close()
     flush_results(bench)
-    extra = {"completed": n, "failed_tasks": failed, "redis_per_run": _per_item(window.commands, n)}
+    extra = {"completed": n, "failed_tasks": failed, "redis_per_run": _per_item(window, n)}
     return Batch([at for _, at in sent], done, memory, cpu, extra)
 
 
@@ -172,6 +174,10 @@ def _fleet_rows(n: int, label: str, batches: dict[str, list[Batch]]) -> list[Row
             note="INFO commandstats over the batch (client polling included), / n; messages sent per run "
             f"{median([b.extra['redis_per_run']['messages_sent (lpush)'] for b in durable]):.1f} vs "
             f"{median([b.extra['redis_per_run']['messages_sent (lpush)'] for b in celery]):.1f}"),
+        Row(CASE, f"Redis CPU per run, {label}", "ms",
+            [b.extra["redis_per_run"]["redis_cpu_ms"] for b in durable],
+            [b.extra["redis_per_run"]["redis_cpu_ms"] for b in celery],
+            note="INFO cpu (used_cpu_user + used_cpu_sys) over the batch (client polling included), / n"),
     ]
 
 

@@ -47,13 +47,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from benchmarks.cases.common import KeptSender, fmt_int, profiled
 from benchmarks.harness import Bench, WorkerSetup, cpu_seconds
 from benchmarks.model import CaseResult, Row, Target, median, percentile
 from benchmarks.plan import Plan
-from benchmarks.redisstats import CommandWindow, command_stats
+from benchmarks.redisstats import CommandWindow, command_stats, server_cpu_seconds
 from celery_durable import Client, Engine
 from celery_durable.broker import schema
 from celery_durable.schedules.firing import fire_due
@@ -209,10 +209,6 @@ def _per_schedule(bench: Bench, ids: Sequence[str], start_ms: int, end_ms: int) 
     return listed, actions
 
 
-def _redis_cpu(bench: Bench) -> float:
-    info = cast(dict[str, Any], bench.raw.info("cpu"))
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
 
 def fleet(bench: Bench, plan: Plan) -> dict[str, Any]:
     n, period, periods = plan.schedule_count, plan.schedule_period, plan.schedule_periods
@@ -228,14 +224,14 @@ def fleet(bench: Bench, plan: Plan) -> dict[str, Any]:
         while time.time() * 1000 < start_ms:  # the window's start, a time of the wall clock
             time.sleep(min(WATCH_SECONDS, max(0.0, start_ms / 1000 - time.time())))
         load_before = os.getloadavg()[0]
-        cpu_before, redis_before = cpu_seconds(bench.worker_pids()), _redis_cpu(bench)
+        cpu_before, redis_before = cpu_seconds(bench.worker_pids()), server_cpu_seconds(bench.raw)
         commands_before = command_stats(bench.raw)
         with profiled(bench, "window"):
             while time.time() * 1000 < end_ms:
                 time.sleep(min(WATCH_SECONDS, max(0.0, end_ms / 1000 - time.time())))
         commands = command_stats(bench.raw) - commands_before
         worker_cpu = cpu_seconds(bench.worker_pids()) - cpu_before
-        redis_cpu = _redis_cpu(bench) - redis_before
+        redis_cpu = server_cpu_seconds(bench.raw) - redis_before
         load_after = os.getloadavg()[0]
     rows = _until_started(bench, ticks, max(30.0, period))
     listed, actions = _per_schedule(bench, ids, start_ms, end_ms)
