@@ -106,6 +106,21 @@ def test_new_york_spring_forward_and_fall_back_every_half_hour() -> None:
     ]
 
 
+def test_a_cron_with_seconds_goes_on_past_a_dst_gap_and_a_repeated_hour() -> None:
+    """A cron with seconds has 3,600 local times in the hour a DST change skips or
+    repeats; the calendar used to walk them one by one and give up at 2,000,
+    leaving the schedule with no next tick: it never fired again."""
+    berlin = zone("Europe/Berlin")
+    cal = Calendar("* * * * * *", None, "Europe/Berlin", 0)
+    before_gap = to_ms(datetime(2030, 3, 31, 1, 59, 59, tzinfo=berlin))
+    assert cal.next_after(before_gap) == to_ms(datetime(2030, 3, 31, 3, 0, 0, tzinfo=berlin))
+    # Unpaused (or created) at 02:10 the second time that night: 02:10-02:59 fired the first time.
+    second_pass = to_ms(datetime(2030, 10, 27, 2, 10, 0, tzinfo=berlin, fold=1))
+    assert cal.next_after(second_pass) == to_ms(datetime(2030, 10, 27, 3, 0, 0, tzinfo=berlin))
+    after_gap = cal.upcoming(to_ms(datetime(2030, 3, 31, 1, 59, 59, tzinfo=berlin)), 3)
+    assert [t - after_gap[0] for t in after_gap] == [0, 1_000, 2_000]  # 01:59:59, then 03:00:00, 03:00:01
+
+
 def test_six_fields_have_seconds_first_and_names_ranges_steps_lists_parse() -> None:
     assert ticks("*/20 * * * * *", "UTC", datetime(2030, 1, 1, tzinfo=UTC), 3)[:1] == ["01-01 00:00+0000"]
     cal = Calendar("*/20 * * * * *", None, "UTC", 0)

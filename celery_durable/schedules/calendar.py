@@ -18,7 +18,7 @@ keeps it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -102,9 +102,16 @@ def _next_cron(cron: str, tz: ZoneInfo, after_ms: int) -> int | None:
     """Walk the local wall clock from ``after_ms``'s local time: a local time
     that does not exist is skipped, one that exists twice is taken at its
     first occurrence (fold 0), and one at or before ``after_ms`` (the second
-    pass of a repeated hour) was fired already."""
+    pass of a repeated hour) was fired already. A gap, and the rest of a
+    repeated hour ``after_ms`` is in, are jumped over whole, not walked a
+    candidate at a time: a cron with seconds has 3,600 candidates in an hour."""
     after = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
-    wall = after.astimezone(tz).replace(tzinfo=None)
+    local_after = after.astimezone(tz)
+    wall = local_after.replace(tzinfo=None)
+    if local_after.fold:
+        # The second pass of a repeated hour: its local times fired in the first.
+        repeat = local_after.replace(fold=0).utcoffset() - local_after.utcoffset()  # type: ignore[operator]
+        wall = _last_before_shift(tz, after - repeat, after)
     # Whole milliseconds only: cronsim walks whole seconds, and a tick is a whole second.
     it = CronSim(cron, wall.replace(microsecond=0))
     for _ in range(MAX_CANDIDATES):
@@ -114,11 +121,32 @@ def _next_cron(cron: str, tz: ZoneInfo, after_ms: int) -> int | None:
             return None
         first = local.replace(tzinfo=tz, fold=0)
         if first.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != local:
-            continue  # does not exist today (spring forward)
+            # Does not exist today (spring forward): go on from the gap's end.
+            before, later = sorted(local.replace(tzinfo=tz, fold=fold).astimezone(UTC) for fold in (0, 1))
+            it = CronSim(cron, _last_before_shift(tz, before, later))
+            continue
         at_ms = int(first.astimezone(UTC).timestamp() * 1000)
         if at_ms > after_ms:
             return at_ms
     return None
+
+
+def _last_before_shift(tz: ZoneInfo, before: datetime, later: datetime) -> datetime:
+    """Where cronsim goes on after ``tz`` shifts to ``later``'s offset, which it
+    does after ``before`` (UTC; a DST change, at a whole second): a second
+    before the first local time past both sides of the shift, the end of a
+    gap (spring forward) or of a repeated hour (fall back)."""
+    offset = later.astimezone(tz).utcoffset()
+    low, high = int(before.timestamp()), int(later.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, tz).utcoffset() == offset:
+            high = middle
+        else:
+            low = middle
+    last_before = datetime.fromtimestamp(high - 1, tz).replace(tzinfo=None)
+    first_after = datetime.fromtimestamp(high, tz).replace(tzinfo=None)
+    return max(last_before, first_after - timedelta(seconds=1))
 
 
 def to_ms(when: datetime) -> int:
