@@ -254,6 +254,19 @@ def test_catch_up_within_the_window_after_an_outage_and_missed_beyond_it(env: Wo
     assert all(run.status == "completed" for run in runs(env, "s"))
 
 
+def test_cancel_other_catching_up_cancels_each_tick_s_run_for_the_next(env: WorkflowTestEnvironment) -> None:
+    """SPEC §5d: caught-up ticks are each their own run, overlap applied in tick
+    order. Under cancel_other a tick's run made in the same fire as the next
+    tick was cancelled before it existed: RunNotFoundError, and the schedule
+    (with the others of its batch) never fired again."""
+    env.client.create_schedule("s", "held", every=10, overlap="cancel_other")
+    outage(env, 35_000)  # ticks at 10, 20 and 30 s, all within the window
+    env.fire_schedules()
+    env._fleet.drive()
+    assert [run.status for run in runs(env, "s")] == ["cancelled", "cancelled", "running"]
+    assert actions(env.client.get_schedule("s")) == ["started"] * 3
+
+
 def test_catchup_window_zero_fires_on_time_ticks_and_catches_up_nothing(env: WorkflowTestEnvironment) -> None:
     env.client.create_schedule("s", "stamp", every=10, catchup_window=0)
     step(env, 11)  # a sweep a second late is on time

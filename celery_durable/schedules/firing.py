@@ -39,7 +39,7 @@ from celery_durable import telemetry
 from celery_durable.broker import schema
 from celery_durable.broker.schedule_store import ANY, TickRecord
 from celery_durable.broker.schema import MAIN
-from celery_durable.errors import StorageCorruptError, StorageError
+from celery_durable.errors import DurableError, StorageCorruptError, StorageError
 from celery_durable.schedules.calendar import Calendar
 from celery_durable.schedules.spec import ON_TIME_MS, RECENT_MAX, StoredSchedule, action, parse_stored
 from celery_durable.tasks.app import new_task_id
@@ -212,7 +212,25 @@ def start_ticks(engine: Engine, firings: Sequence[Firing]) -> list[bool]:
                 exc,
             )
             started[i] = False
+    for i, firing in enumerate(firings):
+        if started[i]:
+            started[i] = _cancel_others(engine, firing)
     return started
+
+
+def _cancel_others(engine: Engine, firing: Firing) -> bool:
+    """Cancel the runs a later tick of the same fire cancels (``cancel_other``
+    after an outage, say); whether all were. Before the record: a sweeper
+    that dies here leaves the ticks to fire again, and cancels them then."""
+    client = engine.client(firing.stored.namespace)
+    for run_id in firing.to_cancel:
+        try:
+            client._ask_cancel(run_id)
+        except DurableError as exc:
+            where = f"{firing.stored.namespace}/{firing.stored.schedule_id}"
+            logger.warning("schedule %s: run %s not cancelled (again once its claim runs out): %s", where, run_id, exc)
+            return False
+    return True
 
 
 @dataclass(slots=True)
@@ -234,6 +252,9 @@ class Firing:
     """The sweep's: ``start`` only notes the tick in ``to_start``, and the
     sweep starts every firing's ticks together (``start_ticks``)."""
     to_start: list[int] = field(default_factory=list)
+    to_cancel: list[str] = field(default_factory=list)
+    """The sweep's: runs of ``to_start`` a later tick of the same fire
+    cancels (``cancel_other``), once ``start_ticks`` made them."""
     _live: bool | None = None
 
     def __post_init__(self) -> None:
@@ -281,7 +302,10 @@ class Firing:
             return self.start(tick_ms)
         if overlap == "cancel_other":
             assert self.last_run is not None
-            self.engine.client(self.stored.namespace)._ask_cancel(self.last_run)
+            if self.deferred and self.last_tick in self.to_start:
+                self.to_cancel.append(self.last_run)  # not made yet: cancelled once it is
+            else:
+                self.engine.client(self.stored.namespace)._ask_cancel(self.last_run)
             return self.start(tick_ms)
         if self.started_already(tick_ms):
             return self.start(tick_ms)
