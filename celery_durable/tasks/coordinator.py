@@ -432,8 +432,9 @@ class Pass:
 def _has_its_slot(engine: Engine, record: RunRecord, token: str) -> bool:
     """A run started with ``throttle=`` runs a pass only once its attempt has
     its slot: taken now, or else the run waits for it (its message ends
-    here). A cancelled run goes on to settle: a cancel never waits for a slot."""
-    if record.throttle is None or record.slot == record.epoch or record.cancel_requested:
+    here). A run asked to cancel or pause goes on to settle: neither waits for a
+    slot (the settle gives back its place in the queue)."""
+    if record.throttle is None or record.slot == record.epoch or record.cancel_requested or record.pause_requested:
         return True
     return throttling.take_run_slot(engine, record, token)
 

@@ -104,6 +104,23 @@ def test_a_cancelled_waiter_leaves_the_queue_and_a_paused_holder_gives_its_slot_
     assert counts(env, "t") == (1, 0)
 
 
+def test_a_paused_waiter_pauses_at_once_and_waits_again_when_resumed() -> None:
+    """SPEC §3: a pause returns once the run is paused; §5e: a run waiting
+    pending for its slot holds no worker. Its pause used to wait for the slot
+    too: the pass that would pause it ended as it found none."""
+    env = WorkflowTestEnvironment([holds])
+    env.client.set_throttle("t", concurrency=1)
+    a = env.start(holds, throttle="t")
+    b = env.start(holds, throttle="t")
+    assert env.pause(b).status == "paused"
+    assert counts(env, "t") == (1, 0)  # its place in the queue given back
+    assert env.resume(b).snapshot["waiting_for"] == THROTTLED
+    assert counts(env, "t") == (1, 1)
+    env.signal(a, "go", 1)
+    assert env.get(b).status == "running" and counts(env, "t") == (1, 0)
+    assert env.signal(b, "go", 2).status == "completed" and counts(env, "t") == (0, 0)
+
+
 def test_an_op_waits_durably_for_its_slot_and_replays_without_one() -> None:
     env = WorkflowTestEnvironment([holds, calls_api])
     env.client.set_throttle("api", concurrency=1)
