@@ -1,4 +1,4 @@
-"""The crash-point explorer (issue 35, item 2): every boundary of six runs, killed and recovered.
+"""The crash-point explorer (issue 35, item 2): every boundary of each scenario's runs, killed and recovered.
 
 Each scenario runs once cleanly; every boundary its processes cross (before
 and after each script run or sweep-schedule write, before and after each
@@ -270,6 +270,89 @@ def child_times_out(env: ExplorerEnvironment) -> tuple[str, bool]:
     return run_id, env.recover(lambda: env.settled(run_id) and env.settled(kid))
 
 
+# -- (k) a parent cancelled while it waits for its child: the child is cancelled first ----------
+
+
+@workflow(name="x-waiting-kid", description="Starts, then waits for a go", phases=[])
+def waiting_kid(ctx: WorkflowContext) -> Any:
+    ctx.step("kid-start", lambda: did("kid-start"))
+    return ctx.wait_for_signal("go").payload
+
+
+@workflow(name="x-waiting-parent", description="Waits for its child", phases=[])
+def waiting_parent(ctx: WorkflowContext) -> Any:
+    ctx.step("parent-start", lambda: did("parent-start"))
+    return ctx.child("kid", waiting_kid)
+
+
+def cancel_a_waiting_parent(env: ExplorerEnvironment) -> tuple[str, bool]:
+    run_id = env.client.start_workflow(waiting_parent)
+    kid = schema.child_run_id(run_id, "kid")
+    env.recover(lambda: env.status(kid) != "missing" and env.waits_for_signal(kid))
+    env.client_call("cancel", lambda: env.client._ask_cancel(run_id))
+    # Settled means the parent is cancelled and so is the child it waited for.
+    return run_id, env.recover(lambda: env.settled(run_id) and env.settled(kid))
+
+
+# -- (l) a child that fails, resumed by hand, then its parent resumed ---------------------------
+
+
+def kid_work_fails_first() -> Any:
+    """Fails its first run in the execution (a dependency was down)."""
+    did("kid-work")
+    if TRACER[0].effects["kid-work"] == 1:
+        raise RuntimeError("kid broke")
+    return "kid-ok"
+
+
+@workflow(name="x-flaky-kid", description="Its work fails the first time", phases=[])
+def flaky_kid(ctx: WorkflowContext) -> Any:
+    return ctx.step("kid-work", kid_work_fails_first)
+
+
+@workflow(name="x-flaky-parent", description="Waits for a child that fails once", phases=[])
+def flaky_parent(ctx: WorkflowContext) -> Any:
+    ctx.step("parent-start", lambda: did("parent-start"))
+    got = ctx.child("kid", flaky_kid)
+    return ctx.step("parent-end", lambda: did("parent-end", {"kid": got}))
+
+
+def resume_kid_then_parent(env: ExplorerEnvironment) -> tuple[str, bool]:
+    """The child ends error, so its parent does (ChildWorkflowFailed); the user
+    resumes the child, which completes, then the parent, which looks at the
+    child again (SPEC 5b: not cached across attempts) and completes."""
+    run_id = env.client.start_workflow(flaky_parent)
+    kid = schema.child_run_id(run_id, "kid")
+    env.recover(lambda: env.settled(run_id))
+    if env.status(kid) == "error":
+        env.client_call("resume kid", lambda: env.client._resume(kid, None, force=False, allow_code_change=False))
+    env.recover(lambda: env.settled(kid))
+    if env.status(run_id) == "error":
+        env.client_call("resume", lambda: env.client._resume(run_id, None, force=False, allow_code_change=False))
+    return run_id, env.recover(lambda: env.status(run_id) in ("completed", "cancelled"))
+
+
+# -- (m) automatic recovery off: every death halts the run, and the user resumes it -------------
+
+
+def signal_with_halts_resumed(env: ExplorerEnvironment) -> tuple[str, bool]:
+    """The approval with ``auto_recover`` off (SPEC 8): an attempt that dies
+    leaves the run ``halted``, resumable; the user resumes it each time."""
+
+    def resume_if_halted() -> None:
+        if env.status(run_id) == "halted":
+            env.client_call("resume", lambda: env.client._resume(run_id, None, force=False, allow_code_change=False))
+
+    run_id = env.client.start_workflow(approval)
+    env.recover(lambda: env.waits_for_signal(run_id))
+    resume_if_halted()
+    env.recover(lambda: env.waits_for_signal(run_id))
+    env.client_call("signal", lambda: env.client.signal_workflow_run(run_id, "decision", {"ok": True}))
+    env.recover(lambda: env.settled(run_id))
+    resume_if_halted()
+    return run_id, env.recover(lambda: env.status(run_id) in ("completed", "cancelled", "error"))
+
+
 # -- the scenarios: what the clients do --------------------------------------------------------
 
 
@@ -348,7 +431,13 @@ SCENARIOS = [
     Scenario("schedule-tick", (hourly,), fire_a_tick),
     Scenario("throttled", (throttled,), two_through_one_slot),
     Scenario("child-timeout", (impatient, slow_kid), child_times_out),
+    Scenario("cancel-parent", (waiting_parent, waiting_kid), cancel_a_waiting_parent),
+    Scenario("child-resumed", (flaky_parent, flaky_kid), resume_kid_then_parent),
+    Scenario("approval-halted", (approval,), signal_with_halts_resumed),
 ]
+
+ENVIRONMENT = {"approval-halted": {"CELERY_DURABLE_AUTO_RECOVER": "false"}}
+"""Settings a scenario runs under, as the environment variables a deployment sets."""
 
 CANCEL_PASS = ["activate#2", "begin_op#2", "commit_begin#2"]
 
@@ -366,17 +455,23 @@ KNOWN_FAILING: dict[str, set[str]] = {
     "schedule-tick": set(),
     "throttled": set(),
     "child-timeout": set(),
+    "cancel-parent": set(),
+    "child-resumed": set(),
+    "approval-halted": set(),
 }
 """Points (``Boundary.name``) today's main fails at (hangs, or runs an effect
 twice). Strict: a listed point that settles cleanly fails the test, so the
 entries go as the wake path is fixed (a look scheduled at now+lease before
 any script that can count a wake empties approval's and cancel-saga's)."""
 
-RACING = {"cancel-over-call": frozenset({"v:charge"})}
+RACING = {"cancel-over-call": frozenset({"v:charge"}), "cancel-parent": frozenset({"v:kid"})}
 """Outcomes that may or may not be journaled, by scenario: the charge's
 answer races the cancel. A cancel pass that died before it stepped over the
 call leaves the answer to arrive first, and be journaled (the charge did
-happen); the run is cancelled at its next step all the same, and compensates."""
+happen); the run is cancelled at its next step all the same, and compensates.
+The cancelled child's end races the parent's settling alike: a cancel pass
+of the parent that died after cancelling the child lets the child's end be
+journaled first; the parent is cancelled all the same."""
 
 
 def compare_tick(clean: Execution, crashed: Execution, racing: frozenset[str] = frozenset()) -> list[str]:
@@ -394,7 +489,16 @@ def compare_tick(clean: Execution, crashed: Execution, racing: frozenset[str] = 
     return problems
 
 
-COMPARES = {"schedule-tick": compare_tick}
+def compare_cancelled_parent(clean: Execution, crashed: Execution, racing: frozenset[str] = frozenset()) -> list[str]:
+    """As ``compare``, and the child the parent waited for is cancelled too (SPEC 5b)."""
+    problems = compare(clean, crashed, racing)
+    kid = crashed.env.status(schema.child_run_id(crashed.run_id, "kid"))
+    if kid != "cancelled":
+        problems.append(f"the child the cancelled parent waited for is {kid}")
+    return problems
+
+
+COMPARES = {"schedule-tick": compare_tick, "cancel-parent": compare_cancelled_parent}
 
 
 def archived_whole(execution: Execution) -> list[str]:
@@ -421,7 +525,11 @@ def table_path(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_every_crash_point_settles_as_the_clean_run(scenario: Scenario, tmp_path_factory: Any) -> None:
+def test_every_crash_point_settles_as_the_clean_run(
+    scenario: Scenario, tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in ENVIRONMENT.get(scenario.name, {}).items():
+        monkeypatch.setenv(name, value)
     judge = COMPARES.get(scenario.name, compare)
     racing = RACING.get(scenario.name, frozenset())
     clean, exploration = explore(scenario, TRACER, lambda clean, crashed: judged(judge, clean, crashed, racing))
