@@ -360,3 +360,13 @@ def test_a_real_web_view_serves_the_panels_metric_to_that_scrape(durable: Durabl
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=20)
+
+
+def test_a_schedules_named_time_zone_resolves_on_an_image_with_no_time_zone_database() -> None:
+    """A slim image may carry no /usr/share/zoneinfo: an empty PYTHONTZPATH is
+    such a machine, and the zone comes from the tzdata dependency."""
+    probe = "from celery_durable.schedules.calendar import zone; print(zone('Europe/Berlin'), zone('US/Central'))"
+    env = {**os.environ, "PYTHONTZPATH": ""}
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.split() == ["Europe/Berlin", "US/Central"]
