@@ -59,6 +59,19 @@ def waiting_run(d: Any) -> str:
     return str(run_id)
 
 
+def test_a_cursor_past_every_event_is_an_empty_last_page_not_a_corrupt_store(durable) -> None:
+    """``after`` is any seq >= 0: one past the end (of a live run's history,
+    as of an archived run's) is the empty last page, never a storage error."""
+    d = durable([await_signal])
+    run_id = waiting_run(d)
+    for after in (10**14, 10**15, 2**64, 10**30):
+        page = d.client.get_workflow_run_history(run_id, after=after)
+        assert page.events == [] and page.next is None, after
+    shown = cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--after", str(10**15), "--json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {"events": [], "next": None}
+
+
 def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
     d = durable([await_signal])
     run_id = waiting_run(d)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from celery_durable.broker.connection import storage_errors
+from celery_durable.broker.progress import MAX_SEQ
 from celery_durable.broker.replies import history as parse
 from celery_durable.broker.run_records import EMPTY, archive_of, get_archive, read_archive
 from celery_durable.broker.schema.archive import Archived, history_reply
@@ -33,8 +34,10 @@ def _page(store: StoreCore, run_id: str, mode: str, after: int, count: int) -> t
 
 
 def read_events(store: StoreCore, run_id: str, after: int, count: int) -> tuple[int, list[StoredEvent]] | None:
-    """Up to ``count`` events with seq > ``after``, oldest first: O(count) whatever the run's size."""
-    return _page(store, run_id, "after", after, count)
+    """Up to ``count`` events with seq > ``after``, oldest first: O(count) whatever the run's size.
+    ``after`` is clamped as a progress cursor is (``MAX_SEQ``): a stream id cannot
+    hold a larger one, and no run has an event past it."""
+    return _page(store, run_id, "after", min(max(after, 0), MAX_SEQ), count)
 
 
 def read_tail(store: StoreCore, run_id: str, count: int) -> tuple[int, list[StoredEvent]] | None:

@@ -16,6 +16,7 @@ local entries
 if ARGV[1] == 'tail' then
   entries = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', ARGV[3])
 else
-  entries = redis.call('XRANGE', KEYS[2], (tonumber(ARGV[2]) + 1) .. '-0', '+', 'COUNT', ARGV[3])
+  -- Exclusive of ARGV[2] as given: a Lua number past 1e14 prints as 1e+14, no stream id.
+  entries = redis.call('XRANGE', KEYS[2], '(' .. ARGV[2] .. '-0', '+', 'COUNT', ARGV[3])
 end
 return {total, entries}
