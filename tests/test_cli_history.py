@@ -72,6 +72,23 @@ def test_a_cursor_past_every_event_is_an_empty_last_page_not_a_corrupt_store(dur
     assert json.loads(shown.stdout) == {"events": [], "next": None}
 
 
+def test_follow_checks_its_timeout_and_the_run_before_it_prints_anything(durable) -> None:
+    """As every command that waits: a timeout that is no positive number is
+    refused (nan would follow for ever), and an unknown run is the one error
+    line with nothing on stdout, not the table's header first."""
+    d = durable([await_signal])
+    run_id = waiting_run(d)
+    for timeout in ("0", "-1", "nan"):
+        bad = cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--follow", "--timeout", timeout)
+        assert bad.exit_code == 1, (timeout, bad.output)
+        assert bad.stdout == "" and "timeout must be a positive number" in bad.stderr, (timeout, bad.output)
+    bad = cli(d.settings, "runs", "history", run_id, "--app", WAITS_APP, "--follow", "--limit", "0")
+    assert bad.exit_code == 1 and bad.stdout == "" and "limit must be an integer" in bad.stderr, bad.output
+    unknown = cli(d.settings, "runs", "history", "0" * 32, "--app", WAITS_APP, "--follow")
+    assert unknown.exit_code == 1 and unknown.stdout == "", unknown.output
+    assert "Run not found" in unknown.stderr
+
+
 def test_follow_streams_new_events_until_the_run_settles(durable) -> None:
     d = durable([await_signal])
     run_id = waiting_run(d)

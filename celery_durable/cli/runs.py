@@ -36,9 +36,10 @@ from celery_durable.cli.common import (
 from celery_durable.cli.follow import follow_run, view_for
 from celery_durable.cli.render import detail_view, print_envelope, record_line, runs_table
 from celery_durable.client.client import Client
-from celery_durable.client.history import HistoryEvent, HistoryPage
+from celery_durable.client.history import HistoryEvent, HistoryPage, check_page
 from celery_durable.client.history_text import event_summary
 from celery_durable.client.listing import ANY_WAIT, time_param, waiting_param
+from celery_durable.client.progress import check_wait
 
 # The signal `runs approve` sends: the one ctx.wait_for_approval waits for (as the web view's Approve button).
 APPROVAL_SIGNAL = "approval"
@@ -70,6 +71,9 @@ def runs_history(
         if page.next is not None:
             out.print(f"next page: --after {page.next}", style="dim", markup=False)
         return
+    # As every command that waits, before anything is printed: a bad option, a timeout that is
+    # no positive number (nan would follow for ever) and an unknown run are one error line.
+    guarded(lambda: (check_page(after, limit), check_wait(timeout), client.get_workflow_run(run_id)))
     guarded(lambda: _follow_history(client, run_id, after, limit, timeout, as_json))
 
 
