@@ -79,9 +79,12 @@ class Reading:
 
 
 def _read(client: Client, run_id: str, after_seq: int) -> Reading:
+    # The run is read before its records, as ``follow`` does: a run's last records and its
+    # final status are written by one script, so the records read after a settled run are
+    # all there will be; read before it, they may miss the last ones, and ``end`` would follow.
+    run = client.get_workflow_run(run_id)
     page = client.get_workflow_run_progress(run_id, after_seq=after_seq, limit=BATCH)
-    # The run is read after its records: a run seen settled has no record left to write.
-    return Reading(page.records, page.has_more_newer, client.get_workflow_run(run_id))
+    return Reading(page.records, page.has_more_newer, run)
 
 
 def _after_seq(request: Request) -> int:

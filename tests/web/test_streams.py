@@ -9,9 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
+from celery_durable import Client
 from celery_durable.web import create_app
 from tests.support.poll import RUN_BOUND, poll
-from tests.web.conftest import Site, SiteFactory
+from tests.web.conftest import Site, SiteFactory, waiting
 from tests.web.support import gate, new_gate, serving
 
 
@@ -83,6 +84,37 @@ def test_records_arrive_as_they_are_written(base_url: tuple[Site, str]) -> None:
             if name == "end":
                 break
     assert seen.index("waiting at the first gate") < seen.index("after the gate")
+
+
+def test_a_run_that_settles_between_two_reads_of_the_stream_loses_no_record(
+    base_url: tuple[Site, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's last records and its final status are written by one script:
+    a stream that read the records, then saw the run settled, must read the
+    records again before ``end``. The run is made to settle right after the
+    stream's first read of its records (the signal it waits for is sent then)."""
+    web, url = base_url
+    run_id = waiting(web, "web.waits-for-go")
+    read_progress = Client.get_workflow_run_progress
+    armed = [True]
+
+    def then_settle(self: Client, run: str, **options: Any) -> Any:
+        page = read_progress(self, run, **options)
+        if armed[0] and run == run_id:
+            armed[0] = False
+            self.signal_workflow_run(run_id, "go", 1)
+            poll(lambda: self.get_workflow_run(run_id).is_terminal, within=RUN_BOUND, what="the run to settle")
+        return page
+
+    monkeypatch.setattr(Client, "get_workflow_run_progress", then_settle)
+    with httpx.stream("GET", f"{url}/api/runs/{run_id}/events", params={"after_seq": 0}, timeout=30) as response:
+        received = list(events(response.iter_lines()))
+    assert not armed[0]
+    assert received[-1] == ("end", {"status": "completed"}, None)
+    streamed = [data["seq"] for name, data, _ in received if name == "progress"]
+    monkeypatch.undo()
+    newest = web.client.get_workflow_run_progress(run_id).newest_seq
+    assert streamed == list(range(1, (newest or 0) + 1)), "every record once, in order, before end"
 
 
 def test_the_namespace_stream_says_when_runs_change(base_url: tuple[Site, str]) -> None:
