@@ -95,7 +95,9 @@ def _moment(name: str, text: str | None) -> datetime | None:
         raise BadRequest(
             f"{name} must be a date and time, YYYY-MM-DDTHH:MM[:SS] in UTC or ISO 8601 with an offset, got {text!r}"
         ) from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    # An aware time is kept as given: converted to UTC, year 1 at +14:00 would be year 0,
+    # which Python cannot hold (OverflowError); the client takes any aware datetime.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 def list_runs(client: Client, query: RunsQuery, limit: int) -> RunPage:

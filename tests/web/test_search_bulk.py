@@ -86,6 +86,20 @@ def test_search_by_creation_time(site: SiteFactory) -> None:
     assert web.http.get("/api/runs", params={"created_after": later}).json()["runs"] == []
 
 
+def test_a_time_at_the_edge_of_the_calendar_is_a_search_not_a_server_error(site: SiteFactory) -> None:
+    """Year 1 at +14:00 is a valid ISO 8601 time whose UTC day is year 0, which Python cannot
+    hold: the search takes the time as given (the client takes any aware datetime)."""
+    web = site(worker=False)
+    ids = {web.client.start_workflow("web.quick") for _ in range(2)}
+    edges = {"created_after": "0001-01-01T00:00+14:00", "created_before": "9999-12-31T23:59-14:00"}
+    assert listed(web, **edges) == ids
+    for path in ("/ns/default/", "/ns/default/rows"):
+        assert web.http.get(path, params=edges).status_code == 200, path
+    backwards = {"created_after": edges["created_before"], "created_before": edges["created_after"]}
+    refused = web.http.get("/api/runs", params=backwards)
+    assert refused.status_code == 400 and "created_after is later" in refused.json()["error"]["message"]
+
+
 def test_search_by_what_a_run_waits_for(site: SiteFactory) -> None:
     web = site()
     go = waiting(web, "web.waits-for-go")
