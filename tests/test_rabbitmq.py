@@ -84,3 +84,40 @@ def test_an_agent_message_delivered_again_leaves_its_running_turn_to_its_heartbe
     assert live()["turn"] == running_entry and "later" not in live()
     assert start("another-message") == "wait"  # a second message of the turn still waits its turn
     assert live()["turn"] == running_entry and live()["later"].startswith("q|a|")
+
+
+# -- mounting on a team's app ----------------------------------------------------------
+
+
+def test_mounting_keeps_the_apps_quorum_default_queue(settings: Any) -> None:
+    """SPEC §5a: mounting changes nothing that affects the app's other tasks.
+    An app whose default queue is a quorum queue (``task_default_queue_type``)
+    kept it only until the engine was mounted: the mount rebuilt the default
+    queue without its ``x-queue-type``, so the mounted app declared it classic,
+    RabbitMQ refused the declare (PRECONDITION_FAILED) and the app's own tasks
+    could no longer be sent."""
+    from celery import Celery
+
+    from celery_durable import Engine
+    from tests.support.workflows import wf
+
+    def app() -> Celery:
+        made = Celery("team", broker=settings.effective_broker_url, set_as_current=False)
+        made.conf.update(task_default_queue=f"{settings.key_prefix}.default", task_default_queue_type="quorum")
+
+        @made.task(name="team.add", shared=False)
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        return made
+
+    plain, mounted = app(), app()
+    Engine([wf("noop", lambda ctx: 1)], settings, celery_app=mounted)
+    assert mounted.amqp.queues[f"{settings.key_prefix}.default"].queue_arguments == {"x-queue-type": "quorum"}
+    with plain.connection_for_write() as connection:
+        plain.tasks["team.add"].apply_async((1, 2), connection=connection)  # the queue, declared as the team has it
+        try:
+            with mounted.connection_for_write() as again:
+                mounted.tasks["team.add"].apply_async((2, 3), connection=again)
+        finally:
+            plain.amqp.queues[f"{settings.key_prefix}.default"].bind(connection.default_channel).delete()

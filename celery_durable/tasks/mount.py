@@ -41,11 +41,15 @@ logger = logging.getLogger(__name__)
 
 
 def _default_queue(app: Celery) -> Queue:
-    """The queue Celery consumes by default when ``task_queues`` is unset, as Celery builds it."""
+    """The queue Celery consumes by default when ``task_queues`` is unset, as
+    Celery builds it (``AMQP.Queues``): a quorum queue when
+    ``task_default_queue_type`` says so, else RabbitMQ refuses its declare as
+    a classic one and the app's own tasks can no longer be sent."""
     conf = app.conf
     name = conf.task_default_queue
     exchange = Exchange(conf.task_default_exchange or name, type=conf.task_default_exchange_type)
-    return Queue(name, exchange, routing_key=conf.task_default_routing_key or name)
+    arguments = {"x-queue-type": "quorum"} if conf.task_default_queue_type == "quorum" else None
+    return Queue(name, exchange, routing_key=conf.task_default_routing_key or name, queue_arguments=arguments)
 
 
 def mount(app: Celery, engine: Engine) -> None:
