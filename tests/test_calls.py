@@ -331,6 +331,32 @@ def test_a_call_without_queue_goes_where_the_tasks_own_routing_says(settings: Se
     assert (envelope.status, envelope.result) == ("completed", 12), envelope.error
 
 
+def test_a_catch_all_route_of_the_app_leaves_the_durable_messages_on_their_queues(settings: Settings) -> None:
+    """SPEC §5a: mounting changes nothing for the app's tasks, and the app's
+    routing nothing for the engine's. A route for every task (``"*"``) that
+    names an exchange and a routing key was merged into the engine's messages,
+    which named only their queue, and into a call's answer links: they left
+    for the team's queue, which no durable worker serves, and the run never
+    finished. Nothing here consumes the team's queue."""
+    team, calls = f"{settings.key_prefix}.team", f"{settings.key_prefix}.calls"
+    app = Celery("team", broker=settings.redis_url, set_as_current=False)
+    app.conf.task_routes = {"*": {"queue": team, "exchange": team, "routing_key": team}}
+
+    @app.task(name="team.double", shared=False)
+    def double(x: int) -> int:
+        return 2 * x
+
+    def run(ctx: WorkflowContext) -> Any:
+        one = ctx.step("one", lambda: 1)
+        both = ctx.parallel([lambda: ctx.step("a", lambda: 2), lambda: ctx.step("b", lambda: 3)])
+        return ctx.call("d", "team.double", args=(one + sum(both),), queue=calls)
+
+    engine = Engine([wf("routed", run)], settings, celery_app=app)
+    with worker_thread(engine, concurrency=4, queues=[settings.coordinator_queue, settings.steps_queue, calls]):
+        envelope = engine.client().run_workflow("routed", timeout=RUN_BOUND)
+    assert (envelope.status, envelope.result) == ("completed", 12), envelope.error
+
+
 def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Settings, gpu: Gpu, caplog) -> None:
     app = make_app(settings.redis_url, gpu.queue, accept_pickle=True)  # and early acks, prefetch 4
     app.conf.worker_hijack_root_logger = False  # the test reads the worker's log through pytest

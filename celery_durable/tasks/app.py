@@ -9,6 +9,7 @@ these names; this module imports none of them, so they form no import circle.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
@@ -76,6 +77,21 @@ def durable_queues(settings: Settings) -> list[Queue]:
 
 def _queue(name: str) -> Queue:
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def destination(app: Celery, queue: str | Queue) -> dict[str, Any]:
+    """A message's ``send_task`` options for where it goes, said whole: the
+    queue, and the exchange and routing key that reach it (a queue named is
+    looked up as Celery would, and left to Celery's own error where it knows
+    none). Celery merges a matching route of the app's into the options a
+    message leaves unset (``Router.route``): a route for every task that names
+    an exchange carried a message that named only its queue off to that
+    exchange, a durable one off the durable queues for good."""
+    try:
+        found = app.amqp.queues[queue] if isinstance(queue, str) else queue
+    except KeyError:
+        return {"queue": queue}
+    return {"queue": queue, "exchange": found.exchange.name, "routing_key": found.routing_key}
 
 
 def new_task_id() -> str:

@@ -43,7 +43,7 @@ from celery_durable.broker.replies.run import CallDone
 from celery_durable.broker.schema import MAIN
 from celery_durable.errors import StaleAttemptError, StepFailed
 from celery_durable.tasks import throttling
-from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, new_task_id
+from celery_durable.tasks.app import CALL_FAILED_TASK, CALL_RESULT_TASK, destination, new_task_id
 from celery_durable.tasks.home import home_of, is_home_name
 from celery_durable.tasks.in_place import consumes, gather, run_taken_pass, take_request, wake_owners
 from celery_durable.tasks.messages import BadMessage, parse_run_message
@@ -101,7 +101,9 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
     headers: dict[str, Any] = {CALLED_HEADER: now_ms()}
     if engine.home is not None:
         headers[HOME_HEADER] = engine.home.name  # where the body waiting for it is kept
-    options: dict[str, Any] = {"queue": engine.settings.coordinator_queue, "serializer": "json", "headers": headers}
+    options: dict[str, Any] = {
+        **destination(app, engine.settings.coordinator_queue), "serializer": "json", "headers": headers
+    }
     link = app.signature(CALL_RESULT_TASK, kwargs=answer, **options)
     link_error = app.signature(CALL_FAILED_TASK, kwargs=answer, **options)
     app.send_task(
@@ -111,7 +113,7 @@ def publish_call(app: Celery, engine: Engine, record: RunRecord, request: CallRe
         task_id=request.task_id,
         # No queue given: none passed, so the task's own routing applies, its
         # own ``queue`` option included (an explicit None would override it).
-        **({"queue": request.queue} if request.queue is not None else {}),
+        **(destination(app, request.queue) if request.queue is not None else {}),
         link=link,
         link_error=link_error,
         serializer="json",

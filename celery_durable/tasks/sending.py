@@ -28,7 +28,7 @@ from kombu import Queue  # type: ignore[attr-defined]
 
 from celery_durable import telemetry
 from celery_durable.config import Settings
-from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, new_task_id
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK, destination, new_task_id
 from celery_durable.tasks.flower_names import branch_shown
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class CelerySender:
         self.app.send_task(
             message.task,
             kwargs=message.kwargs,
-            queue=message.queue,
+            **destination(self.app, message.queue),
             task_id=message.task_id,
             countdown=message.countdown,
             serializer="json",
