@@ -28,7 +28,15 @@ from celery_durable import Engine, Settings, telemetry
 from celery_durable.local.redis_server import free_port
 from celery_durable.telemetry.context import own_trace, parse_traceparent, run_parent
 from celery_durable.web import create_app
-from tests.support.apps.traced import counted, traced_call, traced_crash, traced_kid, traced_parent
+from tests.support.apps.traced import (
+    counted,
+    traced_call,
+    traced_crash,
+    traced_impatient,
+    traced_kid,
+    traced_parent,
+    traced_waiting_kid,
+)
 from tests.support.fleet import ROOT, Fleet, settings_env
 from tests.support.poll import RUN_BOUND, START_BOUND, poll
 
@@ -309,3 +317,36 @@ def test_a_child_runs_spans_continue_its_parents_trace(settings: Settings, fleet
     assert {s["trace_id"] for s in of(kid)} == {run_id}, "the child continues its parent's trace"
     (start,) = [s for s in of(kid) if s["name"] == "celery_durable.start"]
     assert start["parent_id"] == f"{own_trace(run_id).span_id:016x}", "under the parent run's own anchor"
+
+
+def test_a_child_reached_again_is_created_once_counted_once_and_started_once(
+    settings: Settings, fleet: Fleet, tmp_path: Path
+) -> None:
+    """The parent's pass after the child's time-out reaches ``ctx.child`` again
+    (and cancels the child): the child run exists, so nothing is started, counted
+    or traced as a start a second time."""
+    from celery_durable.broker.schema import child_run_id
+
+    port = free_port()
+    client = Engine([traced_impatient, traced_waiting_kid], settings).client()
+    _, spans = traced_worker(fleet, tmp_path, "wimp", pool="prefork", concurrency=2, args=["--metrics-port", str(port)])
+    run_id = client.start_workflow("traced_impatient")
+    assert client.wait_for_workflow_run(run_id, timeout=RUN_BOUND).result == "ChildTimeout"
+    kid = child_run_id(run_id, "kid")
+    poll(lambda: client.get_workflow_run(kid).status == "cancelled", within=RUN_BOUND, what="the child cancelled")
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    poll(
+        lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="traced_impatient") == 1,
+        within=RUN_BOUND,
+        what="the parent's settle counted",
+    )
+    assert metric(scrape(), "celery_durable_runs_created_total", workflow="traced_waiting_kid") == 1
+    starts = [
+        s for s in spans_of(spans)
+        if s["name"] == "celery_durable.start" and s["attributes"].get("celery_durable.run_id") == kid
+    ]
+    assert len(starts) == 1, starts

@@ -106,6 +106,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         run_id = self._new_run_id()
         created = store.now_ms()
         lease_ms = int(self.engine.settings.lease_seconds * 1000)
+        start = telemetry.starting(definition.name, run_id)
         fields = schema.new_run_fields(
             run_id=run_id,
             workflow=definition.name,
@@ -118,7 +119,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
             idempotency_key=idempotency_key,
             progress_max=self.engine.settings.progress_max_records,
             ceilings=ceiling_fields(effective),
-            trace_parent=telemetry.start_traceparent(definition.name, run_id),
+            trace_parent=start.traceparent,
         )
         if slot is not None:
             fields.update(throttling.start_slot(self.engine, self.namespace, run_id, slot))
@@ -141,6 +142,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
                 # message; a duplicate is harmless (activation lock and fence).
                 self._dispatch(owner, 1, first.workflow)
             return owner
+        start.created()  # the key's run found instead is not one this start made
         self._dispatch(run_id, 1, definition.name, message)
         self._say_if_unserved(run_id, definition.name)
         return run_id

@@ -97,7 +97,13 @@ def due_ticks(calendar: Calendar, first_ms: int, seen_ms: int, now_ms: int, catc
 
 
 def _run_fields(
-    engine: Engine, stored: StoredSchedule, definition: Workflow, tick_ms: int, run_id: str, created_ms: int
+    engine: Engine,
+    stored: StoredSchedule,
+    definition: Workflow,
+    tick_ms: int,
+    run_id: str,
+    created_ms: int,
+    trace_parent: str,
 ) -> dict[str, str]:
     """A tick's run record, as ``create_run.lua`` makes it."""
     store = engine.store
@@ -115,7 +121,7 @@ def _run_fields(
             idempotency_key=None,
             progress_max=engine.settings.progress_max_records,
             ceilings=ceiling_fields(effective),
-            trace_parent=telemetry.start_traceparent(definition.name, run_id),
+            trace_parent=trace_parent,
         ),
         **schema.schedule_fields(stored.schedule_id, tick_ms),
     }
@@ -129,10 +135,13 @@ def start_tick(engine: Engine, stored: StoredSchedule, definition: Workflow, tic
     listed and given a look, so the sweep sends it."""
     store = engine.store
     run_id = schema.schedule_run_id(stored.namespace, stored.schedule_id, tick_ms)
+    start = telemetry.starting(definition.name, run_id)
     for _ in range(2):
         created_ms = store.now_ms()
         message = new_task_id()
-        if store.create_run(run_id, _run_fields(engine, stored, definition, tick_ms, run_id, created_ms), message):
+        fields = _run_fields(engine, stored, definition, tick_ms, run_id, created_ms, start.traceparent)
+        if store.create_run(run_id, fields, message):
+            start.created()  # a tick fired again finds its run made: no second start
             store.index_run(stored.namespace, run_id, None)
             _deliver(engine, [Wake(run_id, 1, definition.name, MAIN, message, namespace=stored.namespace)])
             return run_id, True
@@ -175,14 +184,16 @@ def start_ticks(engine: Engine, firings: Sequence[Firing]) -> list[bool]:
         return started
     created_ms = store.now_ms()
     starts: list[tuple[str, dict[str, str], str]] = []
+    begun: list[telemetry.Starting] = []
     for _, firing, tick_ms in items:
         run_id = schema.schedule_run_id(firing.stored.namespace, firing.stored.schedule_id, tick_ms)
-        fields = _run_fields(engine, firing.stored, firing.definition, tick_ms, run_id, created_ms)
+        begun.append(start := telemetry.starting(firing.definition.name, run_id))
+        fields = _run_fields(engine, firing.stored, firing.definition, tick_ms, run_id, created_ms, start.traceparent)
         starts.append((run_id, fields, new_task_id()))
     made = store.create_runs(starts)
     new: list[tuple[str, Wake]] = []
     again: list[tuple[int, Firing, int]] = []
-    for (i, firing, tick_ms), (run_id, _, message), created in zip(items, starts, made, strict=True):
+    for (i, firing, tick_ms), (run_id, _, message), start, created in zip(items, starts, begun, made, strict=True):
         if isinstance(created, StorageCorruptError):
             logger.error(
                 "schedule %s/%s: tick %s not started: %s",
@@ -193,6 +204,7 @@ def start_ticks(engine: Engine, firings: Sequence[Firing]) -> list[bool]:
             )
             started[i] = False
         elif created:
+            start.created()
             wake = Wake(run_id, 1, firing.definition.name, MAIN, message, namespace=firing.stored.namespace)
             new.append((firing.stored.namespace, wake))
         else:

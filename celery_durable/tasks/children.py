@@ -57,10 +57,14 @@ class EngineChildren:
     def start(self, request: ChildRequest) -> ChildState:
         engine, parent = self._engine, self._parent
         store = engine.store
+        # Created in the parent's pass: the child's spans continue the parent's trace.
+        within = run_parent(parent.run_id, parent.trace_parent, parent.trace_attempt).traceparent()
+        start = telemetry.starting(request.workflow.name, request.run_id, within)
         for _ in range(2):
             message = new_task_id()
             created_ms = store.now_ms()
-            if store.create_run(request.run_id, self._fields(request, created_ms), message):
+            if store.create_run(request.run_id, self._fields(request, created_ms, start.traceparent), message):
+                start.created()  # a replay that reaches the child again finds it made: no second start
                 store.index_run(parent.namespace, request.run_id, None)
                 self._send(request, message)
                 return ChildState(True, "pending")
@@ -79,10 +83,12 @@ class EngineChildren:
     def cancel(self, request: ChildRequest) -> ChildState | None:
         parent = self._parent
         created_ms = self._engine.store.now_ms()
-        fields = self._fields(request, created_ms)
+        # Made cancelled, if at all: nothing starts, so no start of its own in the parent's trace.
+        within = run_parent(parent.run_id, parent.trace_parent, parent.trace_attempt).traceparent()
+        fields = self._fields(request, created_ms, within)
         return cancel_child(self._engine, parent, request.key, request.run_id, request.workflow.name, fields)
 
-    def _fields(self, request: ChildRequest, created_ms: int) -> dict[str, str]:
+    def _fields(self, request: ChildRequest, created_ms: int, trace_parent: str) -> dict[str, str]:
         engine, parent = self._engine, self._parent
         fields = schema.new_run_fields(
             run_id=request.run_id,
@@ -96,12 +102,7 @@ class EngineChildren:
             idempotency_key=None,
             progress_max=engine.settings.progress_max_records,
             ceilings=request.ceilings,
-            # Created in the parent's pass: the child's spans continue the parent's trace.
-            trace_parent=telemetry.start_traceparent(
-                request.workflow.name,
-                request.run_id,
-                run_parent(parent.run_id, parent.trace_parent, parent.trace_attempt).traceparent(),
-            ),
+            trace_parent=trace_parent,
         )
         return {**fields, **schema.parent_fields(parent.run_id, request.key)}
 

@@ -9,7 +9,7 @@ once ``enable_metrics`` ran (``celery-durable worker --metrics-port``, the
 web view's ``/metrics``).
 
 Child runs (``ctx.child``, when they come) record their trace the way a
-start does: ``start_traceparent`` in the script that creates the child run,
+start does: ``starting`` for the script that creates the child run,
 called in the parent's pass, makes the child's trace continue the parent's
 span.
 """
@@ -89,25 +89,44 @@ def carry_traceparent(text: str | None, source: str) -> None:
 # -- hooks: each is one line in the module it observes ------------------------------------
 
 
-def start_traceparent(workflow: str, run_id: str, within: str = "") -> str:
+class Starting:
+    """A run being started: the ``trace_parent`` its record keeps, and its
+    start's count and ``celery_durable.start`` span, both made only by
+    ``created`` once the script made the run. A start that finds its run made
+    already (a child reached again by a replay or cancelled at its time-out,
+    a schedule's tick fired again, an idempotency key's run) starts nothing:
+    its span, never ended, is never exported."""
+
+    __slots__ = ("_span", "_started", "traceparent")
+
+    def __init__(self, traceparent: str, started: Any = None, span: Any = None) -> None:
+        self.traceparent, self._started, self._span = traceparent, started, span
+
+    def created(self) -> None:
+        started, span, self._started, self._span = self._started, self._span, None, None
+        if started is not None:
+            started.inc()
+        if span is not None:
+            span.end()
+
+
+def starting(workflow: str, run_id: str, within: str = "") -> Starting:
     """What a run being started records as ``trace_parent``: a ``celery_durable.start``
     span (when this process traces) under the caller's span, the caller's
     span itself, or, outside any span, ``within`` (a child run: its parent
     run's trace) or a context carried from outside; '' for none."""
     found = refresh()
-    if found is not None and found.metrics is not None:
-        found.metrics.runs_created.labels(workflow).inc()
+    started = found.metrics.runs_created.labels(workflow) if found is not None and found.metrics is not None else None
     tracer = found.tracer if found is not None else None
     outside = within or _carried
     if tracer is None:
-        return traces.current_traceparent() or outside
+        return Starting(traces.current_traceparent() or outside, started)
     parent = traces.context_of_traceparent(outside) if outside and not traces.current_traceparent() else None
     span = traces.start(
         tracer, "celery_durable.start", parent, {"celery_durable.run_id": run_id, "celery_durable.workflow": workflow},
         kind="producer",
     )
-    span.end()
-    return traces.traceparent_of(span)
+    return Starting(traces.traceparent_of(span), started, span)
 
 
 def resume_traceparent() -> str:

@@ -119,7 +119,24 @@ def traced_parent(ctx: WorkflowContext) -> Any:
     return ctx.child("kid", traced_kid)
 
 
-engine = Engine(workflows=[traced_crash, traced_call, counted, traced_kid, traced_parent])
+@workflow(name="traced_waiting_kid", description="A child run that waits for a signal", phases=[])
+def traced_waiting_kid(ctx: WorkflowContext) -> Any:
+    return ctx.wait_for_signal("never").received
+
+
+@workflow(name="traced_impatient", description="A child run it waits a second for, then cancels", phases=[])
+def traced_impatient(ctx: WorkflowContext) -> Any:
+    from celery_durable import StepFailed
+
+    try:
+        return ctx.child("kid", traced_waiting_kid, timeout=1)
+    except StepFailed as exc:
+        return exc.error_type
+
+
+engine = Engine(
+    workflows=[traced_crash, traced_call, counted, traced_kid, traced_parent, traced_waiting_kid, traced_impatient]
+)
 celery_app = engine.celery
 
 
