@@ -35,6 +35,7 @@ from tests.support.apps.traced import (
     traced_impatient,
     traced_kid,
     traced_parent,
+    traced_unanswered,
     traced_waiting_kid,
 )
 from tests.support.fleet import ROOT, Fleet, settings_env
@@ -350,3 +351,28 @@ def test_a_child_reached_again_is_created_once_counted_once_and_started_once(
         if s["name"] == "celery_durable.start" and s["attributes"].get("celery_durable.run_id") == kid
     ]
     assert len(starts) == 1, starts
+
+
+def test_a_call_that_times_out_counts_as_a_failed_call(settings: Settings, fleet: Fleet) -> None:
+    """Its failure is journaled by the caller's pass (call.lua), not by an
+    answer: it is an op whose outcome was produced there, outcome failed."""
+    port = free_port()
+    client = Engine([traced_unanswered], settings).client()
+    fleet.start(TRACED, pool="prefork", concurrency=2, args=["--metrics-port", str(port)])
+    run_id = client.start_workflow("traced_unanswered", args={"queue": f"{settings.key_prefix}.nobody"})
+    assert client.wait_for_workflow_run(run_id, timeout=RUN_BOUND).result == "TaskTimeout"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    poll(
+        lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="traced_unanswered") == 1,
+        within=RUN_BOUND,
+        what="the run's settle counted",
+    )
+    text = scrape()
+    assert metric(text, "celery_durable_ops_journaled_total", workflow="traced_unanswered", op="call") == 1
+    assert metric(
+        text, "celery_durable_ops_journaled_total", workflow="traced_unanswered", op="call", outcome="failed"
+    ) == 1

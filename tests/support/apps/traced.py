@@ -134,8 +134,21 @@ def traced_impatient(ctx: WorkflowContext) -> Any:
         return exc.error_type
 
 
+@workflow(name="traced_unanswered", description="Calls a task no worker takes, for a second", phases=[])
+def traced_unanswered(ctx: WorkflowContext) -> Any:
+    from celery_durable import StepFailed
+
+    try:
+        return ctx.call("lost", "traced.nobody", args=[], queue=str(ctx.args["queue"]), timeout=1)
+    except StepFailed as exc:
+        return exc.error_type
+
+
 engine = Engine(
-    workflows=[traced_crash, traced_call, counted, traced_kid, traced_parent, traced_waiting_kid, traced_impatient]
+    workflows=[
+        traced_crash, traced_call, counted, traced_kid, traced_parent, traced_waiting_kid, traced_impatient,
+        traced_unanswered,
+    ]
 )
 celery_app = engine.celery
 
