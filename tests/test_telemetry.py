@@ -24,10 +24,11 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from starlette.testclient import TestClient
 
-from celery_durable import Engine, Settings, telemetry
+from celery_durable import Engine, Settings, WorkflowContext, telemetry, workflow
 from celery_durable.local.redis_server import free_port
 from celery_durable.telemetry.context import own_trace, parse_traceparent, run_parent
 from celery_durable.web import create_app
+from tests.conftest import DurableFactory
 from tests.support.apps.traced import (
     counted,
     traced_call,
@@ -376,3 +377,28 @@ def test_a_call_that_times_out_counts_as_a_failed_call(settings: Settings, fleet
     assert metric(
         text, "celery_durable_ops_journaled_total", workflow="traced_unanswered", op="call", outcome="failed"
     ) == 1
+
+
+@workflow(name="patient", description="Waits for a child run that waits for a signal", phases=[])
+def patient(ctx: WorkflowContext) -> Any:
+    return ctx.child("kid", traced_waiting_kid)
+
+
+def test_runs_waiting_counts_the_runs_waiting_for_a_timer_or_a_signal(durable: DurableFactory) -> None:
+    """A parent waiting for its child waits for fleet work, not for the outside
+    world: only its child, waiting for a signal, is counted (kinds timer, signal)."""
+    from celery_durable.broker.schema import child_run_id
+
+    setup = durable([patient, traced_waiting_kid])
+    run_id = setup.client.start_workflow("patient")
+    kid = child_run_id(run_id, "kid")
+
+    def waits(run: str) -> str | None:
+        waiting = setup.client.get_workflow_run(run).snapshot.get("waiting_for")
+        return waiting["kind"] if waiting else None
+
+    poll(lambda: waits(run_id) == "child" and waits(kid) == "signal", within=RUN_BOUND, what="both runs waiting")
+    with TestClient(create_app(setup.engine), base_url="http://127.0.0.1") as http:
+        text = http.get("/metrics").text
+    kinds = dict(re.findall(r'celery_durable_runs_waiting\{kind="(\w+)",namespace="default"\} (\S+)', text))
+    assert kinds == {"signal": "1.0", "timer": "0.0"}

@@ -105,9 +105,10 @@ class RunsCollector:
             for record in records:
                 key = (record.workflow, record.status)
                 by_status[key] = by_status.get(key, 0) + 1
-                if record.status == "running" and record.waiting_for is not None:
-                    kind = str(record.waiting_for["kind"])
-                    by_kind[kind] = by_kind.get(kind, 0) + 1
+                # A child run or a throttle's slot is fleet work, not the outside world: not counted.
+                kind = str(record.waiting_for["kind"]) if record.waiting_for is not None else ""
+                if record.status == "running" and kind in by_kind:
+                    by_kind[kind] += 1
         for (workflow, status), count in sorted(by_status.items()):
             runs.add_metric([namespace, workflow, status], count)
         for kind, count in sorted(by_kind.items()):
