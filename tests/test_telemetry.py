@@ -402,3 +402,51 @@ def test_runs_waiting_counts_the_runs_waiting_for_a_timer_or_a_signal(durable: D
         text = http.get("/metrics").text
     kinds = dict(re.findall(r'celery_durable_runs_waiting\{kind="(\w+)",namespace="default"\} (\S+)', text))
     assert kinds == {"signal": "1.0", "timer": "0.0"}
+
+
+TAKE_OVER_REFUSED = """
+import json
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+started, ended = [], []
+
+
+class Track(SpanProcessor):
+    def on_start(self, span, parent_context=None):
+        started.append(span.name)
+
+    def on_end(self, span):
+        ended.append([span.name, dict(span.attributes)])
+
+
+provider = TracerProvider()
+provider.add_span_processor(Track())
+trace.set_tracer_provider(provider)
+
+from celery_durable import Engine
+from celery_durable.tasks.recovery import take_over
+from tests.support.apps.traced import counted
+
+engine = Engine([counted])
+run_id = engine.client().start_workflow("counted")
+take_over(engine, engine.store.load_run(run_id), "judged dead by another sweeper")
+print(json.dumps({"status": engine.store.load_run(run_id).status, "started": started, "ended": ended}))
+"""
+
+
+def test_a_halt_the_script_refuses_still_ends_its_recovery_span(settings: Settings) -> None:
+    """With auto_recover off, a take-over whose halt the script refuses (the
+    run is not dead after all, or another sweeper acted) ends its span as
+    ``lost``, as the recovering path does: no span is left open."""
+    env = {**settings_env(settings), "CELERY_DURABLE_AUTO_RECOVER": "false"}
+    done = subprocess.run(
+        [sys.executable, "-c", TAKE_OVER_REFUSED], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=START_BOUND,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["status"] == "pending", "its first message is in flight: nothing to halt"
+    assert sorted(seen["started"]) == sorted(name for name, _ in seen["ended"]), "every span started was ended"
+    (recovery,) = [attributes for name, attributes in seen["ended"] if name == "celery_durable.recovery"]
+    assert recovery["celery_durable.outcome"] == "lost"

@@ -349,10 +349,12 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
     store, settings, run_id = engine.store, engine.settings, record.run_id
     taking = telemetry.take_over(record, cause, forced=forced)
     if not settings.auto_recover:
-        if store.halt(record, forced=forced):
-            taking.end("halted")
-            _note(engine, record, "halted", cause, None)
-            logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, cause)
+        if not store.halt(record, forced=forced):
+            taking.end("lost")  # the run changed meanwhile: nothing done, as a resume that loses
+            return
+        taking.end("halted")
+        _note(engine, record, "halted", cause, None)
+        logger.warning("run %s: its attempt died (%s); halted (auto_recover is off)", run_id, cause)
         return
     if record.recoveries >= settings.max_recoveries:
         error = (
@@ -360,11 +362,13 @@ def take_over(engine: Engine, record: RunRecord, cause: str, *, forced: bool = F
             f"every time (the last: {cause}); fix the cause and resume it"
         )
         stop = Stop("error", "recovery_limit", error, f"Run stopped: {error}", recoveries=settings.max_recoveries)
-        if store.halt(record, stop, forced=forced):
-            taking.end("recovery_limit")
-            _note(engine, record, "recovery_limit", cause, None)
-            logger.warning("run %s of workflow %r ended error (recovery_limit): %s", run_id, record.workflow, error)
-            tell_parent(engine, record, stop.status, stop.reason, stop.error, None)
+        if not store.halt(record, stop, forced=forced):
+            taking.end("lost")
+            return
+        taking.end("recovery_limit")
+        _note(engine, record, "recovery_limit", cause, None)
+        logger.warning("run %s of workflow %r ended error (recovery_limit): %s", run_id, record.workflow, error)
+        tell_parent(engine, record, stop.status, stop.reason, stop.error, None)
         return
     message = new_task_id()
     epoch = store.resume(
