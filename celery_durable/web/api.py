@@ -160,8 +160,21 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+ACTION_KEYS = {
+    "cancel": (), "pause": (), "resume": ("force",), "signal": ("name", "payload"), "approve": ("approved", "note"),
+}
+"""What each action's body may hold (docs/web.md). A key it does not take is
+refused, not dropped: a resume sent ``limits`` would otherwise resume under
+the old ones and answer 200."""
+
+
 def _plan(context: WebContext, run_id: str, action: str, body: dict[str, Any]) -> actions.Outcome:
     client = context.client
+    taken = ACTION_KEYS.get(action)
+    unknown = sorted(set(body) - set(taken or ()))
+    if taken is not None and unknown:
+        allowed = ", ".join(taken) or "no keys"
+        raise BadRequest(f"{action} takes {allowed}; not {', '.join(map(repr, unknown))}")
     if action == "cancel":
         return actions.cancel(client, run_id)
     if action == "pause":

@@ -76,6 +76,10 @@ def test_the_api_acts_and_refuses_like_the_forms(site: SiteFactory) -> None:
     assert empty.status_code == 415
     bad = web.api_post(f"/api/runs/{run_id}/resume", json={"force": "yes"})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "force must be true or false"
+    unknown = web.api_post(f"/api/runs/{run_id}/resume", json={"force": False, "limits": {"max_steps": 9}})
+    assert unknown.status_code == 400 and unknown.json()["error"]["message"] == "resume takes force; not 'limits'"
+    extra = web.api_post(f"/api/runs/{run_id}/pause", json={"now": True})
+    assert extra.status_code == 400 and extra.json()["error"]["message"] == "pause takes no keys; not 'now'"
     refused = web.api_post(f"/api/runs/{run_id}/resume", json={})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "already_active"
     cancelled = web.api_post(f"/api/runs/{run_id}/cancel", json={})
