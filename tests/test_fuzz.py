@@ -292,6 +292,23 @@ def test_starts_succeed_or_refuse_clearly_and_refusals_write_nothing(world: Worl
     world.healthy()
 
 
+def test_run_workflow_refuses_a_bad_timeout_before_it_starts_a_run(world: World) -> None:
+    """run_workflow checks its wait's timeout before the start, as
+    resume_workflow does: refused after it, the call raised with a run
+    started whose id the caller never got."""
+    d = world.d
+
+    @FUZZ
+    @given(timeout=bad_numbers.filter(lambda v: v is not None and not (_positive(v) and v <= 1e9)))
+    def runs(timeout: Any) -> None:
+        outcome = world.unchanged(lambda: d.client.run_workflow("echo", args={"n": 1}, timeout=timeout))
+        assert isinstance(outcome, ValueError), outcome
+        assert "timeout" in str(outcome)
+
+    runs()
+    world.healthy()
+
+
 def test_reads_succeed_or_refuse_clearly_and_write_nothing(world: World) -> None:
     d = world.d
     # Timeouts short enough for a wait on the held canary, or not timeouts at

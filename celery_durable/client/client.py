@@ -188,6 +188,7 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
         """Start a run (or resume one) and block until it settles."""
         if resume_from_run_id is not None:
             return self.resume_workflow(resume_from_run_id, limits=limits, timeout=timeout)
+        paging.check_wait(timeout)  # before the start: refused after it, the run's id would be lost
         run_id = self.start_workflow(name_or_handle, args=args, limits=limits)
         return self.wait_for_workflow_run(run_id, timeout=timeout)
 
