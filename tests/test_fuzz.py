@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from celery_durable import RunEnvelope, Workflow, WorkflowContext, define_workflow, workflow
-from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, COORDINATOR_TASK
+from celery_durable.tasks.app import AGENT_TASK, BRANCH_TASK, CALL_FAILED_TASK, CALL_RESULT_TASK, COORDINATOR_TASK
 from celery_durable.workflows.definition import META_KEYS, NAME_PATTERN
 from tests.support.hostile import (
     PAYLOAD_BYTES,
@@ -570,6 +570,82 @@ def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
     assert not any(r.name == "celery.worker" and "Unrecoverable" in r.getMessage() for r in caplog.records)
     canary_completes(d, gate, canary_id)
     assert d.client.run_workflow("echo", args={"after": "fuzz"}, timeout=TIMEOUT).result == {"after": "fuzz"}
+
+
+@workflow(name="caller", description="waits at a call nobody serves", phases=[])
+def caller(ctx: WorkflowContext) -> Any:
+    return ctx.call("render", "gpu.render", args=("x",), queue=ctx.args["queue"])
+
+
+def _without_refusal_counts(state: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot less each run's count of refused writes, which a refused answer adds to."""
+    return {
+        key: {k: v for k, v in value.items() if k != "refused"} if key.endswith(":run") else value
+        for key, value in state.items()
+    }
+
+
+def test_call_answers_that_are_not_the_runs_are_refused_named_and_the_waiting_run_completes(
+    durable, raw_redis, finished, caplog
+) -> None:
+    """``call_result`` and ``call_failed`` are messages too: each bad one is
+    refused with a line that names what is wrong, writes nothing, and the
+    worker goes on serving; the run waiting at its call takes the real answer
+    after them, and a second delivery of that answer changes nothing. Before,
+    a key Redis cannot store (a lone surrogate) died in the worker as an
+    unexpected error, and an answer naming no run raised "Run record ... is
+    missing", a storage corruption that was not one."""
+    caplog.set_level(logging.INFO, logger="celery_durable")
+    d = durable([caller, echo], concurrency=4)
+    prefix = d.settings.key_prefix
+    queue = d.settings.coordinator_queue
+    foreign = d.engine.client("other").run_workflow("echo", args={"x": 1}, timeout=TIMEOUT)
+    run_id = d.client.start_workflow("caller", args={"queue": f"{prefix}.gpu"})
+    poll(lambda: raw_redis.llen(f"{prefix}.gpu") == 1, within=RUN_BOUND, what="the call to be sent")
+    fields = {"run_id": run_id, "epoch": 1, "workflow": "caller", "key": "render", "task_name": "gpu.render"}
+    result, failed = CALL_RESULT_TASK, CALL_FAILED_TASK
+    cases: list[tuple[str, list[Any], dict[str, Any], str]] = [
+        (result, ["v"], {**fields, "key": "\ud800"}, "rejected call result message: key is not a call key"),
+        (failed, ["tid"], {**fields, "key": "\udfff"}, "rejected call error message: key is not a call key"),
+        (result, ["v"], {**fields, "key": "k" * 1025}, "rejected call result message: key is not a call key"),
+        (result, ["v"], {**fields, "key": ["render"]}, "rejected call result message: key is not a call key"),
+        (failed, ["tid"], {**fields, "task_name": "\ud800"}, "rejected call error message: task is not a task"),
+        (result, ["v"], {**fields, "run_id": uuid.uuid4().hex}, "refused stale or forged call answer for run"),
+        (result, ["v"], {**fields, "run_id": foreign.run_id}, "refused stale or forged call answer for run"),
+        (result, ["v"], {**fields, "run_id": "../x"}, "rejected call result message: run_id is not a run id"),
+        (result, ["v"], {**fields, "epoch": 2}, "refused stale or forged call answer for run"),
+        (result, ["v"], {**fields, "epoch": "1"}, "rejected call result message: epoch is not a positive integer"),
+        (result, ["v"], {**fields, "key": "never-called"}, "refused stale or forged call answer for run"),
+        (result, [], fields, "rejected call result message: expected the task's result as the one positional"),
+        (result, ["v", "w"], fields, "rejected call result message: expected the task's result as the one"),
+        (failed, [1, 2, 3], fields, f"rejected call error message for run {run_id}: unexpected arguments"),
+        (failed, [{"id": "tid"}], fields, f"rejected call error message for run {run_id}: unexpected arguments"),
+    ]
+    before = _without_refusal_counts(snapshot(raw_redis, prefix))
+    for task, args, kwargs, logged in cases:
+        frame = kombu_frame(queue, json.dumps([args, kwargs, {}]).encode(), "application/json", task)
+        sent = json.loads(frame)["headers"]["id"]
+        case = f"{task} {args!r:.40} {kwargs!r:.120}"
+        caplog.clear()
+        raw_redis.lpush(queue, frame)
+        poll(lambda sent=sent: sent in finished, within=RUN_BOUND, what=f"{case} to be handled")
+        lines = [r.getMessage() for r in caplog.records]
+        assert any(logged in line for line in lines), f"{case}: {lines}"
+        assert not [r for r in caplog.records if r.exc_info], f"{case}: a traceback for a bad message: {lines}"
+        assert _without_refusal_counts(snapshot(raw_redis, prefix)) == before, f"{case} wrote"
+    # The real answer, then the same again: the second changes nothing.
+    answer = kombu_frame(queue, json.dumps([["done"], fields, {}]).encode(), "application/json", result)
+    raw_redis.lpush(queue, answer)
+    envelope = d.client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
+    assert (envelope.status, envelope.result) == ("completed", "done"), envelope.error
+    quiet(d, raw_redis)
+    settled = _without_refusal_counts(snapshot(raw_redis, prefix))
+    again = json.loads(answer)
+    again["headers"]["id"] = uuid.uuid4().hex
+    raw_redis.lpush(queue, json.dumps(again))
+    poll(lambda: again["headers"]["id"] in finished, within=RUN_BOUND, what="the second delivery handled")
+    assert _without_refusal_counts(snapshot(raw_redis, prefix)) == settled
+    assert d.client.run_workflow("echo", args={"after": "answers"}, timeout=TIMEOUT).result == {"after": "answers"}
 
 
 @workflow(name="held-fan", description="a fan-out whose first branch the test holds", phases=[])

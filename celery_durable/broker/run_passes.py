@@ -29,7 +29,7 @@ from celery_durable.broker.replies.shape import Refusal
 from celery_durable.broker.schema import MAIN, SequenceHistory, live
 from celery_durable.broker.schema.run import RunRecord
 from celery_durable.broker.store_core import StoreCore
-from celery_durable.errors import StorageCorruptError
+from celery_durable.errors import StaleAttemptError, StorageCorruptError
 
 
 class RunPasses(StoreCore):
@@ -212,4 +212,8 @@ class RunPasses(StoreCore):
             return done
         if done is not Refusal.STALE:
             self.unschedule(run_id)  # an answer after the end: the run has nothing for the sweep to watch
+        if done is Refusal.MISSING:
+            # An answer is a message: naming a run this store has not (forged,
+            # or a run gone since) is a refused answer, not storage corruption.
+            raise StaleAttemptError(f"Run {run_id}: no such run; its call's answer is refused")
         done.raise_for(run_id)

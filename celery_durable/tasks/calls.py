@@ -51,6 +51,8 @@ from celery_durable.tasks.retrying import retry_storage
 from celery_durable.tasks.sending import SentMessage
 from celery_durable.tasks.wake_route import Where, answer_here, route
 from celery_durable.workflows.calls import CallRequest, failure_error
+from celery_durable.workflows.cursor import is_key
+from celery_durable.workflows.jsonvalue import is_utf8
 from celery_durable.workflows.steps import result_outcome
 
 if TYPE_CHECKING:
@@ -306,9 +308,9 @@ def _journal(
 
     try:
         done = retry_storage(f"run {run_id}: the answer of call {key!r}", write)
-    except StaleAttemptError:
+    except StaleAttemptError as exc:
         engine.count_refused()
-        logger.info("run %s: the answer of call %r belongs to an older attempt; refused", run_id, key)
+        logger.info("refused stale or forged call answer for run %s (call %r): %s", run_id, key, exc)
         return
     if done is not None:
         telemetry.call_answered(workflow, outcome.kind == "o", called)
@@ -336,9 +338,9 @@ def _parse(engine: Engine, fields: dict[str, Any], header: Any) -> tuple[str, in
     home = known["home"] if known["home"] is not None else header
     run_id, epoch, workflow = (fields.pop(name, None) for name in ("run_id", "epoch", "workflow"))
     message = parse_run_message(run_id, epoch, workflow, fields)
-    if not isinstance(key, str) or not key:
+    if not is_key(key):
         raise BadMessage(f"key is not a call key: {key!r:.80}")
-    if not isinstance(task, str):
+    if not isinstance(task, str) or not is_utf8(task):
         raise BadMessage(f"task is not a task name: {task!r:.80}")
     if home is not None and not is_home_name(engine.settings, home):
         raise BadMessage(f"home is not a home queue of this engine: {home!r:.80}")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from celery_durable.broker import schema
 from celery_durable.broker.journal import PendingCommit, ProgressRecordArgs
 from celery_durable.errors import StorageCorruptError
+from celery_durable.workflows.jsonvalue import is_utf8
 
 if TYPE_CHECKING:
     from celery_durable.workflows.completion import Completions
@@ -31,6 +32,13 @@ def check_key(noun: str, key: object) -> None:
     """A step's, call's or child's key, before anything is journaled under it."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
         raise ValueError(f"{noun} key must be a non-empty string of at most {MAX_KEY_LENGTH} characters: {key!r}")
+    if not is_utf8(key):
+        raise ValueError(f"{noun} key holds a lone surrogate: {key!r}")  # Redis takes UTF-8 only
+
+
+def is_key(key: object) -> bool:
+    """``key`` would pass ``check_key``: what a call's answer may name (``tasks/calls.py``)."""
+    return isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH and is_utf8(key)
 
 
 @dataclass(slots=True)

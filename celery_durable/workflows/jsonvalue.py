@@ -57,7 +57,7 @@ def json_problem(value: Any) -> str | None:
             for key, child in item.items():
                 if not isinstance(key, str):
                     return f"dict key {short_repr(key)} is not a string"
-                if not _is_utf8(key):
+                if not is_utf8(key):
                     return "a dict key holds a lone surrogate"
                 stack.append((child, depth + 1))
             continue
@@ -82,7 +82,7 @@ def _scalar_problem(item: int | float | str) -> str | None:
         return None if _int_encodable(item) else "an integer has too many digits to encode"
     if isinstance(item, float):
         return None if math.isfinite(item) else f"{item!r} is not a finite number"  # nan, inf or -inf
-    return None if _is_utf8(item) else "a string holds a lone surrogate"
+    return None if is_utf8(item) else "a string holds a lone surrogate"
 
 
 def is_json_value(value: Any) -> bool:
@@ -101,7 +101,7 @@ def _int_encodable(number: int) -> bool:
     return True
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
