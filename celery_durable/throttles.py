@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.names import WORKFLOW_NAME_MAX, WORKFLOW_NAME_PATTERN, name_rule
-from celery_durable.workflows.jsonvalue import short_repr
+from celery_durable.workflows.jsonvalue import is_utf8, short_repr
 
 if TYPE_CHECKING:
     from celery_durable.broker.throttle_store import ThrottleState
@@ -113,6 +113,8 @@ def check_throttle_key(key: object) -> str:
         raise ValueError(
             f"throttle_key must be a non-empty string of at most {MAX_THROTTLE_KEY} characters, got {short_repr(key)}"
         )
+    if not is_utf8(key):
+        raise ValueError(f"throttle_key holds a lone surrogate: {short_repr(key)}")
     return key
 
 

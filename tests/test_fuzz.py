@@ -309,6 +309,31 @@ def test_run_workflow_refuses_a_bad_timeout_before_it_starts_a_run(world: World)
     world.healthy()
 
 
+@pytest.mark.parametrize(
+    ("option", "call"),
+    [
+        ("idempotency_key", lambda c: c.start_workflow("echo", idempotency_key="k\ud800")),
+        ("throttle_key", lambda c: c.start_workflow("echo", throttle="t", throttle_key="\udfff")),
+        ("note", lambda c: c.create_schedule("s", workflow="echo", every=60, note="\ud800")),
+        ("note", lambda c: c.update_schedule("s", note="\ud800")),
+        ("note", lambda c: c.pause_schedule("s", note="\ud800")),
+        ("note", lambda c: c.unpause_schedule("s", note="\ud800")),
+    ],
+)
+def test_a_string_redis_cannot_store_is_refused_naming_its_option(world: World, option: str, call: Any) -> None:
+    """A lone surrogate cannot be encoded as UTF-8, so Redis never sees it:
+    the option is refused by name, before anything is written. Before, these
+    raised the encoder's own UnicodeEncodeError, which names no option, and a
+    throttle key got as far as the sweep's list of throttles."""
+    d = world.d
+    d.client.create_schedule("s", workflow="echo", every=3600, paused=True)
+    quiet(d, world.raw, world.canary_id)
+    outcome = world.unchanged(lambda: call(d.client))
+    assert isinstance(outcome, ValueError) and not isinstance(outcome, UnicodeError), repr(outcome)
+    assert str(outcome).startswith(f"{option} holds a lone surrogate"), str(outcome)
+    world.healthy()
+
+
 def test_reads_succeed_or_refuse_clearly_and_write_nothing(world: World) -> None:
     d = world.d
     # Timeouts short enough for a wait on the held canary, or not timeouts at

@@ -102,6 +102,8 @@ class Client(ControlMethods, ScheduleMethods, ThrottleMethods):
             not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY
         ):
             raise ValueError(f"idempotency_key must be a non-empty string of at most {MAX_IDEMPOTENCY_KEY} characters")
+        if idempotency_key is not None and not jsonvalue.is_utf8(idempotency_key):
+            raise ValueError(f"idempotency_key holds a lone surrogate: {short_repr(idempotency_key)}")
         store = self.engine.store
         run_id = self._new_run_id()
         created = store.now_ms()

@@ -21,12 +21,12 @@ from celery_durable.schedules.calendar import to_ms
 from celery_durable.schedules.firing import Firing
 from celery_durable.schedules.spec import (
     MAX_BACKFILL,
-    MAX_NOTE,
     RECENT_MAX,
     ScheduleInfo,
     ScheduleSpec,
     StoredSchedule,
     action,
+    check_note,
     check_schedule_id,
     check_spec,
     merged_update,
@@ -250,6 +250,5 @@ class ScheduleMethods:
     @staticmethod
     def _check_note(note: Any) -> None:
         # The same rule as create/update's: a longer note stored here would make every later update refuse it.
-        if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
-            raise ValueError(f"note must be a string of at most {MAX_NOTE} characters: {short_repr(note)}")
+        check_note(note)
 

@@ -71,6 +71,15 @@ class ScheduleSpec:
         }
 
 
+def check_note(note: Any) -> None:
+    """A schedule's note (create, update, pause, unpause): None, or a string
+    Redis can store (UTF-8: no lone surrogate) of at most ``MAX_NOTE`` characters."""
+    if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
+        raise ValueError(f"note must be a string of at most {MAX_NOTE} characters: {short_repr(note)}")
+    if note is not None and not jsonvalue.is_utf8(note):
+        raise ValueError(f"note holds a lone surrogate: {short_repr(note)}")
+
+
 def check_schedule_id(schedule_id: object) -> str:
     if not isinstance(schedule_id, str) or not WORKFLOW_NAME_PATTERN.match(schedule_id):
         raise ValueError(f"schedule_id must be {name_rule(WORKFLOW_NAME_MAX)}: {short_repr(schedule_id)}")
@@ -116,8 +125,7 @@ def check_spec(
         raise ValueError(f"catchup_window must be a number of seconds >= 0: {short_repr(catchup_window)}")
     if not isinstance(paused, bool):
         raise ValueError(f"paused must be True or False: {short_repr(paused)}")
-    if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
-        raise ValueError(f"note must be a string of at most {MAX_NOTE} characters: {short_repr(note)}")
+    check_note(note)
     return ScheduleSpec(
         workflow=definition.name,
         cron=cron_text,
