@@ -137,6 +137,8 @@ def refusal(call: Callable[[], Any], seen: set[str], *, also: tuple[type[BaseExc
     try:
         return call()
     except (*CLEAR_ERRORS, *also) as exc:
+        # The encoder's own error (a lone surrogate on its way to Redis) names no option.
+        assert not isinstance(exc, UnicodeError), f"{exc!r} instead of a refusal naming the value"
         message = str(exc)
         assert message.strip(), f"{type(exc).__name__} without a message"
         seen.add(f"{type(exc).__name__}: {template(message)}")
