@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tests.conftest import worker_thread
 from tests.support.apps.gpu import make_app
 from tests.support.fleet import ROOT, Fleet, settings_env
 from tests.support.gpu_workers import Gpu
+from tests.support.hostile import UNPICKLED, Unpickles
 from tests.support.poll import RUN_BOUND, START_BOUND, lease_bound, poll
 from tests.support.workflows import refusal_of, wf
 
@@ -370,8 +372,11 @@ def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Se
     with worker_thread(engine, concurrency=2, queues=[settings.coordinator_queue, settings.steps_queue]):
         client = engine.client()
         run_id = client.start_workflow("plain")
+        # Refused before anything loads it: Celery's own strategy decoded the
+        # body in the consumer (the app accepts pickle), running what it said.
+        tag = uuid.uuid4().hex
         forged = app.send_task(
-            COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "plain"},
+            COORDINATOR_TASK, kwargs={"run_id": run_id, "epoch": 1, "workflow": "plain", "x": Unpickles(tag)},
             queue=settings.coordinator_queue, serializer="pickle",
         )
         envelope = client.wait_for_workflow_run(run_id, timeout=TIMEOUT)
@@ -381,6 +386,7 @@ def test_durable_tasks_keep_their_guarantees_on_an_app_that_differs(settings: Se
             what="the pickled message to be refused",
         )
     assert envelope.status == "completed" and envelope.result == 7
+    assert tag not in UNPICKLED, "the worker unpickled a message of a durable task"
 
 
 def test_two_engines_on_one_broker_stay_apart(redis_server: Any, tmp_path: Path) -> None:

@@ -597,6 +597,48 @@ def test_task_messages_are_rejected_never_executed_and_never_stop_the_worker(
     assert d.client.run_workflow("echo", args={"after": "fuzz"}, timeout=TIMEOUT).result == {"after": "fuzz"}
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "logged"),
+    [
+        (b'{"args": 1}', {}, "the body is not [args, kwargs, options]: {'args': 1}"),
+        (b'"text"', {}, "the body is not [args, kwargs, options]: 'text'"),
+        (b"[[], {}]", {}, "the body is not [args, kwargs, options]: [[], {}]"),
+        (b'[[], {}, "options"]', {}, "the body is not [args, kwargs, options]"),
+        (b"[[], [], {}]", {}, "the body is not [args, kwargs, options]"),
+        (b"[[], {}, {}]", {"timelimit": "x"}, "not a task message Celery can read: ValueError"),
+    ],
+    ids=["object", "string", "two-items", "options-not-an-object", "kwargs-not-an-object", "bad-header"],
+)
+def test_a_json_message_celery_cannot_read_is_rejected_and_gives_its_slot_back(
+    durable, raw_redis, caplog, body: bytes, headers: dict[str, Any], logged: str
+) -> None:
+    """A JSON body that is not a task's, or a header Celery cannot read,
+    made Celery's strategy raise past its consumer with the message never
+    acknowledged: each held one of the worker's prefetch slots for good, and
+    a few more than its concurrency left it taking no message at all (the
+    broker would hand them out again after the visibility timeout, to stop
+    the next worker). Each is refused naming what is wrong, and runs go on."""
+    caplog.set_level(logging.INFO, logger="celery_durable")
+    d = durable([echo], concurrency=2)  # two prefetch slots
+    queue = d.settings.coordinator_queue
+    for _ in range(3):
+        frame = json.loads(kombu_frame(queue, body, "application/json"))
+        frame["headers"].update(headers)
+        raw_redis.lpush(queue, json.dumps(frame))
+    envelope = d.client.run_workflow("echo", args={"after": "junk"}, timeout=TIMEOUT)
+    assert (envelope.status, envelope.result) == ("completed", {"after": "junk"}), envelope.error
+    poll(
+        lambda: len([r for r in caplog.records if logged in r.getMessage()]) == 3,
+        within=RUN_BOUND,
+        what="each message to be rejected, naming why",
+    )
+    assert all("rejected celery_durable.coordinator message" in r.getMessage() for r in caplog.records
+               if logged in r.getMessage())
+    # kombu's Redis transport keeps every unacknowledged message in one hash, with its queue.
+    held = lambda: [m for m in raw_redis.hvals("unacked") if json.loads(m)[-1] == queue]  # noqa: E731
+    poll(lambda: not held(), within=RUN_BOUND, what="no message of the queue left unacknowledged")
+
+
 @workflow(name="caller", description="waits at a call nobody serves", phases=[])
 def caller(ctx: WorkflowContext) -> Any:
     return ctx.call("render", "gpu.render", args=("x",), queue=ctx.args["queue"])

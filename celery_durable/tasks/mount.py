@@ -12,11 +12,15 @@ serializer, result backend, ``ignore_result``, ack mode or route. Apart from
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
+from celery.exceptions import InvalidTaskError
 from celery.worker.request import Request
+from celery.worker.strategy import default as default_strategy
 from kombu import Exchange, Queue  # type: ignore[attr-defined]
+from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_durable import telemetry
 from celery_durable.errors import StorageUnavailableError
@@ -33,6 +37,7 @@ from celery_durable.tasks.calls import CALLED_HEADER, HOME_HEADER, CallAnswerTas
 from celery_durable.tasks.entry import run_durable_task
 from celery_durable.tasks.redelivery import recovered_on_redelivery
 from celery_durable.tasks.retrying import PassDied, as_task_failure
+from celery_durable.workflows.jsonvalue import short_repr
 
 if TYPE_CHECKING:
     from celery_durable.engine import Engine
@@ -70,6 +75,51 @@ def mount(app: Celery, engine: Engine) -> None:
     _register(app, engine)
 
 
+def json_only_strategy(task: Task, app: Celery, consumer: Any, **options: Any) -> Callable[..., None]:
+    """Celery's strategy for a durable task's messages, refusing first what is
+    not one: a content type other than JSON, before anything decodes the
+    body (Celery's own strategy decodes it in the consumer, so an app that
+    accepts pickle would unpickle it there, before ``JsonOnlyRequest`` could
+    refuse it), and a JSON body that is not ``[args, kwargs, options]``,
+    or a message Celery cannot otherwise make a request of. Such a message
+    is logged and rejected; left to Celery's own strategy, its error went
+    past the consumer, which never acknowledged the message: each one held
+    a prefetch slot for good, and a handful stopped the worker taking any."""
+    handle = default_strategy(task, app, consumer, **options)
+    errors = consumer.connection_errors
+
+    def refuse(message: Any, reject: Any, problem: str) -> None:
+        logger.error("rejected %s message %s: %s", task.name, (message.headers or {}).get("id"), problem)
+        if not message.acknowledged:
+            reject(logger, errors, False)
+
+    def checked(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> None:
+        if message.content_type != JSON:
+            refuse(message, reject, f"content type {message.content_type!r}, not JSON")
+            return
+        problem = _body_problem(message.payload if body is None else body)  # a DecodeError is Celery's to log
+        if problem is not None:
+            refuse(message, reject, problem)
+            return
+        try:
+            handle(message, body, ack, reject, callbacks, **more)
+        except (InvalidTaskError, ContentDisallowed, DecodeError):
+            raise  # Celery's consumer refuses these itself, naming them
+        except Exception as exc:
+            refuse(message, reject, f"not a task message Celery can read: {type(exc).__name__}: {exc!s:.200}")
+
+    return checked
+
+
+def _body_problem(body: Any) -> str | None:
+    if not isinstance(body, list | tuple) or len(body) != 3:
+        return f"the body is not [args, kwargs, options]: {short_repr(body)}"
+    args, kwargs, embed = body
+    if not isinstance(args, list | tuple) or not isinstance(kwargs, dict) or not isinstance(embed, dict | None):
+        return f"the body is not [args, kwargs, options]: {short_repr(body)}"
+    return None
+
+
 class JsonOnlyRequest(Request):  # type: ignore[misc]
     """A durable task's request refuses a message that is not JSON before
     the pool decodes its body, whatever ``accept_content`` the app allows.
@@ -97,6 +147,7 @@ DURABLE_OPTIONS: dict[str, Any] = {
     "shared": False,
     "bind": True,
     "Request": JsonOnlyRequest,
+    "Strategy": f"{__name__}:json_only_strategy",  # a name: a function set on the class would bind as a method
     # Only a worker that is shutting down hands a task back to the broker
     # (tasks/retrying.py); a running one retries in place.
     "autoretry_for": (StorageUnavailableError,),

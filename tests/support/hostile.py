@@ -204,3 +204,23 @@ def snapshot(client: redis.Redis, prefix: str, *, skip: Iterable[str] = ()) -> d
             value = client.get(key)
         state[key] = value
     return state
+
+
+UNPICKLED: list[str] = []
+"""What ``Unpickles`` objects recorded as they were unpickled in this process."""
+
+
+def _unpickled(tag: str) -> str:
+    UNPICKLED.append(tag)
+    return tag
+
+
+class Unpickles:
+    """Pickled, it runs code as it is unpickled (it records ``tag``): what a
+    pickle from the broker can do to a worker that loads it."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_unpickled, (self.tag,))
