@@ -67,6 +67,25 @@ class Channel(redis_transport.Channel):
             client = self._sync_client = super()._create_client(asynchronous=False)  # type: ignore[no-untyped-call]
         return client
 
+    def basic_consume(self, queue: Any, no_ack: Any, callback: Any, consumer_tag: Any, **options: Any) -> Any:
+        """A frame that decodes as an envelope but that its consumer cannot
+        make a task of (a body that is not ``[args, kwargs, options]`` for one
+        of Celery's own tasks, a header it cannot read) raises out of the
+        consumer's callback after the message was counted unacknowledged: it
+        is dropped as above and rejected too, or it held a prefetch slot for
+        good, and a few of them left the worker taking no message at all."""
+
+        def taken(message: Any) -> Any:
+            try:
+                return callback(message)
+            except MALFORMED as exc:
+                _dropped(exc)
+                if not no_ack and not message.acknowledged:
+                    message.reject(requeue=False)
+                return None
+
+        return super().basic_consume(queue, no_ack, taken, consumer_tag, **options)  # type: ignore[no-untyped-call]
+
     def _brpop_read(self, **options: Any) -> bool:
         try:
             return bool(super()._brpop_read(**options))  # type: ignore[no-untyped-call]
