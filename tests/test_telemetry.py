@@ -138,6 +138,12 @@ def test_a_called_task_is_a_child_of_its_call_in_the_callers_trace(
     assert [s["name"] for s in spans].count("celery_durable.call") == 1
 
 
+def scrape(port: int) -> str:
+    """A worker's ``--metrics-port`` exposition, as Prometheus reads it."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """The sample ``name{labels}`` in a Prometheus text exposition, 0 when absent."""
     for line in text.splitlines():
@@ -160,16 +166,12 @@ def test_a_prefork_workers_metrics_count_the_runs_it_ran(settings: Settings, fle
     for run_id in runs:
         assert client.wait_for_workflow_run(run_id, timeout=60).result == 3
 
-    def scrape() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-
     poll(
-        lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="counted", status="completed") == 5,
+        lambda: metric(scrape(port), "celery_durable_runs_settled_total", workflow="counted", status="completed") == 5,
         within=RUN_BOUND,
         what="five settled runs counted",
     )
-    text = scrape()
+    text = scrape(port)
     assert metric(text, "celery_durable_runs_started_total", workflow="counted") == 5
     assert metric(text, "celery_durable_ops_journaled_total", workflow="counted", op="step", outcome="ok") == 15
     assert metric(text, "celery_durable_op_duration_seconds_count", workflow="counted", op="step") == 15
@@ -337,16 +339,12 @@ def test_a_child_reached_again_is_created_once_counted_once_and_started_once(
     kid = child_run_id(run_id, "kid")
     poll(lambda: client.get_workflow_run(kid).status == "cancelled", within=RUN_BOUND, what="the child cancelled")
 
-    def scrape() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-
     poll(
-        lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="traced_impatient") == 1,
+        lambda: metric(scrape(port), "celery_durable_runs_settled_total", workflow="traced_impatient") == 1,
         within=RUN_BOUND,
         what="the parent's settle counted",
     )
-    assert metric(scrape(), "celery_durable_runs_created_total", workflow="traced_waiting_kid") == 1
+    assert metric(scrape(port), "celery_durable_runs_created_total", workflow="traced_waiting_kid") == 1
     starts = [
         s for s in spans_of(spans)
         if s["name"] == "celery_durable.start" and s["attributes"].get("celery_durable.run_id") == kid
@@ -363,16 +361,12 @@ def test_a_call_that_times_out_counts_as_a_failed_call(settings: Settings, fleet
     run_id = client.start_workflow("traced_unanswered", args={"queue": f"{settings.key_prefix}.nobody"})
     assert client.wait_for_workflow_run(run_id, timeout=RUN_BOUND).result == "TaskTimeout"
 
-    def scrape() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-
     poll(
-        lambda: metric(scrape(), "celery_durable_runs_settled_total", workflow="traced_unanswered") == 1,
+        lambda: metric(scrape(port), "celery_durable_runs_settled_total", workflow="traced_unanswered") == 1,
         within=RUN_BOUND,
         what="the run's settle counted",
     )
-    text = scrape()
+    text = scrape(port)
     assert metric(text, "celery_durable_ops_journaled_total", workflow="traced_unanswered", op="call") == 1
     assert metric(
         text, "celery_durable_ops_journaled_total", workflow="traced_unanswered", op="call", outcome="failed"
