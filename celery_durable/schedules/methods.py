@@ -169,14 +169,14 @@ class ScheduleMethods:
 
     def pause_schedule(self, schedule_id: str, note: str | None = None) -> ScheduleInfo:
         """Fire nothing until unpaused; the ticks passed meanwhile are not caught up."""
-        self._check_note(note)
+        check_note(note)  # create/update's rule: a note stored here must pass a later update
         if self.engine.store.pause_schedule(self.namespace, self._known_id(schedule_id), True, None, note) is None:
             raise ScheduleNotFoundError(f"Schedule not found: {schedule_id}")
         return self.get_schedule(schedule_id)
 
     def unpause_schedule(self, schedule_id: str, note: str | None = None) -> ScheduleInfo:
         """Fire again, from the first tick after now."""
-        self._check_note(note)
+        check_note(note)
         stored = self._existing(schedule_id)
         store = self.engine.store
         next_ms = stored.calendar.next_after(store.now_ms())
@@ -246,9 +246,4 @@ class ScheduleMethods:
     def _stored(self, schedule_id: str) -> StoredSchedule | None:
         raw = self.engine.store.read_schedule(self.namespace, self._known_id(schedule_id))
         return None if raw is None else parse_stored(self.namespace, schedule_id, raw.fields)
-
-    @staticmethod
-    def _check_note(note: Any) -> None:
-        # The same rule as create/update's: a longer note stored here would make every later update refuse it.
-        check_note(note)
 

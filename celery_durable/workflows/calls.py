@@ -127,9 +127,8 @@ class CallOps(Ops):
                 replay.conflict(cursor, result, identity)
             replay.apply_flags(result.flags)
             if result.verdict is CallVerdict.HIT and result.outcome is not None:
-                if result.outcome == failure and (watching := telemetry.observer) is not None:
-                    # Timed out, journaled by this script: no answer will count it.
-                    watching.call_answered(replay.run.workflow, False, None)
+                if result.outcome == failure:  # timed out, journaled by this script: no answer will count it
+                    telemetry.call_answered(replay.run.workflow, False, None)
                 cursor.advance()
                 return replay.decode(result.outcome).step_result(key)
             if result.verdict is CallVerdict.PUBLISH:
